@@ -1,0 +1,152 @@
+"""rmsnorm: y[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * gamma, f32 accumulation."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from pydantic import Field, field_validator
+
+from ..dtypes import DTYPES, from_float, to_float64
+from .base import Kind, KernelConfig, Launch, Param, Traffic, ceil_div, round_up
+
+FloatDType = Literal["f32", "f16", "bf16"]
+MAX_ROWS = 2**31 - 1  # grid.x limit
+MAX_CHUNKS = 16  # vectors each thread keeps in registers
+ROWS_PER_WARP_CTA = 8  # rows (warps) per CTA when one warp serves a row
+
+
+def vector_width(length: int, size: int) -> int:
+    """Elements per load: the widest 16/8/4-byte vector that tiles the row, else scalars."""
+    for width_bytes in (16, 8, 4):
+        width = width_bytes // size
+        if width >= 1 and length % width == 0:
+            return width
+    return 1
+
+
+def row_plan(length: int, size: int) -> dict:
+    """Threads per row, vector width and vectors per thread for one row of `length`."""
+    vec = vector_width(length, size)
+    units = length // vec
+    if units <= 32 * 4:  # short rows: one warp per row, shuffles only
+        return {"vec": vec, "row_threads": 32, "chunks": ceil_div(units, 32), "warp_per_row": True}
+    row_threads = min(1024, round_up(ceil_div(units, 4), 32))
+    return {"vec": vec, "row_threads": row_threads, "chunks": ceil_div(units, row_threads), "warp_per_row": False}
+
+
+def max_row_length(size: int) -> int:
+    return 1024 * MAX_CHUNKS * (16 // size)
+
+
+def rms_normalize(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
+    """Float64 RMSNorm over the last axis."""
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * gamma
+
+
+class RmsnormConfig(KernelConfig):
+    kind: Literal["rmsnorm"]
+    dtype: FloatDType = "f32"
+    hidden: int = Field(ge=1)
+    eps: float = Field(default=1e-6, gt=0, lt=1)
+
+    @field_validator("hidden")
+    @classmethod
+    def fits_registers(cls, hidden: int, info) -> int:
+        check_row_length(hidden, info.data.get("dtype", "f32"))
+        return hidden
+
+
+def check_row_length(length: int, dtype: str) -> None:
+    plan = row_plan(length, DTYPES[dtype].size)
+    if plan["chunks"] > MAX_CHUNKS:
+        raise ValueError(
+            f"expected a row of at most {1024 * MAX_CHUNKS * plan['vec']} {dtype} elements "
+            f"for this length's alignment, got {length}"
+        )
+
+
+class Rmsnorm(Kind):
+    name = "rmsnorm"
+    Config = RmsnormConfig
+
+    # How this kind's config maps onto rows (per_head_rmsnorm overrides these four).
+    count_name = "rows"
+
+    @property
+    def row_length(self) -> int:
+        return self.config.hidden
+
+    @property
+    def rows_per_count(self) -> int:
+        return 1
+
+    def params(self) -> list[Param]:
+        dtype = self.config.dtype
+        return [
+            Param("x", dtype, (self.count_name, self.row_length)),
+            Param("gamma", dtype, (self.row_length,)),
+            Param("y", dtype, (self.count_name, self.row_length), "out"),
+            Param(self.count_name, "u32", role="scalar"),
+        ]
+
+    # --- geometry --------------------------------------------------------------------------
+    @property
+    def plan(self) -> dict:
+        return row_plan(self.row_length, DTYPES[self.config.dtype].size)
+
+    @property
+    def threads(self) -> int:
+        plan = self.plan
+        return 32 * ROWS_PER_WARP_CTA if plan["warp_per_row"] else plan["row_threads"]
+
+    def launch(self, scalars: dict[str, int]) -> Launch:
+        rows = scalars[self.count_name] * self.rows_per_count
+        per_cta = ROWS_PER_WARP_CTA if self.plan["warp_per_row"] else 1
+        return Launch(grid=(ceil_div(rows, per_cta), 1, 1), block=(self.threads, 1, 1))
+
+    def launch_rule(self) -> str:
+        rows = self.count_name if self.rows_per_count == 1 else f"{self.count_name}*{self.rows_per_count}"
+        if self.plan["warp_per_row"]:
+            return f"grid=(ceil({rows}/{ROWS_PER_WARP_CTA}),1,1) block=({self.threads},1,1): one warp per row"
+        return f"grid=({rows},1,1) block=({self.threads},1,1): one CTA per row"
+
+    def static_shared(self) -> int:
+        return 0 if self.plan["warp_per_row"] else 4 * (self.threads // 32)
+
+    def template_vars(self) -> dict:
+        return {
+            **self.plan,
+            "dtype": self.config.dtype,
+            "hidden": self.row_length,
+            "eps": self.config.eps,
+            "threads": self.threads,
+            "count_param": self.count_name,
+            "rows_per_count": self.rows_per_count,
+        }
+
+    # --- runtime -----------------------------------------------------------------------------
+    def scalar_limits(self) -> dict[str, tuple[int, int]]:
+        return {self.count_name: (0, MAX_ROWS // self.rows_per_count)}
+
+    def example_scalars(self) -> dict[str, int]:
+        return {self.count_name: 1}
+
+    def verify_scalars(self) -> list[dict[str, int]]:
+        return [{self.count_name: 1}, {self.count_name: 3}]
+
+    def sample_inputs(self, rng, scalars):
+        dtype = self.config.dtype
+        x = rng.standard_normal(self.param("x").concrete_shape(scalars)) + 0.5
+        gamma = 1.0 + 0.25 * rng.standard_normal(self.row_length)
+        return {"x": from_float(x, dtype), "gamma": from_float(gamma, dtype)}
+
+    def reference(self, arrays, scalars):
+        dtype = self.config.dtype
+        y = rms_normalize(to_float64(arrays["x"], dtype), to_float64(arrays["gamma"], dtype), self.config.eps)
+        return {"y": y}
+
+    def traffic(self, scalars) -> Traffic:
+        elements = scalars[self.count_name] * self.rows_per_count * self.row_length
+        size = DTYPES[self.config.dtype].size
+        return Traffic(bytes=(2 * elements + self.row_length) * size, flops=4 * elements)

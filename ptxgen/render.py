@@ -1,0 +1,57 @@
+"""Render a kernel's PTX from its kind's Jinja template (StrictUndefined: no silent blanks)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from functools import cache
+from importlib import resources
+
+import jinja2
+
+from . import __version__
+from .archs import format_version
+from .kernels import kind_of
+
+
+def f32_literal(value: float) -> str:
+    """An exact PTX f32 immediate (0fXXXXXXXX) for a Python float rounded to f32."""
+    return "0f%08X" % struct.unpack("<I", struct.pack("<f", value))[0]
+
+
+def register_names(prefix: str, start: int, count: int) -> list[str]:
+    return [f"{prefix}{i}" for i in range(start, start + count)]
+
+
+@cache
+def environment() -> jinja2.Environment:
+    templates = resources.files("ptxgen.templates")
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates)),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.globals.update(f32=f32_literal, regs=register_names)
+    return env
+
+
+def render(kernel, ptx_version: tuple[int, int], ptx_target: str) -> str:
+    """PTX text of one validated kernel config."""
+    kind = kind_of(kernel)
+    config = kernel.model_dump(mode="json")
+    try:
+        text = environment().get_template(kind.template).render(
+            tool_version=__version__,
+            kind=kind.name,
+            config_json=json.dumps(config, sort_keys=True),
+            ptx_version=format_version(ptx_version),
+            ptx_target=ptx_target,
+            entry=kernel.name,
+            **kind.template_vars(),
+        )
+    except jinja2.TemplateError as error:
+        raise RuntimeError(f"template {kind.template} failed for kernel {kernel.name!r}: {error}") from error
+    return "\n".join(line.rstrip() for line in text.splitlines()) + "\n"

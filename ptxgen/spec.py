@@ -1,0 +1,166 @@
+"""Spec files (TOML or YAML): pydantic models discriminated by kind, one-line errors."""
+
+from __future__ import annotations
+
+import hashlib
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .archs import ARCHS, DEFAULT_ARCHS, STATIC_SHARED_LIMIT, format_version
+from .errors import SpecError
+from .kernels import KINDS, kind_of
+
+KernelEntry = Annotated[Union[tuple(kind.Config for kind in KINDS.values())], Field(discriminator="kind")]
+
+
+class Target(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    archs: tuple[str, ...] = DEFAULT_ARCHS
+    ptx_version: str | None = None
+
+    @field_validator("archs")
+    @classmethod
+    def known_archs(cls, archs: tuple[str, ...]) -> tuple[str, ...]:
+        if not archs:
+            raise ValueError("expected at least one arch")
+        for arch in archs:
+            if arch not in ARCHS:
+                raise ValueError(f"expected one of {', '.join(ARCHS)}, got {arch!r}")
+        return tuple(sorted(set(archs), key=list(ARCHS).index))
+
+    @field_validator("ptx_version")
+    @classmethod
+    def version_form(cls, version: str | None) -> str | None:
+        if version is not None:
+            major, _, minor = version.partition(".")
+            if not (major.isdigit() and minor.isdigit()):
+                raise ValueError(f"expected MAJOR.MINOR such as '7.8', got {version!r}")
+        return version
+
+
+class Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    target: Target = Target()
+    kernels: tuple[KernelEntry, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def unique_names(self) -> Spec:
+        seen = set()
+        for kernel in self.kernels:
+            if kernel.name in seen:
+                raise ValueError(f"kernel name {kernel.name!r} is used twice; names must be unique")
+            seen.add(kernel.name)
+        return self
+
+    def kernel(self, name: str):
+        for kernel in self.kernels:
+            if kernel.name == name:
+                return kernel
+        raise SpecError(f"no kernel named {name!r} in the spec (have: {', '.join(k.name for k in self.kernels)})")
+
+    def ptx_version(self, kernel) -> tuple[int, int]:
+        """The explicit target version, else the oldest that every arch and the kind accept."""
+        if self.target.ptx_version:
+            major, minor = self.target.ptx_version.split(".")
+            return int(major), int(minor)
+        return max([kind_of(kernel).ptx_version, ARCHS[self.target.archs[0]].ptx_version])
+
+    @property
+    def ptx_target(self) -> str:
+        """PTX is written for the oldest arch and assembled for each (later archs accept it)."""
+        return self.target.archs[0]
+
+
+class LoadedSpec(BaseModel):
+    """A validated spec with where it came from."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    path: str
+    sha256: str
+    spec: Spec
+
+
+def load_spec(path: str | Path) -> LoadedSpec:
+    path = Path(path)
+    try:
+        raw_bytes = path.read_bytes()
+    except OSError as error:
+        raise SpecError(f"{path}: cannot read spec file: {error.strerror or error}") from None
+    data = parse_document(path, raw_bytes)
+    try:
+        spec = Spec.model_validate(data)
+    except ValidationError as error:
+        raise SpecError("\n".join(describe_errors(path, data, error))) from None
+    check_against_archs(path, spec)
+    return LoadedSpec(path=str(path), sha256=hashlib.sha256(raw_bytes).hexdigest(), spec=spec)
+
+
+def parse_document(path: Path, raw: bytes) -> Any:
+    suffix = path.suffix.lower()
+    try:
+        text = raw.decode("utf-8")
+        if suffix == ".toml":
+            data = tomllib.loads(text)
+        elif suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text)
+        else:
+            raise SpecError(f"{path}: expected a .toml, .yaml or .yml spec file, got {suffix or 'no extension'!r}")
+    except (tomllib.TOMLDecodeError, yaml.YAMLError, UnicodeDecodeError) as error:
+        detail = str(error).replace("\n", " ")
+        raise SpecError(f"{path}: not a valid {suffix.lstrip('.').upper()} document: {detail}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{path}: expected a table with 'kernels' at the top level, got {type(data).__name__}")
+    return data
+
+
+def describe_errors(path: Path, data: dict, error: ValidationError) -> list[str]:
+    """One line per problem: file, kernel name, field, what was expected, what was given."""
+    lines = []
+    for item in error.errors():
+        location = list(item["loc"])
+        where = ""
+        if location[:1] == ["kernels"] and len(location) > 1 and isinstance(location[1], int):
+            index = location[1]
+            entry = data.get("kernels", [])[index] if isinstance(data.get("kernels"), list) else None
+            name = entry.get("name") if isinstance(entry, dict) else None
+            where = f"kernel {name!r} (kernels[{index}])" if name else f"kernels[{index}]"
+            location = location[2:]
+            if location and isinstance(entry, dict) and location[0] == entry.get("kind"):
+                location = location[1:]  # pydantic names the union member; the user wrote `kind`
+        field = ".".join(str(part) for part in location) or "(entry)"
+        message = item["msg"].removeprefix("Value error, ")
+        given = "" if item["type"] in ("value_error", "missing") else f" (got {item['input']!r})"
+        lines.append(f"{path}: {where + ': ' if where else ''}{field}: {message}{given}")
+    return lines
+
+
+def check_against_archs(path: Path, spec: Spec) -> None:
+    """Threads and shared memory of each chosen config must fit every target arch."""
+    problems = []
+    for index, kernel in enumerate(spec.kernels):
+        threads, shared = kind_of(kernel).resources()
+        static = kind_of(kernel).static_shared()
+        for arch_name in spec.target.archs:
+            arch = ARCHS[arch_name]
+            where = f"{path}: kernel {kernel.name!r} (kernels[{index}])"
+            if threads > arch.max_threads_per_cta:
+                problems.append(f"{where}: needs {threads} threads per CTA, {arch_name} allows {arch.max_threads_per_cta}")
+            if shared > arch.max_shared_per_cta:
+                problems.append(f"{where}: needs {shared} bytes of shared memory, {arch_name} allows {arch.max_shared_per_cta}")
+            if static > STATIC_SHARED_LIMIT:
+                problems.append(f"{where}: declares {static} bytes of static shared memory, the limit is {STATIC_SHARED_LIMIT}")
+        needed = max(kind_of(kernel).ptx_version, ARCHS[spec.ptx_target].ptx_version)
+        if spec.target.ptx_version and spec.ptx_version(kernel) < needed:
+            problems.append(
+                f"{path}: target.ptx_version: kernel {kernel.name!r} needs at least {format_version(needed)} "
+                f"for its instructions and archs (got {spec.target.ptx_version!r})"
+            )
+    if problems:
+        raise SpecError("\n".join(dict.fromkeys(problems)))
