@@ -37,7 +37,6 @@ class Unit:
 
 @dataclass
 class BuildOptions:
-    archs: tuple[str, ...]
     assembler: str = "auto"
     jobs: int = 1
     use_cache: bool = True
@@ -55,14 +54,14 @@ def stage_ptx(spec: LoadedSpec, units: list[Unit], options: BuildOptions) -> Non
     for unit in units:
         kernel, kind = unit.kernel, kind_of(unit.kernel)
         version = spec.spec.ptx_version(kernel)
-        unit.ptx = render(kernel, version, options.archs[0])
+        unit.ptx = render(kernel, version, spec.spec.ptx_target)
         unit.meta.update(
             kind=kind.name,
             config=kernel.model_dump(mode="json"),
             ptx=f"{kernel.name}.ptx",
             ptx_sha256=hashlib.sha256(unit.ptx.encode()).hexdigest(),
             ptx_version=format_version(version),
-            ptx_target=options.archs[0],
+            ptx_target=spec.spec.ptx_target,
             params=[{"name": p.name, "dtype": p.dtype, "shape": list(p.shape), "role": p.role} for p in kind.params()],
             launch=kind.launch_rule(),
             scalar_limits={name: list(limits) for name, limits in kind.scalar_limits().items()},
@@ -80,7 +79,7 @@ def stage_cubin(spec: LoadedSpec, units: list[Unit], options: BuildOptions) -> t
     cache = Cache(SETTINGS.cache_dir if options.use_cache else None)
     misses = []
     for unit in units:
-        for arch in options.archs:
+        for arch in spec.spec.target.archs:
             key = cache_key(unit.ptx, arch, assembler, version, ASSEMBLER_OPTIONS)
             hit = cache.get(key)
             if hit:
@@ -101,7 +100,7 @@ def stage_cubin(spec: LoadedSpec, units: list[Unit], options: BuildOptions) -> t
         options.progress(f"{unit.kernel.name} {arch}")
     for unit in units:
         unit.meta["assembler"] = {"name": assembler, "version": version}
-    return len(misses), sum(len(options.archs) for _ in units) - len(misses)
+    return len(misses), len(units) * len(spec.spec.target.archs) - len(misses)
 
 
 def record_cubin(unit: Unit, arch: str, assembled: Assembled) -> None:
@@ -128,11 +127,11 @@ def build(spec: LoadedSpec, options: BuildOptions, until: str = "cubin") -> tupl
     return units, *counts
 
 
-def manifest_of(spec: LoadedSpec, units: list[Unit], options: BuildOptions) -> dict:
+def manifest_of(spec: LoadedSpec, units: list[Unit]) -> dict:
     return {
         "ptxgen_version": __version__,
         "spec": {"file": Path(spec.path).name, "sha256": spec.sha256},
-        "archs": list(options.archs),
+        "archs": list(spec.spec.target.archs),
         "kernels": {unit.kernel.name: unit.meta for unit in units},
     }
 
@@ -155,6 +154,6 @@ def write_artifacts(out: Path, units: list[Unit], manifest: dict) -> None:
 
 def run_build(spec: LoadedSpec, out: Path, options: BuildOptions) -> BuildResult:
     units, assembled, cached = build(spec, options)
-    manifest = manifest_of(spec, units, options)
+    manifest = manifest_of(spec, units)
     write_artifacts(out, units, manifest)
     return BuildResult(manifest=manifest, assembled=assembled, cached=cached)

@@ -47,10 +47,12 @@ class Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     target: Target = Target()
-    kernels: tuple[KernelEntry, ...] = Field(min_length=1)
+    kernels: tuple[KernelEntry, ...]
 
     @model_validator(mode="after")
     def unique_names(self) -> Spec:
+        if not self.kernels:
+            raise ValueError("expected at least one [[kernels]] entry")
         seen = set()
         for kernel in self.kernels:
             if kernel.name in seen:
@@ -100,6 +102,19 @@ def load_spec(path: str | Path) -> LoadedSpec:
         raise SpecError("\n".join(describe_errors(path, data, error))) from None
     check_against_archs(path, spec)
     return LoadedSpec(path=str(path), sha256=hashlib.sha256(raw_bytes).hexdigest(), spec=spec)
+
+
+def with_archs(loaded: LoadedSpec, archs: tuple[str, ...]) -> LoadedSpec:
+    """The same spec retargeted (--arch), validated again against the new archs' limits."""
+    path = Path(loaded.path)
+    data = loaded.spec.model_dump(mode="json")
+    data["target"]["archs"] = list(archs)
+    try:
+        spec = Spec.model_validate(data)
+    except ValidationError as error:
+        raise SpecError("\n".join(line.replace(f"{path}: target.", "--arch: ") for line in describe_errors(path, data, error))) from None
+    check_against_archs(path, spec)
+    return loaded.model_copy(update={"spec": spec})
 
 
 def parse_document(path: Path, raw: bytes) -> Any:

@@ -37,6 +37,7 @@ class Param:
     dtype: str
     shape: tuple[int | str, ...] = ()
     role: str = "in"  # in | out | inout | scalar | workspace
+    layout: str = ""  # "q4_k": rows of GGML block_q4_K (u8), loadable from a GGUF tensor
 
     @property
     def is_array(self) -> bool:

@@ -1,0 +1,527 @@
+"""PTX text -> Program: one entry's parameters, registers, shared/local layout and a flat
+list of Instructions with operands resolved (registers to ids, labels to indices)."""
+import re
+from dataclasses import dataclass, field
+
+from ..errors import InterpError
+
+TYPES = {  # name -> (bytes, kind); kind u/s/b integer, f float, bf bfloat16 bits, p predicate
+    "b8": (1, "b"), "b16": (2, "b"), "b32": (4, "b"), "b64": (8, "b"),
+    "u8": (1, "u"), "u16": (2, "u"), "u32": (4, "u"), "u64": (8, "u"),
+    "s8": (1, "s"), "s16": (2, "s"), "s32": (4, "s"), "s64": (8, "s"),
+    "f16": (2, "f"), "bf16": (2, "bf"), "f32": (4, "f"), "f64": (8, "f"),
+    "f16x2": (4, "b"), "bf16x2": (4, "b"), "pred": (1, "p"),
+}
+SPECIAL = {f"%{r}.{c}" for r in ("tid", "ntid", "ctaid", "nctaid") for c in "xyz"} | {
+    "%laneid", "%warpid", "%lanemask_eq", "%lanemask_lt", "%lanemask_le", "%lanemask_gt",
+    "%lanemask_ge"}
+
+_TOKEN = re.compile(r"""
+    (?P<space>\s+)
+  | (?P<hexfloat>0[fF][0-9a-fA-F]{8}(?![\w.])|0[dD][0-9a-fA-F]{16}(?![\w.]))
+  | (?P<number>0[xX][0-9a-fA-F]+U?|0[bB][01]+U?|\d+\.\d*(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+|\d+U?)
+  | (?P<word>[%.$_A-Za-z][\w$.]*(?:::[\w$.]+)*)
+  | (?P<string>"[^"\n]*")
+  | (?P<punct>[;,{}\[\]()+\-|!:@<>=*])
+""", re.X)
+_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+
+
+# ---- operands --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Reg:
+    id: int
+
+
+@dataclass(frozen=True)
+class Special:
+    name: str
+
+
+@dataclass(frozen=True)
+class Imm:
+    value: int | float
+    kind: str  # 'int', 'float' (decimal), 'f32bits', 'f64bits'
+
+
+@dataclass(frozen=True)
+class Sym:
+    name: str
+
+
+@dataclass(frozen=True)
+class Addr:
+    base: Reg | Sym | None
+    offset: int
+
+
+@dataclass(frozen=True)
+class Vec:
+    items: tuple
+
+
+@dataclass(frozen=True)
+class Neg:
+    reg: Reg
+
+
+@dataclass(frozen=True)
+class Pair:
+    first: Reg
+    second: Reg
+
+
+@dataclass(frozen=True)
+class Sink:
+    pass
+
+
+# ---- program ---------------------------------------------------------------------------
+@dataclass
+class RegDecl:
+    name: str
+    type: str
+
+
+@dataclass
+class Instruction:
+    index: int
+    line: int
+    text: str
+    opcode: str
+    guard: tuple | None      # (reg id, negated)
+    operands: list
+    scopes: tuple = ()       # enclosing scope ids, innermost first (label lookup)
+    target: int | None = None
+
+    @property
+    def base(self):
+        return self.opcode.split(".")[0]
+
+    @property
+    def mods(self):
+        return self.opcode.split(".")[1:]
+
+
+@dataclass
+class Variable:
+    name: str
+    offset: int
+    size: int
+    align: int = 1
+
+
+@dataclass
+class Program:
+    entry: str
+    params: list = field(default_factory=list)          # [(name, type)]
+    regs: list = field(default_factory=list)            # [RegDecl]
+    instructions: list = field(default_factory=list)
+    shared: dict = field(default_factory=dict)          # name -> Variable
+    shared_size: int = 0                                # static bytes
+    dynamic_shared: Variable | None = None              # the .extern .shared array
+    local: dict = field(default_factory=dict)
+    local_size: int = 0
+    reqntid: tuple | None = None
+    maxntid: tuple | None = None
+    lines: list = field(default_factory=list)
+
+
+def _tokenize(text):
+    text = _COMMENT.sub(lambda m: "\n" * m.group().count("\n"), text)
+    tokens, line, pos = [], 1, 0
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if not m:
+            raise InterpError(f"line {line}: cannot parse PTX near {text[pos:pos + 20]!r}")
+        kind = m.lastgroup
+        if kind != "space":
+            tokens.append((kind, m.group(), line))
+        line += m.group().count("\n")
+        pos = m.end()
+    tokens.append(("eof", "", line))
+    return tokens
+
+
+def _int(text):
+    t = text.rstrip("U")
+    if t.lower().startswith(("0x", "0b")):
+        return int(t, 0)
+    if len(t) > 1 and t.startswith("0"):
+        return int(t, 8)   # PTX, like C, reads a leading 0 as octal
+    return int(t)
+
+
+def _align(value, alignment):
+    return -(-value // alignment) * alignment
+
+
+class _Parser:
+    def __init__(self, text, entry):
+        self.toks = _tokenize(text)
+        self.pos = 0
+        self.lines = text.splitlines()
+        self.entry = entry
+
+    # -- cursor
+    def peek(self, k=0):
+        return self.toks[self.pos + k]
+
+    def next(self):
+        tok = self.toks[self.pos]
+        self.pos += 1
+        return tok
+
+    def expect(self, text):
+        tok = self.next()
+        if tok[1] != text:
+            self.fail(tok[2], f"expected {text!r}, found {tok[1]!r}")
+        return tok
+
+    def fail(self, line, msg):
+        raise InterpError(f"line {line}: {msg}")
+
+    def skip_statement(self):
+        depth = 0
+        while True:
+            kind, text, line = self.next()
+            if kind == "eof":
+                return
+            depth += text == "{"
+            depth -= text == "}"
+            if text == ";" and depth <= 0:
+                return
+
+    def skip_braces(self):
+        while self.peek()[1] != "{":
+            self.next()
+        depth = 0
+        while True:
+            kind, text, line = self.next()
+            if kind == "eof":
+                self.fail(line, "unbalanced braces")
+            depth += text == "{"
+            depth -= text == "}"
+            if depth == 0:
+                return
+
+    # -- module
+    def parse(self):
+        prog = Program(self.entry, lines=self.lines)
+        self.prog = prog
+        self.module_shared = []
+        found = False
+        while self.peek()[0] != "eof":
+            kind, text, line = self.next()
+            if text == ".version":
+                self.next()
+            elif text == ".target":
+                self.next()
+                while self.peek()[1] == ",":
+                    self.next()
+                    self.next()
+            elif text == ".address_size":
+                if self.next()[1] != "64":
+                    self.fail(line, "only .address_size 64 is supported")
+            elif text in (".visible", ".weak", ".extern") and self.peek()[1] in (".entry", ".func"):
+                continue
+            elif text == ".entry":
+                name = self.next()[1]
+                if name == self.entry:
+                    self.parse_entry(prog)
+                    found = True
+                else:
+                    self.skip_braces()
+            elif text == ".func":
+                self.skip_function()
+            elif text in (".shared", ".extern"):
+                self.pos -= 1
+                self.module_shared.append(self.pos)
+                self.skip_statement()
+            elif text in (".file", ".loc"):
+                self._skip_line(line)
+            elif text in (".global", ".const", ".pragma"):
+                self.skip_statement()
+            else:
+                self.fail(line, f"unexpected {text!r} at module scope")
+        if not found:
+            raise InterpError(f"entry {self.entry!r} not found in the PTX")
+        return prog
+
+    def skip_function(self):
+        """Skip a .func prototype (ends in `;`) or definition (a braced body)."""
+        depth = 0
+        while True:
+            kind, text, line = self.peek()
+            if kind == "eof":
+                return
+            depth += text == "("
+            depth -= text == ")"
+            if depth == 0 and text == "{":
+                return self.skip_braces()
+            self.next()
+            if depth == 0 and text == ";":
+                return
+
+    def _skip_line(self, line):
+        while self.peek()[2] == line and self.peek()[0] != "eof":
+            self.next()
+
+    def parse_entry(self, prog):
+        self.expect("(")
+        while self.peek()[1] != ")":
+            words, line = [], self.peek()[2]
+            while self.peek()[1] not in (",", ")"):
+                words.append(self.next()[1])
+            if self.peek()[1] == ",":
+                self.next()
+            types = [w[1:] for w in words if w.startswith(".") and w[1:] in TYPES]
+            if not types or "[" in words:
+                self.fail(line, f"unsupported kernel parameter {' '.join(words)}")
+            prog.params.append((words[-1], types[0]))
+        self.expect(")")
+        while self.peek()[1] != "{":
+            kind, text, line = self.next()
+            if text in (".reqntid", ".maxntid"):
+                dims = [_int(self.next()[1])]
+                while self.peek()[1] == ",":
+                    self.next()
+                    dims.append(_int(self.next()[1]))
+                setattr(prog, text[1:], tuple(dims + [1] * (3 - len(dims))))
+        saved = self.pos
+        for pos in self.module_shared:   # module-scope .shared variables belong to every entry
+            self.pos = pos
+            self.parse_variable(self.next()[2], None)
+        self.pos = saved
+        self.parse_body(prog)
+        if prog.dynamic_shared is not None:
+            prog.dynamic_shared.offset = _align(prog.shared_size, max(16, prog.dynamic_shared.align))
+        for ins in prog.instructions:
+            if ins.opcode.split(".")[0] == "bra":
+                ins.target = self.resolve_label(ins)
+
+    # -- body
+    def parse_body(self, prog):
+        self.scopes = []           # stack of (scope id, {name: reg id})
+        self.labels = {}           # (scope id, name) -> instruction index
+        self.scope_count = 0
+        while True:
+            kind, text, line = self.next()
+            if kind == "eof":
+                self.fail(line, "unexpected end of PTX inside the entry")
+            if text == "{":
+                self.scopes.append((self.scope_count, {}))
+                self.scope_count += 1
+            elif text == "}":
+                self.scopes.pop()
+                if not self.scopes:
+                    return
+            elif text == ";":
+                continue
+            elif kind == "word" and self.peek()[1] == ":":
+                self.next()
+                key = (self.scopes[-1][0], text)
+                if key in self.labels:
+                    self.fail(line, f"duplicate label {text}")
+                self.labels[key] = len(prog.instructions)
+            elif text == ".reg":
+                self.parse_reg(line)
+            elif text in (".shared", ".local", ".extern"):
+                self.parse_variable(line, text)
+            elif text in (".pragma", ".maxnreg"):
+                self.skip_statement()
+            elif text in (".loc", ".file"):
+                self._skip_line(line)
+            elif kind == "word" and text.startswith("."):
+                self.fail(line, f"unsupported directive {text}")
+            else:
+                self.pos -= 1
+                self.parse_instruction(prog)
+
+    def parse_reg(self, line):
+        type_ = None
+        while self.peek()[1].startswith(".") and self.peek()[0] == "word":
+            w = self.next()[1][1:]
+            if w in TYPES:
+                type_ = w
+            elif w.startswith("v"):
+                self.fail(line, "vector registers are not supported")
+        if type_ is None:
+            self.fail(line, ".reg without a type")
+        while True:
+            name = self.next()[1]
+            if self.peek()[1] == "<":
+                self.next()
+                count = _int(self.next()[1])
+                self.expect(">")
+                for i in range(count):
+                    self.declare(f"{name}{i}", type_, line)
+            else:
+                self.declare(name, type_, line)
+            sep = self.next()[1]
+            if sep == ";":
+                return
+            if sep != ",":
+                self.fail(line, f"unexpected {sep!r} in .reg")
+
+    def declare(self, name, type_, line):
+        scope_id, table = self.scopes[-1]
+        if name in table:
+            self.fail(line, f"register {name} declared twice")
+        unique = name if scope_id == 0 else f"{name}@{scope_id}"
+        table[name] = len(self.prog.regs)
+        self.prog.regs.append(RegDecl(unique, type_))
+
+    def parse_variable(self, line, space):
+        words = []
+        while self.peek()[1] not in (";", "["):
+            words.append(self.next()[1])
+        dims = []
+        while self.peek()[1] == "[":
+            self.next()
+            dims.append(_int(self.next()[1]) if self.peek()[1] != "]" else None)
+            self.expect("]")
+        if self.peek()[1] != ";":
+            self.fail(line, "variable initialisers are not supported")
+        self.next()
+        prog = self.prog
+        extern = ".extern" in words
+        space = ".shared" if ".shared" in words else ".local" if ".local" in words else None
+        types = [w[1:] for w in words if w[1:] in TYPES]
+        if space is None or not types:
+            self.fail(line, f"unsupported variable declaration {' '.join(words)}")
+        esize = TYPES[types[0]][0]
+        vec = next((int(w[2:]) for w in words if re.fullmatch(r"\.v\d", w)), 1)
+        align = next((_int(words[i + 1]) for i, w in enumerate(words) if w == ".align"), esize * vec)
+        name = words[-1]
+        count = 1
+        for d in dims:
+            count *= d if d is not None else 0
+        if extern:
+            if space != ".shared" or None not in dims:
+                self.fail(line, "only `.extern .shared` arrays of unknown size are supported")
+            prog.dynamic_shared = Variable(name, 0, 0, align)
+        elif space == ".shared":
+            if name in prog.shared:
+                self.fail(line, f"shared variable {name} declared twice")
+            offset = _align(prog.shared_size, align)
+            prog.shared[name] = Variable(name, offset, esize * vec * count)
+            prog.shared_size = offset + esize * vec * count
+        else:
+            offset = _align(prog.local_size, align)
+            prog.local[name] = Variable(name, offset, esize * vec * count)
+            prog.local_size = offset + esize * vec * count
+
+    def parse_instruction(self, prog):
+        line = self.peek()[2]
+        guard = None
+        if self.peek()[1] == "@":
+            self.next()
+            neg = self.peek()[1] == "!"
+            if neg:
+                self.next()
+            guard = (self.register(self.next(), line), neg)
+        kind, opcode, _ = self.next()
+        if kind != "word":
+            self.fail(line, f"expected an opcode, found {opcode!r}")
+        operands = []
+        if self.peek()[1] != ";":
+            while True:
+                operands.append(self.operand(line))
+                sep = self.next()[1]
+                if sep == ";":
+                    break
+                if sep != ",":
+                    self.fail(line, f"unexpected {sep!r} in operands of {opcode}")
+        else:
+            self.next()
+        text = self.lines[line - 1].strip() if line <= len(self.lines) else opcode
+        prog.instructions.append(Instruction(
+            len(prog.instructions), line, text, opcode, guard, operands,
+            tuple(s[0] for s in reversed(self.scopes))))
+
+    def register(self, tok, line):
+        name = tok[1]
+        for _, table in reversed(self.scopes):
+            if name in table:
+                return Reg(table[name])
+        self.fail(line, f"undeclared register {name}")
+
+    def operand(self, line):
+        kind, text, _ = self.peek()
+        if text == "{":
+            self.next()
+            items = []
+            while True:
+                items.append(self.operand(line))
+                sep = self.next()[1]
+                if sep == "}":
+                    return Vec(tuple(items))
+                if sep != ",":
+                    self.fail(line, f"unexpected {sep!r} in a vector operand")
+        if text == "[":
+            self.next()
+            base, offset = None, 0
+            if self.peek()[0] == "word":
+                base = self.name_operand(self.next(), line)
+            sign = 1
+            while self.peek()[1] != "]":
+                tok = self.next()
+                if tok[1] in "+-":
+                    sign = -sign if tok[1] == "-" else sign
+                elif tok[0] == "number":
+                    offset += sign * _int(tok[1])
+                    sign = 1
+                else:
+                    self.fail(line, f"unsupported address component {tok[1]!r}")
+            self.next()
+            if isinstance(base, (Special, Pair)):
+                self.fail(line, "unsupported address base")
+            return Addr(base, offset)
+        if text == "!":
+            self.next()
+            return Neg(self.register(self.next(), line))
+        if text == "-":
+            self.next()
+            imm = self.operand(line)
+            if not isinstance(imm, Imm) or imm.kind not in ("int", "float"):
+                self.fail(line, "unsupported negated operand")
+            return Imm(-imm.value, imm.kind)
+        self.next()
+        if kind == "hexfloat":
+            return Imm(int(text[2:], 16), "f32bits" if text[1] in "fF" else "f64bits")
+        if kind == "number":
+            if re.fullmatch(r"\d+U?|0[xXbB][0-9a-fA-F]+U?", text):
+                return Imm(_int(text), "int")
+            return Imm(float(text), "float")
+        if kind == "word":
+            op = self.name_operand((kind, text, line), line)
+            if isinstance(op, Reg) and self.peek()[1] == "|":
+                self.next()
+                return Pair(op, self.register(self.next(), line))
+            return op
+        self.fail(line, f"unexpected {text!r} in operands")
+
+    def name_operand(self, tok, line):
+        name = tok[1]
+        if name == "_":
+            return Sink()
+        if name in SPECIAL:
+            return Special(name)
+        if name.startswith("%"):
+            return self.register(tok, line)
+        return Sym(name)
+
+    def resolve_label(self, ins):
+        target = ins.operands[0] if ins.operands else None
+        if not isinstance(target, Sym):
+            raise InterpError(f"line {ins.line}: `{ins.text}`: branch target must be a label")
+        for scope in ins.scopes:
+            if (scope, target.name) in self.labels:
+                return self.labels[(scope, target.name)]
+        raise InterpError(f"line {ins.line}: `{ins.text}`: unknown label {target.name}")
+
+
+def parse(text: str, entry: str) -> Program:
+    """Parse the named .entry of a PTX module."""
+    return _Parser(text, entry).parse()

@@ -1,0 +1,312 @@
+"""Machine state of one wave of CTAs: registers as arrays over every thread of the wave,
+per-CTA shared memory, per-thread local memory, and the launch's global address space."""
+import numpy as np
+
+from ..errors import LaunchError
+from .parser import TYPES
+
+FULL = slice(None)              # "every thread of the wave", cheaper than an index array
+SHARED_WINDOW = 1 << 32         # generic addresses [2^32, 2^33) are the CTA's shared memory
+GLOBAL_BASE = 1 << 40           # first global array; arrays sit 1 MiB apart, 256-aligned
+GLOBAL_GAP = 1 << 20
+
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_SINT = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
+
+
+def dtype_of(t):
+    """numpy dtype an instruction type computes in (bf16 and packed types as raw bits)."""
+    size, kind = TYPES[t]
+    if kind == "p":
+        return np.dtype(np.bool_)
+    if kind == "s":
+        return np.dtype(_SINT[size])
+    if kind == "f":
+        return np.dtype({2: np.float16, 4: np.float32, 8: np.float64}[size])
+    return np.dtype(_UINT[size])
+
+
+def storage_of(t):
+    """numpy dtype a register of type t is stored as: raw bits of its width."""
+    size, kind = TYPES[t]
+    return np.dtype(np.bool_) if kind == "p" else np.dtype(_UINT[size])
+
+
+def converter(src, t):
+    """Function turning values of dtype src into the dtype of type t, PTX-style: same width
+    reinterprets bits, narrower truncates, wider extends by t's signedness (None = as is)."""
+    dst = dtype_of(t)
+    src = np.dtype(src)
+    if src == dst:
+        return None
+    if src.kind == "b" or dst.kind == "b":
+        return lambda a: a != 0 if dst.kind == "b" else a.astype(dst)
+    if src.itemsize == dst.itemsize:
+        return lambda a: a.view(dst)
+    if src.itemsize > dst.itemsize:
+        narrow = _UINT[dst.itemsize]
+        return lambda a: a.view(_UINT[src.itemsize]).astype(narrow).view(dst)
+    ext = _SINT[src.itemsize] if TYPES[t][1] == "s" else _UINT[src.itemsize]
+    wide = _SINT[dst.itemsize] if TYPES[t][1] == "s" else _UINT[dst.itemsize]
+    return lambda a: a.view(ext).astype(wide).view(dst)
+
+
+def store_converter(t, storage):
+    """Function turning a value of type t into a register's storage dtype."""
+    src = dtype_of(t)
+    storage = np.dtype(storage)
+    if src == storage:
+        return None
+    if storage.kind == "b" or src.kind == "b":
+        return lambda v: np.asarray(v).astype(storage)
+    if src.itemsize == storage.itemsize:
+        return lambda v: np.asarray(v).view(storage)
+    if src.itemsize > storage.itemsize:
+        return lambda v: np.asarray(v).view(_UINT[src.itemsize]).astype(storage)
+    ext = _SINT[src.itemsize] if TYPES[t][1] == "s" else _UINT[src.itemsize]
+    return lambda v: np.asarray(v).view(ext).astype(_SINT[storage.itemsize]).view(storage)
+
+
+class Finding(Exception):
+    """A problem found while executing; launch adds the line, CTA and thread to it."""
+
+    def __init__(self, what, thread, sanitizer=True):
+        super().__init__(what)
+        self.what = what
+        self.thread = int(thread)      # index within the wave
+        self.sanitizer = sanitizer
+
+
+def first(sel, bad):
+    """Wave index of the first thread of sel for which bad (a mask over sel) holds."""
+    pos = int(np.flatnonzero(bad)[0])
+    return pos if isinstance(sel, slice) else int(sel[pos])
+
+
+class GlobalMemory:
+    """The launch's arrays mapped into one virtual address space, written in place."""
+
+    def __init__(self):
+        self.bases, self.sizes, self.bytes, self._views = [], [], [], {}
+        self.next_base = GLOBAL_BASE
+
+    def map(self, array, name):
+        if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
+            raise LaunchError(f"argument {name} must be a C-contiguous numpy array")
+        base = self.next_base
+        self.bases.append(base)
+        self.sizes.append(array.nbytes)
+        self.bytes.append(array.reshape(-1).view(np.uint8))
+        self.next_base = -(-(base + array.nbytes + GLOBAL_GAP) // 256) * 256
+        self._bases = np.array(self.bases, np.int64)
+        self._ends = self._bases + np.array(self.sizes, np.int64)
+        return base
+
+    def view(self, region, size):
+        key = (region, size)
+        if key not in self._views:
+            raw = self.bytes[region]
+            self._views[key] = raw[: raw.size - raw.size % size].view(_UINT[size])
+        return self._views[key]
+
+    def locate(self, addr, size):
+        """Region of each address; -1 where any byte of [addr, addr+size) is unmapped."""
+        if not self.bases:
+            return np.full(np.shape(addr), -1)
+        region = np.searchsorted(self._bases, addr, side="right") - 1
+        safe = np.maximum(region, 0)
+        inside = (region >= 0) & (addr + size <= self._ends[safe])
+        return np.where(inside, region, -1)
+
+    def describe(self, addr):
+        """Which array an address lies nearest to, for messages."""
+        lines = [f"array #{i} at [{b:#x}, {b + s:#x})" for i, (b, s) in enumerate(zip(self.bases, self.sizes))]
+        return f"address {addr:#x} is outside every array ({'; '.join(lines) or 'none passed'})"
+
+
+class WaveState:
+    """Registers and on-chip memory of the CTAs [first_cta, first_cta + num_ctas)."""
+
+    def __init__(self, program, grid, block, first_cta, num_ctas, memory, params, sanitize,
+                 shared_bytes):
+        bx, by, bz = block
+        self.program = program
+        self.sanitize = sanitize
+        self.cta_threads = bx * by * bz
+        self.num_ctas = num_ctas
+        self.n = n = num_ctas * self.cta_threads
+        self.warps_per_cta = -(-self.cta_threads // 32)
+        self.memory = memory
+        self.params = params
+        wave = np.arange(n, dtype=np.int64)
+        self.all = wave
+        self.cta = wave // self.cta_threads
+        lin = wave % self.cta_threads
+        self.lin = lin
+        self.lane = lin % 32
+        self.warp = self.cta * self.warps_per_cta + lin // 32      # warp index within the wave
+        cta_ids = first_cta + np.arange(num_ctas)
+        gx, gy, _ = grid
+        cx, cy, cz = cta_ids % gx, cta_ids // gx % gy, cta_ids // (gx * gy)
+        u32 = np.uint32
+        lane = self.lane.astype(u32)
+        self.special = {
+            "%tid.x": (lin % bx).astype(u32), "%tid.y": (lin // bx % by).astype(u32),
+            "%tid.z": (lin // (bx * by)).astype(u32),
+            "%ctaid.x": cx.astype(u32)[self.cta], "%ctaid.y": cy.astype(u32)[self.cta],
+            "%ctaid.z": cz.astype(u32)[self.cta],
+            "%laneid": lane, "%warpid": (lin // 32).astype(u32),
+            "%lanemask_eq": u32(1) << lane, "%lanemask_lt": (u32(1) << lane) - u32(1),
+            "%lanemask_le": ((u32(1) << lane) - u32(1)) | (u32(1) << lane),
+        }
+        self.special["%lanemask_gt"] = ~self.special["%lanemask_le"]
+        self.special["%lanemask_ge"] = ~self.special["%lanemask_lt"]
+        for name, value in zip(("ntid", "nctaid"), (block, grid)):
+            for c, v in zip("xyz", value):
+                self.special[f"%{name}.{c}"] = np.broadcast_to(u32(v), (n,))
+        # lanes that exist in each warp (the last warp of a CTA may be partial)
+        in_last = self.cta_threads - (self.warps_per_cta - 1) * 32
+        per_warp = np.full(self.warps_per_cta, 0xFFFFFFFF, np.uint64)
+        per_warp[-1] = (1 << in_last) - 1
+        self.warp_lanes = np.tile(per_warp, num_ctas)
+        self.regs = [None] * len(program.regs)
+        self.storage = [storage_of(r.type) for r in program.regs]
+        self.written = [None] * len(program.regs)   # per-thread "has been written" (sanitizer)
+        self.fully_written = set()
+        self.shared_size = shared_bytes
+        self.shared_stride = -(-max(shared_bytes, 1) // 16) * 16
+        self.shared = np.zeros(num_ctas * self.shared_stride, np.uint8)
+        self.local_size = program.local_size
+        self.local_stride = -(-max(program.local_size, 1) // 16) * 16
+        self.local = None
+        self._views = {}
+        self.cta_epoch = np.zeros(num_ctas, np.uint16)
+        self.warp_epoch = np.zeros(num_ctas * self.warps_per_cta, np.uint16)
+        self.races = None
+        if sanitize:
+            from .sanitizer import SharedRaces
+            self.races = SharedRaces(self)
+
+    # -- registers
+    def read(self, rid, sel):
+        arr = self.regs[rid]
+        if arr is None:
+            if self.sanitize:
+                raise Finding(f"read of register {self.program.regs[rid].name} "
+                              "which no thread has written", first(sel, np.ones(1, bool)))
+            arr = self.regs[rid] = np.zeros(self.n, self.storage[rid])
+        if self.sanitize and rid not in self.fully_written:
+            ok = self.written[rid][sel]
+            if not ok.all():
+                raise Finding(f"read of register {self.program.regs[rid].name} "
+                              "before this thread wrote it", first(sel, ~ok))
+        return arr[sel]
+
+    def write(self, rid, sel, value):
+        arr = self.regs[rid]
+        if arr is None:
+            arr = self.regs[rid] = np.zeros(self.n, self.storage[rid])
+            if self.sanitize:
+                self.written[rid] = np.zeros(self.n, bool)
+        arr[sel] = value
+        if self.sanitize and rid not in self.fully_written:
+            if isinstance(sel, slice):
+                self.fully_written.add(rid)
+            else:
+                self.written[rid][sel] = True
+
+    def indices(self, sel):
+        return self.all if isinstance(sel, slice) else sel
+
+    # -- memory
+    def view(self, space, size):
+        key = (space, size)
+        if key not in self._views:
+            raw = self.shared if space == "shared" else self.local
+            self._views[key] = raw.view(_UINT[size])
+        return self._views[key]
+
+    def segments(self, space, addr, size, threads, align=None):
+        """Split an access of `size` bytes per thread at `addr` (int64) into
+        [(region, byte offsets, positions or FULL)] after bounds and alignment checks.
+        region is a global array index, 'shared' or 'local'."""
+        align = align or size
+        bad = addr % align != 0
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise Finding(f"misaligned {size}-byte {space} access at address "
+                          f"{int(addr[i]):#x} (needs {align}-byte alignment)", threads[i])
+        if space == "generic":
+            in_shared = (addr >= SHARED_WINDOW) & (addr < 2 * SHARED_WINDOW)
+            if not in_shared.any():
+                return self.segments("global", addr, size, threads, align)
+            if in_shared.all():
+                return self.segments("shared", addr - SHARED_WINDOW, size, threads, align)
+            out = []
+            for mask, space2, shift in ((in_shared, "shared", SHARED_WINDOW), (~in_shared, "global", 0)):
+                pos = np.flatnonzero(mask)
+                for region, off, p in self.segments(space2, addr[pos] - shift, size, threads[pos], align):
+                    out.append((region, off, pos if isinstance(p, slice) else pos[p]))
+            return out
+        if space == "global":
+            region = self.memory.locate(addr, size)
+            lo, hi = region.min(), region.max()
+            if lo < 0:
+                i = int(np.flatnonzero(region < 0)[0])
+                raise Finding(f"out-of-bounds {size}-byte global access: "
+                              + self.memory.describe(int(addr[i])), threads[i])
+            bases = self.memory._bases
+            if lo == hi:
+                return [(int(lo), addr - bases[lo], FULL)]
+            return [(int(r), addr[p] - bases[r], p)
+                    for r in np.unique(region) for p in [np.flatnonzero(region == r)]]
+        if space == "shared":
+            limit, stride, owner = self.shared_size, self.shared_stride, self.cta[threads]
+        elif space == "local":
+            if self.local is None:
+                self.local = np.zeros(self.n * self.local_stride, np.uint8)
+            limit, stride, owner = self.local_size, self.local_stride, threads
+        else:
+            raise Finding(f"unsupported state space {space}", threads[0], sanitizer=False)
+        bad = (addr < 0) | (addr + size > limit)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise Finding(f"out-of-bounds {size}-byte {space} access at offset {int(addr[i])} "
+                          f"({space} memory holds {limit} bytes)", threads[i])
+        return [(space, owner * stride + addr, FULL)]
+
+    def typed(self, region, size):
+        if isinstance(region, str):
+            return self.view(region, size)
+        return self.memory.view(region, size)
+
+    def load(self, space, addr, esize, count, threads):
+        """Load count elements of esize bytes per thread -> uint array [threads, count]."""
+        out = np.empty((len(threads), count), _UINT[esize])
+        for region, off, pos in self.segments(space, addr, esize * count, threads):
+            if region == "shared" and self.races is not None:
+                self.races.read(off, esize * count, threads[pos])
+            elems = off // esize
+            data = self.typed(region, esize)
+            out[pos] = data[elems[:, None] + np.arange(count)] if count > 1 else data[elems][:, None]
+        return out
+
+    def store(self, space, addr, esize, values, threads):
+        """Store values [threads, count] of esize-byte elements."""
+        count = values.shape[1]
+        for region, off, pos in self.segments(space, addr, esize * count, threads):
+            if region == "shared" and self.races is not None:
+                self.races.write(off, esize * count, threads[pos])
+            elems = off // esize
+            data = self.typed(region, esize)
+            if count > 1:
+                data[elems[:, None] + np.arange(count)] = values[pos]
+            else:
+                data[elems] = values[pos, 0]
+
+    # -- barriers
+    def bump_epochs(self, ctas):
+        """A CTA-wide barrier completed in these CTAs: later accesses are ordered after it."""
+        self.cta_epoch[ctas] += np.uint16(1)
+        warps = (ctas[:, None] * self.warps_per_cta + np.arange(self.warps_per_cta)).ravel()
+        self.warp_epoch[warps] += np.uint16(1)

@@ -1,0 +1,19 @@
+"""Fixtures shared by the test suite."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch) -> Path:
+    """A private, empty assembly cache for this test (in-process and for subprocesses)."""
+    directory = tmp_path / "cache"
+    monkeypatch.setenv("PTXGEN_CACHE_DIR", str(directory))
+    import ptxgen.pipeline
+    import ptxgen.settings
+
+    monkeypatch.setattr(ptxgen.pipeline, "SETTINGS", ptxgen.settings.Settings(cache_dir=directory))
+    return directory
