@@ -31,17 +31,64 @@ def _round_to_odd(s, err):
     return s
 
 
-def fma_rn(a, b, c, kind):
+def _two_sum(a, b):
+    """s = RN(a + b) and the exact error: a + b == s + err."""
+    s = a + b
+    bv = s - a
+    return s, (a - (s - bv)) + (b - bv)
+
+
+def round_sum(s, err, kind, mode):
+    """The exact value s + err (s = RN(s + err) in float64) rounded to kind by mode."""
+    if kind != "f64":
+        return narrow(_round_to_odd(s, err), kind, mode)
+    s = np.asarray(s, np.float64)
+    if mode == "rn":
+        return s
+    if mode == "rz":
+        step = np.where((s > 0) & (err < 0), -1, np.where((s < 0) & (err > 0), 1, 0))
+    else:
+        step = np.where(err < 0, -1, 0) if mode == "rm" else np.where(err > 0, 1, 0)
+    return np.where(step != 0, np.nextafter(s, np.where(step > 0, np.inf, -np.inf)), s)
+
+
+def fma(a, b, c, kind, mode="rn"):
     """Correctly rounded a*b+c for f32/f16/bf16 inputs given as exact float64 arrays.
 
     The float64 product of two such inputs is exact; TwoSum gives the exact error of the
     addition, and round-to-odd keeps the final narrowing from double rounding (the
     counterexample 1+2^-23, 2^-24*(1-2^-23), 1+2^-23 needs exactly this)."""
     p = np.asarray(a, np.float64) * b
-    s = p + c
-    bv = s - p
-    err = (p - (s - bv)) + (c - bv)
-    return narrow(_round_to_odd(s, err), kind, "rn")
+    c = np.asarray(c, np.float64)
+    if kind == "f32" and mode == "rn":
+        # Rounding p + c to f64 first only goes wrong where it lands exactly on a midpoint
+        # between f32 neighbours (or in the f32 subnormal range); redo just those exactly.
+        s = np.asarray(p + c)
+        out = s.astype(np.float32)
+        risky = ((s.view(np.uint64) & 0x1FFFFFFF) == 0x10000000) | (np.abs(s) < 2.0**-125)
+        if risky.any():
+            p, c = np.broadcast_arrays(p, c)
+            sub, err = _two_sum(p[risky], c[risky])
+            out[risky] = round_sum(sub, np.where(np.isfinite(sub), err, 0.0), kind, mode)
+        return out
+    s, err = _two_sum(p, c)
+    return round_sum(s, np.where(np.isfinite(s), err, 0.0), kind, mode)
+
+
+def add(a, b, kind, mode="rn"):
+    """Correctly rounded a+b for inputs exact in float64 (f32 and narrower)."""
+    s, err = _two_sum(np.asarray(a, np.float64), np.asarray(b, np.float64))
+    return round_sum(s, np.where(np.isfinite(s), err, 0.0), kind, mode)
+
+
+def int_to_float(x, kind, mode):
+    """Any integer array -> kind, correctly rounded by mode (64-bit values included)."""
+    x = np.asarray(x)
+    wide = x.astype(np.int64 if x.dtype.kind == "i" else np.uint64)
+    hi = (wide >> 32).astype(np.float64) * 4294967296.0
+    lo = (wide & 0xFFFFFFFF).astype(np.float64)
+    s, err = _two_sum(hi, lo)
+    return round_sum(s, err, kind, mode)
 
 
 def _f32_odd(x):

@@ -291,7 +291,7 @@ class _Parser:
         saved = self.pos
         for pos in self.module_shared:   # module-scope .shared variables belong to every entry
             self.pos = pos
-            self.parse_variable(self.next()[2], None)
+            self.parse_variable(self.peek()[2])
         self.pos = saved
         self.parse_body(prog)
         if prog.dynamic_shared is not None:
@@ -327,7 +327,8 @@ class _Parser:
             elif text == ".reg":
                 self.parse_reg(line)
             elif text in (".shared", ".local", ".extern"):
-                self.parse_variable(line, text)
+                self.pos -= 1
+                self.parse_variable(line)
             elif text in (".pragma", ".maxnreg"):
                 self.skip_statement()
             elif text in (".loc", ".file"):
@@ -366,13 +367,15 @@ class _Parser:
 
     def declare(self, name, type_, line):
         scope_id, table = self.scopes[-1]
+        if name.split(".")[0] in {s.split(".")[0] for s in SPECIAL}:
+            self.fail(line, f"register {name} would shadow the special register of that name")
         if name in table:
             self.fail(line, f"register {name} declared twice")
         unique = name if scope_id == 0 else f"{name}@{scope_id}"
         table[name] = len(self.prog.regs)
         self.prog.regs.append(RegDecl(unique, type_))
 
-    def parse_variable(self, line, space):
+    def parse_variable(self, line):
         words = []
         while self.peek()[1] not in (";", "["):
             words.append(self.next()[1])
@@ -420,7 +423,7 @@ class _Parser:
             neg = self.peek()[1] == "!"
             if neg:
                 self.next()
-            guard = (self.register(self.next(), line), neg)
+            guard = (self.register(self.next(), line).id, neg)
         kind, opcode, _ = self.next()
         if kind != "word":
             self.fail(line, f"expected an opcode, found {opcode!r}")
@@ -435,7 +438,7 @@ class _Parser:
                     self.fail(line, f"unexpected {sep!r} in operands of {opcode}")
         else:
             self.next()
-        text = self.lines[line - 1].strip() if line <= len(self.lines) else opcode
+        text = self.lines[line - 1].split("//")[0].strip() if line <= len(self.lines) else opcode
         prog.instructions.append(Instruction(
             len(prog.instructions), line, text, opcode, guard, operands,
             tuple(s[0] for s in reversed(self.scopes))))

@@ -27,31 +27,31 @@ class SharedRaces:
         self.r_warp_epoch = np.zeros(size, np.uint16)
 
     def _bytes(self, off, size, threads):
+        """Byte addresses [threads, size] and per-thread columns [threads, 1] of who accesses."""
         st = self.st
-        b = (off[:, None] + np.arange(size)).ravel()
-        t = np.repeat(threads, size)
-        lin = st.lin[t].astype(np.int16)
-        warp = (st.lin[t] // 32).astype(np.int8)
-        cta = st.cta[t]
-        return b, t, lin, warp, st.cta_epoch[cta], st.warp_epoch[st.warp[t]]
+        b = off[:, None] + np.arange(size)
+        lin = st.lin[threads]
+        column = lambda x: x[:, None]
+        return (b, column(lin.astype(np.int16)), column((lin // 32).astype(np.int8)),
+                column(st.cta_epoch[st.cta[threads]]), column(st.warp_epoch[st.warp[threads]]))
 
     def _synced(self, other_warp, warp, recorded, now):
         return (other_warp == warp) & (recorded != now)
 
     def read(self, off, size, threads):
-        b, t, lin, warp, epoch, wepoch = self._bytes(off, size, threads)
+        b, lin, warp, epoch, wepoch = self._bytes(off, size, threads)
         w = self.writer[b]
         race = (w != NOBODY) & (w != lin) & (self.w_epoch[b] == epoch) & ~self._synced(
             (w // 32).astype(np.int8), warp, self.w_warp_epoch[b], wepoch)
         if race.any():
-            i = int(np.flatnonzero(race)[0])
-            raise Finding(f"shared-memory race: reads {self.where(b[i])} written by thread "
-                          f"{self.thread_xyz(w[i])} with no barrier in between", t[i])
+            i, j = np.argwhere(race)[0]
+            raise Finding(f"shared-memory race: reads {self.where(b[i, j])} written by thread "
+                          f"{self.thread_xyz(w[i, j])} with no barrier in between", threads[i])
         prev, prev_warp = self.reader[b], self.r_warp[b]
         stale = (prev == NOBODY) | (self.r_epoch[b] != epoch) | self._synced(
             prev_warp, warp, self.r_warp_epoch[b], wepoch)
-        new = np.where(stale | (prev == lin), lin, MANY).astype(np.int16)
-        new_warp = np.where(stale | (prev_warp == warp), warp, MANY).astype(np.int8)
+        new = np.where(stale | (prev == lin), lin, np.int16(MANY))
+        new_warp = np.where(stale | (prev_warp == warp), warp, np.int8(MANY))
         self.reader[b] = new
         self.r_warp[b] = new_warp
         # several threads reading one byte in this very step: the last assignment won
@@ -61,15 +61,15 @@ class SharedRaces:
         self.r_warp_epoch[b] = wepoch
 
     def write(self, off, size, threads):
-        b, t, lin, warp, epoch, wepoch = self._bytes(off, size, threads)
+        b, lin, warp, epoch, wepoch = self._bytes(off, size, threads)
         r = self.reader[b]
         race = (r != NOBODY) & (r != lin) & (self.r_epoch[b] == epoch) & ~self._synced(
             self.r_warp[b], warp, self.r_warp_epoch[b], wepoch)
         if race.any():
-            i = int(np.flatnonzero(race)[0])
-            who = "several threads" if r[i] == MANY else f"thread {self.thread_xyz(r[i])}"
-            raise Finding(f"shared-memory race: overwrites {self.where(b[i])} which {who} "
-                          "read with no barrier in between (write-after-read)", t[i])
+            i, j = np.argwhere(race)[0]
+            who = "several threads" if r[i, j] == MANY else f"thread {self.thread_xyz(r[i, j])}"
+            raise Finding(f"shared-memory race: overwrites {self.where(b[i, j])} which {who} "
+                          "read with no barrier in between (write-after-read)", threads[i])
         self.writer[b] = lin
         self.w_epoch[b] = epoch
         self.w_warp_epoch[b] = wepoch
@@ -77,9 +77,13 @@ class SharedRaces:
     def where(self, byte):
         offset = int(byte) % self.st.shared_stride
         prog = self.st.program
-        for var in list(prog.shared.values()) + [prog.dynamic_shared]:
-            if var is not None and var.offset <= offset < var.offset + max(var.size, 1 << 62 if var is prog.dynamic_shared else 0):
-                return f"shared byte {offset} ({var.name}+{offset - var.offset})"
+        spans = [(v.name, v.offset, v.size) for v in prog.shared.values()]
+        if prog.dynamic_shared is not None:
+            dyn = prog.dynamic_shared
+            spans.append((dyn.name, dyn.offset, self.st.shared_size - dyn.offset))
+        for name, start, size in spans:
+            if start <= offset < start + size:
+                return f"shared byte {offset} ({name}+{offset - start})"
         return f"shared byte {offset}"
 
     def thread_xyz(self, lin):

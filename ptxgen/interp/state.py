@@ -131,6 +131,7 @@ class WaveState:
                  shared_bytes):
         bx, by, bz = block
         self.program = program
+        self.block = block
         self.sanitize = sanitize
         self.cta_threads = bx * by * bz
         self.num_ctas = num_ctas

@@ -1,0 +1,1316 @@
+"""Opcode table: each PTX opcode compiles, once per program, into a function that executes
+the instruction for a vector of threads (`sel`: FULL or an index array into the wave).
+
+Floating point: add/sub/mul/div/sqrt/rcp .rn on f32 are numpy's IEEE float32 operations;
+fma/mad and directed roundings are computed exactly (see numerics). The .approx functions
+(ex2, lg2, rsqrt, sin, cos, tanh, div.approx/full, rcp/sqrt.approx) are computed in float64
+and rounded once, so they are the exact results the hardware approximates to a few ulp.
+"""
+from fractions import Fraction
+
+import numpy as np
+
+from ..errors import InterpError
+from . import numerics as nm
+from .parser import TYPES, Addr, Imm, Neg, Pair, Reg, Sink, Special, Sym, Vec
+from .sanitizer import full_warps, warp_members
+from .state import SHARED_WINDOW, Finding, converter, dtype_of, storage_of, store_converter
+
+FLOAT_ROUND = ("rn", "rz", "rm", "rp")
+INT_ROUND = ("rni", "rzi", "rmi", "rpi")
+IGNORED = {"nc", "ca", "cg", "cs", "lu", "cv", "wb", "wt", "volatile", "relaxed", "acquire",
+           "release", "acq_rel", "weak", "cta", "gpu", "sys", "cluster", "aligned", "sync",
+           "uni", "noftz"}
+SPACES = {"param", "global", "shared", "local", "shared::cta", "const"}
+
+
+class Exec:
+    """A compiled instruction: kind is alu, bra, exit, bar or warpsync."""
+    __slots__ = ("ins", "kind", "run", "target")
+
+    def __init__(self, ins, kind, run=None, target=None):
+        self.ins, self.kind, self.run, self.target = ins, kind, run, target
+
+
+COMPILERS = {}
+
+
+def opcode(*names):
+    def register(fn):
+        for name in names:
+            COMPILERS[name] = fn
+        return fn
+    return register
+
+
+def compile_program(prog):
+    out = []
+    for ins in prog.instructions:
+        compile_fn = COMPILERS.get(ins.base)
+        if compile_fn is None:
+            raise InterpError(f"line {ins.line}: `{ins.text}`: unsupported opcode {ins.opcode}")
+        out.append(compile_fn(Ctx(ins, prog)))
+    return out
+
+
+def _count(st, sel):
+    return st.n if isinstance(sel, slice) else len(sel)
+
+
+def _uint(size):
+    return np.dtype(f"u{size}")
+
+
+class Ctx:
+    """One instruction being compiled: its modifiers, type and operand accessors."""
+
+    def __init__(self, ins, prog):
+        self.ins, self.prog = ins, prog
+        self.mods = ins.mods
+        self.ops = ins.operands
+        types = [m for m in self.mods if m in TYPES]
+        self.type = types[-1] if types else None
+        self.types = types
+
+    def fail(self, msg):
+        raise InterpError(f"line {self.ins.line}: `{self.ins.text}`: {msg}")
+
+    def alu(self, run):
+        return Exec(self.ins, "alu", run)
+
+    def has(self, *mods):
+        return any(m in self.mods for m in mods)
+
+    def pick(self, options, default=None):
+        found = [m for m in self.mods if m in options]
+        if len(found) > 1:
+            self.fail(f"conflicting modifiers {found}")
+        return found[0] if found else default
+
+    def check_mods(self, allowed):
+        for m in self.mods:
+            if m not in allowed and m not in TYPES and m not in IGNORED and not m.startswith(("L1::", "L2::")):
+                self.fail(f"unsupported modifier .{m} on {self.ins.base}")
+
+    def need(self, count):
+        if len(self.ops) != count:
+            self.fail(f"expected {count} operands, found {len(self.ops)}")
+
+    # -- operands
+    def reg_type(self, reg):
+        return self.prog.regs[reg.id].type
+
+    def read(self, op, t):
+        """Accessor (st, sel) -> values of type t's dtype (numpy scalar for immediates)."""
+        if isinstance(op, int):
+            op = self.ops[op]
+        if isinstance(op, Reg):
+            rid = op.id
+            conv = converter(storage_of(self.reg_type(op)), t)
+            if conv is None:
+                return lambda st, sel: st.read(rid, sel)
+            return lambda st, sel: conv(st.read(rid, sel))
+        if isinstance(op, Special):
+            if self.ins.base != "mov":
+                self.fail(f"special register {op.name} can only be read by mov")
+            name, conv = op.name, converter(np.uint32, t)
+            if conv is None:
+                return lambda st, sel: st.special[name][sel]
+            return lambda st, sel: conv(st.special[name][sel])
+        if isinstance(op, Neg):
+            rid = op.reg.id
+            return lambda st, sel: ~st.read(rid, sel)
+        if isinstance(op, Imm):
+            value = self.immediate(op, t)
+            return lambda st, sel: value
+        if isinstance(op, Sym):
+            value = self.immediate(Imm(self.symbol(op.name), "int"), t)
+            return lambda st, sel: value
+        self.fail(f"unsupported operand {op}")
+
+    def immediate(self, op, t):
+        size, kind = TYPES[t]
+        dt = dtype_of(t)
+        if kind == "p":
+            return np.bool_(op.value)
+        if op.kind in ("f32bits", "f64bits"):
+            src = np.float32 if op.kind == "f32bits" else np.float64
+            value = np.array(op.value, _uint(np.dtype(src).itemsize)).view(src)
+            if kind == "f":
+                return dt.type(value.astype(dt))
+            if kind == "bf":
+                return nm.f32_to_bf16_bits(value.astype(np.float32))[()]
+            return np.array(op.value & ((1 << 8 * size) - 1), _uint(size)).view(dt)[()]
+        if op.kind == "float":
+            if kind == "f":
+                return dt.type(op.value)
+            if kind == "bf":
+                return nm.f32_to_bf16_bits(np.float32(op.value))[()]
+            self.fail(f"float literal for .{t}")
+        if kind == "f":
+            return dt.type(op.value)
+        return np.array(op.value & ((1 << 8 * size) - 1), _uint(size)).view(dt)[()]
+
+    def symbol(self, name):
+        prog = self.prog
+        for table in (prog.shared, prog.local):
+            if name in table:
+                return table[name].offset
+        if prog.dynamic_shared is not None and prog.dynamic_shared.name == name:
+            return prog.dynamic_shared.offset
+        self.fail(f"unknown symbol {name}")
+
+    def write(self, op, t):
+        """Accessor (st, sel, value of type t) storing into a register (or the `_` sink)."""
+        if isinstance(op, int):
+            op = self.ops[op]
+        if isinstance(op, Sink):
+            return lambda st, sel, v: None
+        if not isinstance(op, Reg):
+            self.fail(f"destination must be a register, found {op}")
+        rid = op.id
+        conv = store_converter(t, storage_of(self.reg_type(op)))
+        if conv is None:
+            return lambda st, sel, v: st.write(rid, sel, v)
+        return lambda st, sel, v: st.write(rid, sel, conv(v))
+
+    def space(self):
+        found = [m for m in self.mods if m in SPACES]
+        space = found[0] if found else "generic"
+        if space == "const":
+            self.fail("the .const state space is not supported")
+        return "shared" if space == "shared::cta" else space
+
+    def address(self, op, space):
+        """Accessor (st, sel) -> int64 addresses of the executing threads."""
+        if not isinstance(op, Addr):
+            self.fail("expected an address operand [..]")
+        offset = op.offset
+        if isinstance(op.base, Reg):
+            base = self.read(op.base, "u64")
+            return lambda st, sel: base(st, sel).astype(np.int64) + offset
+        if isinstance(op.base, Sym):
+            offset += self.symbol(op.base.name) + (SHARED_WINDOW if space == "generic" else 0)
+            if space not in ("shared", "local", "generic"):
+                self.fail(f"symbol {op.base.name} used as a {space} address")
+        return lambda st, sel: np.full(_count(st, sel), offset, np.int64)
+
+    def finish_float(self, values, t):
+        """Apply .ftz and .sat to a float result."""
+        if "ftz" in self.mods and t == "f32":
+            values = nm.flush_subnormal(values)
+        if "sat" in self.mods:
+            values = np.where(np.isnan(values), 0, np.clip(values, 0, 1)).astype(values.dtype)
+        return values
+
+
+def _ftz_in(c, t):
+    if "ftz" in c.mods and t == "f32":
+        return nm.flush_subnormal
+    return lambda x: x
+
+
+# ---- data movement ---------------------------------------------------------------------
+@opcode("mov")
+def _mov(c):
+    c.need(2)
+    d, a = c.ops
+    t = c.type
+    size = TYPES[t][0]
+    if isinstance(d, Vec):          # unpack: lowest element from the lowest bits
+        src = c.read(a, f"b{size * 8}")
+        part = size // len(d.items)
+        writers = [c.write(item, f"b{part * 8}") for item in d.items]
+        udt, pdt = _uint(size), _uint(part)
+
+        def unpack(st, sel):
+            v = np.asarray(src(st, sel)).astype(udt)
+            for i, w in enumerate(writers):
+                w(st, sel, (v >> udt.type(8 * part * i)).astype(pdt))
+        return c.alu(unpack)
+    if isinstance(a, Vec):
+        part = size // len(a.items)
+        readers = [c.read(item, f"b{part * 8}") for item in a.items]
+        dst = c.write(d, f"b{size * 8}")
+        udt = _uint(size)
+
+        def pack(st, sel):
+            v = udt.type(0)
+            for i, r in enumerate(readers):
+                v = v | (np.asarray(r(st, sel)).astype(udt) << udt.type(8 * part * i))
+            dst(st, sel, v)
+        return c.alu(pack)
+    src, dst = c.read(a, t), c.write(d, t)
+    return c.alu(lambda st, sel: dst(st, sel, src(st, sel)))
+
+
+def _vector(c):
+    vec = next((int(m[1:]) for m in c.mods if m in ("v2", "v4", "v8")), 1)
+    return vec
+
+
+@opcode("ld", "ldu")
+def _ld(c):
+    c.check_mods({"param", "global", "shared", "local", "shared::cta", "v2", "v4", "v8"})
+    if len(c.ops) not in (2, 3):
+        c.fail("expected destination and address")
+    space, t, vec = c.space(), c.type, _vector(c)
+    d = c.ops[0]
+    items = d.items if isinstance(d, Vec) else (d,)
+    if len(items) != vec:
+        c.fail(f"{len(items)} destinations for a .v{vec} load")
+    writers = [c.write(item, t) for item in items]
+    if space == "param":
+        addr = c.ops[1]
+        params = dict(c.prog.params)
+        if not (isinstance(addr, Addr) and isinstance(addr.base, Sym) and addr.offset == 0
+                and addr.base.name in params and vec == 1):
+            c.fail("ld.param supports only [kernel_parameter]")
+        name = addr.base.name
+        conv = converter(storage_of(params[name]), t) or (lambda v: v)
+        w = writers[0]
+        return c.alu(lambda st, sel: w(st, sel, conv(st.params[name])))
+    address, esize, dt = c.address(c.ops[1], space), TYPES[t][0], dtype_of(t)
+
+    def load(st, sel):
+        raw = st.load(space, address(st, sel), esize, vec, st.indices(sel))
+        for i, w in enumerate(writers):
+            w(st, sel, raw[:, i].view(dt))
+    return c.alu(load)
+
+
+@opcode("st")
+def _st(c):
+    c.check_mods({"global", "shared", "local", "shared::cta", "v2", "v4", "v8"})
+    if len(c.ops) not in (2, 3):
+        c.fail("expected address and value")
+    space, t, vec = c.space(), c.type, _vector(c)
+    if space == "param":
+        c.fail("st.param is not supported")
+    v = c.ops[1]
+    items = v.items if isinstance(v, Vec) else (v,)
+    if len(items) != vec:
+        c.fail(f"{len(items)} values for a .v{vec} store")
+    readers = [c.read(item, t) for item in items]
+    address, esize = c.address(c.ops[0], space), TYPES[t][0]
+    udt = _uint(esize)
+
+    def store(st, sel):
+        m = _count(st, sel)
+        values = np.empty((m, vec), udt)
+        for i, r in enumerate(readers):
+            values[:, i] = np.asarray(r(st, sel)).view(udt)
+        st.store(space, address(st, sel), esize, values, st.indices(sel))
+    return c.alu(store)
+
+
+@opcode("cvta")
+def _cvta(c):
+    c.need(2)
+    to = "to" in c.mods
+    space = c.pick(("global", "shared", "shared::cta", "local"))
+    if space is None or space == "local":
+        c.fail("only cvta to/from .global and .shared is supported")
+    t = c.type
+    mask = (1 << 8 * TYPES[t][0]) - 1
+    shift = 0 if space == "global" else (-SHARED_WINDOW if to else SHARED_WINDOW)
+    src, dst = c.read(1, "u64"), c.write(0, t)
+    delta, dt = np.uint64(shift & (2**64 - 1)), dtype_of(t)
+    return c.alu(lambda st, sel: dst(st, sel, ((np.asarray(src(st, sel)) + delta) & np.uint64(mask)).astype(dt)))
+
+
+# ---- integer and float arithmetic ------------------------------------------------------
+def _float_kind(t):
+    return t in ("f16", "bf16", "f16x2", "bf16x2")
+
+
+def _half(c, t, fn, nargs):
+    """f16/bf16 scalar or packed-pair arithmetic: decode to exact float64, compute with fn
+    (which returns (float64 value, error) or a float64), round once."""
+    kind = t.replace("x2", "")
+    packed = t.endswith("x2")
+    mode = c.pick(FLOAT_ROUND, "rn")
+    readers = [c.read(i + 1, "b32" if packed else "b16") for i in range(nargs)]
+    dst = c.write(0, "b32" if packed else "b16")
+    flush = "ftz" in c.mods and kind == "f16"
+    sat = "sat" in c.mods
+
+    def one(halves):
+        vals = [nm.decode(h.view(np.float16) if kind == "f16" else h, kind) for h in halves]
+        if flush:
+            vals = [nm.flush_subnormal(v.astype(np.float16)).astype(np.float64) for v in vals]
+        out = np.asarray(fn(kind, mode, *vals))
+        if out.dtype == np.float64:        # exact results (min, max) still need narrowing
+            out = nm.narrow(out, kind, "rn")
+        if sat:
+            v = nm.decode(out, kind)
+            out = nm.narrow(np.where(np.isnan(v), 0.0, np.clip(v, 0.0, 1.0)), kind, "rn")
+        if flush:
+            out = nm.flush_subnormal(out)
+        return out.view(np.uint16) if kind == "f16" else out.astype(np.uint16)
+
+    def run(st, sel):
+        args = [np.atleast_1d(np.asarray(r(st, sel))) for r in readers]
+        if packed:
+            lo = one([(a & 0xFFFF).astype(np.uint16) for a in args]).astype(np.uint32)
+            hi = one([(a >> 16).astype(np.uint16) for a in args]).astype(np.uint32)
+            dst(st, sel, lo | (hi << np.uint32(16)))
+        else:
+            dst(st, sel, one(args))
+    return c.alu(run)
+
+
+def _int_binary(c, fn):
+    t = c.type
+    a, b, dst = c.read(1, t), c.read(2, t), c.write(0, t)
+    return c.alu(lambda st, sel: dst(st, sel, fn(a(st, sel), b(st, sel))))
+
+
+def _float_binary(c, numpy_fn, exact_fn):
+    """f32/f64 add/sub/mul: numpy's IEEE result for .rn, exact rounding for .rz/.rm/.rp."""
+    t, mode = c.type, c.pick(FLOAT_ROUND, "rn")
+    if mode != "rn" and t != "f32":
+        c.fail(f".{mode} is supported for f32 only")
+    a, b, dst, fin = c.read(1, t), c.read(2, t), c.write(0, t), _ftz_in(c, t)
+    if mode == "rn":
+        return c.alu(lambda st, sel: dst(st, sel, c.finish_float(
+            np.asarray(numpy_fn(fin(a(st, sel)), fin(b(st, sel)))), t)))
+    return c.alu(lambda st, sel: dst(st, sel, c.finish_float(
+        exact_fn(np.asarray(fin(a(st, sel)), np.float64), np.asarray(fin(b(st, sel)), np.float64),
+                 mode), t)))
+
+
+@opcode("add", "sub")
+def _add(c):
+    c.need(3)
+    t, sub = c.type, c.ins.base == "sub"
+    if c.has("cc") or "c" in c.mods:
+        c.fail("carry arithmetic is not supported")
+    if _float_kind(t):
+        return _half(c, t, lambda k, m, x, y: nm.add(x, -y if sub else y, k, m), 2)
+    if TYPES[t][1] == "f":
+        return _float_binary(c, np.subtract if sub else np.add,
+                             lambda x, y, m: nm.add(x, -y if sub else y, "f32", m))
+    if "sat" in c.mods:
+        if t != "s32":
+            c.fail(".sat needs .s32")
+        sign = -1 if sub else 1
+        return _int_binary(c, lambda x, y: np.clip(
+            np.asarray(x, np.int64) + sign * np.asarray(y, np.int64), -2**31, 2**31 - 1).astype(np.int32))
+    return _int_binary(c, np.subtract if sub else np.add)
+
+
+def _mul_hi64(a, b, signed):
+    """High 64 bits of the 128-bit product, from 32-bit halves."""
+    ua, ub = np.asarray(a).view(np.uint64), np.asarray(b).view(np.uint64)
+    m = np.uint64(0xFFFFFFFF)
+    s32 = np.uint64(32)
+    al, ah, bl, bh = ua & m, ua >> s32, ub & m, ub >> s32
+    ll, lh, hl, hh = al * bl, al * bh, ah * bl, ah * bh
+    mid = (ll >> s32) + (lh & m) + (hl & m)
+    hi = hh + (lh >> s32) + (hl >> s32) + (mid >> s32)
+    if signed:
+        hi = hi - np.where(np.asarray(a) < 0, ub, 0).astype(np.uint64) \
+                - np.where(np.asarray(b) < 0, ua, 0).astype(np.uint64)
+        return hi.view(np.int64)
+    return hi
+
+
+def _int_product(c, t):
+    """(function of a, b, result type) for mul/mad .lo/.hi/.wide."""
+    size, kind = TYPES[t]
+    part = c.pick(("lo", "hi", "wide"))
+    if part is None:
+        c.fail("integer mul/mad needs .lo, .hi or .wide")
+    signed = kind == "s"
+    wide_dt = np.int64 if signed else np.uint64
+    if part == "lo":
+        return (lambda a, b: a * b), t
+    if part == "wide":
+        if size == 8:
+            c.fail(".wide on 64-bit operands is not supported")
+        out_t = f"{'s' if signed else 'u'}{size * 16}"
+        wdt = dtype_of(out_t)
+        return (lambda a, b: a.astype(wdt) * np.asarray(b).astype(wdt)), out_t
+    if size == 8:
+        return (lambda a, b: _mul_hi64(a, b, signed)), t
+    dt = dtype_of(t)
+    return (lambda a, b: ((np.asarray(a).astype(wide_dt) * np.asarray(b).astype(wide_dt))
+                          >> (8 * size)).astype(dt)), t
+
+
+@opcode("mul")
+def _mul(c):
+    c.need(3)
+    t = c.type
+    if _float_kind(t):
+        return _half(c, t, lambda k, m, x, y: nm.narrow(x * y, k, m), 2)
+    if TYPES[t][1] == "f":
+        return _float_binary(c, np.multiply, lambda x, y, m: nm.narrow(x * y, "f32", m))
+    fn, out_t = _int_product(c, t)
+    a, b, dst = c.read(1, t), c.read(2, t), c.write(0, out_t)
+    return c.alu(lambda st, sel: dst(st, sel, fn(np.asarray(a(st, sel)), b(st, sel))))
+
+
+def _fma64(a, b, c):
+    """Correctly rounded f64 fma, element by element through exact rationals (slow, rare)."""
+    out = np.empty(np.broadcast(a, b, c).shape, np.float64)
+    for i, (x, y, z) in enumerate(np.broadcast(a, b, c)):
+        if not (np.isfinite(x) and np.isfinite(y) and np.isfinite(z)):
+            out.flat[i] = x * y + z
+        else:
+            exact = Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z))
+            out.flat[i] = float(exact) if exact != 0 else (x * y + z)
+    return out
+
+
+def _fma(c):
+    t = c.type
+    mode = c.pick(FLOAT_ROUND)
+    if mode is None and c.ins.base == "fma":
+        c.fail("fma needs a rounding modifier")
+    mode = mode or "rn"
+    if _float_kind(t):
+        return _half(c, t, lambda k, m, x, y, z: nm.fma(x, y, z, k, m), 3)
+    if t == "f64":
+        if mode != "rn":
+            c.fail("only fma.rn.f64 is supported")
+        a, b, z, dst = c.read(1, t), c.read(2, t), c.read(3, t), c.write(0, t)
+        return c.alu(lambda st, sel: dst(st, sel, _fma64(a(st, sel), b(st, sel), z(st, sel))))
+    fin = _ftz_in(c, t)
+    a, b, z, dst = c.read(1, t), c.read(2, t), c.read(3, t), c.write(0, t)
+    return c.alu(lambda st, sel: dst(st, sel, c.finish_float(np.asarray(nm.fma(
+        fin(a(st, sel)), fin(b(st, sel)), fin(z(st, sel)), "f32", mode)), t)))
+
+
+@opcode("fma")
+def _fma_op(c):
+    c.need(4)
+    return _fma(c)
+
+
+@opcode("mad")
+def _mad(c):
+    c.need(4)
+    t = c.type
+    if TYPES[t][1] == "f" or _float_kind(t):
+        return _fma(c)        # mad.rn.f32 is a fused multiply-add
+    if "sat" in c.mods or "cc" in c.mods:
+        c.fail("mad .sat/.cc is not supported")
+    fn, out_t = _int_product(c, t)
+    a, b, z, dst = c.read(1, t), c.read(2, t), c.read(3, out_t), c.write(0, out_t)
+    return c.alu(lambda st, sel: dst(st, sel, fn(np.asarray(a(st, sel)), b(st, sel)) + z(st, sel)))
+
+
+@opcode("mul24", "mad24")
+def _mul24(c):
+    t = c.type
+    signed = TYPES[t][1] == "s"
+    part = c.pick(("lo", "hi"))
+    if part is None or t not in ("u32", "s32"):
+        c.fail("mul24/mad24 need .lo or .hi and .u32/.s32")
+    mad = c.ins.base == "mad24"
+    c.need(4 if mad else 3)
+    a, b, dst = c.read(1, t), c.read(2, t), c.write(0, t)
+    z = c.read(3, t) if mad else (lambda st, sel: 0)
+
+    def low24(x):
+        x = np.asarray(x).astype(np.int64) & 0xFFFFFF
+        return np.where(x >= 0x800000, x - 0x1000000, x) if signed else x
+
+    def run(st, sel):
+        p = low24(a(st, sel)) * low24(b(st, sel))
+        p = (p >> 16) if part == "hi" else p
+        dst(st, sel, (p.astype(np.uint64).astype(np.uint32)).view(dtype_of(t)) + z(st, sel))
+    return c.alu(run)
+
+
+@opcode("div", "rem")
+def _div(c):
+    c.need(3)
+    t = c.type
+    if TYPES[t][1] == "f":
+        mode = c.pick(("rn", "full", "approx", "rz", "rm", "rp"))
+        if mode in ("rz", "rm", "rp"):
+            c.fail(f"div.{mode} is not supported")
+        if t == "f32" and mode is None:
+            c.fail("div.f32 needs .rn, .full or .approx")
+        a, b, dst, fin = c.read(1, t), c.read(2, t), c.write(0, t), _ftz_in(c, t)
+        return c.alu(lambda st, sel: dst(st, sel, c.finish_float(
+            np.asarray(fin(a(st, sel)) / fin(b(st, sel))), t)))
+    signed, rem = TYPES[t][1] == "s", c.ins.base == "rem"
+    dt = dtype_of(t)
+
+    def divide(x, y):
+        x, y = np.broadcast_arrays(np.asarray(x), np.asarray(y))
+        zero = y == 0
+        ys = np.where(zero, 1, y).astype(dt)
+        q = x // ys
+        if signed:     # PTX truncates toward zero; numpy floors
+            q = q + ((x % ys != 0) & ((x < 0) != (ys < 0))).astype(dt)
+        if rem:
+            return np.where(zero, x, x - q * ys).astype(dt)
+        return np.where(zero, dt.type(-1) if signed else np.iinfo(dt).max, q).astype(dt)
+    return _int_binary(c, divide)
+
+
+@opcode("min", "max")
+def _minmax(c):
+    c.need(3)
+    t, is_max = c.type, c.ins.base == "max"
+    if _float_kind(t):
+        fn = np.fmax if is_max else np.fmin
+        return _half(c, t, lambda k, m, x, y: fn(x, y), 2)
+    if TYPES[t][1] == "f":
+        fn = (np.maximum if is_max else np.minimum) if "NaN" in c.mods else (np.fmax if is_max else np.fmin)
+        fin = _ftz_in(c, t)
+        return _int_binary(c, lambda x, y: c.finish_float(np.asarray(fn(fin(x), fin(y))), t))
+    return _int_binary(c, np.maximum if is_max else np.minimum)
+
+
+@opcode("abs", "neg")
+def _absneg(c):
+    c.need(2)
+    t, is_abs = c.type, c.ins.base == "abs"
+    size, kind = TYPES[t]
+    if kind in ("f", "bf") or _float_kind(t):   # sign-bit operations, NaNs included
+        packed = t.endswith("x2")
+        sign = 0x80008000 if packed else 1 << (8 * size - 1)
+        udt = _uint(size)
+        fin = _ftz_in(c, t)
+        a, dst = c.read(1, t), c.write(0, t)
+        dt = dtype_of(t)
+
+        def run(st, sel):
+            bits = np.asarray(fin(a(st, sel))).view(udt)
+            bits = bits & udt.type(~sign & (2**(8 * size) - 1)) if is_abs else bits ^ udt.type(sign)
+            dst(st, sel, c.finish_float(bits.view(dt), t) if kind == "f" else bits.view(dt))
+        return c.alu(run)
+    a, dst = c.read(1, t), c.write(0, t)
+    fn = np.abs if is_abs else np.negative
+    return c.alu(lambda st, sel: dst(st, sel, fn(np.asarray(a(st, sel)))))
+
+
+@opcode("and", "or", "xor")
+def _logic(c):
+    c.need(3)
+    fn = {"and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor}[c.ins.base]
+    return _int_binary(c, fn)
+
+
+@opcode("not", "cnot")
+def _not(c):
+    c.need(2)
+    t = c.type
+    a, dst = c.read(1, t), c.write(0, t)
+    if c.ins.base == "cnot":
+        return c.alu(lambda st, sel: dst(st, sel, (np.asarray(a(st, sel)) == 0).astype(dtype_of(t))))
+    return c.alu(lambda st, sel: dst(st, sel, ~np.asarray(a(st, sel))))
+
+
+@opcode("shl", "shr")
+def _shift(c):
+    c.need(3)
+    t = c.type
+    bits = 8 * TYPES[t][0]
+    dt = dtype_of(t)
+    a, b, dst = c.read(1, t), c.read(2, "u32"), c.write(0, t)
+    left, arith = c.ins.base == "shl", TYPES[t][1] == "s"
+
+    def run(st, sel):
+        x, n = np.asarray(a(st, sel)), np.asarray(b(st, sel))
+        k = np.minimum(n, bits - 1).astype(dt)
+        if left:
+            out = np.where(n >= bits, dt.type(0), x << k)
+        elif arith:      # shift amounts past the width fill with the sign
+            out = x >> k
+        else:
+            out = np.where(n >= bits, dt.type(0), x >> k)
+        dst(st, sel, out.astype(dt))
+    return c.alu(run)
+
+
+def _low_mask(k):
+    """(1 << k) - 1 as uint64 for k in 0..64."""
+    k = np.asarray(k, np.uint64)
+    return np.where(k >= 64, np.uint64(2**64 - 1),
+                    (np.uint64(1) << np.minimum(k, np.uint64(63))) - np.uint64(1))
+
+
+@opcode("bfe")
+def _bfe(c):
+    c.need(4)
+    t = c.type
+    width, signed = 8 * TYPES[t][0], TYPES[t][1] == "s"
+    a, p, n, dst = c.read(1, t), c.read(2, "u32"), c.read(3, "u32"), c.write(0, t)
+    dt = dtype_of(t)
+
+    def run(st, sel):
+        x = np.asarray(a(st, sel)).view(_uint(width // 8)).astype(np.uint64)
+        pos = np.asarray(p(st, sel)).astype(np.uint64) & np.uint64(0xFF)
+        length = np.asarray(n(st, sel)).astype(np.uint64) & np.uint64(0xFF)
+        avail = np.minimum(length, np.where(pos >= width, 0, width - np.minimum(pos, width)).astype(np.uint64))
+        field = (x >> np.minimum(pos, np.uint64(63))) & _low_mask(avail)
+        field = np.where(pos >= 64, np.uint64(0), field)
+        if signed:
+            top = np.minimum(pos + length - np.uint64(1), np.uint64(width - 1))
+            sbit = ((x >> np.minimum(top, np.uint64(63))) & np.uint64(1)).astype(bool)
+            field = np.where(sbit, field | ~_low_mask(avail), field)
+            field = np.where(length == 0, np.uint64(0), field)
+        dst(st, sel, field.astype(_uint(width // 8)).view(dt))
+    return c.alu(run)
+
+
+@opcode("bfi")
+def _bfi(c):
+    c.need(5)
+    t = c.type
+    width = 8 * TYPES[t][0]
+    udt = _uint(width // 8)
+    a, b, p, n, dst = c.read(1, t), c.read(2, t), c.read(3, "u32"), c.read(4, "u32"), c.write(0, t)
+
+    def run(st, sel):
+        x = np.asarray(a(st, sel)).view(udt).astype(np.uint64)
+        y = np.asarray(b(st, sel)).view(udt).astype(np.uint64)
+        pos = np.asarray(p(st, sel)).astype(np.uint64) & np.uint64(0xFF)
+        length = np.asarray(n(st, sel)).astype(np.uint64) & np.uint64(0xFF)
+        avail = np.minimum(length, np.where(pos >= width, 0, width - np.minimum(pos, width)).astype(np.uint64))
+        shift = np.minimum(pos, np.uint64(63))
+        m = _low_mask(avail) << shift
+        out = (y & ~m) | ((x << shift) & m)
+        dst(st, sel, out.astype(udt).view(dtype_of(t)))
+    return c.alu(run)
+
+
+@opcode("prmt")
+def _prmt(c):
+    c.need(4)
+    if c.type != "b32" or len(c.mods) != 1:
+        c.fail("only the default mode of prmt.b32 is supported")
+    a, b, s, dst = c.read(1, "b32"), c.read(2, "b32"), c.read(3, "b32"), c.write(0, "b32")
+
+    def run(st, sel):
+        pool = (np.asarray(b(st, sel)).astype(np.uint64) << np.uint64(32)) | np.asarray(a(st, sel)).astype(np.uint64)
+        selector = np.asarray(s(st, sel)).astype(np.uint64)
+        out = np.uint64(0)
+        for i in range(4):
+            nib = (selector >> np.uint64(4 * i)) & np.uint64(0xF)
+            byte = (pool >> ((nib & np.uint64(7)) * np.uint64(8))) & np.uint64(0xFF)
+            replicate = (nib & np.uint64(8)) != 0
+            byte = np.where(replicate, np.where(byte & np.uint64(0x80), np.uint64(0xFF), np.uint64(0)), byte)
+            out = out | (byte << np.uint64(8 * i))
+        dst(st, sel, np.asarray(out).astype(np.uint32))
+    return c.alu(run)
+
+
+@opcode("lop3")
+def _lop3(c):
+    c.need(5)
+    if not isinstance(c.ops[4], Imm):
+        c.fail("lop3 needs an immediate lookup table")
+    lut = c.ops[4].value
+    a, b, z, dst = c.read(1, "b32"), c.read(2, "b32"), c.read(3, "b32"), c.write(0, "b32")
+
+    def run(st, sel):
+        x, y, w = (np.asarray(r(st, sel)) for r in (a, b, z))
+        out = np.uint32(0)
+        for i in range(8):    # minterm i: a, b, c bits taken from 0xF0, 0xCC, 0xAA
+            if lut >> i & 1:
+                out = out | ((x if 0xF0 >> i & 1 else ~x) & (y if 0xCC >> i & 1 else ~y)
+                             & (w if 0xAA >> i & 1 else ~w))
+        dst(st, sel, np.asarray(out, np.uint32))
+    return c.alu(run)
+
+
+_REVERSED_BYTES = np.array([int(f"{i:08b}"[::-1], 2) for i in range(256)], np.uint8)
+
+
+@opcode("popc", "clz", "brev")
+def _bits(c):
+    c.need(2)
+    t = c.type
+    size = TYPES[t][0]
+    udt = _uint(size)
+    a = c.read(1, t)
+    if c.ins.base == "brev":
+        dst = c.write(0, t)
+
+        def brev(st, sel):
+            x = np.atleast_1d(np.asarray(a(st, sel)).view(udt))
+            rev = _REVERSED_BYTES[x.view(np.uint8).reshape(-1, size)][:, ::-1]
+            dst(st, sel, np.ascontiguousarray(rev).view(udt).ravel())
+        return c.alu(brev)
+    dst = c.write(0, "u32")
+    if c.ins.base == "popc":
+        return c.alu(lambda st, sel: dst(st, sel, np.bitwise_count(np.asarray(a(st, sel)).view(udt)).astype(np.uint32)))
+
+    def clz(st, sel):
+        x = np.asarray(a(st, sel)).view(udt).astype(np.uint64)
+        hi = (x >> np.uint64(32)).astype(np.float64)
+        lo = (x & np.uint64(0xFFFFFFFF)).astype(np.float64)
+        top = np.where(hi > 0, np.frexp(hi)[1] + 32, np.frexp(lo)[1])   # bit length
+        dst(st, sel, (8 * size - top).astype(np.uint32))
+    return c.alu(clz)
+
+
+_COMPARE = {
+    "eq": lambda a, b, u: a == b, "ne": lambda a, b, u: (a != b) & ~u,
+    "lt": lambda a, b, u: a < b, "le": lambda a, b, u: a <= b,
+    "gt": lambda a, b, u: a > b, "ge": lambda a, b, u: a >= b,
+    "lo": lambda a, b, u: a < b, "ls": lambda a, b, u: a <= b,
+    "hi": lambda a, b, u: a > b, "hs": lambda a, b, u: a >= b,
+    "equ": lambda a, b, u: (a == b) | u, "neu": lambda a, b, u: (a != b) | u,
+    "ltu": lambda a, b, u: ~(a >= b), "leu": lambda a, b, u: ~(a > b),
+    "gtu": lambda a, b, u: ~(a <= b), "geu": lambda a, b, u: ~(a < b),
+    "num": lambda a, b, u: ~u, "nan": lambda a, b, u: u,
+}
+
+
+@opcode("setp")
+def _setp(c):
+    t = c.type
+    cmp = c.pick(tuple(_COMPARE))
+    combine = c.pick(("and", "or", "xor"))
+    if cmp is None:
+        c.fail("setp needs a comparison")
+    c.need(4 if combine else 3)
+    kind = TYPES[t][1]
+    if cmp in ("lo", "ls", "hi", "hs") and kind == "s":
+        t = "u" + t[1:]
+    if t.endswith("x2"):
+        c.fail("packed setp is not supported")
+    prep = (lambda x: nm.decode(x, "bf16")) if t == "bf16" else _ftz_in(c, t)
+    ra, rb = c.read(1, t), c.read(2, t)
+    is_float = kind in ("f", "bf")
+    if not is_float and cmp not in ("eq", "ne", "lt", "le", "gt", "ge", "lo", "ls", "hi", "hs"):
+        c.fail(f".{cmp} needs a float type")
+    fn = _COMPARE[cmp]
+    d = c.ops[0]
+    first, second = (d.first, d.second) if isinstance(d, Pair) else (d, None)
+    w1, w2 = c.write(first, "pred"), (c.write(second, "pred") if second else None)
+    pred = c.read(3, "pred") if combine else None
+    join = {"and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor}.get(combine)
+
+    def run(st, sel):
+        x, y = np.asarray(prep(ra(st, sel))), np.asarray(prep(rb(st, sel)))
+        unordered = (np.isnan(x) | np.isnan(y)) if is_float else False
+        r = np.broadcast_to(fn(x, y, unordered), (_count(st, sel),))
+        if join is None:
+            w1(st, sel, r)
+            if w2:
+                w2(st, sel, ~r)
+        else:
+            p = pred(st, sel)
+            w1(st, sel, join(r, p))
+            if w2:
+                w2(st, sel, join(~r, p))
+    return c.alu(run)
+
+
+@opcode("selp")
+def _selp(c):
+    c.need(4)
+    t = c.type
+    a, b, p, dst = c.read(1, t), c.read(2, t), c.read(3, "pred"), c.write(0, t)
+    return c.alu(lambda st, sel: dst(st, sel, np.where(p(st, sel), a(st, sel), b(st, sel)).astype(dtype_of(t))))
+
+
+# ---- transcendental approximations and square roots ------------------------------------
+_UNARY64 = {"ex2": np.exp2, "lg2": np.log2, "sin": np.sin, "cos": np.cos, "tanh": np.tanh,
+            "rsqrt": lambda x: 1.0 / np.sqrt(x), "rcp": lambda x: 1.0 / x, "sqrt": np.sqrt}
+
+
+@opcode(*_UNARY64)
+def _unary(c):
+    c.need(2)
+    t, name = c.type, c.ins.base
+    if t not in ("f32", "f64"):
+        c.fail(f"{name} is supported for .f32/.f64 only")
+    mode = c.pick(("approx", "rn", "full", "rz", "rm", "rp"))
+    if mode in ("rz", "rm", "rp"):
+        c.fail(f"{name}.{mode} is not supported")
+    if mode is None:
+        c.fail(f"{name} needs .approx or .rn")
+    fin, fn, dt = _ftz_in(c, t), _UNARY64[name], dtype_of(t)
+    a, dst = c.read(1, t), c.write(0, t)
+    if name in ("rcp", "sqrt"):     # IEEE-exact in the operand's own precision
+        fn = (lambda x: dt.type(1) / x) if name == "rcp" else np.sqrt
+        return c.alu(lambda st, sel: dst(st, sel, c.finish_float(np.asarray(fn(fin(a(st, sel)))), t)))
+    return c.alu(lambda st, sel: dst(st, sel, c.finish_float(
+        np.asarray(fn(np.asarray(fin(a(st, sel)), np.float64))).astype(dt), t)))
+
+
+# ---- conversion ------------------------------------------------------------------------
+@opcode("cvt")
+def _cvt(c):
+    types = c.types
+    mode = c.pick(FLOAT_ROUND + INT_ROUND)
+    if any(m in ("satfinite",) for m in c.mods):
+        c.fail(".satfinite is not supported")
+    if len(types) != 2:
+        c.fail("cvt needs a destination and a source type")
+    dt_, at = types
+    if dt_ in ("f16x2", "bf16x2"):
+        return _cvt_pack(c, dt_, at, mode)
+    c.need(2)
+    dkind, akind = TYPES[dt_][1], TYPES[at][1]
+    a, dst = c.read(1, at), c.write(0, dt_)
+    sat, ftz, relu = "sat" in c.mods, "ftz" in c.mods, "relu" in c.mods
+    d_float, a_float = dkind in ("f", "bf"), akind in ("f", "bf")
+    ddt = dtype_of(dt_)
+
+    def source(st, sel):
+        x = np.atleast_1d(np.asarray(a(st, sel)))
+        if ftz and at == "f32":
+            x = nm.flush_subnormal(x)
+        return nm.decode(x, "bf16" if akind == "bf" else "f") if a_float else x
+
+    if a_float and not d_float:
+        if mode not in INT_ROUND:
+            c.fail("float-to-integer cvt needs .rni, .rzi, .rmi or .rpi")
+        return c.alu(lambda st, sel: dst(st, sel, nm.float_to_int(source(st, sel), ddt, mode)))
+    if d_float:
+        if mode in INT_ROUND and not a_float:
+            c.fail(f".{mode} needs a float source")
+        kind = dt_ if dt_ in ("f16", "bf16", "f32", "f64") else None
+
+        def to_float(st, sel):
+            x = source(st, sel)
+            if not a_float:
+                y = nm.int_to_float(x, kind, mode or "rn")
+            elif mode in INT_ROUND:
+                y = nm.narrow(nm.round_integral(x, mode), kind, "rn")
+            else:
+                y = nm.narrow(x, kind, mode or "rn")
+            if sat or relu:
+                v = nm.decode(y, "bf16" if kind == "bf16" else "f")
+                lo_hi = (0.0, 1.0) if sat else (0.0, np.inf)
+                clamped = np.where(np.isnan(v), 0.0 if sat else v, np.clip(v, *lo_hi))
+                y = nm.narrow(clamped, kind, "rn")
+            if ftz and kind == "f32":
+                y = nm.flush_subnormal(y)
+            dst(st, sel, y)
+        return c.alu(to_float)
+    # integer -> integer: wrap, or clamp to the destination range with .sat
+    src_dt = dtype_of(at)
+    if not sat:
+        return c.alu(lambda st, sel: dst(st, sel, np.asarray(a(st, sel)).astype(ddt)))
+    lo = src_dt.type(max(np.iinfo(ddt).min, np.iinfo(src_dt).min))
+    hi = src_dt.type(min(np.iinfo(ddt).max, np.iinfo(src_dt).max))
+    return c.alu(lambda st, sel: dst(st, sel, np.clip(np.asarray(a(st, sel)), lo, hi).astype(ddt)))
+
+
+def _cvt_pack(c, dt_, at, mode):
+    """cvt.rn.f16x2.f32 d, a, b: a goes to the upper half, b to the lower half."""
+    c.need(3)
+    if at != "f32" or mode != "rn":
+        c.fail(f"only cvt.rn.{dt_}.f32 is supported")
+    kind = dt_[:-2]
+    a, b, dst = c.read(1, "f32"), c.read(2, "f32"), c.write(0, "b32")
+    relu = "relu" in c.mods
+
+    def half(x):
+        x = np.atleast_1d(np.asarray(x, np.float64))
+        if relu:
+            x = np.where(np.isnan(x), x, np.maximum(x, 0.0))
+        y = nm.narrow(x, kind, "rn")
+        return (y.view(np.uint16) if kind == "f16" else y).astype(np.uint32)
+
+    return c.alu(lambda st, sel: dst(st, sel, (half(a(st, sel)) << np.uint32(16)) | half(b(st, sel))))
+
+
+# ---- control flow and synchronisation --------------------------------------------------
+@opcode("bra")
+def _bra(c):
+    return Exec(c.ins, "bra", target=c.ins.target)
+
+
+@opcode("ret", "exit")
+def _exit(c):
+    return Exec(c.ins, "exit")
+
+
+@opcode("trap")
+def _trap(c):
+    def run(st, sel):
+        raise Finding("trap executed", st.indices(sel)[0], sanitizer=False)
+    return c.alu(run)
+
+
+@opcode("bar", "barrier")
+def _bar(c):
+    if "warp" in c.mods:
+        c.need(1)
+        mask = c.read(0, "b32")
+
+        def warp_sync(st, sel):
+            threads = st.indices(sel)
+            warp_members(st, threads, np.asarray(mask(st, sel)).astype(np.uint64), "bar.warp.sync")
+            st.warp_epoch[np.unique(st.warp[threads])] += np.uint16(1)
+        return c.alu(warp_sync)
+    if "sync" not in c.mods or c.has("arrive", "red"):
+        c.fail("only bar.sync / barrier.sync are supported")
+    if len(c.ops) not in (1, 2):
+        c.fail("expected a barrier id and optional thread count")
+    count = c.read(1, "u32") if len(c.ops) == 2 else None
+    return Exec(c.ins, "bar", run=count)
+
+
+@opcode("membar", "fence")
+def _fence(c):
+    return c.alu(lambda st, sel: None)   # execution is sequentially consistent already
+
+
+# ---- atomics ---------------------------------------------------------------------------
+_ATOMIC = {
+    "add": lambda old, b, c: old + b, "min": lambda old, b, c: np.minimum(old, b),
+    "max": lambda old, b, c: np.maximum(old, b), "exch": lambda old, b, c: b,
+    "cas": lambda old, b, c: np.where(old == b, c, old),
+    "inc": lambda old, b, c: np.where(old >= b, 0, old + 1).astype(old.dtype),
+    "dec": lambda old, b, c: np.where((old == 0) | (old > b), b, old - 1).astype(old.dtype),
+    "and": lambda old, b, c: old & b, "or": lambda old, b, c: old | b,
+    "xor": lambda old, b, c: old ^ b,
+}
+_ACCUMULATE = {"add": np.add, "min": np.minimum, "max": np.maximum, "and": np.bitwise_and,
+               "or": np.bitwise_or, "xor": np.bitwise_xor}
+
+
+def serialize(mem, elems, op, b, c):
+    """Apply an atomic op from many threads to mem[elems], one thread after another in
+    thread order (the order of elems); returns the old value each thread saw."""
+    fn = _ATOMIC[op]
+    order = np.argsort(elems, kind="stable")
+    e, bv, cv = elems[order], b[order], c[order]
+    start = np.r_[True, e[1:] != e[:-1]]
+    old = np.empty_like(bv)
+    if start.all():
+        old[:] = mem[e]
+        mem[e] = fn(old, bv, cv)
+    else:
+        firsts = np.flatnonzero(start)
+        lengths = np.diff(np.r_[firsts, len(e)])
+        if op == "add" and mem.dtype.kind in "ui":     # wrapping prefix sums are exact
+            run = np.cumsum(start) - 1
+            incl = np.cumsum(bv, dtype=mem.dtype)
+            excl = incl - bv
+            before = excl - excl[firsts][run]
+            base = mem[e[firsts]]
+            old[:] = base[run] + before
+            last = firsts + lengths - 1
+            mem[e[firsts]] = base + (incl[last] - excl[firsts])
+        elif len(firsts) <= lengths.max():           # few hot addresses: one pass per address
+            for f, n in zip(firsts, lengths):
+                k = e[f]
+                seq = np.r_[mem[k:k + 1], bv[f:f + n]]
+                if op in _ACCUMULATE:
+                    acc = _ACCUMULATE[op].accumulate(seq, dtype=mem.dtype)
+                elif op == "exch":
+                    acc = seq
+                else:
+                    acc = seq.copy()
+                    for i in range(n):
+                        acc[i + 1] = fn(acc[i:i + 1], bv[f + i:f + i + 1], cv[f + i:f + i + 1])[0]
+                old[f:f + n] = acc[:-1]
+                mem[k] = acc[-1]
+        else:                                          # many addresses: one pass per rank
+            for r in range(int(lengths.max())):
+                p = firsts[lengths > r] + r
+                old[p] = mem[e[p]]
+                mem[e[p]] = fn(old[p], bv[p], cv[p])
+    out = np.empty_like(old)
+    out[order] = old
+    return out
+
+
+@opcode("atom", "red")
+def _atom(c):
+    c.check_mods({"global", "shared", "shared::cta", *_ATOMIC})
+    op = c.pick(tuple(_ATOMIC))
+    if op is None:
+        c.fail("unsupported atomic operation")
+    t = c.type
+    if t not in ("b32", "b64", "u32", "s32", "u64", "s64", "f32", "f64"):
+        c.fail(f"atomics on .{t} are not supported")
+    if op in ("inc", "dec") and t != "u32":
+        c.fail(f"atom.{op} needs .u32")
+    red = c.ins.base == "red"
+    ops = c.ops if not red else [Sink()] + c.ops
+    nargs = 4 if op == "cas" else 3
+    if len(ops) not in (nargs, nargs + 1):      # optional trailing cache policy
+        c.fail(f"expected {nargs} operands")
+    space = c.space()
+    if space not in ("global", "shared", "generic"):
+        c.fail(f"atomics on .{space} are not supported")
+    address = c.address(ops[1], space)
+    b = c.read(ops[2], t)
+    z = c.read(ops[3], t) if op == "cas" else (lambda st, sel: 0)
+    dst = c.write(ops[0], t)
+    dt, size = dtype_of(t), TYPES[t][0]
+    def run(st, sel):
+        threads = st.indices(sel)
+        m = len(threads)
+        bv = np.broadcast_to(np.asarray(b(st, sel), dt), (m,)).copy()
+        cv = np.broadcast_to(np.asarray(z(st, sel), dt), (m,)).copy()
+        old = np.empty(m, dt)
+        for region, off, pos in st.segments(space, address(st, sel), size, threads):
+            mem = st.typed(region, size).view(dt)
+            old[pos] = serialize(mem, off // size, op, bv[pos], cv[pos])
+        dst(st, sel, old)
+    return c.alu(run)
+
+
+# ---- warp-level collectives ------------------------------------------------------------
+@opcode("shfl")
+def _shfl(c):
+    mode = c.pick(("up", "down", "bfly", "idx"))
+    if "sync" not in c.mods or mode is None or c.type != "b32":
+        c.fail("only shfl.sync.{up,down,bfly,idx}.b32 is supported")
+    c.need(5)
+    d = c.ops[0]
+    first, second = (d.first, d.second) if isinstance(d, Pair) else (d, None)
+    dst, pdst = c.write(first, "b32"), (c.write(second, "pred") if second else None)
+    a, b, cc, mask = (c.read(i, "b32") for i in (1, 2, 3, 4))
+
+    def run(st, sel):
+        threads = st.indices(sel)
+        warp_members(st, threads, np.asarray(mask(st, sel)).astype(np.uint64), f"shfl.sync.{mode}")
+        lane = st.lane[threads]
+        bval = np.asarray(b(st, sel)).astype(np.int64) & 31
+        cval = np.asarray(cc(st, sel)).astype(np.int64)
+        clamp, segmask = cval & 31, (cval >> 8) & 31
+        max_lane = (lane & segmask) | (clamp & ~segmask)
+        min_lane = lane & segmask
+        if mode == "up":
+            j = lane - bval
+            ok = j >= max_lane
+        elif mode == "down":
+            j, ok = lane + bval, None
+        elif mode == "bfly":
+            j, ok = lane ^ bval, None
+        else:
+            j, ok = min_lane | (bval & ~segmask), None
+        if ok is None:
+            ok = j <= max_lane
+        exists = (st.warp_lanes[st.warp[threads]].astype(np.int64) >> np.clip(j, 0, 31)) & 1
+        j = np.where(ok & (exists == 1), j, lane)
+        values = np.zeros(st.n, np.uint32)
+        values[threads] = a(st, sel)
+        dst(st, sel, values[threads - lane + j])
+        if pdst:
+            pdst(st, sel, np.broadcast_to(ok, lane.shape))
+    return c.alu(run)
+
+
+def _ballot(st, threads, pred):
+    bits = np.bincount(st.warp[threads], weights=np.where(pred, np.ldexp(1.0, st.lane[threads]), 0.0),
+                       minlength=st.warp_lanes.size)
+    return bits.astype(np.uint64)[st.warp[threads]]
+
+
+@opcode("vote")
+def _vote(c):
+    mode = c.pick(("all", "any", "uni", "ballot"))
+    if "sync" not in c.mods or mode is None:
+        c.fail("only vote.sync.{all,any,uni,ballot} is supported")
+    c.need(3)
+    p, mask = c.read(1, "pred"), c.read(2, "b32")
+    dst = c.write(0, "b32" if mode == "ballot" else "pred")
+
+    def run(st, sel):
+        threads = st.indices(sel)
+        m = np.asarray(mask(st, sel)).astype(np.uint64)
+        warp_members(st, threads, m, f"vote.sync.{mode}")
+        pred = np.broadcast_to(p(st, sel), threads.shape)
+        ballot = _ballot(st, threads, pred) & m
+        members = m & st.warp_lanes[st.warp[threads]]
+        if mode == "ballot":
+            dst(st, sel, ballot.astype(np.uint32))
+        elif mode == "all":
+            dst(st, sel, ballot == members)
+        elif mode == "any":
+            dst(st, sel, ballot != 0)
+        else:
+            dst(st, sel, (ballot == members) | (ballot == 0))
+    return c.alu(run)
+
+
+@opcode("activemask")
+def _activemask(c):
+    c.need(1)
+    dst = c.write(0, "b32")
+
+    def run(st, sel):
+        threads = st.indices(sel)
+        dst(st, sel, _ballot(st, threads, np.ones(threads.shape, bool)).astype(np.uint32))
+    return c.alu(run)
+
+
+@opcode("redux")
+def _redux(c):
+    op = c.pick(("add", "min", "max", "and", "or", "xor"))
+    t = c.type
+    if "sync" not in c.mods or op is None or t not in ("u32", "s32", "b32"):
+        c.fail("only redux.sync.{add,min,max,and,or,xor} on 32-bit integers is supported")
+    c.need(3)
+    a, mask, dst = c.read(1, t), c.read(2, "b32"), c.write(0, t)
+    dt = dtype_of(t)
+    ufunc = {"add": np.add, "min": np.minimum, "max": np.maximum, "and": np.bitwise_and,
+             "or": np.bitwise_or, "xor": np.bitwise_xor}[op]
+    start = {"add": 0, "min": np.iinfo(dt).max, "max": np.iinfo(dt).min, "and": np.iinfo(dt).max,
+             "or": 0, "xor": 0}[op]
+
+    def run(st, sel):
+        threads = st.indices(sel)
+        warp_members(st, threads, np.asarray(mask(st, sel)).astype(np.uint64), f"redux.sync.{op}")
+        acc = np.full(st.warp_lanes.size, start, dt if op != "add" else np.int64)
+        values = np.broadcast_to(np.asarray(a(st, sel)), threads.shape).astype(acc.dtype)
+        ufunc.at(acc, st.warp[threads], values)
+        dst(st, sel, acc[st.warp[threads]].astype(np.int64).astype(dt) if op == "add" else acc[st.warp[threads]])
+    return c.alu(run)
+
+
+# ---- asynchronous copies (executed synchronously) --------------------------------------
+@opcode("cp")
+def _cp(c):
+    rest = c.mods[1:] if c.mods and c.mods[0] == "async" else None
+    if rest is None:
+        c.fail("only cp.async is supported")
+    if rest and rest[0] in ("commit_group", "wait_group", "wait_all"):
+        return c.alu(lambda st, sel: None)   # copies complete when issued
+    if "bulk" in rest or "ca" not in rest and "cg" not in rest:
+        c.fail("only cp.async.{ca,cg}.shared.global is supported")
+    if len(c.ops) < 3 or not isinstance(c.ops[2], Imm) or c.ops[2].value not in (4, 8, 16):
+        c.fail("cp.async needs a copy size of 4, 8 or 16")
+    size = c.ops[2].value
+    dst_addr, src_addr = c.address(c.ops[0], "shared"), c.address(c.ops[1], "global")
+    extra = c.ops[3] if len(c.ops) > 3 else None
+    src_size = ignore_src = None
+    if isinstance(extra, (Reg, Neg)) and (isinstance(extra, Neg) or c.reg_type(extra) == "pred"):
+        ignore_src = c.read(extra, "pred")
+    elif extra is not None:
+        src_size = c.read(extra, "u32")
+
+    def run(st, sel):
+        threads = st.indices(sel)
+        m = len(threads)
+        n = np.full(m, size, np.int64)
+        if src_size is not None:
+            n = np.minimum(np.broadcast_to(np.asarray(src_size(st, sel)).astype(np.int64), (m,)), size)
+        if ignore_src is not None:
+            n = np.where(ignore_src(st, sel), 0, n)
+        src = src_addr(st, sel)
+        data = np.zeros((m, size), np.uint8)
+        whole = n == size
+        if whole.any():
+            pos = np.flatnonzero(whole)
+            data[pos] = st.load("global", src[pos], 1, size, threads[pos])
+        part = (n > 0) & ~whole
+        if part.any():      # a partial copy reads src-size bytes and zero-fills the rest
+            pos = np.flatnonzero(part)
+            misaligned = src[pos] % size != 0
+            if misaligned.any():
+                i = pos[np.flatnonzero(misaligned)[0]]
+                raise Finding(f"misaligned cp.async source {int(src[i]):#x}", threads[i])
+            rows, cols = np.nonzero(np.arange(size) < n[pos][:, None])
+            data[pos[rows], cols] = st.load("global", src[pos][rows] + cols, 1, 1, threads[pos][rows])[:, 0]
+        st.store("shared", dst_addr(st, sel), 1, data, threads)
+    return c.alu(run)
+
+
+# ---- tensor cores ----------------------------------------------------------------------
+def _fragment_maps():
+    """Element coordinates of the m16n8k16 fragments, per lane and element index, as the
+    PTX ISA lays them out: g = lane / 4 (group), t = lane % 4 (thread in group)."""
+    lane = np.arange(32)[:, None]
+    g, t = lane // 4, lane % 4
+    i8, i4 = np.arange(8)[None, :], np.arange(4)[None, :]
+    a_row = g + 8 * ((i8 // 2) % 2)
+    a_col = 2 * t + (i8 % 2) + 8 * (i8 // 4)
+    b_row = 2 * t + (i4 % 2) + 8 * (i4 // 2)           # k
+    b_col = np.broadcast_to(g, (32, 4))                # n
+    c_row = g + 8 * (i4 // 2)
+    c_col = 2 * t + (i4 % 2)
+    return a_row, a_col, b_row, b_col, c_row, c_col
+
+
+A_ROW, A_COL, B_ROW, B_COL, C_ROW, C_COL = _fragment_maps()
+
+
+def _halves_to_f64(words, kind):
+    """uint32 words [..., k] -> float64 halves [..., 2k], low half first."""
+    halves = np.ascontiguousarray(words).view(np.uint16)
+    return nm.decode(halves.view(np.float16) if kind == "f16" else halves, kind)
+
+
+@opcode("ldmatrix")
+def _ldmatrix(c):
+    num = c.pick(("x1", "x2", "x4"))
+    if "m8n8" not in c.mods or num is None or c.type != "b16":
+        c.fail("only ldmatrix.sync.aligned.m8n8.{x1,x2,x4}[.trans].shared.b16 is supported")
+    c.need(2)
+    count = int(num[1])
+    trans = "trans" in c.mods
+    d = c.ops[0]
+    items = d.items if isinstance(d, Vec) else (d,)
+    if len(items) != count:
+        c.fail(f"ldmatrix .{num} needs {count} destination registers")
+    writers = [c.write(item, "b32") for item in items]
+    address = c.address(c.ops[1], c.space())
+    space = c.space()
+
+    def run(st, sel):
+        threads = st.indices(sel)
+        warps = full_warps(st, threads, "ldmatrix")
+        addr = address(st, sel).reshape(-1, 32)
+        rows = warps[:, : 8 * count].ravel()         # lane 8i+r addresses row r of matrix i
+        data = st.load(space, addr[:, : 8 * count].ravel(), 2, 8, rows)
+        mats = data.reshape(-1, count, 8, 8)          # [warp, matrix, row, col]
+        if trans:
+            mats = mats.transpose(0, 1, 3, 2)
+        lane = np.arange(32)
+        r, col = lane // 4, 2 * (lane % 4)
+        lo = mats[:, :, r, col].astype(np.uint32)     # [warp, matrix, lane]
+        hi = mats[:, :, r, col + 1].astype(np.uint32)
+        words = lo | (hi << np.uint32(16))
+        for i, w in enumerate(writers):
+            w(st, sel, words[:, i, :].ravel())
+    return c.alu(run)
+
+
+@opcode("mma")
+def _mma(c):
+    kinds = [m for m in c.mods if m in TYPES]
+    if ("m16n8k16" not in c.mods or c.pick(("row",)) is None or c.pick(("col",)) is None
+            or len(kinds) != 4 or kinds[0] != "f32" or kinds[3] != "f32"
+            or kinds[1] != kinds[2] or kinds[1] not in ("f16", "bf16")):
+        c.fail("only mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32 is supported")
+    c.need(4)
+    kind = kinds[1]
+    groups = [op.items if isinstance(op, Vec) else () for op in c.ops]
+    if [len(g) for g in groups] != [4, 4, 2, 4]:
+        c.fail("mma m16n8k16 takes {d0..d3}, {a0..a3}, {b0,b1}, {c0..c3}")
+    a_r = [c.read(x, "b32") for x in groups[1]]
+    b_r = [c.read(x, "b32") for x in groups[2]]
+    c_r = [c.read(x, "f32") for x in groups[3]]
+    d_w = [c.write(x, "f32") for x in groups[0]]
+
+    def stack(readers, st, sel, dt):
+        return np.stack([np.broadcast_to(np.asarray(r(st, sel), dt), (_count(st, sel),)) for r in readers], -1)
+
+    def run(st, sel):
+        threads = st.indices(sel)
+        nw = len(full_warps(st, threads, "mma"))
+        a = _halves_to_f64(stack(a_r, st, sel, np.uint32), kind).reshape(nw, 32, 8)
+        b = _halves_to_f64(stack(b_r, st, sel, np.uint32), kind).reshape(nw, 32, 4)
+        acc = stack(c_r, st, sel, np.float32).astype(np.float64).reshape(nw, 32, 4)
+        A = np.zeros((nw, 16, 16))
+        B = np.zeros((nw, 16, 8))
+        C = np.zeros((nw, 16, 8))
+        A[:, A_ROW, A_COL] = a
+        B[:, B_ROW, B_COL] = b
+        C[:, C_ROW, C_COL] = acc
+        D = (np.matmul(A, B) + C).astype(np.float32)   # float64 sum, one rounding to f32
+        out = D[:, C_ROW, C_COL].reshape(-1, 4)
+        for i, w in enumerate(d_w):
+            w(st, sel, out[:, i])
+    return c.alu(run)

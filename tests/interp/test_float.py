@@ -1,0 +1,233 @@
+"""Floating-point instructions: exact IEEE results, FMA rounding, conversions."""
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from interp_helpers import elementwise, f32
+
+
+def fbits(x):
+    return int(np.float32(x).view(np.uint32))
+
+
+def test_fma_double_rounding_counterexample():
+    a = np.float32(1 + 2**-23)
+    b = np.float32(2**-24 * (1 - 2**-23))
+    out = elementwise("fma.rn.f32 %d, %a, %b, %c;", f32([a]), f32([b]), f32([a]))
+    assert out[0] == 0x3F800001            # 0x1.000002p+0
+    naive = np.float32(np.float64(a) * np.float64(b) + np.float64(a))
+    assert naive.view(np.uint32) != 0x3F800001   # double rounding would get it wrong
+    mad = elementwise("mad.rn.f32 %d, %a, %b, %c;", f32([a]), f32([b]), f32([a]))
+    assert mad[0] == 0x3F800001
+
+
+def _exact_fma_f32(a, b, c):
+    """Reference: exact rational a*b+c rounded to nearest-even float32."""
+    exact = Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c))
+    if exact == 0:
+        return np.float32(np.float64(a) * np.float64(b) + np.float64(c))
+    # round to float32 through the neighbours of the float64 nearest value
+    approx = np.float32(float(exact))
+    lo, hi = sorted([approx, np.nextafter(approx, np.float32(np.inf if float(exact) > approx else -np.inf))])
+    dlo, dhi = abs(Fraction(float(lo)) - exact), abs(Fraction(float(hi)) - exact)
+    if dlo != dhi:
+        return lo if dlo < dhi else hi
+    return lo if int(lo.view(np.uint32)) % 2 == 0 else hi
+
+
+finite32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(finite32, finite32, finite32), min_size=1, max_size=64))
+def test_fma_matches_exact_rational(triples):
+    a, b, c = (f32([t[i] for t in triples]) for i in range(3))
+    prod = np.abs(a.astype(np.float64) * b)
+    keep = (prod < 1e38) & (np.abs(c) < 1e38)
+    a, b, c = a[keep], b[keep], c[keep]
+    if a.size == 0:
+        return
+    out = elementwise("fma.rn.f32 %d, %a, %b, %c;", a, b, c).view(np.float32)
+    for x, y, z, got in zip(a, b, c, out):
+        want = _exact_fma_f32(x, y, z)
+        assert got.view(np.uint32) == want.view(np.uint32), (x, y, z)
+
+
+def test_fma_near_ties_random():
+    rng = np.random.default_rng(1)
+    a = (1 + rng.integers(0, 2**23, 300) * 2.0**-23).astype(np.float32)
+    b = (rng.integers(1, 2**24, 300) * 2.0**-48).astype(np.float32)
+    c = (1 + rng.integers(0, 2**23, 300) * 2.0**-23).astype(np.float32)
+    out = elementwise("fma.rn.f32 %d, %a, %b, %c;", a, b, c).view(np.float32)
+    want = np.array([_exact_fma_f32(x, y, z) for x, y, z in zip(a, b, c)], np.float32)
+    assert np.array_equal(out.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("op,fn", [("add", np.add), ("sub", np.subtract), ("mul", np.multiply),
+                                   ("div", np.divide)])
+def test_basic_ops_bit_exact(op, fn):
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal(500).astype(np.float32) * np.float32(1e3)
+    b = rng.standard_normal(500).astype(np.float32)
+    a[:4] = [np.inf, np.nan, 0.0, 1e-40]
+    b[:4] = [1.0, 2.0, -0.0, 3.0]
+    out = elementwise(f"{op}.rn.f32 %d, %a, %b;", a, b)
+    with np.errstate(all="ignore"):
+        want = fn(a, b)
+    assert np.array_equal(out, want.view(np.uint32))
+
+
+def test_sqrt_rcp_rn_exact():
+    a = np.abs(np.random.default_rng(3).standard_normal(200)).astype(np.float32) + np.float32(1e-3)
+    assert np.array_equal(elementwise("sqrt.rn.f32 %d, %a;", a), np.sqrt(a).view(np.uint32))
+    assert np.array_equal(elementwise("rcp.rn.f32 %d, %a;", a), (np.float32(1) / a).view(np.uint32))
+
+
+def test_ftz_and_sat():
+    tiny = np.float32(1e-40)
+    out = elementwise("add.ftz.f32 %d, %a, %b;", f32([tiny, 1.0]), f32([0.0, 0.0]))
+    assert out[0] == 0 and out[1] == fbits(1.0)
+    out = elementwise("mul.sat.f32 %d, %a, %b;", f32([3.0, -2.0, np.nan, 0.25]), f32([1.0, 1.0, 1.0, 1.0]))
+    assert list(out.view(np.float32)) == [1.0, 0.0, 0.0, 0.25]
+
+
+def test_approx_functions():
+    x = f32([-np.inf, 0.0, 1.5, -3.0])
+    out = elementwise("ex2.approx.ftz.f32 %d, %a;", x).view(np.float32)
+    assert out[0] == 0 and out[0].view(np.uint32) == 0      # ex2(-inf) = +0
+    assert out[1] == 1 and out[2] == np.float32(2**1.5) and out[3] == 0.125
+    out = elementwise("lg2.approx.f32 %d, %a;", f32([8.0, 0.0, -1.0])).view(np.float32)
+    assert out[0] == 3 and out[1] == -np.inf and np.isnan(out[2])
+    out = elementwise("rsqrt.approx.f32 %d, %a;", f32([4.0])).view(np.float32)
+    assert out[0] == 0.5
+    out = elementwise("tanh.approx.f32 %d, %a;", f32([0.5])).view(np.float32)
+    assert out[0] == np.float32(math.tanh(0.5))
+    out = elementwise("sin.approx.f32 %d, %a; cos.approx.f32 %e, %a;", f32([0.5]), extra=True)
+    assert out[0].view(np.float32)[0] == np.float32(math.sin(0.5))
+    assert out[1].view(np.float32)[0] == np.float32(math.cos(0.5))
+
+
+def test_min_max_nan_and_setp_orderings():
+    a = f32([1.0, np.nan, 2.0])
+    b = f32([2.0, 5.0, np.nan])
+    assert list(elementwise("min.f32 %d, %a, %b;", a, b).view(np.float32)) == [1.0, 5.0, 2.0]
+    assert list(elementwise("max.f32 %d, %a, %b;", a, b).view(np.float32)) == [2.0, 5.0, 2.0]
+    cases = {"lt": [1, 0, 0], "ltu": [1, 1, 1], "ne": [1, 0, 0], "neu": [1, 1, 1],
+             "ge": [0, 0, 0], "geu": [0, 1, 1], "num": [1, 0, 0], "nan": [0, 1, 1],
+             "equ": [0, 1, 1], "eq": [0, 0, 0]}
+    for cmp, want in cases.items():
+        out = elementwise(f"setp.{cmp}.f32 %p, %a, %b; selp.u32 %d, 1, 0, %p;", a, b)
+        assert list(out) == want, cmp
+
+
+# ---- conversions -----------------------------------------------------------------------
+def test_cvt_f16_round_to_nearest_even_ties_nan_overflow():
+    inputs = f32([1 + 2**-11, 1 + 3 * 2**-11, 65520.0, 65519.0, np.nan, -np.inf, 2**-25, 2**-25 * 1.5])
+    out = elementwise(".reg .b16 %h; cvt.rn.f16.f32 %h, %a; mov.b32 %d, {%h, %h};", inputs)
+    h = (out & 0xFFFF).astype(np.uint16)
+    assert h[0] == 0x3C00            # tie -> even (1.0)
+    assert h[1] == 0x3C02            # tie -> even (1 + 2^-9)
+    assert h[2] == 0x7C00            # rounds up to inf
+    assert h[3] == 0x7BFF            # 65504
+    assert np.isnan(h[4:5].view(np.float16))[0]
+    assert h[5] == 0xFC00
+    assert h[6] == 0x0000            # 2^-25 is the tie between 0 and 2^-24: even is 0
+    assert h[7] == 0x0001
+    assert (out >> 16 == out & 0xFFFF).all()     # {lo, hi} packing puts both halves
+
+
+def test_cvt_bf16_rounding_and_nan():
+    inputs = np.array([0x3F808000, 0x3F818000, 0x3F808001, 0x7F7FFFFF, 0x7FC00001, 0xFF800000,
+                       0x00008000], np.uint32)
+    out = elementwise(".reg .b16 %h; cvt.rn.bf16.f32 %h, %a; cvt.u32.u16 %d, %h;", inputs)
+    assert out[0] == 0x3F80          # tie, even stays
+    assert out[1] == 0x3F82          # tie, odd rounds up
+    assert out[2] == 0x3F81          # above the tie
+    assert out[3] == 0x7F80          # overflow to inf
+    assert (out[4] & 0x7F80) == 0x7F80 and (out[4] & 0x7F) != 0    # still a NaN
+    assert out[5] == 0xFF80
+    assert out[6] == 0x0000          # tiny subnormal tie rounds to even zero
+
+
+def test_cvt_directed_rounding_to_half():
+    x = f32([1 + 2**-12, -(1 + 2**-12), 70000.0])
+    for mode, want in {"rz": [0x3C00, 0xBC00, 0x7BFF], "rp": [0x3C01, 0xBC00, 0x7C00],
+                       "rm": [0x3C00, 0xBC01, 0x7BFF], "rn": [0x3C00, 0xBC00, 0x7C00]}.items():
+        out = elementwise(f".reg .b16 %h; cvt.{mode}.f16.f32 %h, %a; cvt.u32.u16 %d, %h;", x)
+        assert list(out) == want, mode
+
+
+def test_cvt_f16x2_and_bf16x2_order():
+    out = elementwise("cvt.rn.f16x2.f32 %d, %a, %b;", f32([1.0]), f32([2.0]))
+    assert out[0] == (0x3C00 << 16) | 0x4000       # a in the upper half, b in the lower
+    out = elementwise("cvt.rn.bf16x2.f32 %d, %a, %b;", f32([1.0]), f32([-2.0]))
+    assert out[0] == (0x3F80 << 16) | 0xC000
+
+
+def test_cvt_float_to_int_saturates_and_nan_is_zero():
+    x = f32([3.7, -3.7, 2.5, -2.5, 1e10, -1e10, np.nan, np.inf])
+    rzi = elementwise("cvt.rzi.s32.f32 %d, %a;", x).view(np.int32)
+    assert list(rzi) == [3, -3, 2, -2, 2**31 - 1, -2**31, 0, 2**31 - 1]
+    rni = elementwise("cvt.rni.s32.f32 %d, %a;", x).view(np.int32)
+    assert list(rni[:4]) == [4, -4, 2, -2]
+    rmi = elementwise("cvt.rmi.s32.f32 %d, %a;", x).view(np.int32)
+    assert list(rmi[:4]) == [3, -4, 2, -3]
+    rpi = elementwise("cvt.rpi.s32.f32 %d, %a;", x).view(np.int32)
+    assert list(rpi[:4]) == [4, -3, 3, -2]
+    u = elementwise("cvt.rzi.u32.f32 %d, %a;", x)
+    assert list(u) == [3, 0, 2, 0, 2**32 - 1, 0, 0, 2**32 - 1]
+    u8 = elementwise("cvt.rni.u8.f32 %d, %a;", f32([300.0, -5.0, 254.6]))
+    assert list(u8) == [255, 0, 255]
+
+
+def test_cvt_round_to_integral_float():
+    x = f32([2.5, 3.5, -2.5, 1.7])
+    assert list(elementwise("cvt.rni.f32.f32 %d, %a;", x).view(np.float32)) == [2, 4, -2, 2]
+    assert list(elementwise("cvt.rzi.f32.f32 %d, %a;", x).view(np.float32)) == [2, 3, -2, 1]
+
+
+def test_cvt_int_to_float_rounding():
+    x = np.array([2**24 + 1, 2**24 + 3, 0xFFFFFFFF], np.uint32)
+    rn = elementwise("cvt.rn.f32.u32 %d, %a;", x).view(np.float32)
+    assert list(rn) == [2**24, 2**24 + 4, 2**32]
+    rz = elementwise("cvt.rz.f32.u32 %d, %a;", x).view(np.float32)
+    assert list(rz) == [2**24, 2**24 + 2, 2**32 - 256]
+    big = np.array([2**63 + 2**39 + 1], np.uint64)
+    out = elementwise(".reg .f32 %f; cvt.rn.f32.u64 %f, %A; mov.b32 %e, %f; mov.b64 %D, 0;",
+                      big, wide=True, extra=True)[1].view(np.float32)
+    assert out[0] == np.float32(2**63 + 2**40)     # just above the tie: rounds up
+
+
+def test_f16x2_arithmetic():
+    a = np.array([(0x3C00 << 16) | 0x4000], np.uint32)     # {lo 2.0, hi 1.0}
+    b = np.array([(0x4200 << 16) | 0x3800], np.uint32)     # {lo 0.5, hi 3.0}
+    assert elementwise("add.rn.f16x2 %d, %a, %b;", a, b)[0] == (0x4400 << 16) | 0x4100
+    assert elementwise("mul.rn.f16x2 %d, %a, %b;", a, b)[0] == (0x4200 << 16) | 0x3C00
+    assert elementwise("fma.rn.f16x2 %d, %a, %b, %b;", a, b)[0] == (0x4600 << 16) | 0x3E00
+
+
+def test_f64_ops():
+    a = np.array([1.0 + 2**-52, 3.0], np.float64)
+    b = np.array([1.0 - 2**-53, 7.0], np.float64)
+    out = elementwise("mul.rn.f64 %D, %A, %B;", a, b, wide=True).view(np.float64)
+    assert np.array_equal(out, a * b)
+    out = elementwise("fma.rn.f64 %D, %A, %B, %C;", a, b, -a * b, wide=True).view(np.float64)
+    exact = [float(Fraction(x) * Fraction(y) - Fraction(x * y)) for x, y in zip(a, b)]
+    assert list(out) == exact
+    out = elementwise(".reg .f32 %f; cvt.rn.f32.f64 %f, %A; mov.b32 %e, %f; mov.b64 %D, 0;",
+                      np.array([1 + 2**-24 + 2**-50]), wide=True, extra=True)[1]
+    assert out[0] == 0x3F800001
+
+
+def test_bf16x2_arithmetic_rounds_once():
+    one, eps = 0x3F80, 0x3B80           # 1.0 and 2^-8 (half an ulp of 1.0 in bf16)
+    a = np.array([(one << 16) | one], np.uint32)
+    b = np.array([(eps << 16) | 0x3B81], np.uint32)  # lo just above half an ulp
+    out = elementwise("add.rn.bf16x2 %d, %a, %b;", a, b)
+    assert out[0] == (0x3F80 << 16) | 0x3F81         # tie to even (hi), above tie rounds up (lo)
+    out = elementwise("fma.rn.bf16x2 %d, %a, %b, %a;", a, b)
+    assert out[0] == (0x3F80 << 16) | 0x3F81

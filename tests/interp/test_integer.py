@@ -1,0 +1,132 @@
+"""Integer, bit-manipulation, predicate and data-movement instructions."""
+import numpy as np
+
+from interp_helpers import elementwise
+
+U32 = np.array([0, 1, 7, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF, 123456789, 0xDEADBEEF], np.uint32)
+V32 = np.array([3, 0xFFFFFFFF, 2, 2, 0xFFFFFFFF, 0x10, 0, 77], np.uint32)
+
+
+def s32(x):
+    return np.asarray(x, np.uint32).view(np.int32)
+
+
+def test_add_sub_mul_wrap():
+    assert np.array_equal(elementwise("add.u32 %d, %a, %b;", U32, V32), U32 + V32)
+    assert np.array_equal(elementwise("sub.s32 %d, %a, %b;", U32, V32), U32 - V32)
+    assert np.array_equal(elementwise("mul.lo.u32 %d, %a, %b;", U32, V32), U32 * V32)
+    hi = (U32.astype(np.uint64) * V32.astype(np.uint64)) >> np.uint64(32)
+    assert np.array_equal(elementwise("mul.hi.u32 %d, %a, %b;", U32, V32), hi.astype(np.uint32))
+    shi = (s32(U32).astype(np.int64) * s32(V32).astype(np.int64)) >> 32
+    assert np.array_equal(elementwise("mul.hi.s32 %d, %a, %b;", U32, V32).view(np.int32), shi.astype(np.int32))
+    wide = elementwise("mul.wide.s32 %C, %a, %b; mov.b64 {%d, %e}, %C;", U32, V32, extra=True)
+    got = wide[0].astype(np.uint64) | (wide[1].astype(np.uint64) << np.uint64(32))
+    assert np.array_equal(got.view(np.int64), s32(U32).astype(np.int64) * s32(V32).astype(np.int64))
+    sat = elementwise("add.sat.s32 %d, %a, %b;", np.array([0x7FFFFFFF, 0x80000000], np.uint32),
+                      np.array([5, 0xFFFFFFFF], np.uint32))
+    assert list(sat.view(np.int32)) == [2**31 - 1, -2**31]
+
+
+def test_mad_and_64bit_mul_hi():
+    out = elementwise("mad.lo.s32 %d, %a, %b, %c;", U32, V32, U32)
+    assert np.array_equal(out, U32 * V32 + U32)
+    a = np.array([2**64 - 1, 2**63, 12345678901234567], np.uint64)
+    b = np.array([2**64 - 1, 3, 98765432109876543], np.uint64)
+    got = elementwise("mul.hi.u64 %D, %A, %B;", a, b, wide=True)
+    assert [int(x) for x in got] == [(int(x) * int(y)) >> 64 for x, y in zip(a, b)]
+    got = elementwise("mul.hi.s64 %D, %A, %B;", a, b, wide=True).view(np.int64)
+    sa, sb = a.view(np.int64), b.view(np.int64)
+    assert [int(x) for x in got] == [(int(x) * int(y)) >> 64 for x, y in zip(sa, sb)]
+
+
+def test_div_rem_truncate_toward_zero():
+    a = np.array([7, -7, 7, -7, -2**31], np.int32).view(np.uint32)
+    b = np.array([2, 2, -2, -2, -1], np.int32).view(np.uint32)
+    assert list(elementwise("div.s32 %d, %a, %b;", a, b).view(np.int32)) == [3, -3, -3, 3, -2**31]
+    assert list(elementwise("rem.s32 %d, %a, %b;", a, b).view(np.int32)) == [1, -1, 1, -1, 0]
+    assert list(elementwise("div.u32 %d, %a, %b;", np.array([7, 9], np.uint32),
+                            np.array([2, 0], np.uint32))) == [3, 0xFFFFFFFF]
+
+
+def test_min_max_abs_neg_signedness():
+    a = np.array([-5, 3], np.int32).view(np.uint32)
+    b = np.array([2, -8], np.int32).view(np.uint32)
+    assert list(elementwise("min.s32 %d, %a, %b;", a, b).view(np.int32)) == [-5, -8]
+    assert list(elementwise("min.u32 %d, %a, %b;", a, b).view(np.int32)) == [2, 3]
+    assert list(elementwise("max.s32 %d, %a, %b;", a, b).view(np.int32)) == [2, 3]
+    assert list(elementwise("abs.s32 %d, %a;", a).view(np.int32)) == [5, 3]
+    assert list(elementwise("neg.s32 %d, %a;", a).view(np.int32)) == [5, -3]
+
+
+def test_shifts_clamp():
+    a = np.array([0x80000001] * 4, np.uint32)
+    n = np.array([1, 31, 32, 100], np.uint32)
+    assert list(elementwise("shl.b32 %d, %a, %b;", a, n)) == [2, 0x80000000, 0, 0]
+    assert list(elementwise("shr.u32 %d, %a, %b;", a, n)) == [0x40000000, 1, 0, 0]
+    assert list(elementwise("shr.s32 %d, %a, %b;", a, n)) == [0xC0000000, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF]
+
+
+def test_bit_field_and_permute():
+    a = np.array([0xDEADBEEF] * 4, np.uint32)
+    assert list(elementwise("bfe.u32 %d, %a, 8, 8;", a)) == [0xBE] * 4
+    assert list(elementwise("bfe.s32 %d, %a, 8, 8;", a).view(np.int32)) == [np.int8(-66)] * 4
+    assert list(elementwise("bfe.u32 %d, %a, 28, 8;", a)) == [0xD] * 4
+    assert list(elementwise("bfe.s32 %d, %a, 28, 8;", a).view(np.int32)) == [-3] * 4
+    assert list(elementwise("bfe.u32 %d, %a, 4, 0;", a)) == [0] * 4
+    assert list(elementwise("bfi.b32 %d, %a, %b, 8, 8;", np.full(1, 0x12, np.uint32),
+                            np.full(1, 0xFFFFFFFF, np.uint32))) == [0xFFFF12FF]
+    a, b = np.full(1, 0x33221100, np.uint32), np.full(1, 0x77665544, np.uint32)
+    assert list(elementwise("prmt.b32 %d, %a, %b, 0x7531;", a, b)) == [0x77553311]
+    assert list(elementwise("prmt.b32 %d, %a, %b, 0x8880;", a, np.full(1, 0x000000F0, np.uint32))) == [0x00000000]
+    assert list(elementwise("prmt.b32 %d, %a, %b, 0x0004;", a, np.full(1, 0x000000F0, np.uint32))) == [0x000000F0]
+    assert list(elementwise("prmt.b32 %d, %a, %b, 0x000C;", a, np.full(1, 0x000000F0, np.uint32))) == [0x000000FF]
+
+
+def test_popc_clz_brev_lop3():
+    a = np.array([0, 1, 0xF0F0, 0x80000000, 0xFFFFFFFF], np.uint32)
+    assert list(elementwise("popc.b32 %d, %a;", a)) == [0, 1, 8, 1, 32]
+    assert list(elementwise("clz.b32 %d, %a;", a)) == [32, 31, 16, 0, 0]
+    assert list(elementwise("brev.b32 %d, %a;", a)) == [0, 0x80000000, 0x0F0F0000, 1, 0xFFFFFFFF]
+    assert list(elementwise("mov.b64 %A, {%a, %b}; clz.b64 %d, %A;", np.array([0, 1], np.uint32),
+                            np.array([0, 0], np.uint32))) == [64, 63]
+    x, y, z = (np.array([v], np.uint32) for v in (0xF0F0F0F0, 0xCCCCCCCC, 0xAAAAAAAA))
+    assert list(elementwise("lop3.b32 %d, %a, %b, %c, 0x96;", x, y, z)) == [0xF0F0F0F0 ^ 0xCCCCCCCC ^ 0xAAAAAAAA]
+
+
+def test_setp_combinations_and_predicate_logic():
+    a = np.array([1, 5, 0xFFFFFFFF], np.uint32)
+    b = np.array([2, 5, 1], np.uint32)
+    out = elementwise("setp.lt.s32 %p|%q, %a, %b; selp.u32 %d, 1, 0, %p; selp.u32 %e, 1, 0, %q;",
+                      a, b, extra=True)
+    assert list(out[0]) == [1, 0, 1] and list(out[1]) == [0, 1, 0]
+    out = elementwise("setp.lo.u32 %p, %a, %b;  selp.u32 %d, 1, 0, %p;", a, b)
+    assert list(out) == [1, 0, 0]
+    out = elementwise("setp.ne.u32 %q, %c, 0; setp.eq.and.u32 %p, %a, %b, !%q; selp.u32 %d, 1, 0, %p;",
+                      a, b, np.array([0, 0, 0], np.uint32))
+    assert list(out) == [0, 1, 0]
+    out = elementwise("setp.gt.u32 %p, %a, 1; setp.gt.u32 %q, %b, 1; xor.pred %p, %p, %q; "
+                      "not.pred %q, %p; or.pred %p, %p, %q; selp.u32 %d, 7, 9, %p; "
+                      "selp.u32 %e, 1, 0, %q;", a, b, extra=True)
+    assert list(out[0]) == [7, 7, 7] and list(out[1]) == [0, 1, 0]
+
+
+def test_predicated_execution():
+    a = np.array([1, 2, 3, 4], np.uint32)
+    out = elementwise("mov.u32 %d, 100; setp.gt.u32 %p, %a, 2; @%p add.u32 %d, %d, %a; "
+                      "@!%p sub.u32 %d, %d, %a;", a)
+    assert list(out) == [99, 98, 103, 104]
+
+
+def test_mov_pack_unpack_and_cvt_int():
+    a = np.array([0x11223344], np.uint32)
+    out = elementwise(".reg .b16 %lo, %hi; mov.b32 {%lo, %hi}, %a; mov.b32 %d, {%hi, %lo};", a)
+    assert out[0] == 0x33441122
+    out = elementwise("mov.b64 %A, {%a, %b}; mov.b64 {%e, %d}, %A;", a, np.array([7], np.uint32), extra=True)
+    assert out[0][0] == 7 and out[1][0] == 0x11223344
+    x = np.array([0xFFFFFF80, 0x1FF, 0x80000000], np.uint32)
+    assert list(elementwise("cvt.s32.s8 %d, %a;", x).view(np.int32)) == [-128, -1, 0]
+    assert list(elementwise("cvt.u32.u8 %d, %a;", x)) == [0x80, 0xFF, 0]
+    assert list(elementwise("cvt.sat.u8.s32 %d, %a;", x)) == [0, 255, 0]
+    assert list(elementwise("cvt.sat.s16.s32 %d, %a;", x).view(np.int32)) == [-128, 0x1FF, -32768]
+    out = elementwise("cvt.u64.s32 %A, %a; mov.b64 {%d, %e}, %A;", x, extra=True)
+    assert list(out[1]) == [0xFFFFFFFF, 0, 0xFFFFFFFF]

@@ -1,0 +1,259 @@
+"""Planted-bug kernels the sanitizer must catch, each beside a clean twin that must pass.
+
+The offending instruction carries a `// BUG` comment; each test checks that the message
+names the kernel, that line (number and text), the CTA and the first offending thread."""
+import importlib
+import re
+
+import numpy as np
+import pytest
+
+from ptxgen.errors import InterpError, SanitizerError
+from ptxgen.interp import launch
+from interp_helpers import module
+
+PROLOGUE = """
+  .reg .b32 %lin, %s, %slot, %next, %v, %w, %r<4>;
+  .reg .b64 %out, %a, %off;
+  .reg .f32 %f<4>;
+  .reg .pred %p, %q;
+  ld.param.u64 %out, [out];
+  mov.u32 %lin, %tid.x;
+"""
+
+
+def ptx_of(body, prelude=""):
+    return module(PROLOGUE + body + "\n  ret;", ".param .u64 out", prelude=prelude)
+
+
+def expect(body, what, cta, thread, args=None, block=(64, 1, 1), grid=(2, 1, 1), **kw):
+    ptx = ptx_of(body)
+    lines = ptx.splitlines()
+    line = next(i + 1 for i, text in enumerate(lines) if "// BUG" in text)
+    with pytest.raises(SanitizerError) as err:
+        launch(ptx, "k", grid, block, args or [np.zeros(1024, np.float32)], kernel_name="planted", **kw)
+    msg = str(err.value)
+    assert msg.startswith(f"planted: line {line}: `{lines[line - 1].split('//')[0].strip()}`"), msg
+    assert re.search(what, msg), msg
+    assert f"CTA ({cta[0]},{cta[1]},{cta[2]})" in msg, msg
+    assert f"thread ({thread[0]},{thread[1]},{thread[2]})" in msg, msg
+    return msg
+
+
+def clean(body, args=None, block=(64, 1, 1), grid=(2, 1, 1), **kw):
+    launch(ptx_of(body.replace("// BUG", "")), "k", grid, block,
+           args or [np.zeros(1024, np.float32)], **kw)
+
+
+SHARED_NEIGHBOUR = """
+  .shared .align 4 .b32 slots[64];
+  mov.u32 %s, slots;
+  shl.b32 %slot, %lin, 2;
+  add.u32 %slot, %s, %slot;
+  add.u32 %next, %lin, 1;
+  and.b32 %next, %next, 63;
+  shl.b32 %next, %next, 2;
+  add.u32 %next, %s, %next;
+  st.shared.u32 [%slot], %lin;
+  {barrier}
+  ld.shared.u32 %v, [%next];
+"""
+
+
+def test_missing_barrier_between_write_and_other_threads_read():
+    bug = SHARED_NEIGHBOUR.replace("{barrier}", "").replace("ld.shared.u32 %v, [%next];",
+                                                              "ld.shared.u32 %v, [%next];  // BUG")
+    msg = expect(bug, r"shared-memory race: reads shared byte 4 \(slots\+4\) written by thread "
+                      r"\(1,0,0\)", (0, 0, 0), (0, 0, 0))
+    assert "no barrier" in msg
+    clean(SHARED_NEIGHBOUR.replace("{barrier}", "bar.sync 0;"))
+
+
+def test_unsanitized_run_skips_race_checks():
+    bug = SHARED_NEIGHBOUR.replace("{barrier}", "")
+    launch(ptx_of(bug), "k", (2, 1, 1), (64, 1, 1), [np.zeros(4, np.float32)], sanitize=False)
+
+
+CLOBBER = SHARED_NEIGHBOUR.replace("{barrier}", "bar.sync 0;") + """
+  add.u32 %v, %v, %v;
+  {barrier}
+  st.shared.u32 [%slot], %v;  // BUG
+  bar.sync 0;
+"""
+
+
+def test_write_after_read_clobber():
+    expect(CLOBBER.replace("{barrier}", ""),
+           r"overwrites shared byte 0 \(slots\+0\) which thread \(63,0,0\) read .*write-after-read",
+           (0, 0, 0), (0, 0, 0))
+    clean(CLOBBER.replace("{barrier}", "bar.sync 0;"))
+
+
+def test_broadcast_read_is_not_a_race():
+    clean("""
+  .shared .align 4 .b32 cell;
+  mov.u32 %s, cell;
+  setp.eq.u32 %p, %lin, 0;
+  @%p st.shared.u32 [%s], %lin;
+  bar.sync 0;
+  ld.shared.u32 %v, [%s];
+  ld.shared.u32 %w, [%s];
+""")
+
+
+GLOBAL_READ = """
+  mul.wide.u32 %off, %lin, 4;
+  add.s64 %a, %out, %off;
+  ld.global.f32 %f0, [%a];  // BUG
+"""
+
+
+def test_out_of_bounds_global_read():
+    msg = expect(GLOBAL_READ, r"out-of-bounds 4-byte global access: address 0x[0-9a-f]+ is outside "
+                              r"every array", (0, 0, 0), (31, 0, 0),
+                 args=[np.zeros(31, np.float32)], block=(32, 1, 1), grid=(1, 1, 1))
+    assert "array #0" in msg
+    clean(GLOBAL_READ, args=[np.zeros(32, np.float32)], block=(32, 1, 1), grid=(1, 1, 1))
+
+
+VECTOR_LOAD = """
+  mul.wide.u32 %off, %lin, 16;
+  add.s64 %a, %out, %off;
+  ld.global.v4.f32 {%f0, %f1, %f2, %f3}, [%a+{offset}];  // BUG
+"""
+
+
+def test_misaligned_vector_load():
+    expect(VECTOR_LOAD.replace("{offset}", "8"), r"misaligned 16-byte global access .*16-byte alignment",
+           (0, 0, 0), (0, 0, 0), args=[np.zeros(600, np.float32)], block=(32, 1, 1))
+    clean(VECTOR_LOAD.replace("{offset}", "16"), args=[np.zeros(600, np.float32)], block=(32, 1, 1))
+
+
+def test_shared_out_of_range_and_misaligned():
+    body = """
+  .shared .align 4 .b32 buf[16];
+  mov.u32 %s, buf;
+  shl.b32 %r0, %lin, 2;
+  add.u32 %r0, %s, %r0;
+  st.shared.u32 [%r0], %lin;  // BUG
+"""
+    expect(body, r"out-of-bounds 4-byte shared access at offset 64 \(shared memory holds 64 bytes\)",
+           (0, 0, 0), (16, 0, 0))
+    clean(body, block=(16, 1, 1))
+    expect(body.replace("[%r0]", "[%r0+2]"), "misaligned 4-byte shared access", (0, 0, 0), (0, 0, 0),
+           block=(16, 1, 1))
+
+
+EARLY_EXIT = """
+  setp.ge.u32 %p, %lin, 48;
+  @%p {leave};
+  bar.sync 0;  // BUG
+SKIP:
+"""
+
+
+def test_exit_before_barrier_by_some_threads():
+    expect(EARLY_EXIT.replace("{leave}", "ret"), r"divergent barrier: 16 threads of this CTA already "
+                                                 "exited", (0, 0, 0), (0, 0, 0))
+    clean(EARLY_EXIT.replace("{leave}", "bra SKIP").replace("bar.sync 0;  // BUG\nSKIP:", "SKIP:\n  bar.sync 0;"))
+
+
+DIVERGENT_BARRIER = """
+  setp.ge.u32 %p, %lin, 32;
+  @%p bra ELSE;
+  bar.sync 0;
+  bra END;
+ELSE:
+  bar.sync 0;  // BUG
+END:
+"""
+
+
+def test_barrier_inside_divergent_branch():
+    expect(DIVERGENT_BARRIER, r"divergent barrier: other threads of this CTA wait at the "
+                                    r"bar.sync on line \d+", (0, 0, 0), (32, 0, 0))
+    clean("""
+  setp.ge.u32 %p, %lin, 32;
+  @%p bra ELSE;
+  mov.u32 %v, 1;
+  bra END;
+ELSE:
+  mov.u32 %v, 2;
+END:
+  bar.sync 0;
+""")
+
+
+def test_one_sided_barrier_with_exiting_threads():
+    expect("""
+  setp.ge.u32 %p, %lin, 32;
+  @%p bra SKIP;
+  bar.sync 0;
+SKIP:
+  ret;  // BUG
+""", r"thread exits while other threads of its CTA wait at bar.sync on line \d+", (0, 0, 0), (32, 0, 0))
+
+
+def test_barrier_thread_count_must_match_cta():
+    with pytest.raises(InterpError, match="thread count other than the CTA size"):
+        launch(ptx_of("  bar.sync 0, 32;"), "k", (1, 1, 1), (64, 1, 1), [np.zeros(4)])
+
+
+DIVERGENT_SHUFFLE = """
+  setp.lt.u32 %p, %lin, 16;
+  @%p bra SKIP;
+  shfl.sync.down.b32 %v, %lin, 1, 0x1f, 0xffffffff;  // BUG
+SKIP:
+"""
+
+
+def test_shuffle_in_divergent_code():
+    expect(DIVERGENT_SHUFFLE, r"shfl.sync.down: lanes \[0, 1, .*15\] of member mask 0xffffffff are "
+                              "not executing this instruction together", (0, 0, 0), (16, 0, 0),
+           block=(32, 1, 1), grid=(1, 1, 1))
+    clean(DIVERGENT_SHUFFLE.replace("0xffffffff", "0xffff0000"), block=(32, 1, 1), grid=(1, 1, 1))
+    clean(DIVERGENT_SHUFFLE.replace("@%p bra SKIP;", ""), block=(32, 1, 1), grid=(1, 1, 1))
+
+
+def test_collectives_need_their_lanes():
+    expect("""
+  setp.lt.u32 %p, %lin, 8;
+  @%p vote.sync.ballot.b32 %v, %p, 0xffffffff;  // BUG
+""", "vote.sync.ballot: lanes", (0, 0, 0), (0, 0, 0), block=(32, 1, 1), grid=(1, 1, 1))
+    expect("""
+  setp.lt.u32 %p, %lin, 8;
+  @%p bar.warp.sync 0xff;
+  @!%p bar.warp.sync 0xff;  // BUG
+""", "executing lane 8 is not in its member mask 0x000000ff", (0, 0, 0), (8, 0, 0),
+           block=(32, 1, 1), grid=(1, 1, 1))
+
+
+UNWRITTEN = """
+  setp.lt.u32 %p, %lin, 10;
+  {init}
+  @%p mov.u32 %v, 5;
+  add.u32 %w, %v, 1;  // BUG
+"""
+
+
+def test_read_of_unwritten_register():
+    expect(UNWRITTEN.replace("{init}", ""), r"read of register %v before this thread wrote it",
+           (0, 0, 0), (10, 0, 0))
+    expect("  add.u32 %w, %r3, 1;  // BUG", r"read of register %r3 which no thread has written",
+           (0, 0, 0), (0, 0, 0))
+    clean(UNWRITTEN.replace("{init}", "mov.u32 %v, 0;"))
+    # predicated-off lanes do not read their operands
+    clean(UNWRITTEN.replace("{init}", "").replace("add.u32 %w", "@%p add.u32 %w"))
+
+
+def test_finding_names_cta_in_later_wave(monkeypatch):
+    monkeypatch.setattr(importlib.import_module("ptxgen.interp.launch"), "MAX_WAVE_THREADS", 128)
+    body = """
+  mov.u32 %r0, %ctaid.y;
+  setp.eq.u32 %p, %r0, 2;
+  mov.u32 %r2, %ctaid.x;
+  setp.eq.u32 %q, %r2, 1;
+  and.pred %p, %p, %q;
+  @%p ld.global.f32 %f0, [%out+4096];  // BUG
+"""
+    expect(body, "out-of-bounds", (1, 2, 0), (0, 0, 0), grid=(2, 3, 1))
