@@ -149,7 +149,7 @@ def show(
         params.add_row(param.name, param.role, rich.markup.escape(param.describe()))
     out.print(params)
     out.print(f"launch: {kind.launch_rule()}")
-    example = ", ".join(f"{k}={v}" for k, v in scalars.items())
+    example = ", ".join(f"{k}={v}" for k, v in scalars.items()) or "(no runtime scalars)"
     out.print(f"  at {example}: grid={launch.grid} block={launch.block} dynamic shared={launch.dynamic_shared} B")
     resources = Table("arch", "registers", "shared B", "local B", "spill st/ld B")
     for arch, cubin in unit.meta["cubins"].items():

@@ -1,0 +1,166 @@
+"""rope (Qwen3 / NeoX "rotate half"): rotate x[h, i] and x[h, i + head_dim/2] by pos * inv_freq[i].
+
+Accuracy at large positions is the whole difficulty. With theta = 1e6 the angle pos * inv_freq[0]
+equals pos, so an angle formed in f32 and fed to sin.approx is off by up to ulp(pos)/2 plus the
+f32 rounding of inv_freq times pos: about 0.06 rad at pos = 2^20 and 0.9 rad at 2^24 (measured).
+The kernel instead:
+
+1. forms inv_freq[i] = theta^(-2i/head_dim) as an unevaluated f32 pair (hi + lo, about 46 good
+   bits): each thread owns `vec` consecutive i starting at i0 = chunk * vec, and
+   R^i0 (R = theta^(-2/head_dim)) is a product of the host-computed pairs R^(vec * 2^b) for the
+   set bits b of its runtime chunk index, times the compile-time pair R^j for j < vec. Every
+   factor is computed on the host in float64 and emitted as exact f32 immediates (no table in
+   memory, so no extra load on the critical path: this work overlaps the loads of x);
+2. splits pos * inv_freq exactly: p = RN(pos * hi), e = fma(pos, hi, -p) (exact), plus
+   t = fma(pos, lo, e); pos <= 2^24 is exact in f32;
+3. reduces modulo 2*pi by Cody-Waite with two f32 constants (C1 = RN(2*pi), C2 = RN(2*pi - C1));
+   k * C1 - p is exact with one fma, so no large rounding error survives; a second, cheap
+   reduction step brings the argument into [-pi, pi] even where k was off by one;
+4. takes sin.approx/cos.approx of the reduced argument.
+
+Measured in an exact f32 emulation of these steps (head_dim 2..1022, theta 1..1e9, pos up to
+2^24) and in the interpreter on the real PTX: max |sin, cos error| <= 3.6e-7 (2^-21.4) against
+float64, max error of a rotated element <= 3.7e-7 of its pair's norm. On hardware sin.approx /
+cos.approx add up to about 2^-21.4 absolute on [-pi, pi] (CUDA's figure for __sinf/__cosf, which
+are these instructions; not measured here: no GPU). `ANGLE_ERROR` is the resulting device bound.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from pydantic import Field
+
+from .base import Kind, KernelConfig, Launch, Param, Traffic, ceil_div, round_up
+
+MAX_POS = 2**24  # every integer up to here is exact in f32; verified bound of the accuracy claim
+MAX_HEAD_DIM = 1024
+MAX_THREADS = 128
+# Max |computed - exact| of a rotated element, relative to its pair's norm, on a device:
+# 3.7e-7 from the kernel's own arithmetic (measured, above) + 3.6e-7 from sin/cos.approx, with
+# margin for the approx error's spec being a typical-arch figure.
+ANGLE_ERROR = 1.5e-6
+# Relative L2 tolerance of the whole output: the element bound above is a worst case; the RMS of
+# the errors sits well below it (about 7e-8 measured in the interpreter).
+ROPE_TOLERANCE = 1.5e-6
+
+
+def split_f32(value: float) -> tuple[float, float]:
+    """value as hi + lo with hi = RN_f32(value), lo = RN_f32(value - hi) (about 48 bits)."""
+    hi = float(np.float32(value))
+    return hi, float(np.float32(value - hi))
+
+
+def inv_freq(theta: float, head_dim: int) -> np.ndarray:
+    """Float64 theta^(-2i/head_dim) for i < head_dim/2 (the reference's and the kernel's source)."""
+    return theta ** (-2.0 * np.arange(head_dim // 2, dtype=np.float64) / head_dim)
+
+
+def rope_vector(half: int) -> int:
+    """Consecutive pairs per thread: 16-byte loads when half allows, then 8, then scalars."""
+    for vec in (4, 2):
+        if half % vec == 0:
+            return vec
+    return 1
+
+
+def rope_plan(theta: float, head_dim: int) -> dict:
+    """Per-thread vector, chunk count, and the immediate factors the template multiplies.
+
+    chunk_factors[b] = R^(vec * 2^b) for each bit b of the chunk index; pair_factors[j] = R^j
+    for j < vec, each as (hi, lo); R = theta^(-2/head_dim). Shared with any kind that rotates.
+    """
+    half = head_dim // 2
+    vec = rope_vector(half)
+    chunks = half // vec
+    bits = (chunks - 1).bit_length()
+    power = lambda e: split_f32(theta ** (-2.0 * e / head_dim))  # noqa: E731
+    return {
+        "half": half,
+        "vec": vec,
+        "chunks": chunks,
+        "chunk_factors": [power(vec << b) for b in range(bits)],
+        "pair_factors": [power(j) for j in range(vec)],
+        "two_pi": split_f32(2 * np.pi),
+        "inv_two_pi": float(np.float32(1 / (2 * np.pi))),
+    }
+
+
+def rotate_half(x: np.ndarray, pos: int, theta: float) -> np.ndarray:
+    """Float64 NeoX rotation of the last axis at position pos."""
+    x = np.asarray(x, dtype=np.float64)
+    half = x.shape[-1] // 2
+    angle = pos * inv_freq(theta, x.shape[-1])
+    cos, sin = np.cos(angle), np.sin(angle)
+    x1, x2 = x[..., :half], x[..., half:]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+class RopeConfig(KernelConfig):
+    kind: Literal["rope"]
+    head_dim: int = Field(ge=2, le=MAX_HEAD_DIM, multiple_of=2)
+    num_heads: int = Field(ge=1, le=65536)
+    # theta >= 1 keeps every inv_freq <= 1, so the angle stays <= pos <= 2^24; the accuracy
+    # claim above is verified for theta up to 1e9.
+    theta: float = Field(default=1000000.0, ge=1.0, le=1e9)
+
+
+class Rope(Kind):
+    name = "rope"
+    Config = RopeConfig
+
+    def params(self) -> list[Param]:
+        return [
+            Param("x", "f32", (self.config.num_heads, self.config.head_dim), "inout"),
+            Param("pos", "u32", role="scalar"),
+        ]
+
+    @property
+    def plan(self) -> dict:
+        return rope_plan(self.config.theta, self.config.head_dim)
+
+    @property
+    def units(self) -> int:
+        """Threads with work: one per (head, chunk of vec pairs)."""
+        return self.config.num_heads * self.plan["chunks"]
+
+    @property
+    def threads(self) -> int:
+        return min(MAX_THREADS, round_up(self.units, 32))
+
+    def launch(self, scalars: dict[str, int]) -> Launch:
+        return Launch(grid=(ceil_div(self.units, self.threads), 1, 1), block=(self.threads, 1, 1))
+
+    def launch_rule(self) -> str:
+        plan = self.plan
+        return (f"grid=({ceil_div(self.units, self.threads)},1,1) block=({self.threads},1,1): one thread per "
+                f"head and {plan['vec']} consecutive pairs ({self.units} = num_heads*{plan['chunks']} threads)")
+
+    def template_vars(self) -> dict:
+        return {**self.plan, "head_dim": self.config.head_dim, "threads": self.threads, "units": self.units}
+
+    def scalar_limits(self) -> dict[str, tuple[int, int]]:
+        return {"pos": (0, MAX_POS)}
+
+    def example_scalars(self) -> dict[str, int]:
+        return {"pos": 4095}
+
+    def verify_scalars(self) -> list[dict[str, int]]:
+        return [{"pos": p} for p in (0, 1, 4095, 40959, 2**20, MAX_POS)]
+
+    def sample_inputs(self, rng, scalars):
+        x = rng.standard_normal((self.config.num_heads, self.config.head_dim)) + 0.25
+        return {"x": x.astype(np.float32)}
+
+    def reference(self, arrays, scalars):
+        return {"x": rotate_half(arrays["x"], int(scalars["pos"]), self.config.theta)}
+
+    def tolerance(self, param: Param) -> float:
+        return ROPE_TOLERANCE
+
+    def traffic(self, scalars) -> Traffic:
+        elements = self.config.num_heads * self.config.head_dim
+        # x read and written once; per pair 4 mul + 2 add. The angles (head-independent) are
+        # not counted: a minimal implementation computes each once per call.
+        return Traffic(bytes=2 * 4 * elements, flops=3 * elements)
