@@ -276,3 +276,44 @@ def random_weights(rng: np.random.Generator, n: int, k: int, std: float = 0.02) 
     """Q4_K u8 [n, k/256*144] of quantised N(0, std^2) weights; deterministic in rng."""
     x = rng.standard_normal((n, k), dtype=np.float32) * np.float32(std)
     return quantize(x)
+
+
+def load_gguf_tensor(path, tensor_name: str, n: int, k: int) -> np.ndarray:
+    """The Q4_K tensor `tensor_name` of a GGUF file as u8 [n, k/256*144] (a copy, in memory).
+
+    GGUF lists dimensions fastest first, so a weight of n rows of k is stored as [k, n].
+    Raises PtxgenError naming the file, the tensor and what was expected for a missing or
+    unreadable file, a missing tensor, a tensor that is not Q4_K, or another shape.
+    """
+    from pathlib import Path
+
+    import gguf
+
+    path = Path(path)
+    expected_bytes = row_bytes(k)  # also rejects k that is not a multiple of 256
+    try:
+        reader = gguf.GGUFReader(path, "r")
+    except OSError as error:
+        raise PtxgenError(f"{path}: cannot read GGUF file: {error.strerror or error}") from None
+    except (ValueError, KeyError, IndexError) as error:
+        raise PtxgenError(f"{path}: not a readable GGUF file: {error}") from None
+    tensors = {tensor.name: tensor for tensor in reader.tensors}
+    if tensor_name not in tensors:
+        names = sorted(tensors)
+        shown = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+        raise PtxgenError(f"{path}: no tensor named {tensor_name!r} (tensors: {shown or 'none'})")
+    tensor = tensors[tensor_name]
+    quant = gguf.GGMLQuantizationType(tensor.tensor_type)
+    if quant != gguf.GGMLQuantizationType.Q4_K:
+        raise PtxgenError(f"{path}: tensor {tensor_name!r} is {quant.name}, expected Q4_K")
+    dims = [int(d) for d in tensor.shape]  # fastest first: [k, n]
+    while len(dims) > 2 and dims[-1] == 1:
+        dims.pop()
+    if dims != [k, n] and not (n == 1 and dims == [k]):
+        shown = "[" + ", ".join(str(d) for d in reversed(dims)) + "]"
+        raise PtxgenError(
+            f"{path}: tensor {tensor_name!r} has shape {shown} (rows, weights per row), "
+            f"expected [{n}, {k}] for this kernel"
+        )
+    data = np.asarray(tensor.data, dtype=np.uint8).reshape(n, expected_bytes)
+    return np.array(data, copy=True)
