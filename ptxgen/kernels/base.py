@@ -123,7 +123,8 @@ class Kind:
         raise NotImplementedError
 
     def scalar_limits(self) -> dict[str, tuple[int, int]]:
-        """Inclusive range of every runtime scalar the launcher accepts."""
+        """Inclusive range of every runtime scalar the launcher accepts. Names that are not PTX
+        parameters are optional size hints (used for sample inputs and traffic)."""
         raise NotImplementedError
 
     def example_scalars(self) -> dict[str, int]:
@@ -155,8 +156,11 @@ class Kind:
     def check_scalars(self, scalars: dict[str, int]) -> None:
         """Reject missing or out-of-range runtime scalars before any launch."""
         limits = self.scalar_limits()
+        required = {p.name for p in self.params() if p.role == "scalar"}
         for name, (low, high) in limits.items():
             if name not in scalars:
+                if name not in required:
+                    continue  # a size hint (e.g. the length behind a device-side pointer)
                 raise LaunchError(f"{self.config.name}: runtime scalar '{name}' is missing (expected {low}..{high})")
             value = scalars[name]
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= high:

@@ -1,0 +1,319 @@
+"""incremental_attention: decode attention of one query token against a KV cache (GQA, split-KV).
+
+Geometry (decided here, written out by templates/incremental_attention.ptx.j2):
+
+- grid (splits, num_kv_heads, 1). CTA (s, g) reads keys [s*chunk, min(L, (s+1)*chunk)) of KV
+  head g once and serves every query head of that KV head, so K/V bytes are read once per KV
+  head, not once per query head.
+- Inside a CTA, `key_warps` warps take turns over tiles of keys and `head_slices` warps split
+  the group's query heads when there are more than fit in registers (those re-read a row that
+  a sibling warp just pulled into L1). A key row is read by `lanes_per_key` lanes with 16-byte
+  loads, so one warp covers `keys_per_load` rows per load instruction; a lane has
+  `keys_in_flight` rows of V in flight from the start of a tile and the next tile's K rows
+  from the middle of the current one (K is prefetched one tile ahead). q lives in registers.
+- The dot products' sums over a row's lanes go through shared memory between two CTA
+  barriers per tile, not through shuffles: nvJitLink 13.5 turns any shfl.sync or
+  bar.warp.sync inside a loop on sm_8x into a call-based divergence fallback that costs ~100
+  registers (and spills). CTA barriers and the shared transpose have no such cost.
+- Online softmax in the exp2 domain: q is multiplied once by scale*log2(e), so every
+  probability is a single ex2.approx. Running maxima start at -3e38 (not -inf), so no
+  (-inf) - (-inf) ever occurs; keys past the end get a score of -inf and weigh exactly 0.
+- Split-KV with the last CTA combining: each CTA merges its warps' (m, l, o) in shared memory;
+  with one split it writes `out` directly. Otherwise it writes its unnormalised partial to the
+  `partials` workspace, fences, and bumps the per-KV-head counter in `counters`; the CTA that
+  sees splits-1 merges every split's partial, writes `out` and puts the counter back to 0, so
+  the next launch (or a CUDA graph replay) needs no re-zeroing.
+- Split rule: max_splits = ceil(sm_count*ctas_per_sm / num_kv_heads), at most one tile per
+  split; at runtime chunk = max(tile, round_up(ceil(L / max_splits), tile)) and
+  splits = ceil(L / chunk). With `indirect_seq_len` the grid is max_splits wide whatever L
+  (a replayed graph keeps its grid) and CTAs past the end only count in.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from ..archs import STATIC_SHARED_LIMIT
+from ..dtypes import DTYPES, from_float, to_float64
+from ..errors import LaunchError
+from .base import Kind, KernelConfig, Launch, Param, Traffic, ceil_div, round_up
+
+FloatDType = Literal["f32", "f16", "bf16"]
+HEAD_DIMS = (64, 128, 256)
+MAX_SEQ_LEN = 1 << 24
+MAX_HEADS_PER_WARP = 8  # query heads whose q and o live in one lane's registers
+PARTIAL_PAD = 4  # each partial row is o[head_dim] then (m, l) and 2 spare floats: 16-byte rows
+LOG2E = 1.0 / math.log(2.0)
+
+
+class IncrementalAttentionConfig(KernelConfig):
+    kind: Literal["incremental_attention"]
+    num_heads: int = Field(ge=1)
+    num_kv_heads: int = Field(ge=1)
+    head_dim: int
+    max_seq_len: int = Field(ge=1, le=MAX_SEQ_LEN)
+    kv_dtype: FloatDType = "f16"
+    scale: float | None = Field(default=None, gt=0)
+    indirect_seq_len: bool = False
+    # The split rule: enough CTAs for `ctas_per_sm` on each of `sm_count` SMs at long contexts.
+    sm_count: int = Field(default=132, ge=1, le=1024)
+    ctas_per_sm: int = Field(default=2, ge=1, le=32)
+
+    @model_validator(mode="after")
+    def consistent(self) -> IncrementalAttentionConfig:
+        if self.head_dim not in HEAD_DIMS:
+            raise ValueError(f"head_dim: expected one of {', '.join(map(str, HEAD_DIMS))}, got {self.head_dim}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})")
+        if self.num_kv_heads * self.max_seq_len > (1 << 32) - (1 << 16):
+            raise ValueError("num_kv_heads * max_seq_len must be below 2^32 - 2^16 (cache rows are indexed in u32)")
+        plan = attention_plan(self)
+        if self.num_kv_heads * plan["max_splits"] * plan["group"] * plan["row"] >= 1 << 31:
+            raise ValueError("the split-KV workspace would need 2^31 floats or more")
+        if plan["threads"] > 1024:
+            raise ValueError(f"a group of {plan['group']} query heads per KV head needs {plan['threads']} threads "
+                             "per CTA; at most 1024 are possible")
+        if plan["shared_bytes"] > STATIC_SHARED_LIMIT:
+            raise ValueError(f"a group of {plan['group']} query heads of head_dim {self.head_dim} needs "
+                             f"{plan['shared_bytes']} bytes of shared memory; at most {STATIC_SHARED_LIMIT}")
+        return self
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.scale if self.scale is not None else 1.0 / math.sqrt(self.head_dim)
+
+
+def attention_plan(config) -> dict:
+    """Register, warp and split layout of one config (all compile-time constants)."""
+    size = DTYPES[config.kv_dtype].size
+    vec = 16 // size  # elements per 16-byte load
+    row_vectors = config.head_dim // vec
+    lanes_per_key = min(32, row_vectors)
+    vectors_per_lane = row_vectors // lanes_per_key
+    keys_per_load = 32 // lanes_per_key
+    elements = vectors_per_lane * vec  # of one row, per lane
+    group = config.num_heads // config.num_kv_heads
+    heads_per_warp = max(d for d in range(1, min(group, MAX_HEADS_PER_WARP) + 1) if group % d == 0)
+    head_slices = group // heads_per_warp
+    key_warps = max(1, 4 // head_slices)
+    row = config.head_dim + PARTIAL_PAD
+    while key_warps > 1 and key_warps * group * row * 4 > STATIC_SHARED_LIMIT:
+        key_warps //= 2
+    # Keys in flight per lane: fewer when q and o of many heads already fill the registers.
+    keys_in_flight = 4 if heads_per_warp * elements <= 32 else 2
+    tile = key_warps * keys_per_load * keys_in_flight
+    max_splits = max(1, min(ceil_div(config.sm_count * config.ctas_per_sm, config.num_kv_heads),
+                            ceil_div(config.max_seq_len, tile)))
+    threads = key_warps * head_slices * 32
+    items = group * config.head_dim // 4  # float4 outputs one CTA merges
+    items_per_thread = ceil_div(items, threads)
+    # Shared scratch of one warp for the score sums (words): per sub-row p, the partial dot
+    # products [score][lane] with rows of T+4 words (conflict-free 16-byte row reads), sub-rows
+    # offset by T banks; then per sub-row the finished scores.
+    scores = heads_per_warp * keys_in_flight
+    score_row = lanes_per_key + 4
+    sub_stride = scores * score_row if keys_per_load == 1 else round_up(scores * score_row, 32) + lanes_per_key
+    sums_stride = round_up(scores, 4)
+    warp_stride = keys_per_load * (sub_stride + sums_stride)
+    merge_bytes = key_warps * group * (config.head_dim + PARTIAL_PAD) * 4
+    shared_bytes = max(merge_bytes, key_warps * head_slices * warp_stride * 4)
+    return {
+        "size": size,
+        "vec": vec,
+        "lanes_per_key": lanes_per_key,
+        "lane_shift": lanes_per_key.bit_length() - 1,
+        "vectors_per_lane": vectors_per_lane,
+        "keys_per_load": keys_per_load,
+        "elements": elements,
+        "group": group,
+        "heads_per_warp": heads_per_warp,
+        "head_slices": head_slices,
+        "key_warps": key_warps,
+        "keys_in_flight": keys_in_flight,
+        "tile": tile,
+        "max_splits": max_splits,
+        "threads": threads,
+        "row": row,
+        "items": items,
+        "items_per_thread": items_per_thread,
+        "item_shift": (config.head_dim // 4).bit_length() - 1,
+        # Splits merged per round of the final combine (about 16 partial loads in flight per
+        # thread; the main loop's registers are free by then).
+        "splits_per_round": min(max_splits, max(1, 16 // items_per_thread)),
+        "scores": scores,
+        "score_row": score_row,
+        "sub_stride": sub_stride,
+        "sums_stride": sums_stride,
+        "warp_stride": warp_stride,
+        "shared_bytes": shared_bytes,
+    }
+
+
+def split_geometry(length: int, tile: int, max_splits: int) -> tuple[int, int]:
+    """(chunk, splits) for a clamped length: the same rule the kernel evaluates on the device."""
+    chunk = max(tile, round_up(ceil_div(length, max_splits), tile))
+    return chunk, ceil_div(length, chunk)
+
+
+class IncrementalAttention(Kind):
+    name = "incremental_attention"
+    Config = IncrementalAttentionConfig
+    ptx_version = (7, 0)
+
+    @property
+    def plan(self) -> dict:
+        return attention_plan(self.config)
+
+    def params(self) -> list[Param]:
+        c, plan = self.config, self.plan
+        kv_shape = (c.num_kv_heads, c.max_seq_len, c.head_dim)
+        length = (Param("seq_len_ptr", "u32", (1,)) if c.indirect_seq_len
+                  else Param("seq_len", "u32", role="scalar"))
+        return [
+            Param("q", "f32", (c.num_heads, c.head_dim)),
+            Param("k_cache", c.kv_dtype, kv_shape),
+            Param("v_cache", c.kv_dtype, kv_shape),
+            Param("out", "f32", (c.num_heads, c.head_dim), "out"),
+            length,
+            Param("partials", "f32", (c.num_kv_heads, plan["max_splits"], plan["group"], plan["row"]), "workspace"),
+            Param("counters", "u32", (c.num_kv_heads,), "workspace"),
+        ]
+
+    # --- geometry --------------------------------------------------------------------------
+    def clamped_length(self, scalars: dict[str, int]) -> int:
+        return min(int(scalars["seq_len"]), self.config.max_seq_len)
+
+    def splits(self, length: int) -> int:
+        """Splits that hold keys at a (clamped) length."""
+        plan = self.plan
+        return split_geometry(length, plan["tile"], plan["max_splits"])[1]
+
+    def launch(self, scalars: dict[str, int]) -> Launch:
+        plan = self.plan
+        if self.config.indirect_seq_len:
+            width = plan["max_splits"]  # the length lives on the device; the grid must not move
+        else:
+            width = max(1, self.splits(self.clamped_length(scalars)))
+        return Launch(grid=(width, self.config.num_kv_heads, 1), block=(plan["threads"], 1, 1))
+
+    def launch_rule(self) -> str:
+        plan = self.plan
+        rule = (f"chunk = max({plan['tile']}, round_up(ceil(L/{plan['max_splits']}), {plan['tile']})), "
+                f"splits = ceil(L/chunk), L = min(seq_len, {self.config.max_seq_len})")
+        width = str(plan["max_splits"]) if self.config.indirect_seq_len else "max(1, splits)"
+        return (f"grid=({width},{self.config.num_kv_heads},1) block=({plan['threads']},1,1): one CTA per "
+                f"(KV chunk, KV head) serving its {plan['group']} query heads; {rule}; the last CTA of a KV "
+                "head to finish merges the splits")
+
+    def static_shared(self) -> int:
+        return self.plan["shared_bytes"] + 4
+
+    def template_vars(self) -> dict:
+        c = self.config
+        return {
+            **self.plan,
+            "kv_dtype": c.kv_dtype,
+            "head_dim": c.head_dim,
+            "num_kv_heads": c.num_kv_heads,
+            "max_seq_len": c.max_seq_len,
+            "indirect": c.indirect_seq_len,
+            "q_scale": c.softmax_scale * LOG2E,
+        }
+
+    # --- runtime -----------------------------------------------------------------------------
+    def scalar_limits(self) -> dict[str, tuple[int, int]]:
+        # With indirect_seq_len the length is seq_len_ptr[0] on the device; `seq_len` then only
+        # says what sample_inputs writes there (and what bytes a call moves).
+        return {"seq_len": (0, self.config.max_seq_len)}
+
+    def example_scalars(self) -> dict[str, int]:
+        return {"seq_len": min(self.config.max_seq_len, 8192)}
+
+    def verify_scalars(self) -> list[dict[str, int]]:
+        plan = self.plan
+        long = min(self.config.max_seq_len, 5 * plan["tile"] + 3)
+        return [{"seq_len": n} for n in dict.fromkeys((0, 1, min(self.config.max_seq_len, 37), long))]
+
+    def check_arrays(self, arrays, scalars) -> None:
+        if self.config.indirect_seq_len:
+            value = int(arrays["seq_len_ptr"][0])
+            if value > self.config.max_seq_len:
+                raise LaunchError(f"{self.config.name}: seq_len_ptr[0]: expected 0..{self.config.max_seq_len}, "
+                                  f"got {value}")
+
+    def sample_inputs(self, rng, scalars):
+        """Random q, K and V; cache rows at and past L hold NaN, so a kernel that lets any of
+        them into the result fails (they are also never generated: long caches stay cheap)."""
+        c = self.config
+        length = self.clamped_length(scalars)
+        kv_shape = (c.num_kv_heads, c.max_seq_len, c.head_dim)
+        live = (c.num_kv_heads, length, c.head_dim)
+        nan = from_float(np.array([np.nan], np.float32), c.kv_dtype)[0]
+        k_cache = np.full(kv_shape, nan, dtype=nan.dtype)
+        v_cache = k_cache.copy()
+        k_cache[:, :length] = from_float(rng.standard_normal(live), c.kv_dtype)
+        v_cache[:, :length] = from_float(rng.standard_normal(live) + 0.25, c.kv_dtype)
+        inputs = {
+            "q": (1.5 * rng.standard_normal((c.num_heads, c.head_dim))).astype(np.float32),
+            "k_cache": k_cache,
+            "v_cache": v_cache,
+        }
+        if c.indirect_seq_len:
+            inputs["seq_len_ptr"] = np.array([scalars["seq_len"]], dtype=np.uint32)
+        return inputs
+
+    def device_length(self, arrays, scalars) -> int:
+        raw = int(arrays["seq_len_ptr"][0]) if self.config.indirect_seq_len else int(scalars["seq_len"])
+        return min(raw, self.config.max_seq_len)
+
+    def reference(self, arrays, scalars):
+        c = self.config
+        length = self.device_length(arrays, scalars)
+        return {"out": attention_reference(
+            to_float64(arrays["q"], "f32"), to_float64(arrays["k_cache"], c.kv_dtype),
+            to_float64(arrays["v_cache"], c.kv_dtype), length, c.softmax_scale)}
+
+    def traffic(self, scalars) -> Traffic:
+        c = self.config
+        length = self.clamped_length(scalars)
+        kv_bytes = c.num_kv_heads * length * c.head_dim * 2 * DTYPES[c.kv_dtype].size
+        return Traffic(bytes=kv_bytes + 2 * c.num_heads * c.head_dim * 4, flops=4 * c.num_heads * length * c.head_dim)
+
+    def torch_peer(self, torch, tensors, scalars):
+        """torch's scaled_dot_product_attention over the first L cache rows (q cast to the cache
+        dtype, as SDPA wants one dtype; GQA through enable_gqa where torch has it)."""
+        c = self.config
+        length = self.clamped_length(scalars)
+        storage = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[c.kv_dtype]
+        q = tensors["q"].to(storage).view(1, c.num_heads, 1, c.head_dim)
+        k = tensors["k_cache"][:, :length].unsqueeze(0)
+        v = tensors["v_cache"][:, :length].unsqueeze(0)
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        if length == 0:
+            return {"torch sdpa": lambda: torch.zeros(c.num_heads, c.head_dim, device=q.device)}
+        group = c.num_heads // c.num_kv_heads
+        try:
+            sdpa(q, k, v, scale=c.softmax_scale, enable_gqa=True)
+        except Exception:  # torch < 2.5 has no enable_gqa: repeat K/V per query head (more bytes)
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            return {"torch sdpa (K/V repeated)": lambda: sdpa(q, k, v, scale=c.softmax_scale).float()}
+        return {"torch sdpa": lambda: sdpa(q, k, v, scale=c.softmax_scale, enable_gqa=True).float()}
+
+
+def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, length: int, scale: float) -> np.ndarray:
+    """Float64 decode attention: out[h] = softmax(scale * k[g, :L] @ q[h]) @ v[g, :L]."""
+    num_heads, head_dim = q.shape
+    group = num_heads // k.shape[0]
+    out = np.zeros((num_heads, head_dim))
+    if length == 0:
+        return out
+    for h in range(num_heads):
+        keys, values = k[h // group, :length], v[h // group, :length]
+        scores = scale * (keys @ q[h])
+        weights = np.exp(scores - scores.max())
+        out[h] = (weights / weights.sum()) @ values
+    return out
