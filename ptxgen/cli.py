@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from .bench import bench_command
 from .errors import LaunchError, PtxgenError, SpecError
 from .kernels import KINDS, kind_of
 from .spec import LoadedSpec, load_spec, with_archs
@@ -287,6 +288,9 @@ def verify(
     out.print(table)
     if failures:
         raise typer.Exit(1)
+
+
+app.command("bench")(bench_command)
 
 
 def main() -> None:

@@ -6,11 +6,16 @@ driver and no system CUDA. The driver's JIT is used when asked for and a driver 
 
 from __future__ import annotations
 
+import hashlib
+import math
 import re
+import time
 from dataclasses import dataclass
 from functools import cache
 
-from .errors import AssemblerError, DeviceUnavailable
+import numpy as np
+
+from .errors import AssemblerError, DeviceUnavailable, LaunchError, PtxgenError
 
 NO_DEVICE = "no CUDA driver/GPU found; use --backend emulator"
 
@@ -147,3 +152,494 @@ def parse_resources(info_log: str) -> dict[str, int]:
         values = [int(v) for v in re.findall(pattern, info_log, flags=re.IGNORECASE)]
         found[key] = max(values) if values else 0
     return found
+
+
+# --- running kernels on the GPU ---------------------------------------------------------------
+#
+# Everything below talks to the driver API through cuda.bindings.driver, one checked call at a
+# time: it is a 1:1 map of the C driver API, the same in cuda-bindings 12 and 13, whatever
+# cuda.core version a GPU machine has installed. The primary context of the device is used, so
+# torch (or any runtime-API library) in the same process shares pointers and streams with us.
+
+ALIGNMENT = 256  # bytes; what cuMemAlloc guarantees, kept for sub-buffers too
+POOL_LIMIT = 1 << 32  # bytes of freed allocations kept for reuse
+# Errors after which the CUDA context is unusable until it is reset.
+STICKY_ERRORS = {"CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+                 "CUDA_ERROR_MISALIGNED_ADDRESS", "CUDA_ERROR_INVALID_ADDRESS_SPACE", "CUDA_ERROR_INVALID_PC",
+                 "CUDA_ERROR_HARDWARE_STACK_ERROR", "CUDA_ERROR_LAUNCH_TIMEOUT", "CUDA_ERROR_ASSERT",
+                 "CUDA_ERROR_ECC_UNCORRECTABLE", "CUDA_ERROR_CONTEXT_IS_DESTROYED"}
+
+# A spin of the given nanoseconds on one thread: holds the GPU while the host queues timed work.
+DELAY_ENTRY = "ptxgen_delay"
+DELAY_PTX = f"""\
+.version 7.0
+.target sm_50
+.address_size 64
+.visible .entry {DELAY_ENTRY}(
+\t.param .u64 nanoseconds
+)
+{{
+\t.reg .pred %wait;
+\t.reg .u64 %limit, %start, %now;
+\tld.param.u64 %limit, [nanoseconds];
+\tmov.u64 %start, %globaltimer;
+SPIN:
+\tmov.u64 %now, %globaltimer;
+\tsub.u64 %now, %now, %start;
+\tsetp.lt.u64 %wait, %now, %limit;
+\t@%wait bra SPIN;
+\tret;
+}}
+"""
+
+
+@dataclass(frozen=True)
+class DeviceBuffer:
+    """`nbytes` of device memory at `address` (a whole allocation or a view into one)."""
+
+    address: int
+    nbytes: int
+    capacity: int = 0  # bytes really allocated (whole allocations only)
+
+    def view(self, offset: int, nbytes: int) -> DeviceBuffer:
+        if offset < 0 or offset + nbytes > self.nbytes:
+            raise PtxgenError(f"device buffer view [{offset}, {offset + nbytes}) outside its {self.nbytes} bytes")
+        return DeviceBuffer(self.address + offset, nbytes)
+
+
+@dataclass
+class DeviceKernel:
+    entry: str
+    function: object  # CUfunction
+    params: list[tuple[str, str]]  # (name, PTX type) in order
+    static_shared: int
+    max_threads: int
+    dynamic_limit: int  # dynamic shared bytes the function is currently allowed
+
+
+@dataclass
+class DeviceGraph:
+    """An instantiated CUDA graph (CUgraphExec)."""
+
+    executable: object
+
+
+def entry_params(ptx: str, entry: str) -> list[tuple[str, str]]:
+    """(name, type) of each parameter of `.entry entry(...)` in the PTX text, in order."""
+    text = re.sub(r"//[^\n]*|/\*.*?\*/", "", ptx, flags=re.DOTALL)
+    match = re.search(rf"\.entry\s+{re.escape(entry)}\s*\(([^)]*)\)", text)
+    if match is None:
+        raise LaunchError(f"the PTX has no entry {entry!r}")
+    params = []
+    for piece in match.group(1).split(","):
+        if not piece.strip():
+            continue
+        found = re.fullmatch(r"\s*\.param\s+(?:\.align\s+\d+\s+)?\.(\w+)\b.*?(\w+)\s*", piece, flags=re.DOTALL)
+        if found is None:
+            raise LaunchError(f"{entry}: cannot read PTX parameter {piece.strip()!r}")
+        params.append((found.group(2), found.group(1)))
+    return params
+
+
+_INTEGER_PARAMS = {"u64": (64, False), "b64": (64, False), "s64": (64, True), "u32": (32, False),
+                   "b32": (32, False), "s32": (32, True)}
+
+
+def pack_params(kernel: DeviceKernel, args: list):
+    """cuLaunchKernel's kernelParams: ((values...), (ctypes types...)) checked against the PTX."""
+    import ctypes
+
+    if len(args) != len(kernel.params):
+        names = ", ".join(name for name, _ in kernel.params)
+        raise LaunchError(f"{kernel.entry}: expected {len(kernel.params)} arguments ({names}), got {len(args)}")
+    values, types = [], []
+    for (name, ptx_type), arg in zip(kernel.params, args):
+        if isinstance(arg, DeviceBuffer):
+            if ptx_type not in ("u64", "b64", "s64"):
+                raise LaunchError(f"{kernel.entry}: parameter {name!r} is .{ptx_type}, not a pointer; got an array")
+            values.append(arg.address)
+            types.append(ctypes.c_void_p)
+        elif (isinstance(arg, (int, np.integer)) and not isinstance(arg, (bool, np.bool_))
+              and ptx_type in _INTEGER_PARAMS):
+            bits, signed = _INTEGER_PARAMS[ptx_type]
+            low, high = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+            if not low <= int(arg) <= high:
+                raise LaunchError(f"{kernel.entry}: parameter {name!r} (.{ptx_type}) cannot hold {int(arg)}")
+            values.append(int(arg))
+            types.append({(64, False): ctypes.c_uint64, (64, True): ctypes.c_int64,
+                          (32, False): ctypes.c_uint32, (32, True): ctypes.c_int32}[bits, signed])
+        elif isinstance(arg, float) and ptx_type == "f32":
+            values.append(arg)
+            types.append(ctypes.c_float)
+        else:
+            raise LaunchError(f"{kernel.entry}: parameter {name!r} is .{ptx_type}; got {type(arg).__name__}")
+    return (tuple(values), tuple(types)) if values else 0
+
+
+class DeviceSession:
+    """Device 0's primary context, one stream, loaded modules and reusable allocations.
+
+    Every CUDA call is checked; failures raise DeviceUnavailable, AssemblerError, LaunchError
+    (a bad launch, or a kernel that faulted) or PtxgenError, with the CUDA error's name.
+    """
+
+    def __init__(self, ordinal: int = 0):
+        self.cu = cu = driver()
+        self.ordinal = ordinal
+        self.broken = False
+        self.device = self.check(cu.cuDeviceGet(ordinal), f"cuDeviceGet({ordinal})", DeviceUnavailable)
+        self.context = self.check(cu.cuDevicePrimaryCtxRetain(self.device), "retaining the device's primary context",
+                                  DeviceUnavailable)
+        self.activate()
+        self.stream = self.check(cu.cuStreamCreate(int(cu.CUstream_flags.CU_STREAM_NON_BLOCKING)), "cuStreamCreate")
+        name = self.check(cu.cuDeviceGetName(256, self.device), "cuDeviceGetName")
+        self.name = bytes(name).split(b"\0")[0].decode(errors="replace").strip()
+        attribute = cu.CUdevice_attribute
+        major = self.attribute(attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+        minor = self.attribute(attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)
+        self.arch = f"sm_{major}{minor}"
+        self.sm_count = self.attribute(attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        self.l2_bytes = self.attribute(attribute.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
+        self.shared_optin = self.attribute(attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        self.cooperative = bool(self.attribute(attribute.CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH))
+        self.driver_version = driver_version()
+        self.modules: dict[tuple[str, str], tuple[object, str]] = {}  # (ptx sha256, arch) -> (CUmodule, assembler)
+        self.kernels: dict[tuple[str, str], DeviceKernel] = {}  # (ptx sha256, entry) -> kernel
+        self.pool: dict[int, list[DeviceBuffer]] = {}  # capacity -> freed allocations
+        self.allocations: dict[int, DeviceBuffer] = {}  # address -> live or pooled allocation
+
+    # --- checked calls ----------------------------------------------------------------------------
+    def describe(self, status) -> str:
+        name = getattr(status, "name", str(status))
+        try:
+            code, text = self.cu.cuGetErrorString(status)
+            text = bytes(text).decode(errors="replace") if code == self.cu.CUresult.CUDA_SUCCESS else ""
+        except Exception:  # a description is a nicety; the name says it all
+            text = ""
+        return f"{name} ({text})" if text else name
+
+    def check(self, result, what: str, error: type[PtxgenError] = PtxgenError):
+        """The value(s) a cuda.bindings call returned after its CUresult, or `error`."""
+        status, *values = result
+        if status != self.cu.CUresult.CUDA_SUCCESS:
+            message = f"{what} failed on {getattr(self, 'name', 'the GPU')}: {self.describe(status)}"
+            if getattr(status, "name", "") in STICKY_ERRORS:  # a kernel faulted
+                self.broken = True
+                error = LaunchError
+                message += ("; the CUDA context is lost (the next run starts a fresh one); --backend emulator "
+                            "runs the kernel under the sanitizer, which names the faulting access")
+            raise error(message)
+        if not values:
+            return None
+        return values[0] if len(values) == 1 else tuple(values)
+
+    def attribute(self, attribute) -> int:
+        value = self.check(self.cu.cuDeviceGetAttribute(attribute, self.device),
+                           f"cuDeviceGetAttribute({attribute.name})")
+        return int(value)
+
+    def activate(self) -> None:
+        """Make the context current on this thread (cheap; contexts are per thread)."""
+        self.check(self.cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent", DeviceUnavailable)
+
+    def synchronize(self, what: str = "the stream") -> None:
+        self.check(self.cu.cuStreamSynchronize(self.stream), what, LaunchError)
+
+    def free_memory(self) -> int:
+        free, _total = self.check(self.cu.cuMemGetInfo(), "cuMemGetInfo")
+        return int(free)
+
+    # --- kernels --------------------------------------------------------------------------------
+    def kernel(self, ptx: str, entry: str) -> DeviceKernel:
+        """The entry of this PTX, built for this GPU and loaded (cached by PTX hash and arch)."""
+        sha = hashlib.sha256(ptx.encode()).hexdigest()
+        cached = self.kernels.get((sha, entry))
+        if cached is not None:
+            return cached
+        module, _ = self.module(ptx, sha)
+        cu = self.cu
+        params = entry_params(ptx, entry)
+        function = self.check(cu.cuModuleGetFunction(module, entry.encode()), f"finding kernel {entry!r} in its module",
+                              LaunchError)
+        attribute = cu.CUfunction_attribute
+        static = self.check(cu.cuFuncGetAttribute(attribute.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, function),
+                            f"{entry}: cuFuncGetAttribute(SHARED_SIZE_BYTES)")
+        threads = self.check(cu.cuFuncGetAttribute(attribute.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, function),
+                             f"{entry}: cuFuncGetAttribute(MAX_THREADS_PER_BLOCK)")
+        dynamic = self.check(cu.cuFuncGetAttribute(attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, function),
+                             f"{entry}: cuFuncGetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
+        kernel = DeviceKernel(entry, function, params, int(static), int(threads), int(dynamic))
+        self.kernels[sha, entry] = kernel
+        return kernel
+
+    def module(self, ptx: str, sha: str) -> tuple[object, str]:
+        """Load nvJitLink's cubin for this arch; if that fails, let the driver JIT the PTX."""
+        key = (sha, self.arch)
+        if key in self.modules:
+            return self.modules[key]
+        problems = []
+        try:
+            cubin = assemble_nvjitlink(ptx, self.arch).cubin
+        except AssemblerError as error:
+            problems.append(f"nvJitLink: {error}")
+        else:
+            status, module = self.cu.cuModuleLoadData(cubin)
+            if status == self.cu.CUresult.CUDA_SUCCESS:
+                self.modules[key] = (module, "nvjitlink")
+                return self.modules[key]
+            problems.append(f"loading nvJitLink's cubin: {self.describe(status)}")
+        try:
+            cubin = assemble_driver(ptx, self.arch).cubin
+        except AssemblerError as error:
+            problems.append(f"driver JIT: {error}")
+            raise AssemblerError(f"cannot build this PTX for {self.name} ({self.arch})",
+                                 log="\n".join(problems)) from None
+        module = self.check(self.cu.cuModuleLoadData(cubin), f"loading the driver-JIT cubin for {self.arch}",
+                            AssemblerError)
+        self.modules[key] = (module, "driver")
+        return self.modules[key]
+
+    def prepare(self, kernel: DeviceKernel, launch) -> None:
+        """Check a launch against the compiled kernel and the GPU; opt in to large dynamic shared memory."""
+        threads = math.prod(launch.block)
+        if threads > kernel.max_threads:
+            raise LaunchError(f"{kernel.entry}: {threads} threads per CTA, but the compiled kernel allows at most "
+                              f"{kernel.max_threads} on {self.arch} (registers per thread)")
+        dynamic = launch.dynamic_shared
+        if kernel.static_shared + dynamic > self.shared_optin:
+            raise LaunchError(f"{kernel.entry}: {kernel.static_shared} static + {dynamic} dynamic shared bytes exceed "
+                              f"{self.name}'s {self.shared_optin} bytes per CTA")
+        if dynamic > kernel.dynamic_limit:
+            attribute = self.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            self.check(self.cu.cuFuncSetAttribute(kernel.function, attribute, dynamic),
+                       f"{kernel.entry}: allowing {dynamic} bytes of dynamic shared memory", LaunchError)
+            kernel.dynamic_limit = dynamic
+        if launch.cooperative:
+            if not self.cooperative:
+                raise LaunchError(f"{kernel.entry}: needs a cooperative launch, which {self.name} does not support")
+            per_sm = self.check(self.cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(kernel.function, threads, dynamic),
+                                f"{kernel.entry}: occupancy query", LaunchError)
+            ctas = math.prod(launch.grid)
+            if ctas > int(per_sm) * self.sm_count:
+                raise LaunchError(f"{kernel.entry}: a cooperative grid of {ctas} CTAs does not fit {self.name} at once "
+                                  f"({per_sm} per SM x {self.sm_count} SMs)")
+
+    def launch(self, kernel: DeviceKernel, launch, args: list) -> None:
+        """Queue one launch on the stream; args are DeviceBuffers (pointers) and ints, in PTX order."""
+        self.prepare(kernel, launch)
+        params = pack_params(kernel, args)
+        cu, (gx, gy, gz), (bx, by, bz) = self.cu, launch.grid, launch.block
+        if launch.cooperative:
+            result = cu.cuLaunchCooperativeKernel(kernel.function, gx, gy, gz, bx, by, bz, launch.dynamic_shared,
+                                                  self.stream, params)
+        else:
+            result = cu.cuLaunchKernel(kernel.function, gx, gy, gz, bx, by, bz, launch.dynamic_shared, self.stream,
+                                       params, 0)
+        self.check(result, f"launching {kernel.entry} (grid {launch.grid}, block {launch.block}, "
+                           f"{launch.dynamic_shared} B dynamic shared)", LaunchError)
+
+    # --- memory ---------------------------------------------------------------------------------
+    def alloc(self, nbytes: int) -> DeviceBuffer:
+        """At least `nbytes` of device memory (a freed allocation of the same size is reused)."""
+        capacity = max(ALIGNMENT, -(-nbytes // ALIGNMENT) * ALIGNMENT)
+        if self.pool.get(capacity):
+            buffer = self.pool[capacity].pop()
+            return DeviceBuffer(buffer.address, nbytes, capacity)
+        status, pointer = self.cu.cuMemAlloc(capacity)
+        if status == self.cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY and self.pool:
+            self.trim()
+            status, pointer = self.cu.cuMemAlloc(capacity)
+        pointer = self.check((status, pointer), f"allocating {capacity:,} bytes of device memory")
+        buffer = DeviceBuffer(int(pointer), nbytes, capacity)
+        self.allocations[buffer.address] = buffer
+        return buffer
+
+    def free(self, buffer: DeviceBuffer, keep: bool = True) -> None:
+        """Give an allocation back: kept for reuse unless the pool is full or keep is False."""
+        record = self.allocations.get(buffer.address)
+        if record is None or buffer.capacity == 0:
+            raise PtxgenError(f"device buffer at {buffer.address:#x} is not an allocation of this session")
+        pooled = sum(b.capacity for buffers in self.pool.values() for b in buffers)
+        if keep and not self.broken and pooled + record.capacity <= POOL_LIMIT:
+            self.pool.setdefault(record.capacity, []).append(record)
+        else:
+            del self.allocations[record.address]
+            self.check(self.cu.cuMemFree(record.address), "cuMemFree")
+
+    def trim(self) -> None:
+        """Really free every pooled allocation."""
+        pool, self.pool = self.pool, {}
+        for buffers in pool.values():
+            for buffer in buffers:
+                self.free(buffer, keep=False)
+
+    def upload(self, buffer: DeviceBuffer, array: np.ndarray) -> None:
+        host = np.ascontiguousarray(array)
+        if host.nbytes > buffer.nbytes:
+            raise PtxgenError(f"{host.nbytes} bytes do not fit a device buffer of {buffer.nbytes}")
+        if host.nbytes:
+            self.check(self.cu.cuMemcpyHtoDAsync(buffer.address, host.ctypes.data, host.nbytes, self.stream),
+                       f"copying {host.nbytes:,} bytes to the device")
+
+    def download(self, array: np.ndarray, buffer: DeviceBuffer) -> None:
+        """Copy the device buffer into `array` in place (then synchronize)."""
+        host = array if array.flags.c_contiguous and array.flags.writeable else np.empty_like(array, order="C")
+        if host.nbytes > buffer.nbytes:
+            raise PtxgenError(f"a device buffer of {buffer.nbytes} bytes cannot fill {host.nbytes}")
+        if host.nbytes:
+            self.check(self.cu.cuMemcpyDtoHAsync(host.ctypes.data, buffer.address, host.nbytes, self.stream),
+                       f"copying {host.nbytes:,} bytes from the device", LaunchError)
+        self.synchronize("copying results from the device")
+        if host is not array:
+            array[...] = host
+
+    def zero(self, buffer: DeviceBuffer) -> None:
+        if buffer.nbytes:
+            self.check(self.cu.cuMemsetD8Async(buffer.address, 0, buffer.nbytes, self.stream), "cuMemsetD8Async")
+
+    def copy(self, destination: DeviceBuffer, source: DeviceBuffer) -> None:
+        """Device-to-device copy of the source's bytes, queued on the stream."""
+        if source.nbytes > destination.nbytes:
+            raise PtxgenError(f"copy of {source.nbytes} bytes into a buffer of {destination.nbytes}")
+        self.check(self.cu.cuMemcpyDtoDAsync(destination.address, source.address, source.nbytes, self.stream),
+                   "cuMemcpyDtoDAsync")
+
+    # --- graphs ---------------------------------------------------------------------------------
+    def capture(self, enqueue) -> DeviceGraph:
+        """Record what enqueue() queues on the stream into an instantiated CUDA graph (not run)."""
+        cu = self.cu
+        mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+        self.check(cu.cuStreamBeginCapture(self.stream, mode), "cuStreamBeginCapture", LaunchError)
+        try:
+            enqueue()
+        except BaseException:
+            status, graph = cu.cuStreamEndCapture(self.stream)  # leave the stream usable
+            if status == cu.CUresult.CUDA_SUCCESS and graph is not None:
+                cu.cuGraphDestroy(graph)
+            raise
+        graph = self.check(cu.cuStreamEndCapture(self.stream), "ending the CUDA graph capture", LaunchError)
+        try:
+            executable = self.check(cu.cuGraphInstantiate(graph, 0), "instantiating the CUDA graph", LaunchError)
+        finally:
+            self.check(cu.cuGraphDestroy(graph), "cuGraphDestroy")
+        return DeviceGraph(executable)
+
+    def replay(self, graph: DeviceGraph) -> None:
+        self.check(self.cu.cuGraphLaunch(graph.executable, self.stream), "launching the CUDA graph", LaunchError)
+
+    def destroy(self, graph: DeviceGraph) -> None:
+        self.check(self.cu.cuGraphExecDestroy(graph.executable), "cuGraphExecDestroy")
+
+    # --- timing ---------------------------------------------------------------------------------
+    def delay(self, seconds: float) -> None:
+        """Queue a kernel that keeps the GPU busy for `seconds`."""
+        from .kernels.base import Launch
+
+        kernel = self.kernel(DELAY_PTX, DELAY_ENTRY)
+        self.launch(kernel, Launch(grid=(1, 1, 1), block=(1, 1, 1)), [int(seconds * 1e9)])
+
+    def time(self, enqueue, iters: int, warmup: int = 10) -> list[float]:
+        """Microseconds of each of `iters` back-to-back calls enqueue(i), from CUDA events.
+
+        A spin kernel holds the GPU while the host queues every timed call, so host-side
+        launch overhead never shows in the figures (the delay grows if the host was slower).
+        """
+        cu = self.cu
+        host_times = []
+        for i in range(warmup):
+            start = time.perf_counter()
+            enqueue(i)
+            host_times.append(time.perf_counter() - start)
+        per_call = float(np.median(host_times)) if host_times else 1e-4
+        self.synchronize("warm-up runs")
+        events = [self.check(cu.cuEventCreate(0), "cuEventCreate") for _ in range(iters + 1)]
+        try:
+            hold = min(2.0, 2 * per_call * (iters + 1) + 1e-3)
+            for _attempt in range(3):
+                self.delay(hold)
+                start = time.perf_counter()
+                self.check(cu.cuEventRecord(events[0], self.stream), "cuEventRecord")
+                for i in range(iters):
+                    enqueue(warmup + i)
+                    self.check(cu.cuEventRecord(events[i + 1], self.stream), "cuEventRecord")
+                queued = time.perf_counter() - start
+                self.synchronize("timed runs")
+                if queued < hold or hold >= 2.0:
+                    break
+                hold = min(2.0, 2 * queued + 1e-3)
+            return [1e3 * float(self.check(cu.cuEventElapsedTime(events[i], events[i + 1]), "cuEventElapsedTime"))
+                    for i in range(iters)]
+        finally:
+            for event in events:
+                cu.cuEventDestroy(event)
+
+    def copy_bandwidth(self, nbytes: int | None = None, iters: int = 20) -> tuple[int, float]:
+        """(bytes copied, median seconds) of a device-to-device copy far larger than L2."""
+        if nbytes is None:
+            nbytes = max(256 << 20, 8 * self.l2_bytes)
+            nbytes = min(nbytes, self.free_memory() // 4) // ALIGNMENT * ALIGNMENT
+        source, destination = self.alloc(nbytes), self.alloc(nbytes)
+        try:
+            self.zero(source)
+            times = self.time(lambda i: self.copy(destination, source), iters, warmup=3)
+        finally:
+            self.free(source, keep=False)
+            self.free(destination, keep=False)
+        return nbytes, float(np.median(times)) * 1e-6
+
+    def close(self) -> None:
+        """Free everything this session holds and release the primary context."""
+        cu = self.cu
+        self.pool = {}
+        for buffer in list(self.allocations.values()):
+            cu.cuMemFree(buffer.address)
+        self.allocations = {}
+        for module, _ in self.modules.values():
+            cu.cuModuleUnload(module)
+        self.modules, self.kernels = {}, {}
+        cu.cuStreamDestroy(self.stream)
+        cu.cuDevicePrimaryCtxRelease(self.device)
+
+
+_SESSION: DeviceSession | None = None
+
+
+def session() -> DeviceSession:
+    """The process's DeviceSession on device 0 (a fresh one after a kernel broke the context)."""
+    global _SESSION
+    if _SESSION is not None and _SESSION.broken:
+        broken, _SESSION = _SESSION, None
+        broken.cu.cuDevicePrimaryCtxReset(broken.device)
+    if _SESSION is None:
+        _SESSION = DeviceSession(0)
+    _SESSION.activate()
+    return _SESSION
+
+
+def run_on_device(ptx: str, entry: str, launch, args: list) -> None:
+    """Launch `entry` once on device 0: numpy arrays are copied in, and back in place afterwards.
+
+    args are in PTX order: numpy arrays for pointer parameters, Python ints for scalars.
+    """
+    gpu = session()
+    kernel = gpu.kernel(ptx, entry)
+    buffers: list[DeviceBuffer] = []
+    try:
+        device_args = []
+        for arg in args:
+            if isinstance(arg, np.ndarray):
+                buffer = gpu.alloc(arg.nbytes)
+                buffers.append(buffer)
+                gpu.upload(buffer, arg)
+                device_args.append(buffer)
+            else:
+                device_args.append(arg)
+        gpu.launch(kernel, launch, device_args)
+        gpu.synchronize(f"running {entry}")
+        for arg, device_arg in zip(args, device_args):
+            if isinstance(arg, np.ndarray):
+                gpu.download(arg, device_arg)
+    finally:
+        if not gpu.broken:
+            for buffer in buffers:
+                gpu.free(buffer)

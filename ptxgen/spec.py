@@ -54,10 +54,15 @@ class Spec(BaseModel):
         if not self.kernels:
             raise ValueError("expected at least one [[kernels]] entry")
         seen = set()
-        for kernel in self.kernels:
+        for index, kernel in enumerate(self.kernels):
             if kernel.name in seen:
-                raise ValueError(f"kernel name {kernel.name!r} is used twice; names must be unique")
+                raise ValueError(f"kernels[{index}].name: {kernel.name!r} is used twice; names must be unique")
             seen.add(kernel.name)
+            params = [p.name for p in kind_of(kernel).params()]
+            if kernel.name in params:
+                # nvJitLink 13.x can crash the process on an entry named like one of its parameters.
+                raise ValueError(f"kernels[{index}].name: expected a name other than the kernel's parameter "
+                                 f"names ({', '.join(params)}), got {kernel.name!r}")
         return self
 
     def kernel(self, name: str):
@@ -149,10 +154,10 @@ def describe_errors(path: Path, data: dict, error: ValidationError) -> list[str]
             location = location[2:]
             if location and isinstance(entry, dict) and location[0] == entry.get("kind"):
                 location = location[1:]  # pydantic names the union member; the user wrote `kind`
-        field = ".".join(str(part) for part in location) or "(entry)"
+        field = ".".join(str(part) for part in location)
         message = item["msg"].removeprefix("Value error, ")
         given = "" if item["type"] in ("value_error", "missing") else f" (got {item['input']!r})"
-        lines.append(f"{path}: {where + ': ' if where else ''}{field}: {message}{given}")
+        lines.append(": ".join(part for part in (str(path), where, field, message + given) if part))
     return lines
 
 

@@ -68,6 +68,11 @@ def test_duplicate_names_and_bad_identifiers(tmp_path):
     assert "name" in message and "has space" in message
 
 
+def test_entry_may_not_share_a_parameter_name(tmp_path):
+    message = error_of(tmp_path, '[[kernels]]\nname="gamma"\nkind="rmsnorm"\nhidden=8\n')
+    assert "kernels[0].name" in message and "'gamma'" in message and "x, gamma, y, rows" in message
+
+
 def test_ptx_version_too_old_for_arch(tmp_path):
     message = error_of(tmp_path, '[target]\narchs=["sm_90"]\nptx_version="7.0"\n'
                                  '[[kernels]]\nname="a"\nkind="rmsnorm"\nhidden=8\n')

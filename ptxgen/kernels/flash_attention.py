@@ -21,7 +21,6 @@ from .base import Kind, KernelConfig, Launch, Param, Traffic, ceil_div
 
 BLOCK_N = 64  # keys per K/V tile
 MAX_SEQ_LEN = 1 << 24  # keeps every in-kernel u32 row index far from overflow
-PARAM_NAMES = ("q", "k", "v", "o", "seq_len")
 SHARED_ALIGN = 1024  # the XOR swizzle is applied to absolute shared addresses (bits 4..7)
 
 
@@ -40,9 +39,6 @@ class FlashAttentionConfig(KernelConfig):
 
     @model_validator(mode="after")
     def kv_heads_divide_heads(self):
-        if self.name in PARAM_NAMES:
-            # The entry would share its name with a parameter: nvJitLink 13.x crashes on that PTX.
-            raise ValueError(f"name must differ from the parameter names ({', '.join(PARAM_NAMES)}), got {self.name!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_kv_heads must divide num_heads, got num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}")
@@ -168,3 +164,26 @@ class FlashAttention(Kind):
         nbytes = (c.num_heads + 2 * c.num_kv_heads) * rows * size + c.num_heads * rows * DTYPES[c.out_dtype].size
         pairs = seq_len * (seq_len + 1) // 2 if c.causal else seq_len * seq_len
         return Traffic(bytes=nbytes, flops=4 * c.num_heads * c.head_dim * pairs)
+
+    def torch_peer(self, torch, tensors, scalars):
+        """bench's peers: torch SDPA (GQA, causal as configured); flash-attn's flash_attn_func if installed."""
+        c = self.config
+        q, k, v = tensors["q"], tensors["k"], tensors["v"]  # [H, S, D], [G, S, D]
+        out_dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[c.out_dtype]
+        scale = self.scale
+
+        def sdpa():  # needs torch >= 2.5 (enable_gqa)
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q[None], k[None], v[None], is_causal=c.causal, scale=scale, enable_gqa=True)
+            return out[0].to(out_dtype)
+
+        peers = {"torch sdpa": sdpa}
+        try:
+            from flash_attn import flash_attn_func
+        except ImportError:
+            flash_attn_func = None
+        if flash_attn_func is not None:
+            qf, kf, vf = (t.transpose(0, 1)[None].contiguous() for t in (q, k, v))  # [1, S, heads, D]
+            peers["flash-attn"] = lambda: flash_attn_func(
+                qf, kf, vf, softmax_scale=scale, causal=c.causal)[0].transpose(0, 1).to(out_dtype)
+        return peers

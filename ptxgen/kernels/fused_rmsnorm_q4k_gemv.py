@@ -40,3 +40,7 @@ class FusedRmsnormQ4kGemv(Q4kGemv):
     def activations(self, arrays) -> np.ndarray:
         x = arrays["x"].astype(np.float64)
         return rms_normalize(x, arrays["gamma"].astype(np.float64), self.config.eps)
+
+    def torch_activations(self, torch, tensors):
+        x = tensors["x"]
+        return x * torch.rsqrt(x.pow(2).mean() + self.config.eps) * tensors["gamma"]

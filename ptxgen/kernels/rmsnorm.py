@@ -150,3 +150,16 @@ class Rmsnorm(Kind):
         elements = scalars[self.count_name] * self.rows_per_count * self.row_length
         size = DTYPES[self.config.dtype].size
         return Traffic(bytes=(2 * elements + self.row_length) * size, flops=4 * elements)
+
+    def torch_peer(self, torch, tensors, scalars):
+        """bench's peers: the usual torch expression, and F.rms_norm where torch has it."""
+        x, gamma, eps = tensors["x"], tensors["gamma"], self.config.eps
+
+        def expression():
+            xf = x.float()
+            return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * gamma.float()).to(x.dtype)
+
+        peers = {"torch": expression}
+        if hasattr(torch.nn.functional, "rms_norm"):
+            peers["torch rms_norm"] = lambda: torch.nn.functional.rms_norm(x, (x.shape[-1],), gamma, eps)
+        return peers

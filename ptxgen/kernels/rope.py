@@ -65,14 +65,18 @@ def rope_vector(half: int) -> int:
     return 1
 
 
-def rope_plan(theta: float, head_dim: int) -> dict:
+def rope_plan(theta: float, head_dim: int, vec: int | None = None) -> dict:
     """Per-thread vector, chunk count, and the immediate factors the template multiplies.
 
     chunk_factors[b] = R^(vec * 2^b) for each bit b of the chunk index; pair_factors[j] = R^j
-    for j < vec, each as (hi, lo); R = theta^(-2/head_dim). Shared with any kind that rotates.
+    for j < vec, each as (hi, lo); R = theta^(-2/head_dim). Shared with any kind that rotates
+    (macros.ptx.j2 `rope_pairs`); `vec` (pairs per thread, dividing head_dim/2) defaults to the
+    widest vector that tiles the half.
     """
     half = head_dim // 2
-    vec = rope_vector(half)
+    vec = rope_vector(half) if vec is None else vec
+    if half % vec:
+        raise ValueError(f"{vec} pairs per thread do not tile head_dim/2 = {half}")
     chunks = half // vec
     bits = (chunks - 1).bit_length()
     power = lambda e: split_f32(theta ** (-2.0 * e / head_dim))  # noqa: E731
@@ -138,7 +142,8 @@ class Rope(Kind):
                 f"head and {plan['vec']} consecutive pairs ({self.units} = num_heads*{plan['chunks']} threads)")
 
     def template_vars(self) -> dict:
-        return {**self.plan, "head_dim": self.config.head_dim, "threads": self.threads, "units": self.units}
+        return {**self.plan, "plan": self.plan, "head_dim": self.config.head_dim, "threads": self.threads,
+                "units": self.units}
 
     def scalar_limits(self) -> dict[str, tuple[int, int]]:
         return {"pos": (0, MAX_POS)}
@@ -164,3 +169,15 @@ class Rope(Kind):
         # x read and written once; per pair 4 mul + 2 add. The angles (head-independent) are
         # not counted: a minimal implementation computes each once per call.
         return Traffic(bytes=2 * 4 * elements, flops=3 * elements)
+
+    def torch_peer(self, torch, tensors, scalars):
+        """bench's peer: rotate-half with a precomputed cos/sin row, as inference engines do."""
+        x, half = tensors["x"], self.config.head_dim // 2
+        angle = torch.from_numpy(scalars["pos"] * inv_freq(self.config.theta, self.config.head_dim)).to(x.device)
+        cos, sin = torch.cos(angle).float(), torch.sin(angle).float()
+
+        def rotate():
+            x1, x2 = x[..., :half], x[..., half:]
+            return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+        return rotate

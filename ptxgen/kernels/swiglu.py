@@ -87,3 +87,8 @@ class Swiglu(Kind):
     def traffic(self, scalars) -> Traffic:
         # gate and up read, out written; per element mul, ex2, add, rcp, mul, mul.
         return Traffic(bytes=3 * 4 * self.config.n, flops=6 * self.config.n)
+
+    def torch_peer(self, torch, tensors, scalars):
+        """bench's peer: F.silu(gate) * up."""
+        gate, up = tensors["gate"], tensors["up"]
+        return lambda: torch.nn.functional.silu(gate) * up

@@ -1,0 +1,203 @@
+"""`make bench`: check and time every kernel of specs/qwen3.toml on this machine's GPU.
+
+Every kernel is checked on the device against its float64 reference first, then timed as
+`ptxgen bench --graph` does (CUDA events, rotated buffers, copy bandwidth measured in the
+same run, torch peers where the kind names one), with seq_len sweeps for the attention
+kernels. Writes bench/results/<device>-<date>.json (every figure) and a Markdown table next
+to it, including the performance targets and whether each is met.
+
+Exit status: 0 when every kernel passed its check (targets are reported, not enforced),
+1 when one failed, 2 without a GPU (the message says so).
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = ROOT / "specs" / "qwen3.toml"
+RESULTS = ROOT / "bench" / "results"
+ITERS = 200
+
+# Extra rows: kind -> (runtime scalar, values); values outside a kernel's limits are skipped.
+SWEEPS = {
+    "incremental_attention": ("seq_len", [1024, 4096, 8192, 16384, 32768]),
+    "flash_attention": ("seq_len", [512, 1024, 2048, 4096, 8192]),
+}
+
+
+@dataclass(frozen=True)
+class Target:
+    label: str
+    kind: str
+    config: dict  # the kernel config fields a row must have
+    scalars: Callable[[dict], bool]  # which of its rows count
+    metric: str  # a row figure: median_us, pct_copy_bw, tflops
+    bound: float
+    at_least: bool  # metric >= bound (else <=)
+
+
+TARGETS = [
+    Target("incremental_attention >= 80% of copy bandwidth at seq_len >= 8192", "incremental_attention", {},
+           lambda s: s.get("seq_len", 0) >= 8192, "pct_copy_bw", 80, True),
+    Target("q4k_gemv n=12288 k=4096 >= 75% of copy bandwidth", "q4k_gemv", {"n": 12288, "k": 4096},
+           lambda s: True, "pct_copy_bw", 75, True),
+    Target("rmsnorm <= 5 us (decode, one row)", "rmsnorm", {}, lambda s: s.get("rows") == 1, "median_us", 5, False),
+    Target("flash_attention causal f16 head_dim 128 seq_len 4096 >= 250 TFLOP/s", "flash_attention",
+           {"causal": True, "dtype": "f16", "head_dim": 128}, lambda s: s.get("seq_len") == 4096, "tflops", 250, True),
+]
+
+
+def matches(config: dict, fields: dict) -> bool:
+    return all(config.get(name) == value for name, value in fields.items())
+
+
+def target_kernels(spec, notes: list[str]) -> list:
+    """Kernels for targets the spec has no instance of: its first instance of the kind with the fields set."""
+    from ptxgen.kernels import KINDS
+
+    extra = []
+    for target in TARGETS:
+        if target.kind not in KINDS or not target.config:
+            continue
+        same_kind = [k for k in spec.spec.kernels if k.kind == target.kind]
+        if any(matches(k.model_dump(mode="json"), target.config) for k in same_kind + extra):
+            continue
+        base = same_kind[0].model_dump(mode="json") if same_kind else {"kind": target.kind}
+        name = f"target_{target.kind}"[:64]
+        try:
+            extra.append(KINDS[target.kind].Config.model_validate({**base, **target.config, "name": name}))
+        except Exception as error:  # a config the kind refuses: report, bench the rest
+            notes.append(f"cannot build a kernel for target {target.label!r}: {error}")
+        else:
+            notes.append(f"{name}: added for target {target.label!r} (no such instance in {SPEC.name})")
+    return extra
+
+
+def plan(spec, kernels, notes: list[str]) -> list[tuple[object, dict]]:
+    from ptxgen.kernels import kind_of
+
+    rows = []
+    for kernel in kernels:
+        kind = kind_of(kernel)
+        base = kind.example_scalars()
+        rows.append((kernel, base))
+        if kernel.kind not in SWEEPS:
+            continue
+        scalar, values = SWEEPS[kernel.kind]
+        low, high = kind.scalar_limits().get(scalar, (0, -1))
+        for value in values:
+            if not low <= value <= high:
+                notes.append(f"{kernel.name}: {scalar}={value} skipped (outside {low}..{high})")
+            elif value != base.get(scalar):
+                rows.append((kernel, {**base, scalar: value}))
+    return rows
+
+
+def evaluate(target: Target, rows: list[dict]) -> tuple[str, str]:
+    """(measured, met) of one target over the rows it applies to."""
+    chosen = [r for r in rows if r["kind"] == target.kind and matches(r["config"], target.config)
+              and target.scalars(r["scalars"])]
+    if not chosen:
+        return "no matching row", "n/a"
+    if any(not r["passed"] for r in chosen):
+        return "kernel failed its check", "no"
+    timed = [r for r in chosen if r[target.metric] is not None]
+    if not timed:
+        return "not timed", "n/a"
+    unit = {"median_us": " µs", "pct_copy_bw": "%", "tflops": " TFLOP/s"}[target.metric]
+    measured = ", ".join(f"{r[target.metric]:.1f}{unit}" + (f" ({describe(r['scalars'])})" if r["scalars"] else "")
+                         for r in timed)
+    met = all(r[target.metric] >= target.bound if target.at_least else r[target.metric] <= target.bound for r in timed)
+    return measured, "yes" if met else "no"
+
+
+def describe(scalars: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in scalars.items())
+
+
+def markdown(results: dict, notes: list[str]) -> str:
+    device, copy = results["device"], results["copy_bandwidth"]
+    lines = [
+        f"# ptxgen bench on {device['name']}",
+        "",
+        f"- date: {results['date']}",
+        f"- device: {device['name']} ({device['arch']}, {device['sm_count']} SMs, "
+        f"{device['l2_bytes'] / 2**20:.0f} MiB L2), driver {device['driver']}",
+        f"- ptxgen {results['ptxgen_version']}, commit {results['git_commit'] or 'unknown'}, "
+        f"torch {results['torch'] or 'not available'}",
+        f"- device-to-device copy: {copy['gbs']:.0f} GB/s (read + write, {copy['bytes'] / 2**20:.0f} MiB), "
+        f"the 100% of the '% copy bw' columns",
+        f"- {results['iters']} timed runs per figure after warm-up; median (p10-p90); buffers rotated past L2",
+        "",
+        "## Kernels",
+        "",
+        "| kernel | scalars | median µs (p10-p90) | GB/s | TFLOP/s | % copy bw | graph µs | peer | peer µs | "
+        "peer % copy bw | peer TFLOP/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in results["rows"]:
+        if not row["passed"]:
+            cells = ["FAILED its check", "", "", "", ""]
+        elif row["median_us"] is None:
+            cells = ["not timed", "", "", "", ""]
+        else:
+            cells = [f"{row['median_us']:.2f} ({row['p10_us']:.2f}-{row['p90_us']:.2f})", f"{row['gbs']:.1f}",
+                     f"{row['tflops']:.3g}", f"{row['pct_copy_bw']:.1f}%",
+                     f"{row['graph']['median_us']:.2f}" if row["graph"] else ""]
+        peers = [p for p in row["peers"] if "median_us" in p]
+        peer_cells = ["<br>".join(p["name"] for p in peers), "<br>".join(f"{p['median_us']:.2f}" for p in peers),
+                      "<br>".join(f"{p['pct_copy_bw']:.1f}%" for p in peers),
+                      "<br>".join(f"{p['tflops']:.3g}" for p in peers)]
+        lines.append("| " + " | ".join([row["kernel"], describe(row["scalars"]), *cells, *peer_cells]) + " |")
+    lines += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
+    for target in TARGETS:
+        measured, met = evaluate(target, results["rows"])
+        lines.append(f"| {target.label} | {measured} | {met} |")
+    all_notes = sorted(set(notes) | {note for row in results["rows"] for note in row["notes"]})
+    if all_notes:
+        lines += ["", "## Notes", ""] + [f"- {note}" for note in all_notes]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    from ptxgen.bench import failures, print_results, run_bench, write_json
+    from ptxgen.device import driver
+    from ptxgen.spec import load_spec
+
+    driver()  # no GPU: DeviceUnavailable, before anything costly
+    spec = load_spec(SPEC)
+    notes: list[str] = []
+    kernels = list(spec.spec.kernels) + target_kernels(spec, notes)
+    results = run_bench(spec, plan(spec, kernels, notes), ITERS, graph=True, show_progress=sys.stderr.isatty())
+    results["notes"] = notes
+    print_results(results)
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", results["device"]["name"]).strip("-")
+    stem = RESULTS / f"{slug}-{datetime.date.today().isoformat()}"
+    write_json(stem.with_suffix(".json"), results)
+    stem.with_suffix(".md").write_text(markdown(results, notes))
+    print(f"wrote {stem.with_suffix('.json')} and {stem.with_suffix('.md')}", file=sys.stderr)
+    for target in TARGETS:
+        measured, met = evaluate(target, results["rows"])
+        print(f"target {target.label}: {met} ({measured})", file=sys.stderr)
+    problems = failures(results)
+    for line in problems:
+        print(f"FAIL {line}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    from ptxgen.errors import PtxgenError
+
+    try:
+        sys.exit(main())
+    except PtxgenError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)

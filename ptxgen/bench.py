@@ -1,0 +1,447 @@
+"""`ptxgen bench`: time kernels on the GPU against its measured copy bandwidth and a torch peer.
+
+Each kernel is first checked on the device against its float64 reference (as `ptxgen verify
+--backend device` does); a kernel that fails is not timed. Timing: warm-up, then at least 100
+back-to-back runs between CUDA events (median, p10, p90), each run on the next of enough
+rotating copies of the kernel's buffers that a memory-bound kernel is not served from L2.
+Bytes and flops come from the kind's traffic() model; the copy bandwidth they are compared
+with is a device-to-device copy measured in the same run (read + write bytes).
+
+Peers. A kind may define the optional method
+
+    def torch_peer(self, torch, tensors: dict, scalars: dict) -> Callable | dict[str, Callable]
+
+`tensors` holds every parameter the kernel reads (role in / inout) as a CUDA tensor keyed by
+parameter name (f32 -> float32, f16 -> float16, bf16 -> bfloat16, u8 -> uint8, u32 -> int32
+with the same bits), already on the GPU; `scalars` are the runtime scalars. The callable (or
+each callable of the dict, keyed by a label such as "torch sdpa" or "flash-attn") computes the
+kernel's result with torch or a library on top of it and returns it as a tensor with the
+elements of the kind's first written parameter. It is timed like the kernel, on the same
+stream, and its result is compared with the float64 reference when that is cheap.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import itertools
+import json
+import math
+import subprocess
+from pathlib import Path
+from typing import Annotated, Optional
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.table import Table
+
+from . import __version__
+from .errors import LaunchError, PtxgenError
+from .kernels import kind_of
+from .spec import LoadedSpec, load_spec
+
+PEER_HOOK = "torch_peer"  # optional Kind method, see the module docstring
+MIN_ITERS = 100
+WARMUP = 10
+L2_MULTIPLE = 3  # the rotated buffer sets of a kernel span at least this many L2 caches
+MAX_SETS = 4096
+REFERENCE_FLOPS = 1e10  # also check at the timed sizes when the float64 reference costs at most this
+DEFAULT_SPEC = Path("specs/qwen3.toml")
+ALIGN = 256
+
+out = Console()
+err = Console(stderr=True)
+
+
+# --- what to run ---------------------------------------------------------------------------------
+def plan_rows(spec: LoadedSpec, name: str | None, assignments: list[str]) -> list[tuple[object, dict]]:
+    """(kernel, scalars) rows: one kernel (by name or kind) or all; --set comma lists sweep."""
+    from .cli import find_kernel, parse_sets
+
+    sweeps = parse_sets(assignments)
+    kernels = [find_kernel(spec, name)] if name else list(spec.spec.kernels)
+    if not name:
+        known = set().union(*(kind_of(kernel).scalar_limits() for kernel in kernels))
+        for scalar in sweeps:
+            if scalar not in known:
+                raise LaunchError(f"--set {scalar}: no kernel of {spec.path} takes a runtime scalar of that name")
+    plan = []
+    for kernel in kernels:
+        kind = kind_of(kernel)
+        names = [scalar for scalar in sweeps if name or scalar in kind.scalar_limits()]
+        for values in itertools.product(*(sweeps[scalar] for scalar in names)):
+            scalars = {**kind.example_scalars(), **dict(zip(names, values))}
+            kind.check_scalars(scalars)  # a bad --set stops here, before any GPU work
+            plan.append((kernel, scalars))
+    return plan
+
+
+# --- figures -----------------------------------------------------------------------------------------
+def figures(times_us: list[float], traffic, copy_gbs: float) -> dict:
+    """Median/p10/p90 microseconds and the median's GB/s, TFLOP/s and % of the copy bandwidth."""
+    p10, median, p90 = (float(v) for v in np.percentile(times_us, [10, 50, 90]))
+    seconds = median * 1e-6
+    gbs = traffic.bytes / seconds / 1e9
+    return {"median_us": median, "p10_us": p10, "p90_us": p90, "gbs": gbs,
+            "tflops": traffic.flops / seconds / 1e12, "pct_copy_bw": 100.0 * gbs / copy_gbs}
+
+
+def rotation_sets(touched_bytes: int, set_bytes: int, l2_bytes: int, free_bytes: int) -> int:
+    """Copies of a kernel's buffers to cycle through so that each run starts with a cold L2.
+
+    A run touches `touched_bytes` (the traffic model) of the `set_bytes` one copy occupies.
+    """
+    per_run = max(1, min(touched_bytes, set_bytes))
+    wanted = math.ceil(L2_MULTIPLE * l2_bytes / per_run) + 1
+    fits = (free_bytes // 2) // max(set_bytes, 1)
+    return max(1, min(MAX_SETS, wanted, fits))
+
+
+def git_commit() -> str | None:
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+# --- timing ------------------------------------------------------------------------------------------
+def time_kernel(gpu, kernel, ptx: str, arrays: dict, scalars: dict, iters: int, graph: bool) -> dict:
+    """Times of the kernel (and of CUDA-graph replays of it) over rotated copies of its buffers."""
+    kind = kind_of(kernel)
+    params = kind.params()
+    launch = kind.launch(scalars)
+    stride = {p.name: max(ALIGN, -(-arrays[p.name].nbytes // ALIGN) * ALIGN) for p in params if p.is_array}
+    gpu.trim()
+    sets = rotation_sets(kind.traffic(scalars).bytes, sum(stride.values()), gpu.l2_bytes, gpu.free_memory())
+    slabs = {}
+    graphs = []
+    try:
+        for name, step in stride.items():  # one slab per parameter: copy s at offset s * step
+            slabs[name] = gpu.alloc(step * sets)
+            first = slabs[name].view(0, arrays[name].nbytes)
+            gpu.upload(first, arrays[name])
+            for s in range(1, sets):
+                gpu.copy(slabs[name].view(s * step, arrays[name].nbytes), first)
+        args = [[slabs[p.name].view(s * stride[p.name], arrays[p.name].nbytes) if p.is_array else int(scalars[p.name])
+                 for p in params] for s in range(sets)]
+        device_kernel = gpu.kernel(ptx, kernel.name)
+        times = gpu.time(lambda i: gpu.launch(device_kernel, launch, args[i % sets]), iters, WARMUP)
+        result = {"sets": sets, "set_bytes": sum(stride.values()), "times": times, "graph_times": None}
+        if graph:
+            for s in range(sets):
+                graphs.append(gpu.capture(lambda: gpu.launch(device_kernel, launch, args[s])))
+            result["graph_times"] = gpu.time(lambda i: gpu.replay(graphs[i % sets]), iters, WARMUP)
+        return result
+    finally:
+        if not gpu.broken:  # after a fault the context is gone with everything in it
+            for captured in graphs:
+                gpu.destroy(captured)
+            gpu.synchronize("timing")
+            for slab in slabs.values():
+                gpu.free(slab, keep=False)
+
+
+def load_torch():
+    """(torch, None) when torch can use this GPU, else (None, why not)."""
+    if importlib.util.find_spec("torch") is None:
+        return None, "torch is not installed: no peer figures"
+    try:
+        import torch
+    except Exception as error:  # a broken torch install must not stop the bench
+        return None, f"torch failed to import ({type(error).__name__}: {error}): no peer figures"
+    if not torch.cuda.is_available():
+        return None, "torch sees no CUDA device: no peer figures"
+    return torch, None
+
+
+def to_torch(torch, array: np.ndarray, dtype: str):
+    """A CUDA tensor with the array's values (bf16 bits -> bfloat16, u32 bits -> int32)."""
+    array = np.ascontiguousarray(array)
+    if dtype == "bf16":
+        return torch.from_numpy(array.view(np.int16)).to("cuda").view(torch.bfloat16)
+    if dtype == "u32":
+        return torch.from_numpy(array.view(np.int32)).to("cuda")
+    return torch.from_numpy(array).to("cuda")
+
+
+def time_peers(gpu, torch, kind, inputs: dict, scalars: dict, sets: int, iters: int, traffic, copy_gbs: float,
+               reference: dict | None) -> tuple[list[dict], list[str]]:
+    """Figures of each peer the kind names through its optional torch_peer hook."""
+    from .verify import relative_l2
+
+    hook = getattr(kind, PEER_HOOK, None)
+    if hook is None:
+        return [], [f"no peer: kind {kind.name} defines no {PEER_HOOK}()"]
+    read = [p for p in kind.params() if p.role in ("in", "inout")]
+    written = next(p for p in kind.params() if p.written)
+    first = {p.name: to_torch(torch, inputs[p.name], p.dtype) for p in read}
+    per_set = []
+    try:
+        for s in range(sets):
+            tensors = first if s == 0 else {name: tensor.clone() for name, tensor in first.items()}
+            made = hook(torch, tensors, dict(scalars))
+            per_set.append(made if isinstance(made, dict) else {"torch": made})
+    except Exception as error:  # e.g. a torch too old for the hook: report, time the rest
+        per_set = first = None
+        torch.cuda.empty_cache()
+        gpu.activate()
+        return [], [f"{kind.name}.{PEER_HOOK}() failed: {type(error).__name__}: {error}"]
+    torch.cuda.synchronize()
+    stream = torch.cuda.ExternalStream(int(gpu.stream))
+    peers, notes = [], []
+    for label in per_set[0]:
+        calls = [made[label] for made in per_set]
+        entry = {"name": label, "error": None}
+        try:
+            with torch.cuda.stream(stream):
+                result = calls[0]()
+                gpu.synchronize(f"peer {label}")
+                if reference is not None:
+                    value = result.detach().float().cpu().numpy().astype(np.float64)
+                    expected = reference[written.name]
+                    if value.size == expected.size:
+                        entry["error"] = relative_l2(value.reshape(expected.shape), expected)
+                    else:
+                        notes.append(f"peer {label}: {value.size} elements, {written.name} has {expected.size}")
+                times = gpu.time(lambda i: calls[i % sets](), iters, WARMUP)
+            entry.update(figures(times, traffic, copy_gbs))
+        except PtxgenError:
+            raise
+        except Exception as error:  # a peer library that fails is reported, not fatal
+            entry["failed"] = f"{type(error).__name__}: {error}"
+            notes.append(f"peer {label} failed: {entry['failed']}")
+        peers.append(entry)
+    per_set = first = None  # let torch reuse the memory of the peers' inputs
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    gpu.activate()
+    return peers, notes
+
+
+# --- one row, all rows -------------------------------------------------------------------------------
+def check_rows(checks) -> list[dict]:
+    return [{"scalars": dict(c.scalars), "param": c.param, "error": float(c.error), "tolerance": float(c.tolerance),
+             "unwritten": int(c.unwritten), "passed": bool(c.passed)} for c in checks]
+
+
+def bench_row(gpu, spec: LoadedSpec, kernel, scalars: dict, iters: int, graph: bool, copy_gbs: float,
+              torch, torch_note: str | None, verified: dict) -> dict:
+    """Check one (kernel, scalars) on the device, then time it and its peers."""
+    from .render import render
+    from .runner import prepare_arrays, run
+    from .verify import compare, verify_kernel
+
+    kind = kind_of(kernel)
+    ptx = render(kernel, spec.spec.ptx_version(kernel), spec.spec.ptx_target)
+    traffic = kind.traffic(scalars)
+    config = kernel.model_dump(mode="json", exclude={"name", "kind"})
+    row = {"kernel": kernel.name, "kind": kind.name, "config": config, "scalars": dict(scalars),
+           "bytes": int(traffic.bytes), "flops": int(traffic.flops), "checks": [], "passed": True, "sets": 0,
+           "set_bytes": 0, "median_us": None, "p10_us": None, "p90_us": None, "gbs": None, "tflops": None,
+           "pct_copy_bw": None, "graph": None, "peers": [], "notes": []}
+    if kernel.name not in verified:  # the kind's own small sizes, once per kernel
+        verified[kernel.name] = [check for sizes in kind.verify_scalars()
+                                 for check in verify_kernel(kernel, ptx, sizes, backend="device")]
+    checks = list(verified[kernel.name])
+    inputs = kind.sample_inputs(np.random.default_rng(0), scalars)
+    reference = None
+    if traffic.flops <= REFERENCE_FLOPS:  # and at the timed sizes, as verify_kernel does
+        reference = kind.reference(inputs, scalars)
+        checks += compare(kernel, run(kernel, ptx, inputs, scalars, backend="device"), reference, scalars)
+    else:
+        row["notes"].append("checked at the kind's verify sizes only (float64 reference too costly here)")
+    row["checks"] = check_rows(checks)
+    row["passed"] = all(check.passed for check in checks)
+    if not row["passed"]:
+        return row
+    if kind.launch(scalars).empty:
+        row["notes"].append("empty launch: nothing to time")
+        return row
+
+    arrays = prepare_arrays(kind, inputs, scalars)
+    timed = time_kernel(gpu, kernel, ptx, arrays, scalars, iters, graph)
+    row["sets"], row["set_bytes"] = timed["sets"], timed["set_bytes"]
+    if timed["sets"] * min(timed["set_bytes"], traffic.bytes) < L2_MULTIPLE * gpu.l2_bytes:
+        row["notes"].append(f"only {timed['sets']} buffer set(s) fit in memory: runs may hit L2")
+    row.update(figures(timed["times"], traffic, copy_gbs))
+    if timed["graph_times"] is not None:
+        row["graph"] = figures(timed["graph_times"], traffic, copy_gbs)
+    if torch is None:
+        row["notes"].append(torch_note)
+    else:
+        row["peers"], notes = time_peers(gpu, torch, kind, inputs, scalars, timed["sets"], iters, traffic, copy_gbs,
+                                         reference)
+        row["notes"] += notes
+    return row
+
+
+def run_bench(spec: LoadedSpec, plan: list[tuple[object, dict]], iters: int = MIN_ITERS, graph: bool = False,
+              show_progress: bool = False) -> dict:
+    """Every figure of a bench run, as written to --json."""
+    from .device import session
+
+    if iters < MIN_ITERS:
+        raise LaunchError(f"--iters: expected at least {MIN_ITERS} timed runs, got {iters}")
+    gpu = session()
+    copy_bytes, copy_seconds = gpu.copy_bandwidth()
+    copy_gbs = 2 * copy_bytes / copy_seconds / 1e9
+    torch, torch_note = load_torch()
+    results = {
+        "ptxgen_version": __version__,
+        "git_commit": git_commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": {"name": gpu.name, "arch": gpu.arch, "sm_count": gpu.sm_count, "l2_bytes": gpu.l2_bytes,
+                   "driver": gpu.driver_version},
+        "torch": torch.__version__ if torch is not None else None,
+        "spec": {"file": str(spec.path), "sha256": spec.sha256},
+        "iters": iters,
+        "copy_bandwidth": {"bytes": copy_bytes, "median_us": copy_seconds * 1e6, "gbs": copy_gbs},
+        "rows": [],
+    }
+    verified: dict = {}
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=err,
+                  disable=not show_progress, transient=True) as progress:
+        task = progress.add_task("benchmarking", total=len(plan))
+        for kernel, scalars in plan:
+            progress.update(task, description=f"{kernel.name} {describe_scalars(scalars)}")
+            results["rows"].append(bench_row(gpu, spec, kernel, scalars, iters, graph, copy_gbs, torch, torch_note,
+                                             verified))
+            progress.advance(task)
+    return results
+
+
+# --- output ----------------------------------------------------------------------------------------
+def describe_scalars(scalars: dict) -> str:
+    return ", ".join(f"{name}={value}" for name, value in scalars.items())
+
+
+def failures(results: dict) -> list[str]:
+    lines = []
+    for row in results["rows"]:
+        for check in row["checks"]:
+            if not check["passed"]:
+                unwritten = f", {check['unwritten']} elements not written" if check["unwritten"] else ""
+                lines.append(f"{row['kernel']} ({describe_scalars(check['scalars'])}): {check['param']} differs from "
+                             f"the float64 reference by {check['error']:.3e} > {check['tolerance']:.0e}{unwritten}")
+    return lines
+
+
+def print_results(results: dict) -> None:
+    device, copy = results["device"], results["copy_bandwidth"]
+    console = out if out.is_terminal else Console(width=200)  # logs and pipes get the whole table
+    console.print(f"{device['name']} ({device['arch']}, driver {device['driver']}): device-to-device copy "
+                  f"{copy['gbs']:.0f} GB/s (read + write); {results['iters']} timed runs per figure")
+    table = Table("kernel", "scalars", "median µs", "p10-p90 µs", "GB/s", "TFLOP/s", "% copy bw", "graph µs",
+                  "peer: median µs, % copy bw, TFLOP/s")
+    for row in results["rows"]:
+        if not row["passed"]:
+            timing = ["[red]FAIL[/red]"] + [""] * 5
+        elif row["median_us"] is None:
+            timing = ["-"] + [""] * 5
+        else:
+            graph = f"{row['graph']['median_us']:.2f}" if row["graph"] else ""
+            timing = [f"{row['median_us']:.2f}", f"{row['p10_us']:.2f}-{row['p90_us']:.2f}", f"{row['gbs']:.1f}",
+                      f"{row['tflops']:.3g}", f"{row['pct_copy_bw']:.1f}%", graph]
+        peers = "\n".join(f"{escape(p['name'])}: {p['median_us']:.2f}, {p['pct_copy_bw']:.1f}%, {p['tflops']:.3g}"
+                           for p in row["peers"] if "median_us" in p)
+        table.add_row(row["kernel"], describe_scalars(row["scalars"]), *timing, peers)
+    console.print(table)
+    notes = sorted({note for row in results["rows"] for note in row["notes"]})
+    for note in notes:
+        err.print(f"note: {note}", markup=False, highlight=False)
+
+
+def write_json(path: Path, results: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def require_matplotlib() -> None:
+    if importlib.util.find_spec("matplotlib") is None:
+        raise PtxgenError("--plot needs matplotlib: pip install 'ptxgen[plot]' (or pip install matplotlib)")
+
+
+def plot(path: Path, results: dict) -> None:
+    """Roofline-style chart: achieved TFLOP/s against flop/byte, under the measured copy bandwidth."""
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    copy_gbs = results["copy_bandwidth"]["gbs"]
+    points = []  # (intensity, TFLOP/s, label, is_peer)
+    for row in results["rows"]:
+        if row["median_us"] is None or row["flops"] <= 0 or row["bytes"] <= 0:
+            continue
+        intensity = row["flops"] / row["bytes"]
+        label = f"{row['kernel']} {describe_scalars(row['scalars'])}".strip()
+        points.append((intensity, row["tflops"], label, False))
+        points += [(intensity, p["tflops"], f"{p['name']} ({row['kernel']})", True)
+                   for p in row["peers"] if "tflops" in p]
+    figure, axes = plt.subplots(figsize=(10, 6.5))
+    if points:
+        low = min(p[0] for p in points) / 2
+        high = max(p[0] for p in points) * 2
+        xs = np.geomspace(low, high, 64)
+        axes.plot(xs, xs * copy_gbs / 1e3, color="gray", label=f"measured copy bandwidth, {copy_gbs:.0f} GB/s")
+        for intensity, tflops, label, is_peer in points:
+            axes.scatter([intensity], [tflops], marker="x" if is_peer else "o",
+                         color="tab:orange" if is_peer else "tab:blue")
+            axes.annotate(label, (intensity, tflops), fontsize=7, xytext=(4, 2), textcoords="offset points")
+    axes.set_xscale("log")
+    axes.set_yscale("log")
+    axes.set_xlabel("arithmetic intensity (flop per byte of the traffic() model)")
+    axes.set_ylabel("achieved TFLOP/s")
+    axes.set_title(f"ptxgen (o) and peers (x) on {results['device']['name']}")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(loc="upper left")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=130, bbox_inches="tight")
+    plt.close(figure)
+
+
+# --- the command -----------------------------------------------------------------------------------
+def bench_command(
+    kernel: Annotated[Optional[str], typer.Argument(
+        metavar="KERNEL",
+        help="Kernel name in the spec, or a kind (its first instance); all kernels if omitted.")] = None,
+    spec_path: Annotated[Path, typer.Option("--spec", "-s", help="Spec file (.toml, .yaml).")] = DEFAULT_SPEC,
+    assignments: Annotated[Optional[list[str]], typer.Option(
+        "--set", help="Runtime scalar NAME=VALUE; a comma list VALUE,VALUE,... sweeps (one row each).")] = None,
+    iters: Annotated[int, typer.Option("--iters", min=MIN_ITERS, help="Timed runs per figure.")] = MIN_ITERS,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every figure to this JSON file.")] = None,
+    plot_path: Annotated[Optional[Path], typer.Option(
+        "--plot", help="Write a roofline-style chart (PNG; needs matplotlib).")] = None,
+    graph: Annotated[bool, typer.Option("--graph", help="Also time each kernel as CUDA-graph replays.")] = False,
+):
+    """Check kernels on the GPU, then time them: median/p10/p90, GB/s, TFLOP/s, % of copy bandwidth, peer."""
+    from .device import driver
+
+    driver()  # no driver or GPU: DeviceUnavailable (exit 2) before anything costly
+    if plot_path is not None:
+        require_matplotlib()
+    spec = load_spec(spec_path)
+    plan = plan_rows(spec, kernel, assignments or [])
+    results = run_bench(spec, plan, iters, graph, show_progress=err.is_terminal and len(plan) > 1)
+    print_results(results)
+    if json_path is not None:
+        write_json(json_path, results)
+        err.print(f"wrote {json_path}", highlight=False)
+    if plot_path is not None:
+        plot(plot_path, results)
+        err.print(f"wrote {plot_path}", highlight=False)
+    problems = failures(results)
+    for line in problems:
+        err.print(f"[red]FAIL[/red] {line}", highlight=False)
+    if problems:
+        raise typer.Exit(1)

@@ -1,0 +1,184 @@
+"""Kernels on a real GPU (`make test-gpu`; skipped, not failed, without a CUDA driver and GPU).
+
+- every kernel of specs/qwen3.toml on the device against its float64 reference, and against
+  the PTX interpreter on the same inputs;
+- incremental_attention with `indirect_seq_len` captured once in a CUDA graph and replayed as
+  the length on the device grows (KERNELS.md: the reason that variant exists);
+- the device runtime itself: faults become LaunchError and the next run works, event timing,
+  copy bandwidth, and `ptxgen bench` end to end.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from ptxgen import device
+from ptxgen.bench import REFERENCE_FLOPS
+from ptxgen.dtypes import to_float64
+from ptxgen.errors import DeviceUnavailable, LaunchError
+from ptxgen.kernels import KINDS, kind_of
+from ptxgen.kernels.base import Launch
+from ptxgen.render import render
+from ptxgen.runner import prepare_arrays, run
+from ptxgen.spec import load_spec
+from ptxgen.verify import relative_l2, verify_kernel
+
+from helpers import ROOT, run_cli
+
+pytestmark = pytest.mark.gpu
+
+try:
+    device.driver()
+except DeviceUnavailable:
+    pytest.skip("no CUDA driver/GPU on this machine", allow_module_level=True)
+
+SPEC = ROOT / "specs" / "qwen3.toml"
+LOADED = load_spec(SPEC)
+NAMES = [kernel.name for kernel in LOADED.spec.kernels]
+
+
+def ptx_of(kernel) -> str:
+    return render(kernel, LOADED.spec.ptx_version(kernel), LOADED.spec.ptx_target)
+
+
+def describe_failures(checks) -> str:
+    return "; ".join(f"{c.param} at {c.scalars}: relative L2 {c.error:.3e} > {c.tolerance:.0e}, "
+                     f"{c.unwritten} elements not written" for c in checks if not c.passed)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_kernel_on_the_device_matches_its_reference(name):
+    kernel = LOADED.spec.kernel(name)
+    kind = kind_of(kernel)
+    ptx = ptx_of(kernel)
+    sizes = list(kind.verify_scalars())
+    if kind.traffic(kind.example_scalars()).flops <= REFERENCE_FLOPS:
+        sizes.append(kind.example_scalars())  # the size bench times, when the reference is affordable
+    checks = [check for scalars in sizes for check in verify_kernel(kernel, ptx, scalars, seed=5, backend="device")]
+    assert checks, f"{name}: nothing was compared"
+    assert all(check.passed for check in checks), f"{name} on {device.session().name}: {describe_failures(checks)}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_kernel_on_the_device_matches_the_interpreter(name):
+    kernel = LOADED.spec.kernel(name)
+    kind = kind_of(kernel)
+    ptx = ptx_of(kernel)
+    for scalars in kind.verify_scalars():
+        inputs = kind.sample_inputs(np.random.default_rng(11), scalars)
+        on_device = run(kernel, ptx, inputs, scalars, backend="device")
+        emulated = run(kernel, ptx, inputs, scalars, backend="emulator", sanitize=False)
+        for param in kind.params():
+            if not param.written:
+                continue
+            gpu = to_float64(on_device[param.name], param.dtype)
+            cpu = to_float64(emulated[param.name], param.dtype)
+            assert np.array_equal(np.isfinite(gpu), np.isfinite(cpu)), \
+                f"{name} {param.name} at {scalars}: the device and the interpreter wrote different elements"
+            finite = np.isfinite(cpu)
+            error = relative_l2(gpu[finite], cpu[finite])
+            assert error <= kind.tolerance(param), \
+                f"{name} {param.name} at {scalars}: device vs interpreter relative L2 {error:.3e}"
+
+
+def graph_kernel():
+    """The spec's incremental_attention with indirect_seq_len, else one built from the contract."""
+    if "incremental_attention" not in KINDS:
+        pytest.skip("no incremental_attention kind in this checkout")
+    for kernel in LOADED.spec.kernels:
+        if kernel.kind == "incremental_attention" and kernel.indirect_seq_len:
+            return kernel
+    return KINDS["incremental_attention"].Config.model_validate(
+        {"name": "decode_graph", "kind": "incremental_attention", "num_heads": 32, "num_kv_heads": 8,
+         "head_dim": 128, "max_seq_len": 16384, "kv_dtype": "f16", "indirect_seq_len": True})
+
+
+def test_decode_attention_graph_is_captured_once_and_replayed_as_the_cache_grows():
+    kernel = graph_kernel()
+    kind = kind_of(kernel)
+    longest = kernel.max_seq_len
+    inputs = kind.sample_inputs(np.random.default_rng(2), {"seq_len": longest})  # every cache row holds a key
+    arrays = prepare_arrays(kind, inputs, {"seq_len": longest})
+    gpu = device.session()
+    compiled = gpu.kernel(ptx_of(kernel), kernel.name)
+    buffers = {name: gpu.alloc(array.nbytes) for name, array in arrays.items()}
+    try:
+        for name, array in arrays.items():
+            gpu.upload(buffers[name], array)
+        args = [buffers[p.name] for p in kind.params()]  # the length is an array: no scalar arguments
+        launch = kind.launch({"seq_len": longest})
+        assert kind.launch({"seq_len": 1}) == launch, "the grid must not depend on the length on the device"
+        graph = gpu.capture(lambda: gpu.launch(compiled, launch, args))
+        out = kind.param("out")
+        try:
+            for length in sorted({1, 2, 63, 64, 65, 1000, 4097, min(longest, 16384), longest, longest + 7}):
+                arrays["seq_len_ptr"][0] = length  # past max_seq_len the kernel clamps
+                gpu.upload(buffers["seq_len_ptr"], arrays["seq_len_ptr"])
+                arrays["out"][...] = np.nan
+                gpu.upload(buffers["out"], arrays["out"])
+                gpu.replay(graph)
+                gpu.download(arrays["out"], buffers["out"])
+                expected = kind.reference(arrays, {"seq_len": min(length, longest)})["out"]
+                result = to_float64(arrays["out"], out.dtype)
+                assert np.isfinite(result).all(), f"graph replay at seq_len {length} left outputs unwritten"
+                error = relative_l2(result, expected)
+                assert error <= kind.tolerance(out), f"graph replay at seq_len {length}: relative L2 {error:.3e}"
+        finally:
+            gpu.destroy(graph)
+    finally:
+        for buffer in buffers.values():
+            gpu.free(buffer)
+
+
+CRASH_PTX = """\
+.version 7.0
+.target sm_80
+.address_size 64
+.visible .entry crash(
+\t.param .u64 where
+)
+{
+\t.reg .u64 %where;
+\t.reg .u32 %one;
+\tld.param.u64 %where, [where];
+\tmov.u32 %one, 1;
+\tst.global.u32 [%where], %one;
+\tret;
+}
+"""
+
+
+def test_a_faulting_kernel_is_a_launch_error_and_the_next_run_works():
+    with pytest.raises(LaunchError, match="CUDA_ERROR_ILLEGAL_ADDRESS|CUDA_ERROR_LAUNCH_FAILED"):
+        device.run_on_device(CRASH_PTX, "crash", Launch((1, 1, 1), (1, 1, 1)), [0])
+    kernel = LOADED.spec.kernel(NAMES[0])
+    kind = kind_of(kernel)
+    scalars = kind.verify_scalars()[-1]
+    checks = verify_kernel(kernel, ptx_of(kernel), scalars, backend="device")
+    assert all(check.passed for check in checks), describe_failures(checks)
+
+
+def test_event_timing_and_copy_bandwidth_are_plausible():
+    gpu = device.session()
+    times = gpu.time(lambda i: gpu.delay(20e-6), iters=100, warmup=5)
+    median = float(np.median(times))
+    assert 18 <= median <= 40, f"a 20 µs spin measured {median:.2f} µs"
+    nbytes, seconds = gpu.copy_bandwidth()
+    gbs = 2 * nbytes / seconds / 1e9
+    assert 100 < gbs < 20000, f"device-to-device copy at {gbs:.0f} GB/s"
+
+
+def test_bench_end_to_end(tmp_path):
+    path = tmp_path / "bench.json"
+    result = run_cli("bench", NAMES[0], "--spec", str(SPEC), "--graph", "--json", str(path))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(path.read_text())
+    assert report["copy_bandwidth"]["gbs"] > 100
+    (row,) = report["rows"]
+    assert row["passed"] and row["checks"]
+    assert 0 < row["p10_us"] <= row["median_us"] <= row["p90_us"]
+    assert row["gbs"] > 0 and row["pct_copy_bw"] > 0 and row["graph"]["median_us"] > 0
+    assert row["sets"] >= 2
