@@ -272,10 +272,20 @@ def quantize(x: np.ndarray) -> np.ndarray:
     return out.reshape(n, row_bytes(k))
 
 
+POOL_WEIGHTS = 1 << 22  # beyond this many weights, blocks are drawn from a quantised pool
+
+
 def random_weights(rng: np.random.Generator, n: int, k: int, std: float = 0.02) -> np.ndarray:
-    """Q4_K u8 [n, k/256*144] of quantised N(0, std^2) weights; deterministic in rng."""
-    x = rng.standard_normal((n, k), dtype=np.float32) * np.float32(std)
-    return quantize(x)
+    """Q4_K u8 [n, k/256*144] of quantised N(0, std^2) weights; deterministic in rng.
+
+    Large matrices draw whole blocks from a pool of POOL_WEIGHTS quantised weights, so every
+    block is still a real quantised Gaussian block, at a fraction of the quantiser's cost."""
+    if n * k <= POOL_WEIGHTS:
+        return quantize(rng.standard_normal((n, k), dtype=np.float32) * np.float32(std))
+    pool = quantize(rng.standard_normal((POOL_WEIGHTS // BLOCK_WEIGHTS, BLOCK_WEIGHTS), dtype=np.float32)
+                    * np.float32(std))
+    picks = rng.integers(0, len(pool), size=n * (k // BLOCK_WEIGHTS))
+    return pool[picks].reshape(n, row_bytes(k))
 
 
 def load_gguf_tensor(path, tensor_name: str, n: int, k: int) -> np.ndarray:

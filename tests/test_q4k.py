@@ -206,3 +206,13 @@ def test_random_weights_deterministic():
     np.testing.assert_array_equal(a, b)
     x = q4k.dequantize(a)
     assert 0.015 < x.std() < 0.025
+
+
+def test_random_weights_pool_path_is_realistic(monkeypatch):
+    """Large matrices draw quantised blocks from a pool: still deterministic, Gaussian-like, varied."""
+    monkeypatch.setattr(q4k, "POOL_WEIGHTS", 64 * 256)  # 64 blocks; rows of 4 blocks: 64^4 combinations
+    a = q4k.random_weights(np.random.default_rng(5), 64, 1024)
+    assert np.array_equal(a, q4k.random_weights(np.random.default_rng(5), 64, 1024))
+    weights = q4k.dequantize(a)
+    assert abs(weights.std() - 0.02) < 0.002, weights.std()
+    assert len({row.tobytes() for row in a}) == 64, "rows must differ"
