@@ -24,7 +24,7 @@ from ptxgen.runner import run
 from ptxgen.spec import load_spec
 from ptxgen.verify import compare, verify_kernel
 
-from helpers import ROOT, make_kernel, ptx_of
+from helpers import ROOT, assert_passes, make_kernel, ptx_of
 
 ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
 
@@ -54,13 +54,6 @@ def attention_kernel(num_heads, num_kv_heads, head_dim, causal=True, dtype="f16"
     return make_kernel("flash_attention", name="attn", num_heads=num_heads, num_kv_heads=num_kv_heads,
                        head_dim=head_dim, causal=causal, dtype=dtype, out_dtype=out_dtype, **extra)
 
-
-def assert_passes(checks):
-    assert checks, "nothing was compared"
-    for check in checks:
-        assert check.unwritten == 0, f"{check.kernel} {check.scalars}: {check.unwritten} elements of {check.param} never written"
-        assert check.error <= check.tolerance, (
-            f"{check.kernel} {check.scalars}: {check.param} rel. L2 error {check.error:.3e} > {check.tolerance:.1e}")
 
 
 @pytest.mark.parametrize("num_heads, num_kv_heads, head_dim, seq_len, causal, dtype, out_dtype, block_m", CASES)

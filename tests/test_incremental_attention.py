@@ -20,7 +20,7 @@ from ptxgen.runner import launch_args, prepare_arrays, run
 from ptxgen.spec import load_spec
 from ptxgen.verify import compare, verify_kernel
 
-from helpers import ROOT, make_kernel, ptx_of
+from helpers import ROOT, assert_passes, make_kernel, ptx_of
 
 ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
 QWEN3 = ROOT / "specs" / "qwen3.toml"
@@ -30,13 +30,6 @@ def attention(num_heads, num_kv_heads, head_dim, max_seq_len, kv_dtype="f16", **
     return make_kernel("incremental_attention", num_heads=num_heads, num_kv_heads=num_kv_heads,
                        head_dim=head_dim, max_seq_len=max_seq_len, kv_dtype=kv_dtype, **extra)
 
-
-def assert_passes(checks):
-    assert checks, "nothing was compared"
-    for check in checks:
-        assert check.unwritten == 0, f"{check.kernel} {check.scalars}: {check.unwritten} elements of {check.param} never written"
-        assert check.error <= check.tolerance, (
-            f"{check.kernel} {check.scalars}: {check.param} rel. L2 error {check.error:.3e} > {check.tolerance:.0e}")
 
 
 # (num_heads, num_kv_heads, head_dim, kv_dtype, max_seq_len): MHA, GQA 4:1, GQA 8:1 and MQA (with

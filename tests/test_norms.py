@@ -10,7 +10,7 @@ from ptxgen.kernels import kind_of
 from ptxgen.runner import run
 from ptxgen.verify import verify_kernel
 
-from helpers import make_kernel, ptx_of
+from helpers import assert_passes, make_kernel, ptx_of
 
 # hidden sizes cover: one warp per row with a partial vector chunk (7, 100, 130), exact warps (32, 128),
 # scalar loads because the row is not a multiple of the vector (4099 f32, 4097 f16), one CTA per row with
@@ -21,13 +21,6 @@ ROW_NORM_CASES = [
     for dtype in ("f32", "f16", "bf16")
 ] + [(4099, "f32"), (4097, "f16"), (12288, "bf16")]
 
-
-def assert_passes(checks):
-    assert checks, "nothing was compared"
-    for check in checks:
-        assert check.unwritten == 0, f"{check.kernel}: {check.unwritten} elements of {check.param} never written"
-        assert check.error <= check.tolerance, (
-            f"{check.kernel} {check.scalars}: {check.param} rel. L2 error {check.error:.3e} > {check.tolerance:.0e}")
 
 
 @pytest.mark.parametrize("hidden, dtype", ROW_NORM_CASES)

@@ -20,7 +20,7 @@ from ptxgen.kernels.swiglu import silu_mul
 from ptxgen.runner import run
 from ptxgen.verify import compare, verify_kernel
 
-from helpers import make_kernel, ptx_of
+from helpers import assert_passes, make_kernel, ptx_of
 
 ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
 POSITIONS = (0, 1, 4095, 40959, 2**20 - 1, MAX_POS)
@@ -38,13 +38,6 @@ assert INTERPRETER_PAIR_ERROR < ANGLE_ERROR
 SWIGLU_ELEMENT_RTOL = 4e-6
 SWIGLU_ELEMENT_ATOL = 1e-30
 
-
-def assert_passes(checks):
-    assert checks, "nothing was compared"
-    for check in checks:
-        assert check.unwritten == 0, f"{check.kernel}: {check.unwritten} elements of {check.param} never written"
-        assert check.error <= check.tolerance, (
-            f"{check.kernel} {check.scalars}: {check.param} rel. L2 error {check.error:.3e} > {check.tolerance:.1e}")
 
 
 def assert_pairs_rotated(x_in, x_out, pos, theta, bound=INTERPRETER_PAIR_ERROR):
