@@ -87,8 +87,13 @@ class IncrementalAttentionConfig(KernelConfig):
         return self.scale if self.scale is not None else 1.0 / math.sqrt(self.head_dim)
 
 
-def attention_plan(config) -> dict:
-    """Register, warp and split layout of one config (all compile-time constants)."""
+def attention_plan(config, warps: int | None = None, keys_in_flight: int | None = None,
+                   max_heads_per_warp: int = MAX_HEADS_PER_WARP) -> dict:
+    """Register, warp and split layout of one config (all compile-time constants). With `warps`
+    (a multiple of head_slices) the CTA has exactly that many warps: key_warps = warps /
+    head_slices (persistent_decoder runs the split in its own CTAs); else the rule below.
+    `keys_in_flight` overrides the rows a lane loads ahead and `max_heads_per_warp` caps the
+    query heads a warp keeps in registers (fewer registers, more warps re-reading a K/V row)."""
     size = DTYPES[config.kv_dtype].size
     vec = 16 // size  # elements per 16-byte load
     row_vectors = config.head_dim // vec
@@ -97,14 +102,19 @@ def attention_plan(config) -> dict:
     keys_per_load = 32 // lanes_per_key
     elements = vectors_per_lane * vec  # of one row, per lane
     group = config.num_heads // config.num_kv_heads
-    heads_per_warp = max(d for d in range(1, min(group, MAX_HEADS_PER_WARP) + 1) if group % d == 0)
+    heads_per_warp = max(d for d in range(1, min(group, max_heads_per_warp) + 1) if group % d == 0)
     head_slices = group // heads_per_warp
     key_warps = max(1, 4 // head_slices)
     row = config.head_dim + PARTIAL_PAD
     while key_warps > 1 and key_warps * group * row * 4 > STATIC_SHARED_LIMIT:
         key_warps //= 2
+    if warps is not None:
+        if warps % head_slices:
+            raise ValueError(f"{warps} warps cannot split a group of {group} query heads into {head_slices} slices")
+        key_warps = warps // head_slices
     # Keys in flight per lane: fewer when q and o of many heads already fill the registers.
-    keys_in_flight = 4 if heads_per_warp * elements <= 32 else 2
+    if keys_in_flight is None:
+        keys_in_flight = 4 if heads_per_warp * elements <= 32 else 2
     tile = key_warps * keys_per_load * keys_in_flight
     max_splits = max(1, min(ceil_div(config.sm_count * config.ctas_per_sm, config.num_kv_heads),
                             ceil_div(config.max_seq_len, tile)))
@@ -150,6 +160,19 @@ def attention_plan(config) -> dict:
         "sums_stride": sums_stride,
         "warp_stride": warp_stride,
         "shared_bytes": shared_bytes,
+    }
+
+
+def attention_macro_vars(config, warps: int | None = None, keys_in_flight: int | None = None,
+                         max_heads_per_warp: int = MAX_HEADS_PER_WARP) -> dict:
+    """What the shared macros attn_split / attn_count_in (templates/macros.ptx.j2) take: the plan
+    plus the config values they need. The other arguments as in attention_plan."""
+    return {
+        **attention_plan(config, warps, keys_in_flight, max_heads_per_warp),
+        "kv_dtype": config.kv_dtype,
+        "head_dim": config.head_dim,
+        "max_seq_len": config.max_seq_len,
+        "q_scale": config.softmax_scale * LOG2E,
     }
 
 
@@ -216,12 +239,9 @@ class IncrementalAttention(Kind):
         c = self.config
         return {
             **self.plan,
-            "kv_dtype": c.kv_dtype,
-            "head_dim": c.head_dim,
-            "num_kv_heads": c.num_kv_heads,
+            "attn": attention_macro_vars(c),
             "max_seq_len": c.max_seq_len,
             "indirect": c.indirect_seq_len,
-            "q_scale": c.softmax_scale * LOG2E,
         }
 
     # --- runtime -----------------------------------------------------------------------------

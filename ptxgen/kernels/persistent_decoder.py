@@ -1,0 +1,457 @@
+"""persistent_decoder: `num_layers` whole Qwen3 decoder layers for one token in ONE launch.
+
+The "megakernel": at batch 1 a decoder layer is ~10 small launches whose gaps cost a large part
+of the decode time. Here one cooperative launch of a co-resident grid walks every layer; the
+phases of a layer are spread over every CTA (grid-stride loops over work items) and separated by
+a grid-wide barrier. Per layer l (phases A, C, D, E, F; 5 grid barriers, none after the last
+layer's F):
+
+A  norm + Q/K/V projections. Every CTA stages x * attn_norm[l] in shared memory (the Q4_K GEMV
+   layout of q4k_gemv, through the shared macros of templates/macros.ptx.j2) and sums x^2 for
+   the RMS factor itself, so the norm costs no phase of its own. 2-row warp tasks go over the
+   rows of [Wq; Wk; Wv]: every CTA's 8 warps busy, 16-byte weight loads, the first task's loads
+   issued before x is staged. V rows go straight to v_cache[l, :, pos] (as kv_dtype). Q and K
+   rows go to the `qkv` workspace and count in on a per-head counter (fence + atomic add); the
+   warp that completes a head (acquire) does its RMSNorm (q_norm / k_norm) and RoPE at pos (the
+   shared `rope_pairs` macro), writes q back in place or k to k_cache[l, :, pos] (as kv_dtype),
+   and resets the counter. Per-head norms, rope and the cache write need no barrier of their own.
+C  split-KV attention: incremental_attention's `attn_split` / `attn_count_in` macros (the same
+   PTX), run by the CTAs over (KV head, split) items with that kind's split rule at L = pos + 1;
+   the last CTA of a KV head to finish merges the splits into the `attn` workspace and resets
+   its counter. Attention reads the cache rows back, so it sees k/v rounded to kv_dtype.
+D  output projection + residual: stage `attn`, rows of Wo, x[r] += (Wo o)[r].
+E  norm + gate/up + SwiGLU: stage x * ffn_norm[l] (and its RMS factor); a warp task is gate row
+   i and up row i together, so SwiGLU is its epilogue: mlp[i] = silu(g) * u.
+F  down projection + residual: stage `mlp`, rows of Wdown, x[r] += (Wdown mlp)[r].
+
+Everything one CTA reads after another CTA wrote it in this launch (x, the workspaces, the new
+cache row) is loaded with ld.global.cg or a plain ld.global, never through the non-coherent
+path (.nc is kept for weights, norms and pos_ptr).
+
+Grid barrier: thread 0 of each CTA (after bar.sync) reads the generation word, fences
+(fence.acq_rel.gpu), adds 1 to the arrival word; the last arriver resets the arrival word and,
+after a fence, bumps the generation; the others spin (ld.relaxed.gpu) until the generation
+changes, then fence and bar.sync. The words end as they began (arrivals 0, generation + 5 per
+layer, minus the skipped last one), so the next launch (or a CUDA graph replay) needs no
+re-zeroing, and the generation may wrap. The spin loop sits after the kernel's last
+instruction and returns to its barrier through a small dispatch: under the CPU interpreter's
+lowest-PC-first scheduling a spinning thread then never starves a CTA that still has work
+(with the spin inline in the layer loop, the next layer's first barrier has a lower PC than the
+previous layer's last, and a CTA spinning there would run forever).
+
+Registers: the phases share one register allocation (ptxas allocates the whole layer loop at
+once). At 128 registers a thread (two 256-thread CTAs an SM) every geometry tried spilled, the
+attention phase alone wanting ~170; so a CTA is 256 threads with up to 255 registers, one per
+SM, and the GEMV phases keep 2 steps of 2 rows in flight per warp (32 KB of weight loads in
+flight a SM). Staging once per SM instead of twice halves the redundant activation reads.
+Predicated writes of temporaries are avoided in the shared macros used here (they keep a stale
+value alive around every loop), and thread-derived values are recomputed per phase from a
+volatile shared zero (else ptxas keeps ~10 of them live through all phases).
+
+Grid size rule: grid = min(sm_count * ctas_per_sm, work) CTAs of 256 threads, work = the CTAs
+that the widest phase can keep busy (its warp tasks / 8, or its attention items). The defaults
+(132, 1) are an H100, one CTA an SM; the device launcher checks co-residency and refuses a
+cooperative grid that does not fit. `ctas` fixes the grid outright (the kernel is correct for
+any grid >= 1, every phase being a grid-stride loop; tests check 1, 3, 5, 12 and 128 CTAs give
+bit-identical results, every work item being computed the same way whoever runs it). The
+attention split rule depends on sm_count and ctas_per_sm, not on the grid, so `ctas` never
+changes the arithmetic. The interpreter runs a grid in waves of at most 2^18 threads and a grid
+barrier needs the whole grid in one wave, so no grid exceeds MAX_CTAS = 1024.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from ..dtypes import DTYPES, from_float, to_float64
+from ..errors import LaunchError
+from ..q4k import BLOCK_BYTES, BLOCK_WEIGHTS, random_weights, row_bytes
+from .base import TOLERANCE, Kind, KernelConfig, Launch, Param, Traffic, ceil_div
+from .incremental_attention import attention_macro_vars
+from .q4k_gemv import Q4kPlan, dequantize_f64
+from .rmsnorm import rms_normalize
+from .rope import rope_plan, rotate_half
+from .swiglu import silu_mul
+
+FloatDType = Literal["f32", "f16", "bf16"]
+HEAD_DIMS = (64, 128, 256)
+WARPS = 8
+THREADS = 32 * WARPS
+ROWS_PER_TASK = 2  # rows a warp computes together in the GEMV phases
+MAX_POS = 2**24  # rope's exactness bound for the position
+# The CPU interpreter runs a grid in waves of at most 2^18 threads; a grid barrier needs the whole
+# grid in one wave, so no rule ever asks for more CTAs than that.
+MAX_CTAS = (1 << 18) // THREADS
+# One 256-thread CTA per SM, up to 255 registers a thread: the phases share one register
+# allocation (ptxas allocates the whole loop at once), and the attention phase alone wants ~170;
+# at 128 (two CTAs an SM) every geometry tried spilled. The GEMV phases keep UNROLL steps of 2
+# rows in flight per warp (32 KB a SM of weight loads in flight with 8 warps).
+MAX_REGISTERS = 255
+UNROLL = 2
+# Query heads a warp keeps in registers in the attention phase: q and o take 2 * heads *
+# elements registers, kept to <= 64.
+ATTENTION_HEAD_ELEMENTS = 32
+# `ptxgen verify` runs a config only up to this many bytes of Q4_K weights (a Qwen3-8B stack
+# is 4.7 GB: no runtime size makes it small, so it is assemble-only).
+MAX_VERIFY_WEIGHTS = 64 << 20
+BARRIER_WORDS = 64  # arrival count at word 0, generation at word 32 (separate 128-byte lines)
+PHASE_BARRIERS = 5  # per layer (the last layer's final one is skipped)
+
+
+class PersistentDecoderConfig(KernelConfig):
+    kind: Literal["persistent_decoder"]
+    hidden: int = Field(ge=256, le=1 << 16)
+    num_heads: int = Field(ge=1, le=256)
+    num_kv_heads: int = Field(ge=1, le=256)
+    head_dim: int
+    intermediate: int = Field(ge=256, le=1 << 17)
+    num_layers: int = Field(ge=1, le=1024)
+    max_seq_len: int = Field(ge=1, le=MAX_POS)
+    eps: float = Field(default=1e-6, gt=0, lt=1)
+    rope_theta: float = Field(default=1000000.0, ge=1.0, le=1e9)
+    kv_dtype: FloatDType = "f16"
+    indirect_pos: bool = False
+    # Grid rule: min(sm_count * ctas_per_sm, work) co-resident CTAs; `ctas` fixes the grid.
+    sm_count: int = Field(default=132, ge=1, le=1024)
+    ctas_per_sm: int = Field(default=1, ge=1, le=32)
+    ctas: int | None = Field(default=None, ge=1, le=MAX_CTAS)
+
+    @model_validator(mode="after")
+    def consistent(self) -> PersistentDecoderConfig:
+        for name in ("hidden", "intermediate"):
+            if getattr(self, name) % BLOCK_WEIGHTS:
+                raise ValueError(f"{name}: expected a multiple of {BLOCK_WEIGHTS} (Q4_K block), got {getattr(self, name)}")
+        if self.head_dim not in HEAD_DIMS:
+            raise ValueError(f"head_dim: expected one of {', '.join(map(str, HEAD_DIMS))}, got {self.head_dim}")
+        if self.num_heads * self.head_dim % BLOCK_WEIGHTS:
+            raise ValueError(f"num_heads * head_dim: expected a multiple of {BLOCK_WEIGHTS} (Q4_K block), "
+                             f"got {self.num_heads * self.head_dim}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})")
+        kv_bytes = DTYPES[self.kv_dtype].size * self.num_kv_heads * self.max_seq_len * self.head_dim
+        if kv_bytes >= 1 << 32:
+            raise ValueError("num_kv_heads * max_seq_len * head_dim * kv size: a layer's cache must be below 4 GiB "
+                             f"(offsets within a layer are 32-bit), got {kv_bytes} bytes")
+        q_dim = self.num_heads * self.head_dim
+        largest = max(n * row_bytes(k) for n, k in ((q_dim, self.hidden), (self.hidden, q_dim),
+                                                     (self.intermediate, self.hidden), (self.hidden, self.intermediate)))
+        if largest >= 1 << 32:
+            raise ValueError(f"a layer's weight matrix must be below 4 GiB (32-bit offsets), got {largest} bytes")
+        try:
+            decoder_attention(self)
+        except ValueError as error:
+            raise ValueError(f"num_heads / num_kv_heads: {error}") from None
+        return self
+
+    @property
+    def softmax_scale(self) -> float:
+        return 1.0 / math.sqrt(self.head_dim)
+
+
+def decoder_attention(config) -> dict:
+    """incremental_attention's plan run by this kernel's 8-warp CTAs, at most
+    ATTENTION_HEAD_ELEMENTS q values of heads per lane (the heads a warp serves)."""
+    size = DTYPES[config.kv_dtype].size
+    elements = config.head_dim // min(32, config.head_dim * size // 16)  # of a row, per lane
+    return attention_macro_vars(config, WARPS, max_heads_per_warp=max(1, ATTENTION_HEAD_ELEMENTS // elements))
+
+
+def gemv_plan(n: int, k: int) -> dict:
+    """The q4k_gemv geometry of one phase: 8 warps, 2 rows a warp, UNROLL steps of loads in flight."""
+    steps = ceil_div(k // BLOCK_WEIGHTS, 4)
+    return Q4kPlan(n=n, k=k, warps=WARPS, rows_per_warp=ROWS_PER_TASK, unroll=min(UNROLL, steps)).template_vars()
+
+
+def decoder_reference(arrays: dict[str, np.ndarray], config, pos: int,
+                      stored: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """Float64 Qwen3 decode step over all layers, written from the KERNELS.md formula. The new
+    cache rows are rounded to kv_dtype before attention reads them (as the kernel stores them).
+
+    `stored` (optional: the k_cache and v_cache a kernel produced) makes attention read that
+    kernel's rows at pos instead of this reference's own roundings ("teacher forcing"): a row
+    element whose f32 value sits next to a rounding boundary of kv_dtype may round either way,
+    and the resulting 1-ulp difference would otherwise flow into every later layer. The
+    returned caches always hold this reference's own rows; "k_new"/"v_new" hold them unrounded
+    (float64 [num_layers, num_kv_heads, head_dim])."""
+    c = config
+    dt = c.kv_dtype
+    group = c.num_heads // c.num_kv_heads
+    x = to_float64(arrays["x"], "f32")
+    k_cache = arrays["k_cache"].copy()
+    v_cache = arrays["v_cache"].copy()
+    read_k, read_v = (k_cache, v_cache) if stored is None else (arrays["k_cache"].copy(), arrays["v_cache"].copy())
+    k_new = np.empty((c.num_layers, c.num_kv_heads, c.head_dim))
+    v_new = np.empty_like(k_new)
+    for layer in range(c.num_layers):
+        a = rms_normalize(x, to_float64(arrays["attn_norm"][layer], "f32"), c.eps)
+        q = dequantize_f64(arrays["wq"][layer]) @ a
+        k = dequantize_f64(arrays["wk"][layer]) @ a
+        v = dequantize_f64(arrays["wv"][layer]) @ a
+        q = rms_normalize(q.reshape(c.num_heads, c.head_dim), to_float64(arrays["q_norm"][layer], "f32"), c.eps)
+        k = rms_normalize(k.reshape(c.num_kv_heads, c.head_dim), to_float64(arrays["k_norm"][layer], "f32"), c.eps)
+        q = rotate_half(q, pos, c.rope_theta)
+        k = rotate_half(k, pos, c.rope_theta)
+        k_new[layer], v_new[layer] = k, v.reshape(c.num_kv_heads, c.head_dim)
+        k_cache[layer, :, pos] = from_float(k_new[layer], dt)
+        v_cache[layer, :, pos] = from_float(v_new[layer], dt)
+        if stored is not None:
+            read_k[layer, :, pos] = stored["k_cache"][layer, :, pos]
+            read_v[layer, :, pos] = stored["v_cache"][layer, :, pos]
+        keys = to_float64(read_k[layer, :, :pos + 1], dt)
+        values = to_float64(read_v[layer, :, :pos + 1], dt)
+        o = np.empty((c.num_heads, c.head_dim))
+        for h in range(c.num_heads):
+            scores = keys[h // group] @ q[h] / math.sqrt(c.head_dim)
+            weights = np.exp(scores - scores.max())
+            o[h] = weights / weights.sum() @ values[h // group]
+        x = x + dequantize_f64(arrays["wo"][layer]) @ o.ravel()
+        m = rms_normalize(x, to_float64(arrays["ffn_norm"][layer], "f32"), c.eps)
+        gate = dequantize_f64(arrays["w_gate"][layer]) @ m
+        up = dequantize_f64(arrays["w_up"][layer]) @ m
+        x = x + dequantize_f64(arrays["w_down"][layer]) @ silu_mul(gate, up)
+    return {"x": x, "k_cache": to_float64(k_cache, dt), "v_cache": to_float64(v_cache, dt), "k_new": k_new,
+            "v_new": v_new}
+
+
+# Relative L2 error of x against the free-running float64 reference, by kv_dtype. x itself is
+# f32 (measured on the tiny config, 2 layers, seeds 0..2, pos 0/1/31/63: at most 1.7e-6 with
+# an f32 cache), but a new k/v element whose f32 value sits next to a rounding boundary of
+# kv_dtype may round the other way than the float64 reference's (a 1-ulp flip, ~5e-4 relative
+# for f16), and a flip in layer l moves every later layer: measured at most 8.2e-5 (f16) and
+# 1.5e-4 (bf16), worst at pos 0 where the attention output *is* v. Tests compare against the
+# reference with the kernel's own rows ("teacher forcing", decoder_reference(stored=...)),
+# where x agrees to ~1.6e-6 whatever kv_dtype.
+X_TOLERANCE = {"f32": 1e-5, "f16": 5e-4, "bf16": 4e-3}
+
+
+def decoder_tolerance(name: str, dtype: str, kv_dtype: str) -> float:
+    # The caches: one row per layer changes, the rest is copied, so their whole-array error is
+    # far below the base tolerance of kv_dtype; tests check the new rows on their own.
+    return X_TOLERANCE[kv_dtype] if name == "x" else TOLERANCE[dtype]
+
+
+class PersistentDecoder(Kind):
+    name = "persistent_decoder"
+    Config = PersistentDecoderConfig
+    ptx_version = (7, 0)
+
+    # --- shapes --------------------------------------------------------------------------------
+    @property
+    def q_dim(self) -> int:
+        return self.config.num_heads * self.config.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.config.num_kv_heads * self.config.head_dim
+
+    @property
+    def attention(self) -> dict:
+        return decoder_attention(self.config)
+
+    @property
+    def plans(self) -> dict[str, dict]:
+        c = self.config
+        return {
+            "qkv": gemv_plan(self.q_dim + 2 * self.kv_dim, c.hidden),
+            "o": gemv_plan(c.hidden, self.q_dim),
+            "gate_up": gemv_plan(c.intermediate, c.hidden),
+            "down": gemv_plan(c.hidden, c.intermediate),
+        }
+
+    def tasks(self) -> dict[str, int]:
+        """Warp tasks of each GEMV phase (a task is 2 rows; gate/up: gate row i and up row i)."""
+        c = self.config
+        return {
+            "qkv": (self.q_dim + 2 * self.kv_dim) // ROWS_PER_TASK,
+            "o": c.hidden // ROWS_PER_TASK,
+            "gate_up": c.intermediate,
+            "down": c.hidden // ROWS_PER_TASK,
+        }
+
+    def work_ctas(self) -> int:
+        """CTAs the widest phase keeps busy: GEMV warp tasks / 8, or attention items at most."""
+        attention_items = self.config.num_kv_heads * self.attention["max_splits"]
+        return max(attention_items, *(ceil_div(t, WARPS) for t in self.tasks().values()))
+
+    @property
+    def grid(self) -> int:
+        c = self.config
+        if c.ctas is not None:
+            return c.ctas
+        return max(1, min(c.sm_count * c.ctas_per_sm, self.work_ctas(), MAX_CTAS))
+
+    @property
+    def dynamic_shared(self) -> int:
+        staging = max(4 * k + k // 4 for k in (self.config.hidden, self.q_dim, self.config.intermediate))
+        return max(staging, self.attention["shared_bytes"])
+
+    def params(self) -> list[Param]:
+        c = self.config
+        L, H, I, hd = c.num_layers, c.hidden, c.intermediate, c.head_dim
+        kv = c.kv_dtype
+        cache = (L, c.num_kv_heads, c.max_seq_len, hd)
+        position = Param("pos_ptr", "u32", (1,)) if c.indirect_pos else Param("pos", "u32", role="scalar")
+        attention = self.attention
+
+        def q4k(name: str, n: int, k: int) -> Param:
+            return Param(name, "u8", (L, n, row_bytes(k)), layout="q4_k")
+
+        return [
+            Param("x", "f32", (H,), "inout"),
+            Param("attn_norm", "f32", (L, H)),
+            Param("ffn_norm", "f32", (L, H)),
+            Param("q_norm", "f32", (L, hd)),
+            Param("k_norm", "f32", (L, hd)),
+            q4k("wq", self.q_dim, H),
+            q4k("wk", self.kv_dim, H),
+            q4k("wv", self.kv_dim, H),
+            q4k("wo", H, self.q_dim),
+            q4k("w_gate", I, H),
+            q4k("w_up", I, H),
+            q4k("w_down", H, I),
+            Param("k_cache", kv, cache, "inout"),
+            Param("v_cache", kv, cache, "inout"),
+            position,
+            # Workspace (role "workspace": allocated and zeroed by the launcher, sized from config).
+            Param("barrier", "u32", (BARRIER_WORDS,), "workspace"),
+            # Attention split counters [num_kv_heads], then per-head row counters of phase A
+            # (q heads, then k heads).
+            Param("counters", "u32", (c.num_kv_heads + c.num_heads + c.num_kv_heads,), "workspace"),
+            Param("qkv", "f32", (self.q_dim + self.kv_dim,), "workspace"),
+            Param("attn", "f32", (self.q_dim,), "workspace"),
+            Param("mlp", "f32", (I,), "workspace"),
+            Param("partials", "f32", (c.num_kv_heads, attention["max_splits"], attention["group"], attention["row"]),
+                  "workspace"),
+        ]
+
+    # --- geometry ------------------------------------------------------------------------------
+    def launch(self, scalars: dict[str, int]) -> Launch:
+        return Launch(grid=(self.grid, 1, 1), block=(THREADS, 1, 1), dynamic_shared=self.dynamic_shared,
+                      cooperative=True)
+
+    def launch_rule(self) -> str:
+        c = self.config
+        rule = (f"fixed by ctas={c.ctas}" if c.ctas is not None else
+                f"min(sm_count*ctas_per_sm = {c.sm_count}*{c.ctas_per_sm}, work = {self.work_ctas()})")
+        return (f"cooperative grid=({self.grid},1,1) [{rule}] block=({THREADS},1,1) dynamic shared="
+                f"{self.dynamic_shared} B: all {c.num_layers} layers in one launch, {PHASE_BARRIERS} grid barriers "
+                f"a layer, every phase a grid-stride loop (GEMV: 2-row warp tasks; attention: (KV head, split) items)")
+
+    def static_shared(self) -> int:
+        return 4 * WARPS + 8  # warp sums of the RMS factor, the attention merge flag, a zero word
+
+    def template_vars(self) -> dict:
+        c = self.config
+        vec = c.head_dim // 64  # rope pairs a lane owns in a head (lane l: pairs l*vec ..)
+        return {
+            "hidden": c.hidden,
+            "intermediate": c.intermediate,
+            "num_heads": c.num_heads,
+            "num_kv_heads": c.num_kv_heads,
+            "head_dim": c.head_dim,
+            "num_layers": c.num_layers,
+            "max_seq_len": c.max_seq_len,
+            "kv_dtype": c.kv_dtype,
+            "kv_size": DTYPES[c.kv_dtype].size,
+            "eps": c.eps,
+            "indirect": c.indirect_pos,
+            "q_dim": self.q_dim,
+            "kv_dim": self.kv_dim,
+            "warps": WARPS,
+            "threads": THREADS,
+            "max_registers": MAX_REGISTERS,
+            "unroll": UNROLL,
+            "plans": self.plans,
+            "tasks": self.tasks(),
+            "attn": self.attention,
+            "rope": rope_plan(c.rope_theta, c.head_dim, vec),
+            "rope_vec": vec,
+            "counter_base": c.num_kv_heads,
+        }
+
+    # --- runtime -------------------------------------------------------------------------------
+    def scalar_limits(self) -> dict[str, tuple[int, int]]:
+        # With indirect_pos the position is pos_ptr[0] on the device; `pos` then only says what
+        # sample_inputs writes there (and what traffic a call has).
+        return {"pos": (0, self.config.max_seq_len - 1)}
+
+    def example_scalars(self) -> dict[str, int]:
+        return {"pos": min(self.config.max_seq_len - 1, 4095)}
+
+    def weight_bytes(self) -> int:
+        return sum(p.nbytes({}) for p in self.params() if p.layout == "q4_k")
+
+    def verify_scalars(self) -> list[dict[str, int]]:
+        """Positions 0, 1, the middle and the last; none when the weights (which scale with the
+        config, not with a runtime size) are too large for the interpreter (MAX_VERIFY_WEIGHTS)."""
+        if self.weight_bytes() > MAX_VERIFY_WEIGHTS:
+            return []
+        last = self.config.max_seq_len - 1
+        return [{"pos": p} for p in dict.fromkeys((0, min(1, last), last // 2, last))]
+
+    def device_pos(self, arrays, scalars) -> int:
+        return int(arrays["pos_ptr"][0]) if self.config.indirect_pos else int(scalars["pos"])
+
+    def check_arrays(self, arrays, scalars) -> None:
+        if self.config.indirect_pos:
+            value = int(arrays["pos_ptr"][0])
+            if value >= self.config.max_seq_len:
+                raise LaunchError(f"{self.config.name}: pos_ptr[0]: expected 0..{self.config.max_seq_len - 1}, "
+                                  f"got {value}")
+
+    def sample_inputs(self, rng, scalars):
+        """Gaussian x, norms near 1, Q4_K weights from ggml's quantiser (ptxgen.q4k), and a cache
+        filled with random rows up to pos (rows past pos hold random values too: never read)."""
+        c = self.config
+        L, H, I, hd = c.num_layers, c.hidden, c.intermediate, c.head_dim
+        pos = int(scalars.get("pos", 0))
+
+        def weights(n: int, k: int, scale: float) -> np.ndarray:
+            return np.stack([random_weights(rng, n, k, std=scale) for _ in range(L)])
+
+        def norm(*shape) -> np.ndarray:
+            return (1.0 + 0.2 * rng.standard_normal(shape)).astype(np.float32)
+
+        cache = (L, c.num_kv_heads, c.max_seq_len, hd)
+        inputs = {
+            "x": (rng.standard_normal(H) + 0.25).astype(np.float32),
+            "attn_norm": norm(L, H),
+            "ffn_norm": norm(L, H),
+            "q_norm": norm(L, hd),
+            "k_norm": norm(L, hd),
+            "wq": weights(self.q_dim, H, 1 / math.sqrt(H)),
+            "wk": weights(self.kv_dim, H, 1 / math.sqrt(H)),
+            "wv": weights(self.kv_dim, H, 1 / math.sqrt(H)),
+            "wo": weights(H, self.q_dim, 1 / math.sqrt(self.q_dim)),
+            "w_gate": weights(I, H, 1 / math.sqrt(H)),
+            "w_up": weights(I, H, 1 / math.sqrt(H)),
+            "w_down": weights(H, I, 1 / math.sqrt(I)),
+            "k_cache": from_float(rng.standard_normal(cache), c.kv_dtype),
+            "v_cache": from_float(rng.standard_normal(cache), c.kv_dtype),
+        }
+        if c.indirect_pos:
+            inputs["pos_ptr"] = np.array([pos], dtype=np.uint32)
+        return inputs
+
+    def reference(self, arrays, scalars):
+        ref = decoder_reference(arrays, self.config, self.device_pos(arrays, scalars))
+        return {name: ref[name] for name in ("x", "k_cache", "v_cache")}
+
+    def tolerance(self, param: Param) -> float:
+        return decoder_tolerance(param.name, param.dtype, self.config.kv_dtype)
+
+    def traffic(self, scalars) -> Traffic:
+        c = self.config
+        pos = int(scalars.get("pos", 0))
+        H, I = c.hidden, c.intermediate
+        rows_k = [(self.q_dim + 2 * self.kv_dim, H), (H, self.q_dim), (2 * I, H), (H, I)]
+        weight_bytes = sum(n * (k // BLOCK_WEIGHTS) * BLOCK_BYTES for n, k in rows_k) * c.num_layers
+        norm_bytes = 4 * (2 * H + 2 * c.head_dim) * c.num_layers
+        kv_bytes = 2 * c.num_kv_heads * (pos + 1) * c.head_dim * DTYPES[c.kv_dtype].size * c.num_layers
+        weight_flops = 2 * sum(n * k for n, k in rows_k) * c.num_layers
+        attention_flops = 4 * c.num_heads * (pos + 1) * c.head_dim * c.num_layers
+        return Traffic(bytes=weight_bytes + norm_bytes + kv_bytes + 8 * H, flops=weight_flops + attention_flops)

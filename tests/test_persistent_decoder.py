@@ -1,0 +1,437 @@
+"""persistent_decoder: whole Qwen3 decoder layers in one launch, run as real PTX in the interpreter
+(sanitizer on, outputs poisoned, workspaces zeroed) against (1) a float64 numpy Qwen3 reference
+written from the KERNELS.md formula and (2) the same step run as the separate kinds (rmsnorm,
+q4k_gemv, per_head_rmsnorm, rope, incremental_attention, swiglu) in the interpreter; grids of
+1..N CTAs; planted barrier bugs; the barrier words across launches; indirect pos; assembly."""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import numpy as np
+import pytest
+
+from ptxgen.device import assemble_nvjitlink, parse_resources
+from ptxgen.dtypes import from_float, to_float64
+from ptxgen.errors import LaunchError, SanitizerError, SpecError
+from ptxgen.interp import launch as interpret
+from ptxgen.kernels import kind_of
+from ptxgen.kernels.persistent_decoder import BARRIER_WORDS, PHASE_BARRIERS, decoder_reference
+from ptxgen.render import render
+from ptxgen.runner import launch_args, prepare_arrays, run
+from ptxgen.spec import load_spec
+from ptxgen.verify import relative_l2
+
+from helpers import ROOT, make_kernel, ptx_of
+
+ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
+# The issue's small config: hidden 512, 4 query heads, 2 KV heads, head_dim 128, intermediate 1024.
+TINY = dict(hidden=512, num_heads=4, num_kv_heads=2, head_dim=128, intermediate=1024, max_seq_len=64)
+POSITIONS = (0, 1, 37, 63)
+# x against the float64 reference that reads the kernel's own new cache rows (teacher forcing,
+# see decoder_reference): both are f32 pipelines of ~10 dot products of <= 1024 terms, RMS
+# factors (rsqrt.approx), rope (sin/cos.approx after an exact reduction), ex2.approx softmax.
+# Measured on the tiny config, 1-2 layers, seeds 0..2, every position below: at most 1.6e-6.
+X_TOL = 1e-5
+# The separate kernels against the decoder, same teacher forcing: the same kinds of f32
+# arithmetic in other orders (RMSNorm then GEMV vs. GEMV of x*gamma scaled once; another key
+# split; rcp.rn vs rcp.approx). Measured at most 1.5e-6.
+SEPARATE_TOL = 1e-5
+# A new cache element is the kernel's f32 value rounded to kv_dtype: within half an ulp of
+# kv_dtype of the exact value, plus the f32 pipeline's own error (~1e-6 of the head's RMS;
+# 1e-5 allowed).
+ROW_REL = 1e-5
+
+
+def kernel_for(layers=2, name="pd", **extra):
+    return make_kernel("persistent_decoder", name=name, **TINY, num_layers=layers, **extra)
+
+
+@functools.lru_cache(maxsize=None)
+def ptx_for(kernel) -> str:
+    return ptx_of(kernel)
+
+
+@functools.lru_cache(maxsize=None)
+def base_inputs(layers: int, kv_dtype: str, seed: int) -> dict[str, np.ndarray]:
+    """Sample inputs (Q4_K weights from ptxgen.q4k's quantiser, a cache filled with random rows)."""
+    kind = kind_of(kernel_for(layers, kv_dtype=kv_dtype))
+    inputs = kind.sample_inputs(np.random.default_rng(seed), {"pos": 0})
+    for array in inputs.values():
+        array.setflags(write=False)
+    return inputs
+
+
+def decoder_run(kernel, inputs, pos, ptx=None):
+    return run(kernel, ptx or ptx_for(kernel), dict(inputs), {"pos": pos})
+
+
+def ulp(values: np.ndarray, dtype: str) -> np.ndarray:
+    """Spacing of kv_dtype at |values| (float64 in, float64 out)."""
+    mags = np.abs(values)
+    if dtype == "f16":
+        return np.spacing(mags.astype(np.float16)).astype(np.float64)
+    if dtype == "f32":
+        return np.spacing(mags.astype(np.float32)).astype(np.float64)
+    exponent = np.floor(np.log2(np.maximum(mags, 2.0**-126)))
+    return 2.0 ** (exponent - 7)
+
+
+def check_new_rows(kernel, out, inputs, reference, pos):
+    """Every layer's cache row pos holds k/v rounded to kv_dtype; every other row is untouched."""
+    c = kernel
+    for cache, new in (("k_cache", "k_new"), ("v_cache", "v_new")):
+        got, before = out[cache], inputs[cache]
+        assert got.dtype == before.dtype and got.shape == before.shape
+        keep = np.ones(c.max_seq_len, bool)
+        keep[pos] = False
+        assert np.array_equal(got[:, :, keep].view(np.uint8), before[:, :, keep].view(np.uint8)), (
+            f"{cache}: rows other than pos={pos} changed")
+        row = to_float64(got[:, :, pos], c.kv_dtype)
+        exact = reference[new]
+        scale = np.sqrt(np.mean(exact**2, axis=-1, keepdims=True))  # a head's f32 error scales with its RMS
+        bound = 0.5 * ulp(row, c.kv_dtype) + ROW_REL * scale
+        err = np.abs(row - exact)
+        worst = np.unravel_index(np.argmax(err / bound), err.shape)
+        assert (err <= bound).all(), (
+            f"{cache}[layer, head, pos={pos}, d] at {worst}: stored {row[worst]!r}, exact {exact[worst]!r} "
+            f"(|diff| {err[worst]:.3e} > half an ulp of {c.kv_dtype} + f32 error {bound[worst]:.3e})")
+
+
+def check_against_reference(kernel, out, inputs, pos):
+    """x and the new cache rows against the float64 reference; barrier words back at rest."""
+    assert np.isfinite(out["x"]).all(), f"pos={pos}: x has {np.count_nonzero(~np.isfinite(out['x']))} non-finite"
+    forced = decoder_reference(inputs, kernel, pos, stored=out)
+    err = relative_l2(out["x"].astype(np.float64), forced["x"])
+    assert err <= X_TOL, f"layers={kernel.num_layers} pos={pos}: x rel. L2 error {err:.3e} > {X_TOL:.0e}"
+    check_new_rows(kernel, out, inputs, forced, pos)
+    # The free-running reference (what `ptxgen verify` compares against) within the kind's tolerance.
+    kind = kind_of(kernel)
+    free = decoder_reference(inputs, kernel, pos)
+    err = relative_l2(out["x"].astype(np.float64), free["x"])
+    assert err <= kind.tolerance(kind.param("x")), f"pos={pos}: x vs free-running reference {err:.3e}"
+    # Barrier: arrivals back to 0, one generation per barrier; attention and head counters at 0.
+    barrier = out["barrier"]
+    assert barrier[0] == 0 and barrier[32] == PHASE_BARRIERS * kernel.num_layers - 1, barrier[[0, 32]]
+    assert not out["counters"].any(), f"counters not reset: {out['counters']}"
+
+
+# --- the same step as separate kinds -----------------------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _separate(kind: str, **config):
+    kernel = make_kernel(kind, name=f"sep_{kind}", **config)
+    return kernel, ptx_of(kernel)
+
+
+def launch(kind, inputs, scalars=None, **config):
+    kernel, ptx = _separate(kind, **config)
+    return run(kernel, ptx, inputs, scalars or {})
+
+
+def gemv(w, x):
+    n, row = w.shape
+    return launch("q4k_gemv", {"w": np.ascontiguousarray(w), "x": x}, n=n, k=row // 144 * 256)["y"]
+
+
+def separate_kernels_step(kernel, inputs, pos, stored):
+    """rmsnorm -> q4k_gemv x3 -> per_head_rmsnorm x2 -> rope x2 -> cache write (numpy, as
+    kv_dtype) -> incremental_attention -> q4k_gemv (o) + residual -> rmsnorm -> q4k_gemv gate/up
+    -> swiglu -> q4k_gemv down + residual, every kernel through ptxgen.runner.run (interpreter).
+    The cache rows attention reads are the decoder's (`stored`, teacher forcing: see
+    decoder_reference); this pipeline's own rounded rows are returned for comparison."""
+    c = kernel
+    dt = c.kv_dtype
+    x = inputs["x"].copy()
+    k_cache, v_cache = inputs["k_cache"].copy(), inputs["v_cache"].copy()
+    own = {"k_cache": np.empty_like(k_cache[:, :, pos]), "v_cache": np.empty_like(v_cache[:, :, pos])}
+    for layer in range(c.num_layers):
+        norm = dict(hidden=c.hidden, eps=c.eps)
+        a = launch("rmsnorm", {"x": x[None], "gamma": inputs["attn_norm"][layer]}, {"rows": 1}, **norm)["y"][0]
+        q = gemv(inputs["wq"][layer], a)
+        k = gemv(inputs["wk"][layer], a)
+        v = gemv(inputs["wv"][layer], a)
+        heads = dict(head_dim=c.head_dim, eps=c.eps)
+        q = launch("per_head_rmsnorm", {"x": q.reshape(1, c.num_heads, c.head_dim), "gamma": inputs["q_norm"][layer]},
+                   {"tokens": 1}, num_heads=c.num_heads, **heads)["y"][0]
+        k = launch("per_head_rmsnorm", {"x": k.reshape(1, c.num_kv_heads, c.head_dim), "gamma": inputs["k_norm"][layer]},
+                   {"tokens": 1}, num_heads=c.num_kv_heads, **heads)["y"][0]
+        q = launch("rope", {"x": q}, {"pos": pos}, head_dim=c.head_dim, num_heads=c.num_heads, theta=c.rope_theta)["x"]
+        k = launch("rope", {"x": k}, {"pos": pos}, head_dim=c.head_dim, num_heads=c.num_kv_heads, theta=c.rope_theta)["x"]
+        own["k_cache"][layer] = from_float(k, dt)
+        own["v_cache"][layer] = from_float(v.reshape(c.num_kv_heads, c.head_dim), dt)
+        k_cache[layer, :, pos] = stored["k_cache"][layer, :, pos]
+        v_cache[layer, :, pos] = stored["v_cache"][layer, :, pos]
+        o = launch("incremental_attention", {"q": q, "k_cache": k_cache[layer], "v_cache": v_cache[layer]},
+                   {"seq_len": pos + 1}, num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
+                   max_seq_len=c.max_seq_len, kv_dtype=dt)["out"]
+        x = x + gemv(inputs["wo"][layer], o.ravel())
+        m = launch("rmsnorm", {"x": x[None], "gamma": inputs["ffn_norm"][layer]}, {"rows": 1}, **norm)["y"][0]
+        gate = gemv(inputs["w_gate"][layer], m)
+        up = gemv(inputs["w_up"][layer], m)
+        h = launch("swiglu", {"gate": gate, "up": up}, n=c.intermediate)["out"]
+        x = x + gemv(inputs["w_down"][layer], h)
+    return x, own
+
+
+def check_against_separate_kernels(kernel, out, inputs, pos):
+    x, own = separate_kernels_step(kernel, inputs, pos, out)
+    err = relative_l2(out["x"].astype(np.float64), x.astype(np.float64))
+    assert err <= SEPARATE_TOL, f"layers={kernel.num_layers} pos={pos}: x vs separate kernels {err:.3e}"
+    for cache in ("k_cache", "v_cache"):
+        mine = to_float64(out[cache][:, :, pos], kernel.kv_dtype)
+        theirs = to_float64(own[cache], kernel.kv_dtype)
+        # Both round an f32 value of the same quantity (each within ~1e-6 of the head's RMS):
+        # equal, or one ulp apart where that value sits next to a rounding boundary (rare).
+        scale = np.sqrt(np.mean(mine**2, axis=-1, keepdims=True))
+        bound = ulp(np.maximum(np.abs(mine), np.abs(theirs)), kernel.kv_dtype) + 2 * ROW_REL * scale
+        apart = np.abs(mine - theirs) > bound
+        assert not apart.any(), f"{cache} row pos={pos}: {np.count_nonzero(apart)} elements further apart than an ulp"
+        flips = np.count_nonzero(mine != theirs)
+        assert flips <= max(2, mine.size // 50), f"{cache} row pos={pos}: {flips} of {mine.size} elements differ"
+
+
+# --- correctness -------------------------------------------------------------------------------
+@pytest.mark.parametrize("pos", POSITIONS)
+def test_two_layers_match_reference_and_separate_kernels(pos):
+    kernel = kernel_for(2)
+    inputs = base_inputs(2, "f16", seed=pos)
+    out = decoder_run(kernel, inputs, pos)
+    check_against_reference(kernel, out, inputs, pos)
+    if pos in (0, 63):
+        check_against_separate_kernels(kernel, out, inputs, pos)
+
+
+@pytest.mark.parametrize("pos", (1, 37))
+def test_one_layer_matches_reference_and_separate_kernels(pos):
+    kernel = kernel_for(1)
+    inputs = base_inputs(1, "f16", seed=100 + pos)
+    out = decoder_run(kernel, inputs, pos)
+    check_against_reference(kernel, out, inputs, pos)
+    check_against_separate_kernels(kernel, out, inputs, pos)
+
+
+@pytest.mark.parametrize("kv_dtype, pos", [("f32", 20), ("bf16", 63)])
+def test_other_cache_dtypes(kv_dtype, pos):
+    kernel = kernel_for(1, kv_dtype=kv_dtype)
+    inputs = base_inputs(1, kv_dtype, seed=7)
+    out = decoder_run(kernel, inputs, pos)
+    check_against_reference(kernel, out, inputs, pos)
+
+
+@pytest.mark.parametrize("extra, pos", [
+    (dict(head_dim=64, num_heads=16, num_kv_heads=2, kv_dtype="bf16"), 39),  # GQA 8:1, one rope pair a lane
+    (dict(head_dim=256, num_heads=2, num_kv_heads=1), 0),  # 4 rope pairs a lane, one KV head
+    (dict(head_dim=128, num_heads=8, num_kv_heads=1, hidden=768, kv_dtype="f32"), 21),  # MQA, hidden no power of 2
+], ids=("hd64-gqa8-bf16", "hd256-mha", "mqa-hidden768-f32"))
+def test_other_head_layouts(extra, pos):
+    kernel = make_kernel("persistent_decoder", name="pd", **{**TINY, "intermediate": 768, "max_seq_len": 40,
+                                                             "num_layers": 1, "ctas": 6, **extra})
+    kind = kind_of(kernel)
+    inputs = kind.sample_inputs(np.random.default_rng(pos), {"pos": pos})
+    out = decoder_run(kernel, inputs, pos)
+    check_against_reference(kernel, out, inputs, pos)
+
+
+def test_any_grid_gives_the_same_bits():
+    """1 CTA, a few CTAs (uneven shares of every phase) and the default grid: identical outputs,
+    since every work item is computed the same way whichever CTA runs it."""
+    inputs = base_inputs(2, "f16", seed=5)
+    pos = 45
+    results = {}
+    for ctas in (1, 5, None):
+        kernel = kernel_for(2, **({} if ctas is None else {"ctas": ctas}))
+        assert kind_of(kernel).launch({"pos": pos}).grid[0] == (ctas or 128)
+        results[ctas] = decoder_run(kernel, inputs, pos)
+    check_against_reference(kernel_for(2), results[None], inputs, pos)
+    for ctas in (1, 5):
+        for name in ("x", "k_cache", "v_cache"):
+            assert np.array_equal(results[ctas][name].view(np.uint8), results[None][name].view(np.uint8)), (
+                f"{name} with a grid of {ctas} CTA(s) differs from the default grid")
+
+
+def drop_grid_barrier(ptx: str, site: int) -> str:
+    """The PTX with grid barrier `site` removed (its CTA-level bar.sync kept), labels intact."""
+    start = ptx.index(f"// ---- grid barrier {site} ----")
+    tail = f"BARRIER{site}_PASSED:\n\tbar.sync 0;\n"
+    end = ptx.index(tail, start) + len(tail)
+    return ptx[:start] + f"BARRIER{site}_RESUME:\n\tbar.sync 0;\n" + ptx[end:]
+
+
+@functools.lru_cache(maxsize=None)
+def planted_case():
+    """12 CTAs: every phase's work splits unevenly over them (e.g. 128 down-projection tasks over
+    96 warps), so CTAs leave a phase at different times."""
+    kernel = kernel_for(2, ctas=12)
+    inputs = base_inputs(2, "f16", seed=9)
+    good = decoder_run(kernel, inputs, 9)
+    check_against_reference(kernel, good, inputs, 9)
+    return kernel, inputs, good
+
+
+@pytest.mark.parametrize("site", range(PHASE_BARRIERS))
+def test_every_grid_barrier_is_load_bearing(site):
+    """Without any one of the grid barriers (the CTA barrier kept, so shared memory stays
+    race-free) CTAs read x / workspaces before other CTAs wrote them: the result is wrong."""
+    kernel, inputs, good = planted_case()
+    pos = 9
+    bad_ptx = drop_grid_barrier(ptx_for(kernel), site)
+    assert bad_ptx.count("atom.relaxed.gpu.global.add.u32") == PHASE_BARRIERS - 1
+    try:
+        bad = decoder_run(kernel, inputs, pos, bad_ptx)
+    except SanitizerError:
+        return  # also a detection
+    err = relative_l2(bad["x"].astype(np.float64), good["x"].astype(np.float64))
+    assert err > 1e-3, f"without grid barrier {site} x still matches (rel. L2 {err:.1e})"
+
+
+def launch_raw(kernel, arrays, pos, ptx=None):
+    """One launch on `arrays` as they are (workspaces not re-zeroed), like a replayed graph."""
+    kind = kind_of(kernel)
+    launch = kind.launch({"pos": pos})
+    interpret(ptx or ptx_for(kernel), kernel.name, launch.grid, launch.block, launch_args(kind, arrays, {"pos": pos}),
+              dynamic_shared=launch.dynamic_shared, kernel_name=kernel.name)
+
+
+def test_next_launch_needs_no_rezeroing_and_the_generation_wraps():
+    """Two decode steps (pos, pos+1) on the same workspace, the generation word starting two
+    barriers before 2^32: the second step matches the reference run from the first's outputs."""
+    kernel = kernel_for(1, ctas=4)
+    kind = kind_of(kernel)
+    inputs = base_inputs(1, "f16", seed=3)
+    pos = 30
+    arrays = prepare_arrays(kind, dict(inputs), {"pos": pos})
+    arrays["barrier"][32] = 2**32 - 2
+    launch_raw(kernel, arrays, pos)
+    assert arrays["barrier"][0] == 0 and arrays["barrier"][32] == PHASE_BARRIERS - 1 - 2
+    first = {name: arrays[name].copy() for name in ("x", "k_cache", "v_cache")}
+    check_new_rows(kernel, arrays, inputs, decoder_reference(inputs, kernel, pos, stored=arrays), pos)
+    nxt = {**inputs, **first}  # the second step starts from the first one's x and caches
+    launch_raw(kernel, arrays, pos + 1)
+    forced = decoder_reference(nxt, kernel, pos + 1, stored=arrays)
+    err = relative_l2(arrays["x"].astype(np.float64), forced["x"])
+    assert err <= X_TOL, f"second launch on the same workspace: x rel. L2 error {err:.3e}"
+    check_new_rows(kernel, arrays, nxt, forced, pos + 1)
+    assert arrays["barrier"][0] == 0 and arrays["barrier"][32] == 2 * PHASE_BARRIERS - 2 - 2
+    assert not arrays["counters"].any()
+
+
+def test_indirect_pos_reads_the_device_value_and_is_checked():
+    kernel = kernel_for(1, indirect_pos=True, ctas=8)
+    kind = kind_of(kernel)
+    assert [p.name for p in kind.params()][14] == "pos_ptr"
+    inputs = dict(base_inputs(1, "f16", seed=4))
+    inputs["pos_ptr"] = np.array([50], np.uint32)
+    out = run(kernel, ptx_for(kernel), inputs, {})
+    check_against_reference(kernel, out, inputs, 50)
+    for bad in (64, 2**32 - 1):
+        with pytest.raises(LaunchError, match=r"pos_ptr\[0\]: expected 0\.\.63"):
+            run(kernel, ptx_for(kernel), {**inputs, "pos_ptr": np.array([bad], np.uint32)}, {})
+    # Past the launcher (a replayed graph whose pos_ptr went bad): the kernel clamps to the
+    # cache's last row; the sanitizer sees every access in bounds.
+    arrays = prepare_arrays(kind, dict(inputs), {})
+    arrays["pos_ptr"][0] = 1000
+    launch_raw(kernel, arrays, 0)
+    changed = np.flatnonzero((arrays["k_cache"] != inputs["k_cache"]).any(axis=(0, 1, 3)))
+    assert list(changed) == [63], changed
+
+
+def test_direct_pos_is_range_checked():
+    kernel = kernel_for(1)
+    inputs = base_inputs(1, "f16", seed=4)
+    for bad in (64, -1, 2**32):
+        with pytest.raises(LaunchError, match="pos"):
+            run(kernel, ptx_for(kernel), dict(inputs), {"pos": bad})
+
+
+# --- declarations, geometry, assembly ----------------------------------------------------------
+def test_params_follow_the_contract():
+    kind = kind_of(kernel_for(2))
+    names = [p.name for p in kind.params()]
+    assert names[:15] == ["x", "attn_norm", "ffn_norm", "q_norm", "k_norm", "wq", "wk", "wv", "wo", "w_gate", "w_up",
+                          "w_down", "k_cache", "v_cache", "pos"]
+    assert all(p.role == "workspace" for p in kind.params()[15:])
+    shapes = {p.name: p.shape for p in kind.params()}
+    assert shapes["wq"] == (2, 512, 2 * 144) and shapes["wk"] == (2, 256, 2 * 144) and shapes["wo"] == (2, 512, 2 * 144)
+    assert shapes["w_gate"] == (2, 1024, 2 * 144) and shapes["w_down"] == (2, 512, 4 * 144)
+    assert shapes["k_cache"] == (2, 2, 64, 128) and kind.param("k_cache").role == "inout"
+    assert kind.param("barrier").shape == (BARRIER_WORDS,) and kind.param("x").role == "inout"
+    assert kind.scalar_limits() == {"pos": (0, 63)}
+    assert [s["pos"] for s in kind.verify_scalars()] == [0, 1, 31, 63]
+
+
+def test_grid_rule():
+    # Cooperative; min(sm_count * ctas_per_sm, work): work = the widest phase's CTAs of 8 warps.
+    small = kind_of(kernel_for(2)).launch({"pos": 0})
+    assert small.cooperative and small.block == (256, 1, 1) and small.grid == (128, 1, 1)  # 1024 gate/up tasks
+    assert kind_of(kernel_for(2, sm_count=20, ctas_per_sm=2)).launch({"pos": 5}).grid == (40, 1, 1)
+    assert kind_of(kernel_for(2, ctas=7)).launch({"pos": 5}).grid == (7, 1, 1)
+    qwen = kind_of(make_kernel("persistent_decoder", name="q", hidden=4096, num_heads=32, num_kv_heads=8, head_dim=128,
+                               intermediate=12288, num_layers=36, max_seq_len=40960))
+    launch = qwen.launch({"pos": 4095})
+    assert launch.grid == (132, 1, 1) and launch.dynamic_shared == 4 * 12288 + 12288 // 4
+    traffic = qwen.traffic({"pos": 4095})
+    weights = 36 * 144 * (6144 * 16 + 4096 * 16 + 2 * 12288 * 16 + 4096 * 48)
+    assert traffic.bytes == weights + 36 * 4 * (2 * 4096 + 2 * 128) + 36 * 2 * 8 * 4096 * 128 * 2 + 8 * 4096
+    assert traffic.flops == 36 * 2 * (6144 * 4096 + 4096 * 4096 + 2 * 12288 * 4096 + 4096 * 12288) + 36 * 4 * 32 * 4096 * 128
+
+
+@pytest.mark.parametrize("config, message", [
+    (dict(hidden=500), "hidden: expected a multiple of 256"),
+    (dict(intermediate=1000), "intermediate: expected a multiple of 256"),
+    (dict(num_heads=3), "num_heads \\* head_dim: expected a multiple of 256"),
+    (dict(num_kv_heads=3), "must divide num_heads"),
+    (dict(head_dim=96, num_heads=8), "head_dim: expected one of 64, 128, 256"),
+    (dict(kv_dtype="f64"), "kv_dtype"),
+    (dict(max_seq_len=0), "max_seq_len"),
+])
+def test_config_errors(tmp_path, config, message):
+    fields = {**TINY, "num_layers": 1, **config}
+    spec = tmp_path / "bad.toml"
+    spec.write_text('[[kernels]]\nname = "dec"\nkind = "persistent_decoder"\n' +
+                    "\n".join(f"{k} = {v!r}".replace("'", '"') for k, v in fields.items()) + "\n")
+    with pytest.raises(SpecError, match=message):
+        load_spec(spec)
+
+
+def spec_instances():
+    found = []
+    for path in sorted((ROOT / "specs").glob("*.toml")):
+        spec = load_spec(path).spec
+        found += [(spec, k) for k in spec.kernels if k.kind == "persistent_decoder"]
+    return found
+
+
+def test_spec_instances_assemble_without_spills():
+    instances = spec_instances()
+    assert {k.name for _, k in instances} >= {"qwen3_tiny_decoder", "qwen3_8b_decoder"}
+    for spec, kernel in instances:
+        ptx = render(kernel, spec.ptx_version(kernel), spec.ptx_target)
+        for arch in spec.target.archs:
+            res = parse_resources(assemble_nvjitlink(ptx, arch).info_log)
+            assert res["spill_stores"] == res["spill_loads"] == res["local_bytes"] == res["stack_bytes"] == 0, (
+                f"{kernel.name} {arch}: {res}")
+            assert res["registers"] <= 255
+
+
+@pytest.mark.parametrize("extra", [dict(kv_dtype="bf16", indirect_pos=True), dict(kv_dtype="f32"),
+                                   dict(head_dim=64, num_heads=16, num_kv_heads=2),
+                                   dict(head_dim=256, num_heads=4, num_kv_heads=1)],
+                         ids=lambda e: "-".join(f"{k}{v}" for k, v in e.items()))
+def test_variants_assemble_without_spills(extra):
+    ptx = ptx_of(make_kernel("persistent_decoder", name="v", **{**TINY, "num_layers": 2, **extra}))
+    for arch in ("sm_80", "sm_90"):
+        res = parse_resources(assemble_nvjitlink(ptx, arch).info_log)
+        assert res["spill_stores"] == res["local_bytes"] == res["stack_bytes"] == 0, f"{extra} {arch}: {res}"
+
+
+def test_ptx_has_the_fast_paths():
+    """Performance properties (not correctness): 16-byte weight loads through the read-only path;
+    activations written in this launch read through L2 (.cg), never the non-coherent path;
+    one atomic per grid barrier, spinning out of line."""
+    ptx = ptx_for(kernel_for(2))
+    assert len(re.findall(r"ld\.global\.nc\.v4\.u32", ptx)) >= 4 * 8
+    assert "ld.global.cg.v4.f32" in ptx and "ld.relaxed.gpu.global.u32" in ptx
+    assert ptx.count("atom.relaxed.gpu.global.add.u32") == PHASE_BARRIERS
+    assert ptx.index("BARRIER_SPIN:") > ptx.index("FINISHED:")
+    assert ".maxnreg 255" in ptx and ".maxntid 256, 1, 1" in ptx
