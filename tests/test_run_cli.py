@@ -80,3 +80,9 @@ def test_verify_one_kernel_table_and_exit_code():
     result = run_cli("verify", str(SPEC), "--kernel", "qwen3_8b_q_norm", "--seed", "3")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "qwen3_8b_q_norm" in result.stdout and "pass" in result.stdout
+
+
+def test_verify_says_which_kernels_it_cannot_interpret():
+    result = run_cli("verify", str(ROOT / "specs" / "qwen3_decoder.toml"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("skipped") == 2 and "too large to interpret" in result.stdout

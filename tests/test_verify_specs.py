@@ -19,5 +19,8 @@ def test_spec_kernel_matches_its_reference(path, name):
     spec = load_spec(path).spec
     kernel = spec.kernel(name)
     ptx = render(kernel, spec.ptx_version(kernel), spec.ptx_target)
-    for scalars in kind_of(kernel).verify_scalars():
+    cases = kind_of(kernel).verify_scalars()
+    if not cases:
+        pytest.skip(f"{name}: no runtime size small enough for the interpreter (assemble-checked only)")
+    for scalars in cases:
         assert_passes(verify_kernel(kernel, ptx, scalars, seed=11))
