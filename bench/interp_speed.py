@@ -1,8 +1,11 @@
 """Throughput of the CPU PTX interpreter: thread-instructions per second on a large grid.
 
-Usage: python bench/interp_speed.py [--ctas 512] [--threads 256] [--iters 64] [--spread 0]
-                                    [--no-sanitize]
---spread M gives thread t a trip count of iters - (t & M), so loops diverge and reconverge.
+Usage: python bench/interp_speed.py [--kernel loop|reduce] [--ctas 512] [--threads 256]
+                                    [--iters 64] [--spread 0] [--no-sanitize]
+loop: a register-only fma loop; --spread M gives thread t a trip count of iters - (t & M),
+so loops diverge and reconverge.
+reduce: iters rounds of a shared-memory tree reduction per CTA (bar.sync, shrinking active
+set), which exercises the sanitizer's race tracking and the merging of thread groups.
 """
 import argparse
 import time
@@ -11,10 +14,13 @@ import numpy as np
 
 from ptxgen.interp import launch
 
-PTX = r"""
+HEADER = """
 .version 8.0
 .target sm_80
 .address_size 64
+"""
+
+LOOP = HEADER + r"""
 .visible .entry loop(.param .u64 out, .param .u32 iters, .param .u32 spread)
 {
   .reg .b32 %r<8>;
@@ -46,23 +52,79 @@ LOOP:
 }
 """
 
+REDUCE = HEADER + r"""
+.visible .entry reduce(.param .u64 out, .param .u32 iters, .param .u32 spread)
+{
+  .reg .b32 %r<12>;
+  .reg .b64 %rd<4>;
+  .reg .f32 %f<4>;
+  .reg .pred %p<3>;
+  .shared .align 4 .f32 partial[1024];
+  ld.param.u64 %rd1, [out];
+  ld.param.u32 %r1, [iters];
+  mov.u32 %r2, %ctaid.x;
+  mov.u32 %r3, %ntid.x;
+  mov.u32 %r4, %tid.x;
+  mov.u32 %r8, partial;
+  shl.b32 %r9, %r4, 2;
+  add.u32 %r9, %r8, %r9;          // &partial[tid]
+  cvt.rn.f32.u32 %f1, %r4;
+  mov.f32 %f3, 0f00000000;
+  mov.u32 %r6, 0;
+ROUND:
+  st.shared.f32 [%r9], %f1;
+  shr.u32 %r5, %r3, 1;            // stride
+TREE:
+  bar.sync 0;
+  setp.lt.u32 %p2, %r4, %r5;
+  @!%p2 bra SKIP;
+  shl.b32 %r10, %r5, 2;
+  add.u32 %r10, %r9, %r10;
+  ld.shared.f32 %f2, [%r10];
+  ld.shared.f32 %f0, [%r9];
+  add.f32 %f0, %f0, %f2;
+  st.shared.f32 [%r9], %f0;
+SKIP:
+  shr.u32 %r5, %r5, 1;
+  setp.ne.u32 %p1, %r5, 0;
+  @%p1 bra TREE;
+  bar.sync 0;
+  ld.shared.f32 %f2, [%r8];       // every thread reads the CTA's sum
+  add.f32 %f3, %f3, %f2;
+  add.f32 %f1, %f1, 0f3F800000;
+  bar.sync 0;
+  add.s32 %r6, %r6, 1;
+  setp.lt.u32 %p1, %r6, %r1;
+  @%p1 bra ROUND;
+  mad.lo.s32 %r7, %r2, %r3, %r4;
+  mul.wide.u32 %rd2, %r7, 4;
+  add.s64 %rd3, %rd1, %rd2;
+  st.global.f32 [%rd3], %f3;
+  ret;
+}
+"""
+
+KERNELS = {"loop": LOOP, "reduce": REDUCE}
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernel", choices=sorted(KERNELS), default="loop")
     ap.add_argument("--ctas", type=int, default=512)
     ap.add_argument("--threads", type=int, default=256)
     ap.add_argument("--iters", type=int, default=64)
     ap.add_argument("--spread", type=int, default=0)
     ap.add_argument("--no-sanitize", action="store_true")
     opts = ap.parse_args()
+    ptx = KERNELS[opts.kernel]
     out = np.zeros(opts.ctas * opts.threads, np.float32)
-    launch(PTX, "loop", (1, 1, 1), (32, 1, 1), [np.zeros(32, np.float32), 1, 0])   # parse once
+    launch(ptx, opts.kernel, (1, 1, 1), (32, 1, 1), [np.zeros(32, np.float32), 1, 0])   # parse once
     start = time.perf_counter()
-    stats = launch(PTX, "loop", (opts.ctas, 1, 1), (opts.threads, 1, 1), [out, opts.iters, opts.spread],
-                   sanitize=not opts.no_sanitize)
+    stats = launch(ptx, opts.kernel, (opts.ctas, 1, 1), (opts.threads, 1, 1),
+                   [out, opts.iters, opts.spread], sanitize=not opts.no_sanitize)
     seconds = time.perf_counter() - start
     rate = stats.thread_instructions / seconds
-    print(f"{opts.ctas * opts.threads} threads, {stats.instructions} steps, "
+    print(f"{opts.kernel}: {opts.ctas * opts.threads} threads, {stats.instructions} steps, "
           f"{stats.thread_instructions} thread-instructions in {seconds:.2f} s: "
           f"{rate / 1e6:.1f} M thread-instructions/s (sanitize={not opts.no_sanitize})")
 

@@ -18,7 +18,9 @@ MAX_WAVE_THREADS = 1 << 18
 MAX_TRACKED_SHARED = 1 << 23    # shared bytes per wave when race tracking is on
 MAX_STEPS = 10_000_000          # per wave; a spin-wait on another wave never ends
 _CACHE = {}
-_CACHE_LIMIT = 64
+# A compiled program holds ~30 objects per instruction, which every full garbage collection
+# walks; launches nearly always repeat the last PTX, so a few programs are enough.
+_CACHE_LIMIT = 8
 
 
 @dataclass
@@ -214,5 +216,6 @@ def _barrier(st, ex, pc, active, sel, groups, waiting, arrived, waiting_pc, exit
     released = np.flatnonzero(done)
     arrived[released] = 0
     waiting_pc[released] = -1
-    st.bump_epochs(released)
+    if st.races is not None:
+        st.races.barrier(released)
     _merge(st, groups, pc + 1, _union(st, *(p[g] for p, g in zip(parked, go))))

@@ -63,9 +63,10 @@ def fma(a, b, c, kind, mode="rn"):
     if kind == "f32" and mode == "rn":
         # Rounding p + c to f64 first only goes wrong where it lands exactly on a midpoint
         # between f32 neighbours (or in the f32 subnormal range); redo just those exactly.
+        # A zero sum is exact (and correctly signed) in f64 already.
         s = np.asarray(p + c)
         out = s.astype(np.float32)
-        risky = ((s.view(np.uint64) & 0x1FFFFFFF) == 0x10000000) | (np.abs(s) < 2.0**-125)
+        risky = ((s.view(np.uint64) & 0x1FFFFFFF) == 0x10000000) | ((np.abs(s) < 2.0**-125) & (s != 0))
         if risky.any():
             p, c = np.broadcast_arrays(p, c)
             sub, err = _two_sum(p[risky], c[risky])

@@ -45,11 +45,12 @@ def opcode(*names):
 
 def compile_program(prog):
     out = []
+    accessors = {}
     for ins in prog.instructions:
         compile_fn = COMPILERS.get(ins.base)
         if compile_fn is None:
             raise InterpError(f"line {ins.line}: `{ins.text}`: unsupported opcode {ins.opcode}")
-        out.append(compile_fn(Ctx(ins, prog)))
+        out.append(compile_fn(Ctx(ins, prog, accessors)))
     return out
 
 
@@ -63,9 +64,12 @@ def _uint(size):
 
 class Ctx:
     """One instruction being compiled: its modifiers, type and operand accessors."""
+    # compiled closures keep their Ctx alive: no per-instance dict for the garbage collector
+    __slots__ = ("ins", "prog", "accessors", "mods", "ops", "type", "types")
 
-    def __init__(self, ins, prog):
+    def __init__(self, ins, prog, accessors):
         self.ins, self.prog = ins, prog
+        self.accessors = accessors      # operand accessors, shared across the program
         self.mods = ins.mods
         self.ops = ins.operands
         types = [m for m in self.mods if m in TYPES]
@@ -101,9 +105,20 @@ class Ctx:
         return self.prog.regs[reg.id].type
 
     def read(self, op, t):
-        """Accessor (st, sel) -> values of type t's dtype (numpy scalar for immediates)."""
+        """Accessor (st, sel) -> values of type t's dtype (numpy scalar for immediates).
+        One per distinct operand and type in a program: fewer objects, for the garbage
+        collector to walk, than one per instruction."""
         if isinstance(op, int):
             op = self.ops[op]
+        if isinstance(op, Special) and self.ins.base != "mov":
+            self.fail(f"special register {op.name} can only be read by mov")
+        # repr tells -0.0 from 0.0, which compare (and hash) equal
+        key = ("read", t, op.kind, repr(op.value)) if isinstance(op, Imm) else ("read", t, op)
+        if key not in self.accessors:
+            self.accessors[key] = self._reader(op, t)
+        return self.accessors[key]
+
+    def _reader(self, op, t):
         if isinstance(op, Reg):
             rid = op.id
             conv = converter(storage_of(self.reg_type(op)), t)
@@ -111,8 +126,6 @@ class Ctx:
                 return lambda st, sel: st.read(rid, sel)
             return lambda st, sel: conv(st.read(rid, sel))
         if isinstance(op, Special):
-            if self.ins.base != "mov":
-                self.fail(f"special register {op.name} can only be read by mov")
             name, conv = op.name, converter(np.uint32, t)
             if conv is None:
                 return lambda st, sel: st.special[name][sel]
@@ -161,9 +174,16 @@ class Ctx:
         self.fail(f"unknown symbol {name}")
 
     def write(self, op, t):
-        """Accessor (st, sel, value of type t) storing into a register (or the `_` sink)."""
+        """Accessor (st, sel, value of type t) storing into a register (or the `_` sink),
+        shared like read's."""
         if isinstance(op, int):
             op = self.ops[op]
+        key = ("write", t, op)
+        if key not in self.accessors:
+            self.accessors[key] = self._writer(op, t)
+        return self.accessors[key]
+
+    def _writer(self, op, t):
         if isinstance(op, Sink):
             return lambda st, sel, v: None
         if not isinstance(op, Reg):
@@ -204,10 +224,14 @@ class Ctx:
         return values
 
 
+def _as_is(x):
+    return x
+
+
 def _ftz_in(c, t):
     if "ftz" in c.mods and t == "f32":
         return nm.flush_subnormal
-    return lambda x: x
+    return _as_is
 
 
 # ---- data movement ---------------------------------------------------------------------
@@ -682,6 +706,9 @@ def _bfi(c):
     return c.alu(run)
 
 
+_NIBBLES = np.arange(0, 16, 4, dtype=np.uint32)     # selector nibble of result byte 0..3
+
+
 @opcode("prmt")
 def _prmt(c):
     c.need(4)
@@ -689,17 +716,34 @@ def _prmt(c):
         c.fail("only the default mode of prmt.b32 is supported")
     a, b, s, dst = c.read(1, "b32"), c.read(2, "b32"), c.read(3, "b32"), c.write(0, "b32")
 
+    def pool(st, sel):
+        """[threads, 8] bytes: 0..3 from a, 4..7 from b."""
+        words = np.empty((_count(st, sel), 2), np.uint32)
+        words[:, 0] = a(st, sel)
+        words[:, 1] = b(st, sel)
+        return words.view(np.uint8)
+
+    def signs(picked):
+        return (picked.view(np.int8) >> 7).view(np.uint8)   # each byte's sign bit, replicated
+
+    if isinstance(c.ops[3], Imm):       # the usual case: the same bytes for every thread
+        nibble = (np.uint32(c.ops[3].value) >> _NIBBLES) & np.uint32(0xF)
+        index, replicate = nibble & np.uint32(7), np.flatnonzero(nibble >= 8)
+
+        def run_constant(st, sel):
+            picked = np.take(pool(st, sel), index, axis=1)
+            if len(replicate):
+                picked[:, replicate] = signs(picked[:, replicate])
+            dst(st, sel, picked.view(np.uint32)[:, 0])
+        return c.alu(run_constant)
+
     def run(st, sel):
-        pool = (np.asarray(b(st, sel)).astype(np.uint64) << np.uint64(32)) | np.asarray(a(st, sel)).astype(np.uint64)
-        selector = np.asarray(s(st, sel)).astype(np.uint64)
-        out = np.uint64(0)
-        for i in range(4):
-            nib = (selector >> np.uint64(4 * i)) & np.uint64(0xF)
-            byte = (pool >> ((nib & np.uint64(7)) * np.uint64(8))) & np.uint64(0xFF)
-            replicate = (nib & np.uint64(8)) != 0
-            byte = np.where(replicate, np.where(byte & np.uint64(0x80), np.uint64(0xFF), np.uint64(0)), byte)
-            out = out | (byte << np.uint64(8 * i))
-        dst(st, sel, np.asarray(out).astype(np.uint32))
+        m = _count(st, sel)
+        selector = np.broadcast_to(np.asarray(s(st, sel), np.uint32), (m,))
+        nibble = (selector[:, None] >> _NIBBLES) & np.uint32(0xF)
+        flat = (nibble & np.uint32(7)) + (np.arange(m, dtype=np.uint32) * np.uint32(8))[:, None]
+        picked = np.take(pool(st, sel).reshape(-1), flat)
+        dst(st, sel, np.where(nibble >= 8, signs(picked), picked).view(np.uint32)[:, 0])
     return c.alu(run)
 
 
@@ -946,7 +990,8 @@ def _bar(c):
         def warp_sync(st, sel):
             threads = st.indices(sel)
             warp_members(st, threads, np.asarray(mask(st, sel)).astype(np.uint64), "bar.warp.sync")
-            st.warp_epoch[np.unique(st.warp[threads])] += np.uint16(1)
+            if st.races is not None:
+                st.races.warp_barrier(threads)
         return c.alu(warp_sync)
     if "sync" not in c.mods or c.has("arrive", "red"):
         c.fail("only bar.sync / barrier.sync are supported")
@@ -1169,19 +1214,41 @@ def _redux(c):
     return c.alu(run)
 
 
-# ---- asynchronous copies (executed synchronously) --------------------------------------
+# ---- asynchronous copies (data moves at issue; the sanitizer tracks the groups) --------
+def _cp_group(c, op):
+    """commit_group / wait_group N / wait_all (= commit_group + wait_group 0)."""
+    newest = 0
+    if op == "wait_group":
+        c.need(1)
+        if not isinstance(c.ops[0], Imm):
+            c.fail("cp.async.wait_group needs an immediate group count")
+        newest = c.ops[0].value
+    else:
+        c.need(0)
+
+    def run(st, sel):
+        if st.races is None:
+            return
+        threads = st.indices(sel)
+        if op != "wait_group":
+            st.races.commit(threads)
+        if op != "commit_group":
+            st.races.wait(threads, newest)
+    return c.alu(run)
+
+
 @opcode("cp")
 def _cp(c):
     rest = c.mods[1:] if c.mods and c.mods[0] == "async" else None
     if rest is None:
         c.fail("only cp.async is supported")
     if rest and rest[0] in ("commit_group", "wait_group", "wait_all"):
-        return c.alu(lambda st, sel: None)   # copies complete when issued
+        return _cp_group(c, rest[0])
     if "bulk" in rest or "ca" not in rest and "cg" not in rest:
         c.fail("only cp.async.{ca,cg}.shared.global is supported")
     if len(c.ops) < 3 or not isinstance(c.ops[2], Imm) or c.ops[2].value not in (4, 8, 16):
         c.fail("cp.async needs a copy size of 4, 8 or 16")
-    size = c.ops[2].value
+    size, line = c.ops[2].value, c.ins.line
     dst_addr, src_addr = c.address(c.ops[0], "shared"), c.address(c.ops[1], "global")
     extra = c.ops[3] if len(c.ops) > 3 else None
     src_size = ignore_src = None
@@ -1213,7 +1280,7 @@ def _cp(c):
                 raise Finding(f"misaligned cp.async source {int(src[i]):#x}", threads[i])
             rows, cols = np.nonzero(np.arange(size) < n[pos][:, None])
             data[pos[rows], cols] = st.load("global", src[pos][rows] + cols, 1, 1, threads[pos][rows])[:, 0]
-        st.store("shared", dst_addr(st, sel), 1, data, threads)
+        st.store("shared", dst_addr(st, sel), 1, data, threads, copy_line=line)
     return c.alu(run)
 
 
@@ -1234,6 +1301,12 @@ def _fragment_maps():
 
 
 A_ROW, A_COL, B_ROW, B_COL, C_ROW, C_COL = _fragment_maps()
+# Each fragment holds every element of its matrix once: as flat positions (row * columns + col,
+# in lane order) they are permutations, and their inverses gather a warp's fragments into
+# the row-major matrix.
+A_FROM_LANES = np.argsort((A_ROW * 16 + A_COL).ravel())
+B_FROM_LANES = np.argsort((B_ROW * 8 + B_COL).ravel())
+C_TO_LANES = (C_ROW * 8 + C_COL).ravel()
 
 
 def _halves_to_f64(words, kind):
@@ -1266,12 +1339,9 @@ def _ldmatrix(c):
         data = st.load(space, addr[:, : 8 * count].ravel(), 2, 8, rows)
         mats = data.reshape(-1, count, 8, 8)          # [warp, matrix, row, col]
         if trans:
-            mats = mats.transpose(0, 1, 3, 2)
-        lane = np.arange(32)
-        r, col = lane // 4, 2 * (lane % 4)
-        lo = mats[:, :, r, col].astype(np.uint32)     # [warp, matrix, lane]
-        hi = mats[:, :, r, col + 1].astype(np.uint32)
-        words = lo | (hi << np.uint32(16))
+            mats = np.ascontiguousarray(mats.transpose(0, 1, 3, 2))
+        # lane l holds columns 2(l % 4), +1 of row l / 4: word l of the row-major matrix
+        words = mats.view(np.uint32).reshape(-1, count, 32)
         for i, w in enumerate(writers):
             w(st, sel, words[:, i, :].ravel())
     return c.alu(run)
@@ -1295,22 +1365,20 @@ def _mma(c):
     d_w = [c.write(x, "f32") for x in groups[0]]
 
     def stack(readers, st, sel, dt):
-        return np.stack([np.broadcast_to(np.asarray(r(st, sel), dt), (_count(st, sel),)) for r in readers], -1)
+        values = np.empty((_count(st, sel), len(readers)), dt)
+        for i, r in enumerate(readers):
+            values[:, i] = r(st, sel)
+        return values
 
     def run(st, sel):
         threads = st.indices(sel)
         nw = len(full_warps(st, threads, "mma"))
-        a = _halves_to_f64(stack(a_r, st, sel, np.uint32), kind).reshape(nw, 32, 8)
-        b = _halves_to_f64(stack(b_r, st, sel, np.uint32), kind).reshape(nw, 32, 4)
-        acc = stack(c_r, st, sel, np.float32).astype(np.float64).reshape(nw, 32, 4)
-        A = np.zeros((nw, 16, 16))
-        B = np.zeros((nw, 16, 8))
-        C = np.zeros((nw, 16, 8))
-        A[:, A_ROW, A_COL] = a
-        B[:, B_ROW, B_COL] = b
-        C[:, C_ROW, C_COL] = acc
-        D = (np.matmul(A, B) + C).astype(np.float32)   # float64 sum, one rounding to f32
-        out = D[:, C_ROW, C_COL].reshape(-1, 4)
+        a = _halves_to_f64(stack(a_r, st, sel, np.uint32), kind).reshape(nw, 256)
+        b = _halves_to_f64(stack(b_r, st, sel, np.uint32), kind).reshape(nw, 128)
+        A = np.take(a, A_FROM_LANES, axis=1).reshape(nw, 16, 16)
+        B = np.take(b, B_FROM_LANES, axis=1).reshape(nw, 16, 8)
+        product = np.take(np.matmul(A, B).reshape(nw, 128), C_TO_LANES, axis=1).reshape(-1, 4)
+        out = (product + stack(c_r, st, sel, np.float32)).astype(np.float32)   # one rounding
         for i, w in enumerate(d_w):
             w(st, sel, out[:, i])
     return c.alu(run)

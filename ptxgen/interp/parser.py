@@ -16,14 +16,14 @@ SPECIAL = {f"%{r}.{c}" for r in ("tid", "ntid", "ctaid", "nctaid") for c in "xyz
     "%laneid", "%warpid", "%lanemask_eq", "%lanemask_lt", "%lanemask_le", "%lanemask_gt",
     "%lanemask_ge"}
 
-_TOKEN = re.compile(r"""
-    (?P<space>\s+)
-  | (?P<hexfloat>0[fF][0-9a-fA-F]{8}(?![\w.])|0[dD][0-9a-fA-F]{16}(?![\w.]))
+_SPECIAL_PREFIXES = {s.split(".")[0] for s in SPECIAL}
+_TOKEN = re.compile(r"""[ \t\r\f\v]*(?:        # a token and the blanks before it
+    (?P<hexfloat>0[fF][0-9a-fA-F]{8}(?![\w.])|0[dD][0-9a-fA-F]{16}(?![\w.]))
   | (?P<number>0[xX][0-9a-fA-F]+U?|0[bB][01]+U?|\d+\.\d*(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+|\d+U?)
   | (?P<word>[%.$_A-Za-z][\w$.]*(?:::[\w$.]+)*)
   | (?P<string>"[^"\n]*")
   | (?P<punct>[;,{}\[\]()+\-|!:@<>=*])
-""", re.X)
+)""", re.X)
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 
 
@@ -93,14 +93,11 @@ class Instruction:
     operands: list
     scopes: tuple = ()       # enclosing scope ids, innermost first (label lookup)
     target: int | None = None
+    base: str = field(init=False)          # opcode without modifiers
+    mods: list = field(init=False)         # the modifiers, in order
 
-    @property
-    def base(self):
-        return self.opcode.split(".")[0]
-
-    @property
-    def mods(self):
-        return self.opcode.split(".")[1:]
+    def __post_init__(self):
+        self.base, *self.mods = self.opcode.split(".")
 
 
 @dataclass
@@ -129,17 +126,18 @@ class Program:
 
 def _tokenize(text):
     text = _COMMENT.sub(lambda m: "\n" * m.group().count("\n"), text)
-    tokens, line, pos = [], 1, 0
-    while pos < len(text):
-        m = _TOKEN.match(text, pos)
-        if not m:
-            raise InterpError(f"line {line}: cannot parse PTX near {text[pos:pos + 20]!r}")
-        kind = m.lastgroup
-        if kind != "space":
-            tokens.append((kind, m.group(), line))
-        line += m.group().count("\n")
-        pos = m.end()
-    tokens.append(("eof", "", line))
+    tokens = []
+    for line, source in enumerate(text.split("\n"), 1):
+        end = 0
+        for m in _TOKEN.finditer(source):
+            if m.start() != end:         # finditer skipped text no token matches
+                break
+            kind = m.lastgroup
+            tokens.append((kind, m.group(kind), line))
+            end = m.end()
+        if source[end:].strip():
+            raise InterpError(f"line {line}: cannot parse PTX near {source[end:].strip()[:20]!r}")
+    tokens.append(("eof", "", text.count("\n") + 1))
     return tokens
 
 
@@ -161,6 +159,7 @@ class _Parser:
         self.toks = _tokenize(text)
         self.pos = 0
         self.lines = text.splitlines()
+        self.reg_operands = {}
         self.entry = entry
 
     # -- cursor
@@ -297,7 +296,7 @@ class _Parser:
         if prog.dynamic_shared is not None:
             prog.dynamic_shared.offset = _align(prog.shared_size, max(16, prog.dynamic_shared.align))
         for ins in prog.instructions:
-            if ins.opcode.split(".")[0] == "bra":
+            if ins.base == "bra":
                 ins.target = self.resolve_label(ins)
 
     # -- body
@@ -367,7 +366,7 @@ class _Parser:
 
     def declare(self, name, type_, line):
         scope_id, table = self.scopes[-1]
-        if name.split(".")[0] in {s.split(".")[0] for s in SPECIAL}:
+        if name.split(".")[0] in _SPECIAL_PREFIXES:
             self.fail(line, f"register {name} would shadow the special register of that name")
         if name in table:
             self.fail(line, f"register {name} declared twice")
@@ -447,7 +446,10 @@ class _Parser:
         name = tok[1]
         for _, table in reversed(self.scopes):
             if name in table:
-                return Reg(table[name])
+                rid = table[name]
+                if rid not in self.reg_operands:     # one Reg per register: fewer objects
+                    self.reg_operands[rid] = Reg(rid)
+                return self.reg_operands[rid]
         self.fail(line, f"undeclared register {name}")
 
     def operand(self, line):

@@ -1,78 +1,244 @@
 """Checks that need bookkeeping beyond plain execution: shared-memory races and
 warp-collective membership. Findings are raised as state.Finding; launch formats them."""
+from typing import NamedTuple
+
 import numpy as np
 
 from .state import Finding
 
-NOBODY, MANY = -1, -2
+# A byte's read and write records are four uint16 fields; the epochs sit at the same places
+# in both, so the accessing thread's "who" record doubles as its read and write record.
+R_THREAD, R_WARP, EPOCH, WARP_EPOCH = range(4)    # reader(s) since the last barrier
+W_THREAD, W_PENDING = 0, 1                        # last writer; its cp.async is pending
+NOBODY, MANY = 0xFFFF, 0xFFFE                     # thread/warp field values
+
+
+class AsyncCopy(NamedTuple):
+    """cp.asyncs of one step not yet waited for: per thread, its commit group and the
+    size-byte row of shared memory it copies to."""
+    threads: np.ndarray
+    group: np.ndarray
+    rows: np.ndarray
+    size: int
+    line: int
 
 
 class SharedRaces:
     """Per byte of shared memory: the last writer and the reader(s) since the last barrier.
 
-    Threads are recorded by linear id within their CTA (the byte says which CTA). An access
+    Threads are recorded by linear id within their CTA (the byte says which CTA); several
+    readers become MANY, and so does their warp if they are of different warps. An access
     conflicts with an earlier one by another thread of the same barrier interval (CTA epoch)
     unless both threads are in one warp and that warp passed bar.warp.sync in between.
-    Epochs are 16-bit counters compared for equality; they wrap after 65536 barriers."""
+    Epochs are 16-bit counters compared for equality; they wrap after 65536 barriers.
+
+    cp.async copies its data at issue, but its destination bytes stay pending until the
+    issuing thread's cp.async.wait_group/wait_all completes the copy's commit group: any
+    access to a pending byte is a finding, and the copy counts as that thread's write at the
+    time of the wait (so other threads also need a barrier after the wait).
+
+    Accesses are size-aligned (state.segments checks) and the shared stride is a multiple of
+    every access size, so one access is one row of a [bytes / size, size] view."""
 
     def __init__(self, st):
         size = st.shared.size
         self.st = st
-        self.writer = np.full(size, NOBODY, np.int16)
-        self.w_epoch = np.zeros(size, np.uint16)
-        self.w_warp_epoch = np.zeros(size, np.uint16)
-        self.reader = np.full(size, NOBODY, np.int16)
-        self.r_warp = np.full(size, NOBODY, np.int8)     # warp of the reader(s), MANY if mixed
-        self.r_epoch = np.zeros(size, np.uint16)
-        self.r_warp_epoch = np.zeros(size, np.uint16)
+        self.lin = st.lin.astype(np.uint16)
+        self.who = np.zeros((st.n, 4), np.uint16)     # per thread: its read/write record
+        self.who[:, R_THREAD] = self.lin
+        self.who[:, R_WARP] = self.lin >> 5
+        self.reads = np.zeros((size, 4), np.uint16)
+        self.reads[:, R_THREAD] = NOBODY
+        self.writes = np.zeros((size, 4), np.uint16)     # [W_THREAD, W_PENDING, EPOCH, WARP_EPOCH]
+        self.writes[:, W_THREAD] = NOBODY
+        self.row_reader = np.empty(size, np.int32)     # scratch: who read a row last
+        self.copies = []                                # outstanding AsyncCopy records
+        self.committed = np.zeros(st.n, np.int64)       # commit groups closed, per thread
+        self.completed = np.zeros(st.n, np.int64)       # groups [0, completed) are done
+        self._tables = {}
 
-    def _bytes(self, off, size, threads):
-        """Byte addresses [threads, size] and per-thread columns [threads, 1] of who accesses."""
+    def _table(self, records, size):
+        """records as one item of `size` records per size-aligned row (take/put move whole
+        rows, several times faster than fancy indexing of a 2-D view)."""
+        key = (id(records), size)
+        if key not in self._tables:
+            self._tables[key] = records.view(np.uint64).reshape(-1).view(np.dtype((np.void, 8 * size)))
+        return self._tables[key]
+
+    def _gather(self, records, rows, size):
+        """The accessed rows' records, [rows, size] uint64."""
+        return np.take(self._table(records, size), rows).view(np.uint64).reshape(-1, size)
+
+    def _scatter(self, records, rows, size, values):
+        """Store [rows * n, 4] uint16 (or [rows, n] uint64) records, n being size, or 1 for
+        one record per row."""
+        table = self._table(records, size)
+        values = values.view(np.uint64).reshape(-1)
+        if len(values) != len(rows) * size:
+            values = np.repeat(values, size)
+        np.put(table, rows, values.view(table.dtype))
+
+    @staticmethod
+    def _fields(size, *gathered):
+        """Each gathered [rows, size] array as [rows * n, 4] uint16 fields: n = 1 when every
+        row's bytes hold one record (the usual case; each check then runs once per row, not
+        once per byte), n = size otherwise."""
+        fields = [g.view(np.uint16).reshape(len(g), -1) for g in gathered]
+        if size > 1 and all((g == g[:, :1]).all() for g in gathered):
+            return [f[:, :4] for f in fields]          # each row's first byte
+        return [f.reshape(-1, 4) for f in fields]
+
+    def _who(self, threads, per):
+        """[thread, warp in the CTA, CTA epoch, warp epoch] of each thread, `per` times.
+        Everything works on flat arrays like these: numpy is slow on short inner axes."""
+        who = np.take(self.who.view(np.uint64), threads)
+        return (np.repeat(who, per) if per > 1 else who).view(np.uint16).reshape(-1, 4)
+
+    def barrier(self, ctas):
+        """bar.sync completed in these CTAs: later accesses are ordered after earlier ones."""
         st = self.st
-        b = off[:, None] + np.arange(size)
-        lin = st.lin[threads]
-        column = lambda x: x[:, None]
-        return (b, column(lin.astype(np.int16)), column((lin // 32).astype(np.int8)),
-                column(st.cta_epoch[st.cta[threads]]), column(st.warp_epoch[st.warp[threads]]))
+        threads = slice(None) if len(ctas) == st.num_ctas else np.isin(st.cta, ctas)
+        for field in (EPOCH, WARP_EPOCH):       # one long axis at a time: numpy is quicker
+            self.who[threads, field] += np.uint16(1)
 
-    def _synced(self, other_warp, warp, recorded, now):
-        return (other_warp == warp) & (recorded != now)
+    def warp_barrier(self, threads):
+        """bar.warp.sync by these threads: the same for their warps."""
+        synced = np.zeros(self.st.warp_lanes.size, bool)
+        synced[self.st.warp[threads]] = True
+        self.who[synced[self.st.warp], WARP_EPOCH] += np.uint16(1)
+
+    @staticmethod
+    def _location(k, rows, size, per):
+        """(access index, shared byte) of record k of `per` records per row."""
+        return k // per, rows[k // per] * size + k % per
 
     def read(self, off, size, threads):
-        b, lin, warp, epoch, wepoch = self._bytes(off, size, threads)
-        w = self.writer[b]
-        race = (w != NOBODY) & (w != lin) & (self.w_epoch[b] == epoch) & ~self._synced(
-            (w // 32).astype(np.int8), warp, self.w_warp_epoch[b], wepoch)
+        rows = off // size
+        w, r = self._fields(size, self._gather(self.writes, rows, size),
+                            self._gather(self.reads, rows, size))
+        per = len(w) // len(rows)
+        who = self._who(threads, per)
+        lin, warp, epoch, wepoch = who.T
+        if self.copies:
+            self._check_pending(w[:, W_PENDING], rows, size, per, threads, "read")
+        writer = w[:, W_THREAD]
+        race = (w[:, EPOCH] == epoch) & (writer != lin)
         if race.any():
-            i, j = np.argwhere(race)[0]
-            raise Finding(f"shared-memory race: reads {self.where(b[i, j])} written by thread "
-                          f"{self.thread_xyz(w[i, j])} with no barrier in between", threads[i])
-        prev, prev_warp = self.reader[b], self.r_warp[b]
-        stale = (prev == NOBODY) | (self.r_epoch[b] != epoch) | self._synced(
-            prev_warp, warp, self.r_warp_epoch[b], wepoch)
-        new = np.where(stale | (prev == lin), lin, np.int16(MANY))
-        new_warp = np.where(stale | (prev_warp == warp), warp, np.int8(MANY))
-        self.reader[b] = new
-        self.r_warp[b] = new_warp
-        # several threads reading one byte in this very step: the last assignment won
-        self.reader[b[self.reader[b] != new]] = MANY
-        self.r_warp[b[self.r_warp[b] != new_warp]] = MANY
-        self.r_epoch[b] = epoch
-        self.r_warp_epoch[b] = wepoch
+            race &= (writer != NOBODY) & ~(((writer >> 5) == warp) & (w[:, WARP_EPOCH] != wepoch))
+            if race.any():
+                k = np.flatnonzero(race)[0]
+                i, byte = self._location(k, rows, size, per)
+                raise Finding(f"shared-memory race: reads {self.where(byte)} written by thread "
+                              f"{self.thread_xyz(writer[k])} with no barrier in between", threads[i])
+        reader, reader_warp = r[:, R_THREAD], r[:, R_WARP]
+        stale = (reader == NOBODY) | (r[:, EPOCH] != epoch) | (
+            (reader_warp == warp) & (r[:, WARP_EPOCH] != wepoch))
+        new = who        # this thread and epochs, with MANY where others read it before
+        if not stale.all():
+            new[~stale & (reader != lin), R_THREAD] = MANY
+            new[~stale & (reader_warp != warp), R_WARP] = MANY
+        self._scatter(self.reads, rows, size, new)
+        self._merge_readers(rows, size, new, threads)
+
+    def _merge_readers(self, rows, size, new, threads):
+        """Several threads read one row in this very step and the last one's record won:
+        such a row's readers are MANY threads, and MANY warps if some reader's warp is not
+        the last one's."""
+        order = np.arange(len(rows))
+        np.put(self.row_reader, rows, order)
+        last = np.take(self.row_reader, rows)
+        others = np.flatnonzero(last != order)
+        if not len(others):
+            return
+        last = last[others]
+        warp = self.lin[threads] >> 5
+        shared = np.zeros(len(rows), bool)        # last readers of rows that several read
+        shared[last] = True
+        mixed = np.zeros(len(rows), bool)         # ... that several warps read
+        mixed[last[warp[others] != warp[last]]] = True
+        winners = np.flatnonzero(shared)
+        record = np.take(new.view(np.uint64).reshape(len(rows), -1), winners, axis=0)
+        fields = record.view(np.uint16).reshape(-1, 4)
+        fields[:, R_THREAD] = MANY
+        fields[np.repeat(mixed[winners], record.shape[1]), R_WARP] = MANY
+        self._scatter(self.reads, rows[winners], size, record)
 
     def write(self, off, size, threads):
-        b, lin, warp, epoch, wepoch = self._bytes(off, size, threads)
-        r = self.reader[b]
-        race = (r != NOBODY) & (r != lin) & (self.r_epoch[b] == epoch) & ~self._synced(
-            self.r_warp[b], warp, self.r_warp_epoch[b], wepoch)
+        rows = off // size
+        gathered = [self._gather(self.reads, rows, size)]
+        if self.copies:
+            gathered.append(self._gather(self.writes, rows, size))
+        r, *w = self._fields(size, *gathered)
+        per = len(r) // len(rows)
+        who = self._who(threads, per)
+        if w:
+            self._check_pending(w[0][:, W_PENDING], rows, size, per, threads, "overwrite")
+        self._check_readers(r, rows, size, per, who, threads)
+        who[:, W_PENDING] = 0           # who becomes the write record
+        self._scatter(self.writes, rows, size, who)
+
+    def _check_readers(self, r, rows, size, per, who, threads):
+        lin, warp, epoch, wepoch = who.T
+        reader = r[:, R_THREAD]
+        race = (r[:, EPOCH] == epoch) & (reader != lin)
         if race.any():
-            i, j = np.argwhere(race)[0]
-            who = "several threads" if r[i, j] == MANY else f"thread {self.thread_xyz(r[i, j])}"
-            raise Finding(f"shared-memory race: overwrites {self.where(b[i, j])} which {who} "
-                          "read with no barrier in between (write-after-read)", threads[i])
-        self.writer[b] = lin
-        self.w_epoch[b] = epoch
-        self.w_warp_epoch[b] = wepoch
+            race &= (reader != NOBODY) & ~((r[:, R_WARP] == warp) & (r[:, WARP_EPOCH] != wepoch))
+            if race.any():
+                k = np.flatnonzero(race)[0]
+                i, byte = self._location(k, rows, size, per)
+                who = "several threads" if reader[k] == MANY else f"thread {self.thread_xyz(reader[k])}"
+                raise Finding(f"shared-memory race: overwrites {self.where(byte)} which {who} "
+                              "read with no barrier in between (write-after-read)", threads[i])
+
+    # -- cp.async
+    def copy_issued(self, off, size, threads, line):
+        """cp.async to shared bytes [off, off+size) of each thread: pending until waited for.
+        Readers before it must still be ordered before the issue."""
+        rows = off // size
+        w, r = self._fields(size, self._gather(self.writes, rows, size),
+                            self._gather(self.reads, rows, size))
+        per = len(w) // len(rows)
+        if self.copies:
+            self._check_pending(w[:, W_PENDING], rows, size, per, threads, "overwrite")
+        self._check_readers(r, rows, size, per, self._who(threads, per), threads)
+        w = w.copy()
+        w[:, W_PENDING] = 1
+        self._scatter(self.writes, rows, size, w)
+        self.copies.append(AsyncCopy(threads, self.committed[threads], rows, size, line))
+
+    def commit(self, threads):
+        self.committed[threads] += 1
+
+    def wait(self, threads, newest):
+        """cp.async.wait_group newest: all but the newest `newest` committed groups of these
+        threads are complete; their copies become writes as of now."""
+        self.completed[threads] = np.maximum(self.completed[threads], self.committed[threads] - newest)
+        outstanding = []
+        for copy in self.copies:
+            done = copy.group < self.completed[copy.threads]
+            if done.any():
+                who = self._who(copy.threads[done], 1)
+                who[:, W_PENDING] = 0
+                self._scatter(self.writes, copy.rows[done], copy.size, who)
+            if not done.all():
+                keep = ~done
+                outstanding.append(AsyncCopy(copy.threads[keep], copy.group[keep], copy.rows[keep],
+                                             copy.size, copy.line))
+        self.copies = outstanding
+
+    def _check_pending(self, pending, rows, size, per, threads, access):
+        if not pending.any():
+            return
+        i, byte = self._location(np.flatnonzero(pending)[0], rows, size, per)
+        for copy in self.copies:
+            hit = np.flatnonzero(copy.rows == byte // copy.size)
+            if len(hit):
+                owner, group = copy.threads[hit[0]], int(copy.group[hit[0]])
+                raise Finding(f"{access} of shared memory whose cp.async (line {copy.line}) has not "
+                              f"been waited for: {self.where(byte)} is copied by thread "
+                              f"{self.thread_xyz(self.lin[owner])} in its commit group {group}, and "
+                              f"its cp.async waits have completed {int(self.completed[owner])} "
+                              "group(s)", threads[i])
 
     def where(self, byte):
         offset = int(byte) % self.st.shared_stride
@@ -95,6 +261,8 @@ class SharedRaces:
 def warp_members(st, threads, mask, what):
     """Check that every lane named in each thread's member mask executes this warp-collective
     instruction together with it; returns the executing-lane bits of each thread's warp."""
+    if len(threads) == st.n and np.ndim(mask) == 0 and mask == 0xFFFFFFFF:
+        return st.warp_lanes[st.warp]             # the whole wave, full masks: nothing to check
     warp = st.warp[threads]
     lane = st.lane[threads]
     executing = np.bincount(warp, weights=np.ldexp(1.0, lane), minlength=st.warp_lanes.size)

@@ -1,5 +1,8 @@
 """Machine state of one wave of CTAs: registers as arrays over every thread of the wave,
 per-CTA shared memory, per-thread local memory, and the launch's global address space."""
+import bisect
+from functools import cache
+
 import numpy as np
 
 from ..errors import LaunchError
@@ -14,6 +17,14 @@ _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _SINT = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
 
 
+def item(size):
+    """dtype of one aligned `size`-byte access: an unsigned integer, or raw bytes past 8;
+    np.take/np.put of whole items beat fancy indexing of [threads, elements] arrays."""
+    return np.dtype(_UINT[size]) if size in _UINT else np.dtype((np.void, size))
+
+
+# The type helpers are pure and run for every operand of every compiled instruction: cached.
+@cache
 def dtype_of(t):
     """numpy dtype an instruction type computes in (bf16 and packed types as raw bits)."""
     size, kind = TYPES[t]
@@ -26,12 +37,14 @@ def dtype_of(t):
     return np.dtype(_UINT[size])
 
 
+@cache
 def storage_of(t):
     """numpy dtype a register of type t is stored as: raw bits of its width."""
     size, kind = TYPES[t]
     return np.dtype(np.bool_) if kind == "p" else np.dtype(_UINT[size])
 
 
+@cache
 def converter(src, t):
     """Function turning values of dtype src into the dtype of type t, PTX-style: same width
     reinterprets bits, narrower truncates, wider extends by t's signedness (None = as is)."""
@@ -51,6 +64,7 @@ def converter(src, t):
     return lambda a: a.view(ext).astype(wide).view(dst)
 
 
+@cache
 def store_converter(t, storage):
     """Function turning a value of type t into a register's storage dtype."""
     src = dtype_of(t)
@@ -106,8 +120,13 @@ class GlobalMemory:
         key = (region, size)
         if key not in self._views:
             raw = self.bytes[region]
-            self._views[key] = raw[: raw.size - raw.size % size].view(_UINT[size])
+            self._views[key] = raw[: raw.size - raw.size % size].view(item(size))
         return self._views[key]
+
+    def holding(self, start, end):
+        """The array that contains all of [start, end), or None."""
+        i = bisect.bisect_right(self.bases, start) - 1
+        return i if i >= 0 and end <= self.bases[i] + self.sizes[i] else None
 
     def locate(self, addr, size):
         """Region of each address; -1 where any byte of [addr, addr+size) is unmapped."""
@@ -175,14 +194,13 @@ class WaveState:
         self.written = [None] * len(program.regs)   # per-thread "has been written" (sanitizer)
         self.fully_written = set()
         self.shared_size = shared_bytes
-        self.shared_stride = -(-max(shared_bytes, 1) // 16) * 16
+        # strides are multiples of every access size, so aligned accesses are whole items
+        self.shared_stride = -(-max(shared_bytes, 1) // 64) * 64
         self.shared = np.zeros(num_ctas * self.shared_stride, np.uint8)
         self.local_size = program.local_size
-        self.local_stride = -(-max(program.local_size, 1) // 16) * 16
+        self.local_stride = -(-max(program.local_size, 1) // 64) * 64
         self.local = None
         self._views = {}
-        self.cta_epoch = np.zeros(num_ctas, np.uint16)
-        self.warp_epoch = np.zeros(num_ctas * self.warps_per_cta, np.uint16)
         self.races = None
         if sanitize:
             from .sanitizer import SharedRaces
@@ -224,7 +242,7 @@ class WaveState:
         key = (space, size)
         if key not in self._views:
             raw = self.shared if space == "shared" else self.local
-            self._views[key] = raw.view(_UINT[size])
+            self._views[key] = raw.view(item(size))
         return self._views[key]
 
     def segments(self, space, addr, size, threads, align=None):
@@ -250,6 +268,9 @@ class WaveState:
                     out.append((region, off, pos if isinstance(p, slice) else pos[p]))
             return out
         if space == "global":
+            whole = self.memory.holding(int(addr.min()), int(addr.max()) + size)
+            if whole is not None:         # the usual case: one array, in bounds
+                return [(whole, addr - self.memory.bases[whole], FULL)]
             region = self.memory.locate(addr, size)
             lo, hi = region.min(), region.max()
             if lo < 0:
@@ -283,31 +304,23 @@ class WaveState:
 
     def load(self, space, addr, esize, count, threads):
         """Load count elements of esize bytes per thread -> uint array [threads, count]."""
+        size = esize * count
         out = np.empty((len(threads), count), _UINT[esize])
-        for region, off, pos in self.segments(space, addr, esize * count, threads):
+        for region, off, pos in self.segments(space, addr, size, threads):
             if region == "shared" and self.races is not None:
-                self.races.read(off, esize * count, threads[pos])
-            elems = off // esize
-            data = self.typed(region, esize)
-            out[pos] = data[elems[:, None] + np.arange(count)] if count > 1 else data[elems][:, None]
+                self.races.read(off, size, threads[pos])
+            out[pos] = np.take(self.typed(region, size), off // size).view(out.dtype).reshape(-1, count)
         return out
 
-    def store(self, space, addr, esize, values, threads):
-        """Store values [threads, count] of esize-byte elements."""
-        count = values.shape[1]
-        for region, off, pos in self.segments(space, addr, esize * count, threads):
+    def store(self, space, addr, esize, values, threads, copy_line=None):
+        """Store values [threads, count] of esize-byte elements. copy_line: the line of the
+        cp.async doing this store (the sanitizer keeps its bytes pending until waited for)."""
+        size = esize * values.shape[1]
+        for region, off, pos in self.segments(space, addr, size, threads):
             if region == "shared" and self.races is not None:
-                self.races.write(off, esize * count, threads[pos])
-            elems = off // esize
-            data = self.typed(region, esize)
-            if count > 1:
-                data[elems[:, None] + np.arange(count)] = values[pos]
-            else:
-                data[elems] = values[pos, 0]
-
-    # -- barriers
-    def bump_epochs(self, ctas):
-        """A CTA-wide barrier completed in these CTAs: later accesses are ordered after it."""
-        self.cta_epoch[ctas] += np.uint16(1)
-        warps = (ctas[:, None] * self.warps_per_cta + np.arange(self.warps_per_cta)).ravel()
-        self.warp_epoch[warps] += np.uint16(1)
+                if copy_line is None:
+                    self.races.write(off, size, threads[pos])
+                else:
+                    self.races.copy_issued(off, size, threads[pos], copy_line)
+            data = self.typed(region, size)
+            np.put(data, off // size, np.ascontiguousarray(values[pos]).reshape(-1).view(data.dtype))

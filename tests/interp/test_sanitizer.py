@@ -74,6 +74,24 @@ def test_unsanitized_run_skips_race_checks():
     launch(ptx_of(bug), "k", (2, 1, 1), (64, 1, 1), [np.zeros(4, np.float32)], sanitize=False)
 
 
+BYTES_OF_A_WORD = """
+  .shared .align 4 .b8 word[64];
+  mov.u32 %s, word;
+  add.u32 %slot, %s, %lin;
+  st.shared.u8 [%slot], %lin;          // thread t writes byte t only: no conflict
+  {barrier}
+  and.b32 %next, %lin, 60;
+  add.u32 %next, %s, %next;
+  ld.shared.u32 %v, [%next];  // BUG
+"""
+
+
+def test_races_are_tracked_per_byte():
+    expect(BYTES_OF_A_WORD.replace("{barrier}", ""), r"reads shared byte 1 \(word\+1\) written by "
+           r"thread \(1,0,0\)", (0, 0, 0), (0, 0, 0), grid=(1, 1, 1))
+    clean(BYTES_OF_A_WORD.replace("{barrier}", "bar.sync 0;"), grid=(1, 1, 1))
+
+
 CLOBBER = SHARED_NEIGHBOUR.replace("{barrier}", "bar.sync 0;") + """
   add.u32 %v, %v, %v;
   {barrier}
@@ -257,3 +275,109 @@ def test_finding_names_cta_in_later_wave(monkeypatch):
   @%p ld.global.f32 %f0, [%out+4096];  // BUG
 """
     expect(body, "out-of-bounds", (1, 2, 0), (0, 0, 0), grid=(2, 3, 1))
+
+
+DOUBLE_BUFFER = """
+  .shared .align 16 .b8 stage[2048];
+  mov.u32 %s, stage;
+  shl.b32 %slot, %lin, 4;
+  add.u32 %slot, %s, %slot;            // this thread's 16 bytes of buffer 0
+  add.u32 %next, %lin, 1;
+  and.b32 %next, %next, 63;
+  shl.b32 %next, %next, 4;
+  add.u32 %next, %s, %next;            // its neighbour's
+  mul.wide.u32 %off, %lin, 16;
+  add.s64 %a, %out, %off;
+  cp.async.cg.shared.global [%slot], [%a], 16;
+  cp.async.commit_group;
+  mov.u32 %r0, 0;                      // tile; it sits in buffer tile & 1
+LOOP:
+  setp.lt.u32 %q, %r0, 3;
+  and.b32 %r1, %r0, 1;
+  shl.b32 %r1, %r1, 10;
+  xor.b32 %r2, %r1, 1024;
+  @!%q bra WAIT;
+  add.s64 %a, %a, 1024;
+  add.u32 %r3, %slot, %r2;
+  cp.async.cg.shared.global [%r3], [%a], 16;
+WAIT:
+  cp.async.commit_group;
+  cp.async.wait_group 1;               // this tile's group is done, the prefetch may not be
+  bar.sync 0;                          // and so is everyone's
+  add.u32 %r3, %next, %r1;
+  ld.shared.u32 %v, [%r3];
+  bar.sync 0;                          // all reads done before the buffer is refilled
+  add.u32 %r0, %r0, 1;
+  setp.lt.u32 %p, %r0, 4;
+  @%p bra LOOP;
+"""
+NEIGHBOUR_READ = "ld.shared.u32 %v, [%r3];"
+PENDING = (r"read of shared memory whose cp.async \(line {line}\) has not been waited for: shared "
+           r"byte 16 \(stage\+16\) is copied by thread \(1,0,0\) in its commit group 0, and its "
+           r"cp.async waits have completed 0 group\(s\)")
+
+
+def first_line(text, body):
+    return next(i + 1 for i, t in enumerate(ptx_of(body).splitlines()) if text in t)
+
+
+def test_double_buffered_cp_async_is_clean():
+    clean(DOUBLE_BUFFER)
+    clean(DOUBLE_BUFFER.replace("cp.async.wait_group 1;", "cp.async.wait_all;"))
+
+
+def test_cp_async_wait_group_count_too_high():
+    bug = DOUBLE_BUFFER.replace("cp.async.wait_group 1;", "cp.async.wait_group 2;").replace(
+        NEIGHBOUR_READ, NEIGHBOUR_READ + "  // BUG")
+    line = first_line("cp.async.cg", bug)
+    expect(bug, PENDING.format(line=line), (0, 0, 0), (0, 0, 0))
+
+
+def test_cp_async_never_waited_for():
+    bug = DOUBLE_BUFFER.replace("cp.async.wait_group 1;", "").replace(
+        NEIGHBOUR_READ, NEIGHBOUR_READ + "  // BUG")
+    expect(bug, PENDING.format(line=first_line("cp.async.cg", bug)), (0, 0, 0), (0, 0, 0))
+
+
+def test_cp_async_waited_for_but_no_barrier_before_other_threads_read():
+    bug = DOUBLE_BUFFER.replace("bar.sync 0;                          // and so", "// and so").replace(
+        NEIGHBOUR_READ, NEIGHBOUR_READ + "  // BUG")
+    expect(bug, r"shared-memory race: reads shared byte 16 \(stage\+16\) written by thread \(1,0,0\) "
+                r"with no barrier in between", (0, 0, 0), (0, 0, 0))
+
+
+def test_cp_async_refill_races_with_earlier_readers():
+    bug = DOUBLE_BUFFER.replace("bar.sync 0;                          // all reads", "// all reads").replace(
+        "[%r3], [%a], 16;", "[%r3], [%a], 16;  // BUG")
+    expect(bug, r"overwrites shared byte 0 \(stage\+0\) which thread \(63,0,0\) read with no "
+                r"barrier in between \(write-after-read\)", (0, 0, 0), (0, 0, 0))
+
+
+OVERWRITE_PENDING = """
+  .shared .align 16 .b8 stage[1024];
+  mov.u32 %s, stage;
+  shl.b32 %slot, %lin, 4;
+  add.u32 %slot, %s, %slot;
+  mul.wide.u32 %off, %lin, 16;
+  add.s64 %a, %out, %off;
+  cp.async.ca.shared.global [%slot], [%a], 16;
+  cp.async.commit_group;
+  {wait}
+  st.shared.u32 [%slot+12], %lin;  // BUG
+  ld.shared.u32 %v, [%slot];
+"""
+
+
+def test_store_over_pending_cp_async():
+    bug = OVERWRITE_PENDING.replace("{wait}", "")
+    expect(bug, r"overwrite of shared memory whose cp.async \(line {}\) has not been waited for: "
+                r"shared byte 12 \(stage\+12\) is copied by thread \(0,0,0\) in its commit group 0"
+                .format(first_line("cp.async.ca", bug)), (0, 0, 0), (0, 0, 0))
+    clean(OVERWRITE_PENDING.replace("{wait}", "cp.async.wait_group 0;"))
+    clean(OVERWRITE_PENDING.replace("{wait}", "cp.async.wait_all;").replace(
+        "cp.async.commit_group;", ""))
+
+
+def test_unsanitized_run_skips_cp_async_checks():
+    bug = DOUBLE_BUFFER.replace("cp.async.wait_group 1;", "")
+    launch(ptx_of(bug), "k", (2, 1, 1), (64, 1, 1), [np.zeros(1024, np.float32)], sanitize=False)
