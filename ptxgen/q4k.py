@@ -124,15 +124,11 @@ def dequantize(w: np.ndarray, k: int | None = None) -> np.ndarray:
     return y.reshape(n, nb * BLOCK_WEIGHTS)
 
 
-def dequantize_f64(w: np.ndarray, k: int | None = None) -> np.ndarray:
-    """Float64 reference dequantisation: ``float64(d)*sc*q - float64(dmin)*m``."""
-    w = _check_packed(w, k)
-    d, dmin, sc, mn, q = unpack(w)
-    n, nb = d.shape
-    ds = (d.astype(np.float64)[..., None] * sc)[..., None]
-    dm = (dmin.astype(np.float64)[..., None] * mn)[..., None]
-    y = ds * q.reshape(n, nb, NSUB, SUB) - dm
-    return y.reshape(n, nb * BLOCK_WEIGHTS)
+def dequantize_f64(w: np.ndarray) -> np.ndarray:
+    """The ground truth for kernel references: gguf's own Q4_K dequantisation, as float64."""
+    import gguf
+
+    return gguf.quants.dequantize(w, gguf.GGMLQuantizationType.Q4_K).astype(np.float64)
 
 
 def _rint(v: np.ndarray) -> np.ndarray:

@@ -69,10 +69,10 @@ from pydantic import Field, model_validator
 
 from ..dtypes import DTYPES, from_float, to_float64
 from ..errors import LaunchError
-from ..q4k import BLOCK_BYTES, BLOCK_WEIGHTS, random_weights, row_bytes
+from ..q4k import BLOCK_BYTES, BLOCK_WEIGHTS, dequantize_f64, random_weights, row_bytes
 from .base import TOLERANCE, Kind, KernelConfig, Launch, Param, Traffic, ceil_div
 from .incremental_attention import attention_macro_vars
-from .q4k_gemv import Q4kPlan, dequantize_f64
+from .q4k_gemv import Q4kPlan
 from .rmsnorm import rms_normalize
 from .rope import rope_plan, rotate_half
 from .swiglu import silu_mul

@@ -31,11 +31,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-import gguf
 import numpy as np
 from pydantic import Field, field_validator
 
-from ..q4k import BLOCK_BYTES, BLOCK_WEIGHTS, random_weights, row_bytes
+from ..q4k import BLOCK_BYTES, BLOCK_WEIGHTS, dequantize_f64, random_weights, row_bytes
 from .base import Kind, KernelConfig, Launch, Param, Traffic, ceil_div
 
 MAX_N = 2**31 - 1
@@ -186,11 +185,6 @@ class Q4kPlan:
 def q4k_param(name: str, n: int, k: int) -> Param:
     """A Q4_K weight matrix parameter: u8[n, (k/256)*144], loadable from a GGUF tensor."""
     return Param(name, "u8", (n, row_bytes(k)), layout="q4_k")
-
-
-def dequantize_f64(w: np.ndarray) -> np.ndarray:
-    """The ground truth: gguf's own Q4_K dequantisation, widened to float64."""
-    return gguf.quants.dequantize(w, gguf.GGMLQuantizationType.Q4_K).astype(np.float64)
 
 
 class Q4kGemv(Kind):
