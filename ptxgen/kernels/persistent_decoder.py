@@ -71,7 +71,7 @@ from ..dtypes import DTYPES, from_float, to_float64
 from ..errors import LaunchError
 from ..q4k import BLOCK_BYTES, BLOCK_WEIGHTS, dequantize_f64, random_weights, row_bytes
 from .base import TOLERANCE, Kind, KernelConfig, Launch, Param, Traffic, ceil_div
-from .incremental_attention import attention_macro_vars
+from .incremental_attention import attention_macro_vars, attention_reference
 from .q4k_gemv import Q4kPlan
 from .rmsnorm import rms_normalize
 from .rope import rope_plan, rotate_half
@@ -179,7 +179,6 @@ def decoder_reference(arrays: dict[str, np.ndarray], config, pos: int,
     (float64 [num_layers, num_kv_heads, head_dim])."""
     c = config
     dt = c.kv_dtype
-    group = c.num_heads // c.num_kv_heads
     x = to_float64(arrays["x"], "f32")
     k_cache = arrays["k_cache"].copy()
     v_cache = arrays["v_cache"].copy()
@@ -203,11 +202,7 @@ def decoder_reference(arrays: dict[str, np.ndarray], config, pos: int,
             read_v[layer, :, pos] = stored["v_cache"][layer, :, pos]
         keys = to_float64(read_k[layer, :, :pos + 1], dt)
         values = to_float64(read_v[layer, :, :pos + 1], dt)
-        o = np.empty((c.num_heads, c.head_dim))
-        for h in range(c.num_heads):
-            scores = keys[h // group] @ q[h] / math.sqrt(c.head_dim)
-            weights = np.exp(scores - scores.max())
-            o[h] = weights / weights.sum() @ values[h // group]
+        o = attention_reference(q, keys, values, pos + 1, c.softmax_scale)
         x = x + dequantize_f64(arrays["wo"][layer]) @ o.ravel()
         m = rms_normalize(x, to_float64(arrays["ffn_norm"][layer], "f32"), c.eps)
         gate = dequantize_f64(arrays["w_gate"][layer]) @ m
