@@ -33,6 +33,7 @@ import numpy as np
 from pydantic import Field
 
 from .base import Kind, KernelConfig, Launch, Param, Traffic, ceil_div, round_up
+from .rmsnorm import vector_width
 
 MAX_POS = 2**24  # every integer up to here is exact in f32; verified bound of the accuracy claim
 MAX_HEAD_DIM = 1024
@@ -57,14 +58,6 @@ def inv_freq(theta: float, head_dim: int) -> np.ndarray:
     return theta ** (-2.0 * np.arange(head_dim // 2, dtype=np.float64) / head_dim)
 
 
-def rope_vector(half: int) -> int:
-    """Consecutive pairs per thread: 16-byte loads when half allows, then 8, then scalars."""
-    for vec in (4, 2):
-        if half % vec == 0:
-            return vec
-    return 1
-
-
 def rope_plan(theta: float, head_dim: int, vec: int | None = None) -> dict:
     """Per-thread vector, chunk count, and the immediate factors the template multiplies.
 
@@ -74,7 +67,7 @@ def rope_plan(theta: float, head_dim: int, vec: int | None = None) -> dict:
     widest vector that tiles the half.
     """
     half = head_dim // 2
-    vec = rope_vector(half) if vec is None else vec
+    vec = vector_width(half, 4) if vec is None else vec  # pairs per thread: 16/8/4-byte f32 loads
     if half % vec:
         raise ValueError(f"{vec} pairs per thread do not tile head_dim/2 = {half}")
     chunks = half // vec
