@@ -236,12 +236,11 @@ def check_rows(checks) -> list[dict]:
 def bench_row(gpu, spec: LoadedSpec, kernel, scalars: dict, iters: int, graph: bool, copy_gbs: float,
               torch, torch_note: str | None, verified: dict) -> dict:
     """Check one (kernel, scalars) on the device, then time it and its peers."""
-    from .render import render
     from .runner import prepare_arrays, run
     from .verify import compare, verify_kernel
 
     kind = kind_of(kernel)
-    ptx = render(kernel, spec.spec.ptx_version(kernel), spec.spec.ptx_target)
+    ptx = spec.spec.ptx(kernel)
     traffic = kind.traffic(scalars)
     config = kernel.model_dump(mode="json", exclude={"name", "kind"})
     row = {"kernel": kernel.name, "kind": kind.name, "config": config, "scalars": dict(scalars),

@@ -186,12 +186,6 @@ def load_npz(path: Path) -> dict[str, np.ndarray]:
         raise LaunchError(f"--inputs {path}: cannot read as .npz: {error}") from None
 
 
-def rendered(spec: LoadedSpec, kernel) -> str:
-    from .render import render
-
-    return render(kernel, spec.spec.ptx_version(kernel), spec.spec.ptx_target)
-
-
 def default_backend() -> str:
     from .device import driver
     from .errors import DeviceUnavailable
@@ -228,7 +222,7 @@ def run(
     if gguf is not None:
         arrays.update(gguf_weights(kind, gguf, tensor))
     chosen = backend.value if backend else default_backend()
-    results = run_kernel(kernel, rendered(spec, kernel), arrays, scalars, backend=chosen)
+    results = run_kernel(kernel, spec.spec.ptx(kernel), arrays, scalars, backend=chosen)
     save_npz(outputs, results)
     err.print(f"{kernel.name}: ran on {chosen}, wrote {', '.join(results)} to {outputs}")
 
@@ -275,7 +269,7 @@ def verify(
         task = progress.add_task("verifying", total=len(kernels))
         for kernel in kernels:
             progress.update(task, description=kernel.name)
-            ptx = rendered(spec, kernel)
+            ptx = spec.spec.ptx(kernel)
             cases = kind_of(kernel).verify_scalars()
             if not cases:
                 table.add_row(kernel.name, "-", "-", "-", "-",

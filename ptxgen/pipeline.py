@@ -18,7 +18,6 @@ from .cache import Cache, cache_key, write_if_changed
 from .device import ASSEMBLERS, Assembled, assembler_version, parse_resources, resolve_assembler
 from .archs import format_version
 from .kernels import kind_of
-from .render import render
 from .settings import SETTINGS
 from .spec import LoadedSpec
 
@@ -54,7 +53,7 @@ def stage_ptx(spec: LoadedSpec, units: list[Unit], options: BuildOptions) -> Non
     for unit in units:
         kernel, kind = unit.kernel, kind_of(unit.kernel)
         version = spec.spec.ptx_version(kernel)
-        unit.ptx = render(kernel, version, spec.spec.ptx_target)
+        unit.ptx = spec.spec.ptx(kernel)
         unit.meta.update(
             kind=kind.name,
             config=kernel.model_dump(mode="json"),

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .archs import ARCHS, DEFAULT_ARCHS, STATIC_SHARED_LIMIT, format_version
 from .errors import SpecError
 from .kernels import KINDS, kind_of
+from .render import render
 
 KernelEntry = Annotated[Union[tuple(kind.Config for kind in KINDS.values())], Field(discriminator="kind")]
 
@@ -77,6 +78,10 @@ class Spec(BaseModel):
             major, minor = self.target.ptx_version.split(".")
             return int(major), int(minor)
         return max([kind_of(kernel).ptx_version, ARCHS[self.target.archs[0]].ptx_version])
+
+    def ptx(self, kernel) -> str:
+        """The PTX text of one of this spec's kernels."""
+        return render(kernel, self.ptx_version(kernel), self.ptx_target)
 
     @property
     def ptx_target(self) -> str:

@@ -19,7 +19,6 @@ from ptxgen.dtypes import from_float
 from ptxgen.errors import LaunchError
 from ptxgen.kernels import kind_of
 from ptxgen.kernels.flash_attention import attention_reference
-from ptxgen.render import render
 from ptxgen.runner import run
 from ptxgen.spec import load_spec
 from ptxgen.verify import compare, verify_kernel
@@ -150,7 +149,7 @@ def test_spec_instances_assemble_for_every_arch_without_spills():
     kernels = [k for k in spec.kernels if k.kind == "flash_attention"]
     assert kernels, "specs/qwen3.toml has no flash_attention instance"
     for kernel in kernels:
-        ptx = render(kernel, spec.ptx_version(kernel), spec.ptx_target)
+        ptx = spec.ptx(kernel)
         for arch in spec.target.archs:
             used = parse_resources(assemble_nvjitlink(ptx, arch).info_log)
             assert used["spill_stores"] == used["spill_loads"] == used["local_bytes"] == 0, f"{kernel.name} {arch}: {used}"

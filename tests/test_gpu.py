@@ -21,7 +21,6 @@ from ptxgen.dtypes import to_float64
 from ptxgen.errors import DeviceUnavailable, LaunchError
 from ptxgen.kernels import KINDS, kind_of
 from ptxgen.kernels.base import Launch
-from ptxgen.render import render
 from ptxgen.runner import prepare_arrays, run
 from ptxgen.spec import load_spec
 from ptxgen.verify import relative_l2, verify_kernel
@@ -41,7 +40,7 @@ NAMES = [kernel.name for kernel in LOADED.spec.kernels]
 
 
 def ptx_of(kernel) -> str:
-    return render(kernel, LOADED.spec.ptx_version(kernel), LOADED.spec.ptx_target)
+    return LOADED.spec.ptx(kernel)
 
 
 def describe_failures(checks) -> str:

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from ptxgen.device import assemble_nvjitlink, parse_resources
-from ptxgen.dtypes import from_float
 from ptxgen.errors import LaunchError
 from ptxgen.interp import launch as interpret
 from ptxgen.kernels import kind_of

@@ -18,7 +18,6 @@ from ptxgen.errors import LaunchError, SanitizerError, SpecError
 from ptxgen.interp import launch as interpret
 from ptxgen.kernels import kind_of
 from ptxgen.kernels.persistent_decoder import BARRIER_WORDS, PHASE_BARRIERS, decoder_reference
-from ptxgen.render import render
 from ptxgen.runner import launch_args, prepare_arrays, run
 from ptxgen.spec import load_spec
 from ptxgen.verify import relative_l2
@@ -406,7 +405,7 @@ def test_spec_instances_assemble_without_spills():
     instances = spec_instances()
     assert {k.name for _, k in instances} >= {"qwen3_tiny_decoder", "qwen3_8b_decoder"}
     for spec, kernel in instances:
-        ptx = render(kernel, spec.ptx_version(kernel), spec.ptx_target)
+        ptx = spec.ptx(kernel)
         for arch in spec.target.archs:
             res = parse_resources(assemble_nvjitlink(ptx, arch).info_log)
             assert res["spill_stores"] == res["spill_loads"] == res["local_bytes"] == res["stack_bytes"] == 0, (

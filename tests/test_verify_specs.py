@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from ptxgen.kernels import kind_of
-from ptxgen.render import render
 from ptxgen.spec import load_spec
 from ptxgen.verify import verify_kernel
 
@@ -18,7 +17,7 @@ CASES = [(path, kernel.name) for path in SPECS for kernel in load_spec(path).spe
 def test_spec_kernel_matches_its_reference(path, name):
     spec = load_spec(path).spec
     kernel = spec.kernel(name)
-    ptx = render(kernel, spec.ptx_version(kernel), spec.ptx_target)
+    ptx = spec.ptx(kernel)
     cases = kind_of(kernel).verify_scalars()
     if not cases:
         pytest.skip(f"{name}: no runtime size small enough for the interpreter (assemble-checked only)")
