@@ -12,6 +12,7 @@ import jinja2
 from . import __version__
 from .archs import format_version
 from .kernels import kind_of
+from .settings import SETTINGS
 
 
 def f32_literal(value: float) -> str:
@@ -26,8 +27,13 @@ def register_names(prefix: str, start: int, count: int) -> list[str]:
 @cache
 def environment() -> jinja2.Environment:
     templates = resources.files("ptxgen.templates")
+    # Compiling the templates (the shared macros run to ~1000 lines) costs more than a whole
+    # warm build otherwise; Jinja's bytecode cache keys on the template source and writes atomically.
+    bytecode = SETTINGS.cache_dir / "jinja"
+    bytecode.mkdir(parents=True, exist_ok=True)
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates)),
+        bytecode_cache=jinja2.FileSystemBytecodeCache(str(bytecode)),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
