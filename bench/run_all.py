@@ -3,8 +3,12 @@
 Every kernel is checked on the device against its float64 reference first, then timed as
 `ptxgen bench --graph` does (CUDA events, rotated buffers, copy bandwidth measured in the
 same run, torch peers where the kind names one), with seq_len sweeps for the attention
-kernels. Writes bench/results/<device>-<date>.json (every figure) and a Markdown table next
-to it, including the performance targets and whether each is met.
+kernels. Then the Qwen3-8B decode step (specs/qwen3_decoder.toml, 36 layers, random Q4_K
+weights, at pos 4095): the persistent decoder in one launch (and as a CUDA-graph replay)
+against the same step as 648 separate kernels launched one by one and as one CUDA graph,
+checked against each other first, in tokens/s. Writes bench/results/<device>-<date>.json
+(every figure) and a Markdown table next to it, including the performance targets and
+whether each is met.
 
 Exit status: 0 when every kernel passed its check (targets are reported, not enforced),
 1 when one failed, 2 without a GPU (the message says so).
@@ -21,6 +25,8 @@ from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "specs" / "qwen3.toml"
+DECODER_SPEC = ROOT / "specs" / "qwen3_decoder.toml"
+DECODER = "qwen3_8b_decoder"
 RESULTS = ROOT / "bench" / "results"
 ITERS = 200
 
@@ -121,6 +127,30 @@ def describe(scalars: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in scalars.items())
 
 
+def decoder_table(rows: list[dict]) -> list[str]:
+    """Tokens/s of each way to run a decode step (rows whose kind has separate kernels)."""
+    lines = []
+    for row in rows:
+        step = row.get("step")
+        if not step or row["median_us"] is None:
+            continue
+        wall = step["wall_us"]
+        ways = [("one launch (persistent kernel)", row["median_us"], wall["kernel"]),
+                ("one launch, CUDA-graph replay", row["graph"]["median_us"] if row["graph"] else None, None),
+                (f"separate kernels, {step['launches']} launches one by one", step["one_by_one"]["median_us"],
+                 wall["one_by_one"]),
+                ("separate kernels, one CUDA graph", step["graph"]["median_us"], wall["graph"])]
+        lines += ["", f"## Decode step: {row['kernel']} ({describe(row['scalars'])})", "",
+                  "GPU µs: CUDA events over back-to-back calls (queue kept full). Wall µs: one call at a time, "
+                  "queued from Python and synchronized (what a batch-1 decode loop sees).", "",
+                  "| way | GPU µs a token | tokens/s | wall µs a token | tokens/s (wall) |", "|---|---|---|---|---|"]
+        for label, gpu_us, wall_us in ways:
+            cells = [f"{gpu_us:.1f}", f"{1e6 / gpu_us:.1f}"] if gpu_us else ["", ""]
+            cells += [f"{wall_us:.1f}", f"{1e6 / wall_us:.1f}"] if wall_us else ["", ""]
+            lines.append("| " + " | ".join([label, *cells]) + " |")
+    return lines
+
+
 def markdown(results: dict, notes: list[str]) -> str:
     device, copy = results["device"], results["copy_bandwidth"]
     lines = [
@@ -155,6 +185,7 @@ def markdown(results: dict, notes: list[str]) -> str:
                       "<br>".join(f"{p['pct_copy_bw']:.1f}%" for p in peers),
                       "<br>".join(f"{p['tflops']:.3g}" for p in peers)]
         lines.append("| " + " | ".join([row["kernel"], describe(row["scalars"]), *cells, *peer_cells]) + " |")
+    lines += decoder_table(results["rows"])
     lines += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
     for target in TARGETS:
         measured, met = evaluate(target, results["rows"])
@@ -167,13 +198,15 @@ def markdown(results: dict, notes: list[str]) -> str:
 
 def main() -> int:
     from ptxgen.bench import failures, print_results, run_bench, write_json
-    from ptxgen.device import driver
+    from ptxgen.device import driver, session
     from ptxgen.spec import load_spec
 
     driver()  # no GPU: DeviceUnavailable, before anything costly
     spec = load_spec(SPEC)
     notes: list[str] = []
-    kernels = list(spec.spec.kernels) + target_kernels(spec, notes)
+    decoder = load_spec(DECODER_SPEC).spec.kernel(DECODER)
+    decoder = decoder.model_copy(update={"sm_count": session().sm_count})  # one CTA an SM of this GPU
+    kernels = list(spec.spec.kernels) + target_kernels(spec, notes) + [decoder]
     results = run_bench(spec, plan(spec, kernels, notes), ITERS, graph=True, show_progress=sys.stderr.isatty())
     results["notes"] = notes
     print_results(results)

@@ -18,6 +18,17 @@ each callable of the dict, keyed by a label such as "torch sdpa" or "flash-attn"
 kernel's result with torch or a library on top of it and returns it as a tensor with the
 elements of the kind's first written parameter. It is timed like the kernel, on the same
 stream, and its result is compared with the float64 reference when that is cheap.
+
+Separate kernels. A kind that fuses the work of other kinds may define the optional method
+
+    def separate_step(self, scalars: dict) -> tuple[list[Param], list[Call]]
+
+(see kernels/base.py's Call): the same work as launches of the separate kinds, over the
+kernel's own buffers plus temporaries. Bench then runs both on the device from the same state
+and compares the kernel's first written parameter (a check like the others: a mismatch fails
+the row), and times the separate kernels launched one by one and replayed as one CUDA graph,
+plus the wall-clock time of one call at a time with a synchronize after each (host launch
+costs included, as in a batch-1 decode loop that must read each token before the next step).
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ import itertools
 import json
 import math
 import subprocess
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -39,11 +51,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from . import __version__
+from .dtypes import DTYPES, to_float64
 from .errors import LaunchError, PtxgenError
 from .kernels import kind_of
 from .spec import LoadedSpec, load_spec
 
 PEER_HOOK = "torch_peer"  # optional Kind method, see the module docstring
+STEP_HOOK = "separate_step"  # optional Kind method, see the module docstring
 MIN_ITERS = 100
 WARMUP = 10
 L2_MULTIPLE = 3  # the rotated buffer sets of a kernel span at least this many L2 caches
@@ -150,6 +164,124 @@ def time_kernel(gpu, kernel, ptx: str, arrays: dict, scalars: dict, iters: int, 
                 gpu.free(slab, keep=False)
 
 
+def wall_times(gpu, enqueue, iters: int, warmup: int = WARMUP) -> list[float]:
+    """Microseconds from queueing one call to its completion, one call at a time."""
+    times = []
+    for i in range(warmup + iters):
+        start = time.perf_counter()
+        enqueue()
+        gpu.synchronize("a timed call")
+        if i >= warmup:
+            times.append((time.perf_counter() - start) * 1e6)
+    return times
+
+
+class DeviceStep:
+    """A kernel and the same work as separate kernels (its kind's separate_step) on the device,
+    over one set of buffers: the kernel's arrays plus the step's temporaries."""
+
+    def __init__(self, gpu, spec: LoadedSpec, kernel, arrays: dict[str, np.ndarray], scalars: dict):
+        from .runner import bind
+
+        kind = kind_of(kernel)
+        temporaries, self.calls = getattr(kind, STEP_HOOK)(dict(scalars))
+        self.gpu, self.spec, self.kernel, self.scalars = gpu, spec, kernel, dict(scalars)
+        self.host = {**arrays, **{t.name: np.zeros(t.concrete_shape({}), DTYPES[t.dtype].numpy) for t in temporaries}}
+        self.result = next(p for p in kind.params() if p.written)
+        self.buffers, self.workspaces, self.ptx = {}, {}, {}
+        try:
+            for name, array in self.host.items():
+                self.buffers[name] = gpu.alloc(array.nbytes)
+            self.upload(self.host)
+            self.run_kernel = self.launcher(kernel, scalars, set(arrays), lambda p: self.buffers[p.name])
+            self.steps = []
+            for call in self.calls:
+                def bound(param, call=call):
+                    name, view = bind(call, param, self.host)
+                    return self.buffers[name].view(view.ctypes.data - self.host[name].ctypes.data, view.nbytes)
+
+                self.steps.append(self.launcher(call.kernel, call.scalars, set(call.args), bound))
+        except BaseException:
+            self.free()
+            raise
+
+    def launcher(self, config, scalars: dict, names: set[str], bound):
+        """A prepared launch of `config`: bound(param) gives the buffers of the parameters in
+        `names`; its other workspaces are allocated (zeroed) once per kernel."""
+        kind = kind_of(config)
+        kind.check_scalars(scalars)
+        args = []
+        for param in kind.params():
+            if not param.is_array:
+                args.append(int(scalars[param.name]))
+            elif param.name not in names:
+                key = (config.name, param.name)
+                if key not in self.workspaces:
+                    self.workspaces[key] = self.gpu.alloc(param.nbytes(scalars))
+                    self.gpu.zero(self.workspaces[key])
+                args.append(self.workspaces[key])
+            else:
+                args.append(bound(param))
+        if config.name not in self.ptx:
+            self.ptx[config.name] = self.spec.spec.ptx(config)
+        return self.gpu.launcher(self.gpu.kernel(self.ptx[config.name], config.name), kind.launch(scalars), args)
+
+    @property
+    def kernels(self) -> int:
+        return len({call.kernel.name for call in self.calls})
+
+    def upload(self, arrays: dict[str, np.ndarray]) -> None:
+        for name, array in arrays.items():
+            self.gpu.upload(self.buffers[name], array)
+
+    def run_step(self) -> None:
+        for queue in self.steps:
+            queue()
+
+    def outcome(self, enqueue) -> np.ndarray:
+        """The first written parameter after one call of enqueue() from the initial state (every
+        buffer but the kernel's read-only inputs is uploaded again first)."""
+        read_only = {p.name for p in kind_of(self.kernel).params() if p.role == "in"}
+        self.upload({name: array for name, array in self.host.items() if name not in read_only})
+        enqueue()
+        value = np.empty_like(self.host[self.result.name])
+        self.gpu.download(value, self.buffers[self.result.name])
+        return to_float64(value, self.result.dtype)
+
+    def check(self):
+        """The kernel against the separate kernels from the same state (a Check)."""
+        from .verify import Check, relative_l2
+
+        mine, theirs = self.outcome(self.run_kernel), self.outcome(self.run_step)
+        unwritten = int(np.count_nonzero(~np.isfinite(mine)) + np.count_nonzero(~np.isfinite(theirs)))
+        error = relative_l2(np.nan_to_num(mine), np.nan_to_num(theirs))
+        return Check(self.kernel.name, f"{self.result.name} vs the separate kernels", self.scalars, mine.shape, error,
+                     kind_of(self.kernel).tolerance(self.result), unwritten)
+
+    def time(self, iters: int, traffic, copy_gbs: float) -> dict:
+        graph = self.gpu.capture(self.run_step)
+        try:
+            replay = lambda: self.gpu.replay(graph)  # noqa: E731
+            return {
+                "launches": len(self.calls), "kernels": self.kernels,
+                "one_by_one": figures(self.gpu.time(lambda i: self.run_step(), iters, WARMUP), traffic, copy_gbs),
+                "graph": figures(self.gpu.time(lambda i: replay(), iters, WARMUP), traffic, copy_gbs),
+                "wall_us": {label: float(np.median(wall_times(self.gpu, enqueue, iters)))
+                            for label, enqueue in (("kernel", self.run_kernel), ("one_by_one", self.run_step),
+                                                   ("graph", replay))},
+            }
+        finally:
+            self.gpu.destroy(graph)
+
+    def free(self) -> None:
+        if self.gpu.broken:  # the context went with everything in it
+            return
+        self.gpu.synchronize("the separate kernels")
+        for buffer in [*self.buffers.values(), *self.workspaces.values()]:
+            self.gpu.free(buffer, keep=False)
+        self.buffers, self.workspaces = {}, {}
+
+
 def load_torch():
     """(torch, None) when torch can use this GPU, else (None, why not)."""
     if importlib.util.find_spec("torch") is None:
@@ -246,7 +378,7 @@ def bench_row(gpu, spec: LoadedSpec, kernel, scalars: dict, iters: int, graph: b
     row = {"kernel": kernel.name, "kind": kind.name, "config": config, "scalars": dict(scalars),
            "bytes": int(traffic.bytes), "flops": int(traffic.flops), "checks": [], "passed": True, "sets": 0,
            "set_bytes": 0, "median_us": None, "p10_us": None, "p90_us": None, "gbs": None, "tflops": None,
-           "pct_copy_bw": None, "graph": None, "peers": [], "notes": []}
+           "pct_copy_bw": None, "graph": None, "peers": [], "step": None, "notes": []}
     if kernel.name not in verified:  # the kind's own small sizes, once per kernel
         verified[kernel.name] = [check for sizes in kind.verify_scalars()
                                  for check in verify_kernel(kernel, ptx, sizes, backend="device")]
@@ -257,16 +389,29 @@ def bench_row(gpu, spec: LoadedSpec, kernel, scalars: dict, iters: int, graph: b
         reference = kind.reference(inputs, scalars)
         checks += compare(kernel, run(kernel, ptx, inputs, scalars, backend="device"), reference, scalars)
     else:
-        row["notes"].append("checked at the kind's verify sizes only (float64 reference too costly here)")
-    row["checks"] = check_rows(checks)
-    row["passed"] = all(check.passed for check in checks)
-    if not row["passed"]:
-        return row
-    if kind.launch(scalars).empty:
-        row["notes"].append("empty launch: nothing to time")
-        return row
-
+        row["notes"].append(f"{kernel.name}: float64 reference too costly at this size: checked at the kind's "
+                            f"verify sizes ({len(checks)} checks)")
     arrays = prepare_arrays(kind, inputs, scalars)
+    step = None
+    try:
+        if hasattr(kind, STEP_HOOK) and not kind.launch(scalars).empty:
+            step = DeviceStep(gpu, spec, kernel, arrays, scalars)
+            checks.append(step.check())
+        row["checks"] = check_rows(checks)
+        row["passed"] = bool(checks) and all(check.passed for check in checks)
+        if not checks:
+            row["notes"].append(f"{kernel.name}: nothing to check it against at this size: not timed")
+        if not row["passed"]:
+            return row
+        if kind.launch(scalars).empty:
+            row["notes"].append("empty launch: nothing to time")
+            return row
+        if step is not None:
+            row["step"] = step.time(iters, traffic, copy_gbs)
+    finally:
+        if step is not None:
+            step.free()
+
     timed = time_kernel(gpu, kernel, ptx, arrays, scalars, iters, graph)
     row["sets"], row["set_bytes"] = timed["sets"], timed["set_bytes"]
     if timed["sets"] * min(timed["set_bytes"], traffic.bytes) < L2_MULTIPLE * gpu.l2_bytes:
@@ -354,6 +499,19 @@ def print_results(results: dict) -> None:
                            for p in row["peers"] if "median_us" in p)
         table.add_row(row["kernel"], describe_scalars(row["scalars"]), *timing, peers)
     console.print(table)
+    steps = [row for row in results["rows"] if row.get("step") and row["median_us"] is not None]
+    if steps:
+        table = Table("kernel", "scalars", "launches", "one launch µs", "separate µs", "separate, graph µs",
+                      "wall µs a call (one launch / separate / graph)", "separate ÷ one launch",
+                      title="the same work as separate kernels (the kind's separate_step)")
+        for row in steps:
+            step, wall = row["step"], row["step"]["wall_us"]
+            table.add_row(row["kernel"], describe_scalars(row["scalars"]), f"{step['launches']} ({step['kernels']} kernels)",
+                          f"{row['median_us']:.1f}", f"{step['one_by_one']['median_us']:.1f}",
+                          f"{step['graph']['median_us']:.1f}",
+                          f"{wall['kernel']:.1f} / {wall['one_by_one']:.1f} / {wall['graph']:.1f}",
+                          f"{step['one_by_one']['median_us'] / row['median_us']:.2f}x")
+        console.print(table)
     notes = sorted({note for row in results["rows"] for note in row["notes"]})
     for note in notes:
         err.print(f"note: {note}", markup=False, highlight=False)

@@ -426,17 +426,24 @@ class DeviceSession:
 
     def launch(self, kernel: DeviceKernel, launch, args: list) -> None:
         """Queue one launch on the stream; args are DeviceBuffers (pointers) and ints, in PTX order."""
+        self.launcher(kernel, launch, args)()
+
+    def launcher(self, kernel: DeviceKernel, launch, args: list):
+        """A call that queues this launch, checked and its arguments packed once (for launches
+        repeated many times, e.g. a multi-kernel step timed launch by launch)."""
         self.prepare(kernel, launch)
         params = pack_params(kernel, args)
-        cu, (gx, gy, gz), (bx, by, bz) = self.cu, launch.grid, launch.block
+        cu, (gx, gy, gz), (bx, by, bz), shared = self.cu, launch.grid, launch.block, launch.dynamic_shared
+        what = f"launching {kernel.entry} (grid {launch.grid}, block {launch.block}, {shared} B dynamic shared)"
         if launch.cooperative:
-            result = cu.cuLaunchCooperativeKernel(kernel.function, gx, gy, gz, bx, by, bz, launch.dynamic_shared,
-                                                  self.stream, params)
+            def queue() -> None:
+                self.check(cu.cuLaunchCooperativeKernel(kernel.function, gx, gy, gz, bx, by, bz, shared, self.stream,
+                                                        params), what, LaunchError)
         else:
-            result = cu.cuLaunchKernel(kernel.function, gx, gy, gz, bx, by, bz, launch.dynamic_shared, self.stream,
-                                       params, 0)
-        self.check(result, f"launching {kernel.entry} (grid {launch.grid}, block {launch.block}, "
-                           f"{launch.dynamic_shared} B dynamic shared)", LaunchError)
+            def queue() -> None:
+                self.check(cu.cuLaunchKernel(kernel.function, gx, gy, gz, bx, by, bz, shared, self.stream, params, 0),
+                           what, LaunchError)
+        return queue
 
     # --- memory ---------------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> DeviceBuffer:

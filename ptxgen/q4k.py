@@ -25,6 +25,8 @@ deviations, none of which changes the algorithm:
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ptxgen.errors import PtxgenError
@@ -269,19 +271,29 @@ def quantize(x: np.ndarray) -> np.ndarray:
 
 
 POOL_WEIGHTS = 1 << 22  # beyond this many weights, blocks are drawn from a quantised pool
+POOL_SEED = 20250101
 
 
 def random_weights(rng: np.random.Generator, n: int, k: int, std: float = 0.02) -> np.ndarray:
     """Q4_K u8 [n, k/256*144] of quantised N(0, std^2) weights; deterministic in rng.
 
-    Large matrices draw whole blocks from a pool of POOL_WEIGHTS quantised weights, so every
-    block is still a real quantised Gaussian block, at a fraction of the quantiser's cost."""
+    Large matrices draw whole blocks (with rng) from a pool of POOL_WEIGHTS quantised weights
+    made once per std, so every block is still a real quantised Gaussian block, and a model's
+    worth of weights (Qwen3-8B: 7.6G) costs a gather, not the quantiser."""
     if n * k <= POOL_WEIGHTS:
         return quantize(rng.standard_normal((n, k), dtype=np.float32) * np.float32(std))
-    pool = quantize(rng.standard_normal((POOL_WEIGHTS // BLOCK_WEIGHTS, BLOCK_WEIGHTS), dtype=np.float32)
-                    * np.float32(std))
+    pool = block_pool(float(std), POOL_WEIGHTS)
     picks = rng.integers(0, len(pool), size=n * (k // BLOCK_WEIGHTS))
     return pool[picks].reshape(n, row_bytes(k))
+
+
+@functools.lru_cache(maxsize=16)
+def block_pool(std: float, weights: int) -> np.ndarray:
+    """Q4_K blocks [weights / 256, 144] of N(0, std^2) weights from a fixed seed (read-only)."""
+    rng = np.random.default_rng(POOL_SEED)
+    pool = quantize(rng.standard_normal((weights // BLOCK_WEIGHTS, BLOCK_WEIGHTS), dtype=np.float32) * np.float32(std))
+    pool.setflags(write=False)
+    return pool
 
 
 def load_gguf_tensor(path, tensor_name: str, n: int, k: int) -> np.ndarray:

@@ -5,12 +5,14 @@ The same path serves `ptxgen run`, `ptxgen verify`, tests and benches, on either
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .dtypes import DTYPES, poison
 from .errors import LaunchError
 from .kernels import kind_of
-from .kernels.base import Kind
+from .kernels.base import Call, Kind
 
 BACKENDS = ("emulator", "device")
 
@@ -80,3 +82,36 @@ def run(kernel, ptx: str, inputs: dict[str, np.ndarray], scalars: dict[str, int]
     else:
         raise LaunchError(f"--backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
     return arrays
+
+
+def bind(call: Call, param, buffers: dict[str, np.ndarray]) -> tuple[str, np.ndarray]:
+    """The buffer's name and the view of it (or of a slice) that `call` binds to an array
+    parameter, shaped like the parameter."""
+    binding = call.args[param.name]
+    name, index = (binding, None) if isinstance(binding, str) else binding
+    if name not in buffers:
+        raise LaunchError(f"{call.kernel.name}: {param.name} is bound to {name!r}, which the step does not have")
+    array = buffers[name] if index is None else buffers[name][index]
+    shape = param.concrete_shape(call.scalars)
+    if array.dtype != DTYPES[param.dtype].numpy or array.size != math.prod(shape):
+        raise LaunchError(f"{call.kernel.name}: {param.name} ({param.describe()} = {list(shape)}) cannot be "
+                          f"{name}{'' if index is None else f'[{index}]'} ({array.dtype}{list(array.shape)})")
+    view = array.view()
+    view.shape = shape  # raises rather than copy: results must land in the buffer
+    return name, view
+
+
+def run_step(calls: list[Call], buffers: dict[str, np.ndarray], ptx_of, backend: str = "emulator",
+             sanitize: bool = True) -> None:
+    """Run a multi-kernel step in order; every written parameter lands in its buffer in place.
+
+    `ptx_of(kernel)` gives each call's PTX (e.g. a spec's Spec.ptx).
+    """
+    for call in calls:
+        kind = kind_of(call.kernel)
+        views = {p.name: bind(call, p, buffers)[1] for p in kind.params() if p.name in call.args}
+        inputs = {p.name: views[p.name] for p in kind.params() if p.role in ("in", "inout")}
+        results = run(call.kernel, ptx_of(call.kernel), inputs, call.scalars, backend, sanitize)
+        for param in kind.params():
+            if param.written:
+                views[param.name][...] = results[param.name]

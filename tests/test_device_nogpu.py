@@ -545,6 +545,56 @@ def test_bench_does_not_time_a_kernel_that_fails_its_check(sim, bench_app, tmp_p
     assert "cuEventRecord" in names[:last_download] and "cuEventRecord" not in names[last_download:]
 
 
+def bench_step_kernel(sim, monkeypatch, name, scalars, graph=False):
+    """run_bench on a fused spec kernel whose separate kernels the simulation also plays, with
+    few timed runs (the simulation computes every launch in float64)."""
+    from ptxgen import bench
+
+    kernel = spec_kernel(name)
+    _, calls = kind_of(kernel).separate_step(scalars)
+    sim.kernels.update({call.kernel.name: call.kernel for call in calls})
+    monkeypatch.setattr(bench, "MIN_ITERS", 3)
+    monkeypatch.setattr(bench, "WARMUP", 1)
+    return bench.run_bench(load_spec(SPEC), [(kernel, scalars)], iters=3, graph=graph), calls
+
+
+def test_bench_checks_a_fused_kernel_against_its_separate_kernels_then_times_both(sim, monkeypatch, capsys):
+    from ptxgen.bench import print_results
+
+    results, calls = bench_step_kernel(sim, monkeypatch, "qwen3_tiny_decoder", {"pos": 63}, graph=True)
+    row = results["rows"][0]
+    step_check = [c for c in row["checks"] if c["param"] == "x vs the separate kernels"]
+    assert len(step_check) == 1 and step_check[0]["passed"] and step_check[0]["error"] < 1e-6, row["checks"]
+    step = row["step"]
+    assert step["launches"] == len(calls) == 2 * 18
+    assert step["kernels"] == 13, "q and o projections share a 512x512 GEMV; 13 distinct kernels"
+    # The simulation spends KERNEL_MS (4 us) a kernel: one launch against 36.
+    assert row["median_us"] == pytest.approx(4.0) and row["graph"]["median_us"] == pytest.approx(4.0)
+    assert step["one_by_one"]["median_us"] == pytest.approx(36 * 4.0)
+    assert step["graph"]["median_us"] == pytest.approx(36 * 4.0)
+    assert all(step["wall_us"][way] > 0 for way in ("kernel", "one_by_one", "graph"))
+    launched = {int(args[0]) for name, args in sim.calls if name in ("cuLaunchKernel", "cuLaunchCooperativeKernel")}
+    assert len(launched) >= 14, "the decoder, its 13 separate kernels (and the timing spin kernel) ran"
+    assert "cuLaunchCooperativeKernel" in sim.names()
+    print_results(results)
+    assert "36 (13 kernels)" in one_line(capsys.readouterr().out)
+
+
+def test_bench_does_not_time_a_fused_kernel_that_disagrees_with_its_separate_kernels(sim, monkeypatch):
+    from ptxgen.bench import failures
+
+    sim.wrong.add("step_swiglu")
+    results, _ = bench_step_kernel(sim, monkeypatch, "qwen3_tiny_decoder", {"pos": 5})
+    row = results["rows"][0]
+    assert not row["passed"] and row["median_us"] is None and row["step"] is None
+    assert any("x vs the separate kernels" in line for line in failures(results))
+    names = sim.names()
+    first_check = names.index("cuLaunchCooperativeKernel")
+    assert "cuEventRecord" not in names[first_check:], "nothing timed after the checks"
+    pooled = {b.address for buffers in device._SESSION.pool.values() for b in buffers}
+    assert set(device._SESSION.allocations) <= pooled, "the step's buffers were freed"
+
+
 def test_bench_rejects_a_missing_matplotlib_and_unknown_scalars_before_timing(sim, bench_app, monkeypatch):
     import importlib.util
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from ptxgen import device
-from ptxgen.bench import REFERENCE_FLOPS
+from ptxgen.bench import REFERENCE_FLOPS, STEP_HOOK, DeviceStep
 from ptxgen.dtypes import to_float64
 from ptxgen.errors import DeviceUnavailable, LaunchError
 from ptxgen.kernels import KINDS, kind_of
@@ -81,6 +81,26 @@ def test_kernel_on_the_device_matches_the_interpreter(name):
             error = relative_l2(gpu[finite], cpu[finite])
             assert error <= kind.tolerance(param), \
                 f"{name} {param.name} at {scalars}: device vs interpreter relative L2 {error:.3e}"
+
+
+STEP_KERNELS = [kernel.name for kernel in LOADED.spec.kernels if hasattr(kind_of(kernel), STEP_HOOK)]
+
+
+@pytest.mark.parametrize("name", STEP_KERNELS)
+def test_fused_kernel_on_the_device_matches_its_separate_kernels(name):
+    """The persistent decoder (cooperative launch, grid barriers on real hardware) against the
+    same step as separate kernels on the device, from the same state, at every verify size."""
+    kernel = LOADED.spec.kernel(name)
+    kind = kind_of(kernel)
+    for scalars in kind.verify_scalars():
+        inputs = kind.sample_inputs(np.random.default_rng(13), scalars)
+        step = DeviceStep(device.session(), LOADED, kernel, prepare_arrays(kind, inputs, scalars), scalars)
+        try:
+            check = step.check()
+        finally:
+            step.free()
+        assert check.passed, (f"{name} at {scalars}: relative L2 {check.error:.3e} > {check.tolerance:.0e} from its "
+                              f"separate kernels, {check.unwritten} elements not finite")
 
 
 def graph_kernel():

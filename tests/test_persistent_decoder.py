@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from ptxgen.device import assemble_nvjitlink, parse_resources
-from ptxgen.dtypes import from_float, to_float64
+from ptxgen.dtypes import to_float64
 from ptxgen.errors import LaunchError, SanitizerError, SpecError
 from ptxgen.interp import launch as interpret
 from ptxgen.kernels import kind_of
 from ptxgen.kernels.persistent_decoder import BARRIER_WORDS, PHASE_BARRIERS, decoder_reference
-from ptxgen.runner import launch_args, prepare_arrays, run
+from ptxgen.runner import launch_args, prepare_arrays, run, run_step
 from ptxgen.spec import load_spec
 from ptxgen.verify import relative_l2
 
@@ -117,60 +117,28 @@ def check_against_reference(kernel, out, inputs, pos):
 
 
 # --- the same step as separate kinds -----------------------------------------------------------
-@functools.lru_cache(maxsize=None)
-def _separate(kind: str, **config):
-    kernel = make_kernel(kind, name=f"sep_{kind}", **config)
-    return kernel, ptx_of(kernel)
-
-
-def launch(kind, inputs, scalars=None, **config):
-    kernel, ptx = _separate(kind, **config)
-    return run(kernel, ptx, inputs, scalars or {})
-
-
-def gemv(w, x):
-    n, row = w.shape
-    return launch("q4k_gemv", {"w": np.ascontiguousarray(w), "x": x}, n=n, k=row // 144 * 256)["y"]
-
-
 def separate_kernels_step(kernel, inputs, pos, stored):
-    """rmsnorm -> q4k_gemv x3 -> per_head_rmsnorm x2 -> rope x2 -> cache write (numpy, as
-    kv_dtype) -> incremental_attention -> q4k_gemv (o) + residual -> rmsnorm -> q4k_gemv gate/up
-    -> swiglu -> q4k_gemv down + residual, every kernel through ptxgen.runner.run (interpreter).
-    The cache rows attention reads are the decoder's (`stored`, teacher forcing: see
-    decoder_reference); this pipeline's own rounded rows are returned for comparison."""
-    c = kernel
-    dt = c.kv_dtype
-    x = inputs["x"].copy()
-    k_cache, v_cache = inputs["k_cache"].copy(), inputs["v_cache"].copy()
-    own = {"k_cache": np.empty_like(k_cache[:, :, pos]), "v_cache": np.empty_like(v_cache[:, :, pos])}
-    for layer in range(c.num_layers):
-        norm = dict(hidden=c.hidden, eps=c.eps)
-        a = launch("rmsnorm", {"x": x[None], "gamma": inputs["attn_norm"][layer]}, {"rows": 1}, **norm)["y"][0]
-        q = gemv(inputs["wq"][layer], a)
-        k = gemv(inputs["wk"][layer], a)
-        v = gemv(inputs["wv"][layer], a)
-        heads = dict(head_dim=c.head_dim, eps=c.eps)
-        q = launch("per_head_rmsnorm", {"x": q.reshape(1, c.num_heads, c.head_dim), "gamma": inputs["q_norm"][layer]},
-                   {"tokens": 1}, num_heads=c.num_heads, **heads)["y"][0]
-        k = launch("per_head_rmsnorm", {"x": k.reshape(1, c.num_kv_heads, c.head_dim), "gamma": inputs["k_norm"][layer]},
-                   {"tokens": 1}, num_heads=c.num_kv_heads, **heads)["y"][0]
-        q = launch("rope", {"x": q}, {"pos": pos}, head_dim=c.head_dim, num_heads=c.num_heads, theta=c.rope_theta)["x"]
-        k = launch("rope", {"x": k}, {"pos": pos}, head_dim=c.head_dim, num_heads=c.num_kv_heads, theta=c.rope_theta)["x"]
-        own["k_cache"][layer] = from_float(k, dt)
-        own["v_cache"][layer] = from_float(v.reshape(c.num_kv_heads, c.head_dim), dt)
-        k_cache[layer, :, pos] = stored["k_cache"][layer, :, pos]
-        v_cache[layer, :, pos] = stored["v_cache"][layer, :, pos]
-        o = launch("incremental_attention", {"q": q, "k_cache": k_cache[layer], "v_cache": v_cache[layer]},
-                   {"seq_len": pos + 1}, num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
-                   max_seq_len=c.max_seq_len, kv_dtype=dt)["out"]
-        x = x + gemv(inputs["wo"][layer], o.ravel())
-        m = launch("rmsnorm", {"x": x[None], "gamma": inputs["ffn_norm"][layer]}, {"rows": 1}, **norm)["y"][0]
-        gate = gemv(inputs["w_gate"][layer], m)
-        up = gemv(inputs["w_up"][layer], m)
-        h = launch("swiglu", {"gate": gate, "up": up}, n=c.intermediate)["out"]
-        x = x + gemv(inputs["w_down"][layer], h)
-    return x, own
+    """The decoder's own separate_step (rmsnorm -> q4k_gemv x3 -> per_head_rmsnorm x2 -> rope x2 ->
+    kv_append -> incremental_attention -> q4k_gemv o -> residual_add -> rmsnorm -> q4k_gemv
+    gate/up -> swiglu -> q4k_gemv down -> residual_add, per layer), every launch real PTX in the
+    interpreter. After each kv_append the rows it wrote are kept aside and replaced by the
+    decoder's (`stored`, teacher forcing: see decoder_reference), so that a 1-ulp rounding flip
+    does not flow into later layers; x and the kept rows are returned."""
+    temporaries, calls = kind_of(kernel).separate_step({"pos": pos})
+    buffers = {name: array.copy() for name, array in inputs.items()}
+    buffers.update({t.name: np.zeros(t.shape, np.float32) for t in temporaries})
+    own = {"k_cache": np.empty_like(buffers["k_cache"][:, :, pos]),
+           "v_cache": np.empty_like(buffers["v_cache"][:, :, pos])}
+    layer = 0
+    for call in calls:
+        run_step([call], buffers, ptx_of)
+        if call.kernel.kind == "kv_append":
+            for cache in own:
+                own[cache][layer] = buffers[cache][layer, :, pos]
+                buffers[cache][layer, :, pos] = stored[cache][layer, :, pos]
+            layer += 1
+    assert layer == kernel.num_layers and len(calls) == 18 * kernel.num_layers
+    return buffers["x"], own
 
 
 def check_against_separate_kernels(kernel, out, inputs, pos):

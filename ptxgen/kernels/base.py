@@ -82,6 +82,20 @@ class Traffic:
     flops: int
 
 
+@dataclass(frozen=True)
+class Call:
+    """One launch of a multi-kernel step (a fused kind's work done by the separate kinds).
+
+    `args` binds each array parameter of `kernel` to a buffer of the step: a name, or (name, i)
+    for slice i along the buffer's first axis. A bound buffer holds exactly the parameter's
+    elements and dtype (its shape may differ: f32[hidden] serves as f32[1, hidden]).
+    """
+
+    kernel: KernelConfig
+    args: dict[str, str | tuple[str, int]]
+    scalars: dict[str, int]
+
+
 class Kind:
     """Base of all kernel kinds. A subclass in ptxgen/kernels/<kind>.py is the kind."""
 

@@ -70,12 +70,15 @@ from pydantic import Field, model_validator
 from ..dtypes import DTYPES, from_float, to_float64
 from ..errors import LaunchError
 from ..q4k import BLOCK_BYTES, BLOCK_WEIGHTS, dequantize_f64, random_weights, row_bytes
-from .base import TOLERANCE, Kind, KernelConfig, Launch, Param, Traffic, ceil_div
-from .incremental_attention import attention_macro_vars, attention_reference
-from .q4k_gemv import Q4kPlan
-from .rmsnorm import rms_normalize
-from .rope import rope_plan, rotate_half
-from .swiglu import silu_mul
+from .base import TOLERANCE, Call, Kind, KernelConfig, Launch, Param, Traffic, ceil_div
+from .incremental_attention import IncrementalAttentionConfig, attention_macro_vars, attention_reference
+from .kv_append import KvAppendConfig
+from .per_head_rmsnorm import PerHeadRmsnormConfig
+from .q4k_gemv import Q4kGemvConfig, Q4kPlan
+from .residual_add import ResidualAddConfig
+from .rmsnorm import RmsnormConfig, rms_normalize
+from .rope import RopeConfig, rope_plan, rotate_half
+from .swiglu import SwigluConfig, silu_mul
 
 FloatDType = Literal["f32", "f16", "bf16"]
 HEAD_DIMS = (64, 128, 256)
@@ -100,6 +103,7 @@ ATTENTION_HEAD_ELEMENTS = 32
 MAX_VERIFY_WEIGHTS = 64 << 20
 BARRIER_WORDS = 64  # arrival count at word 0, generation at word 32 (separate 128-byte lines)
 PHASE_BARRIERS = 5  # per layer (the last layer's final one is skipped)
+ROWS_PAST_POS = 64  # random cache rows sample_inputs writes beyond pos
 
 
 class PersistentDecoderConfig(KernelConfig):
@@ -150,6 +154,13 @@ class PersistentDecoderConfig(KernelConfig):
     @property
     def softmax_scale(self) -> float:
         return 1.0 / math.sqrt(self.head_dim)
+
+
+def random_rows(rng, shape: tuple[int, ...], filled: int, dtype: str) -> np.ndarray:
+    """A cache [..., max_seq_len, head_dim] of dtype: Gaussian rows below `filled`, zeros after."""
+    cache = np.zeros(shape, DTYPES[dtype].numpy)
+    cache[..., :filled, :] = from_float(rng.standard_normal((*shape[:-2], filled, shape[-1])), dtype)
+    return cache
 
 
 def decoder_attention(config) -> dict:
@@ -399,11 +410,13 @@ class PersistentDecoder(Kind):
                                   f"got {value}")
 
     def sample_inputs(self, rng, scalars):
-        """Gaussian x, norms near 1, Q4_K weights from ggml's quantiser (ptxgen.q4k), and a cache
-        filled with random rows up to pos (rows past pos hold random values too: never read)."""
+        """Gaussian x, norms near 1, Q4_K weights from ggml's quantiser (ptxgen.q4k), and caches
+        with random rows up to pos and ROWS_PAST_POS rows beyond (never read: a kernel that did
+        would differ from the reference), zeros after that (a 40960-row cache stays cheap)."""
         c = self.config
         L, H, I, hd = c.num_layers, c.hidden, c.intermediate, c.head_dim
         pos = int(scalars.get("pos", 0))
+        filled = min(c.max_seq_len, pos + 1 + ROWS_PAST_POS)
 
         def weights(n: int, k: int, scale: float) -> np.ndarray:
             return np.stack([random_weights(rng, n, k, std=scale) for _ in range(L)])
@@ -425,8 +438,8 @@ class PersistentDecoder(Kind):
             "w_gate": weights(I, H, 1 / math.sqrt(H)),
             "w_up": weights(I, H, 1 / math.sqrt(H)),
             "w_down": weights(H, I, 1 / math.sqrt(I)),
-            "k_cache": from_float(rng.standard_normal(cache), c.kv_dtype),
-            "v_cache": from_float(rng.standard_normal(cache), c.kv_dtype),
+            "k_cache": random_rows(rng, cache, filled, c.kv_dtype),
+            "v_cache": random_rows(rng, cache, filled, c.kv_dtype),
         }
         if c.indirect_pos:
             inputs["pos_ptr"] = np.array([pos], dtype=np.uint32)
@@ -438,6 +451,67 @@ class PersistentDecoder(Kind):
 
     def tolerance(self, param: Param) -> float:
         return decoder_tolerance(param.name, param.dtype, self.config.kv_dtype)
+
+    # --- the same step as separate kernels -------------------------------------------------------
+    def separate_step(self, scalars) -> tuple[list[Param], list[Call]]:
+        """This kernel's work at `pos` as launches of the separate kinds, layer after layer:
+        rmsnorm, q4k_gemv q/k/v, per_head_rmsnorm q/k, rope q/k, kv_append, incremental_attention,
+        q4k_gemv o, residual_add, rmsnorm, q4k_gemv gate/up, swiglu, q4k_gemv down, residual_add
+        (18 launches a layer). Returns the temporary buffers it needs (f32, zeroed) and the calls;
+        buffers named like this kernel's parameters are its arrays. The bench's baseline, and
+        the tests' cross-check."""
+        c = self.config
+        pos = int(scalars["pos"])
+        H, I, hd = c.hidden, c.intermediate, c.head_dim
+        temporaries = [Param(name, "f32", (size,), "workspace") for name, size in (
+            ("normed", H), ("q", self.q_dim), ("k", self.kv_dim), ("v", self.kv_dim), ("q_rotated", self.q_dim),
+            ("k_rotated", self.kv_dim), ("attn", self.q_dim), ("proj", H), ("gate", I), ("up", I), ("mlp", I))]
+
+        def gemv(n: int, k: int) -> Q4kGemvConfig:
+            return Q4kGemvConfig(kind="q4k_gemv", name=f"step_q4k_gemv_{n}x{k}", n=n, k=k)
+
+        def heads(count: int) -> tuple[PerHeadRmsnormConfig, RopeConfig]:
+            return (PerHeadRmsnormConfig(kind="per_head_rmsnorm", name=f"step_head_norm_{count}", num_heads=count,
+                                         head_dim=hd, eps=c.eps),
+                    RopeConfig(kind="rope", name=f"step_rope_{count}", num_heads=count, head_dim=hd,
+                               theta=c.rope_theta))
+
+        norm = RmsnormConfig(kind="rmsnorm", name="step_rmsnorm", hidden=H, eps=c.eps)
+        q_norm, q_rope = heads(c.num_heads)
+        k_norm, k_rope = heads(c.num_kv_heads)
+        append = KvAppendConfig(kind="kv_append", name="step_kv_append", num_kv_heads=c.num_kv_heads, head_dim=hd,
+                                max_seq_len=c.max_seq_len, kv_dtype=c.kv_dtype)
+        attention = IncrementalAttentionConfig(
+            kind="incremental_attention", name="step_attention", num_heads=c.num_heads, num_kv_heads=c.num_kv_heads,
+            head_dim=hd, max_seq_len=c.max_seq_len, kv_dtype=c.kv_dtype, sm_count=c.sm_count)
+        add = ResidualAddConfig(kind="residual_add", name="step_residual_add", n=H)
+        swiglu = SwigluConfig(kind="swiglu", name="step_swiglu", n=I)
+        at_pos, one = {"pos": pos}, {}
+        calls = []
+        for l in range(c.num_layers):
+            calls += [
+                Call(norm, {"x": "x", "gamma": ("attn_norm", l), "y": "normed"}, {"rows": 1}),
+                Call(gemv(self.q_dim, H), {"y": "q", "w": ("wq", l), "x": "normed"}, one),
+                Call(gemv(self.kv_dim, H), {"y": "k", "w": ("wk", l), "x": "normed"}, one),
+                Call(gemv(self.kv_dim, H), {"y": "v", "w": ("wv", l), "x": "normed"}, one),
+                Call(q_norm, {"x": "q", "gamma": ("q_norm", l), "y": "q_rotated"}, {"tokens": 1}),
+                Call(k_norm, {"x": "k", "gamma": ("k_norm", l), "y": "k_rotated"}, {"tokens": 1}),
+                Call(q_rope, {"x": "q_rotated"}, at_pos),
+                Call(k_rope, {"x": "k_rotated"}, at_pos),
+                Call(append, {"k": "k_rotated", "v": "v", "k_cache": ("k_cache", l), "v_cache": ("v_cache", l)},
+                     at_pos),
+                Call(attention, {"q": "q_rotated", "k_cache": ("k_cache", l), "v_cache": ("v_cache", l),
+                                 "out": "attn"}, {"seq_len": pos + 1}),
+                Call(gemv(H, self.q_dim), {"y": "proj", "w": ("wo", l), "x": "attn"}, one),
+                Call(add, {"x": "x", "y": "proj"}, one),
+                Call(norm, {"x": "x", "gamma": ("ffn_norm", l), "y": "normed"}, {"rows": 1}),
+                Call(gemv(I, H), {"y": "gate", "w": ("w_gate", l), "x": "normed"}, one),
+                Call(gemv(I, H), {"y": "up", "w": ("w_up", l), "x": "normed"}, one),
+                Call(swiglu, {"gate": "gate", "up": "up", "out": "mlp"}, one),
+                Call(gemv(H, I), {"y": "proj", "w": ("w_down", l), "x": "mlp"}, one),
+                Call(add, {"x": "x", "y": "proj"}, one),
+            ]
+        return temporaries, calls
 
     def traffic(self, scalars) -> Traffic:
         c = self.config

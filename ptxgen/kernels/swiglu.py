@@ -1,10 +1,11 @@
 """swiglu: out = gate * sigmoid(gate) * up, elementwise over f32[n].
 
-Memory-bound: every thread moves 16-byte vectors (4 elements of gate, up and out), the n % 4
-leftover elements are done by scalar loads in the first CTA. sigmoid(g) = 1 / (1 + 2^(-g log2 e))
-with ex2.approx / rcp.approx: for g -> -inf the power overflows to +inf and the result is -0
-(the true value is below f32's smallest subnormal from g < -104), for g -> +inf it underflows
-to 0 and sigmoid is exactly 1. Error about 1e-6 relative per element (f32 rounding of the
+Memory-bound, on the launch plan and PTX skeleton shared with residual_add (ptxgen/kernels/
+elementwise.py): every thread moves 16-byte vectors (4 elements of gate, up and out), several in
+flight for large n; the n % 4 leftover elements are done by scalar loads in the first CTA.
+sigmoid(g) = 1 / (1 + 2^(-g log2 e)) with ex2.approx / rcp.approx: for g -> -inf the power
+overflows to +inf and the result is -0 (the true value is below f32's smallest subnormal from
+g < -104), for g -> +inf it underflows to 0 and sigmoid is exactly 1. Error about 1e-6 relative per element (f32 rounding of the
 exponent argument, ex2.approx 2^-22, rcp.approx 1 ulp).
 """
 
@@ -13,23 +14,9 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
-from pydantic import Field
 
-from .base import Kind, KernelConfig, Launch, Param, Traffic, ceil_div, round_up
-
-MAX_N = 2**30
-VEC = 4  # f32 elements per 16-byte vector
-SMALL_UNITS = 2**18  # up to here: 128-thread CTAs, one vector per thread (spread over many SMs)
-
-
-def swiglu_plan(n: int) -> dict:
-    units, tail = divmod(n, VEC)
-    if units <= SMALL_UNITS:
-        threads, per_thread = min(128, round_up(max(units, tail), 32)), 1
-    else:  # large n: fewer, fuller CTAs with 4 independent vectors in flight per thread
-        threads, per_thread = 256, 4
-    grid = max(1, ceil_div(units, threads * per_thread))
-    return {"units": units, "tail": tail, "threads": threads, "per_thread": per_thread, "grid": grid}
+from .base import Kind, Param, Traffic
+from .elementwise import ElementwiseConfig, ElementwiseLaunch
 
 
 def silu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
@@ -41,40 +28,17 @@ def silu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return gate * sigmoid * up
 
 
-class SwigluConfig(KernelConfig):
+class SwigluConfig(ElementwiseConfig):
     kind: Literal["swiglu"]
-    n: int = Field(ge=1, le=MAX_N)
 
 
-class Swiglu(Kind):
+class Swiglu(ElementwiseLaunch, Kind):
     name = "swiglu"
     Config = SwigluConfig
 
     def params(self) -> list[Param]:
         n = self.config.n
         return [Param("gate", "f32", (n,)), Param("up", "f32", (n,)), Param("out", "f32", (n,), "out")]
-
-    @property
-    def plan(self) -> dict:
-        return swiglu_plan(self.config.n)
-
-    def launch(self, scalars: dict[str, int]) -> Launch:
-        plan = self.plan
-        return Launch(grid=(plan["grid"], 1, 1), block=(plan["threads"], 1, 1))
-
-    def launch_rule(self) -> str:
-        plan = self.plan
-        return (f"grid=({plan['grid']},1,1) block=({plan['threads']},1,1): {plan['per_thread']} 16-byte vector(s) "
-                f"per thread, {plan['tail']} scalar tail element(s) in CTA 0")
-
-    def template_vars(self) -> dict:
-        return {**self.plan, "n": self.config.n}
-
-    def scalar_limits(self) -> dict[str, tuple[int, int]]:
-        return {}
-
-    def example_scalars(self) -> dict[str, int]:
-        return {}
 
     def sample_inputs(self, rng, scalars):
         n = self.config.n
