@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -81,7 +82,6 @@ def test_run_with_the_device_backend_without_a_gpu_exits_2(tmp_path):
 
 def test_make_bench_script_without_a_gpu_exits_2():
     import subprocess
-    import sys
 
     result = subprocess.run([sys.executable, str(ROOT / "bench" / "run_all.py")], cwd=ROOT, capture_output=True,
                             text=True, timeout=300)
@@ -556,6 +556,34 @@ def bench_step_kernel(sim, monkeypatch, name, scalars, graph=False):
     monkeypatch.setattr(bench, "MIN_ITERS", 3)
     monkeypatch.setattr(bench, "WARMUP", 1)
     return bench.run_bench(load_spec(SPEC), [(kernel, scalars)], iters=3, graph=graph), calls
+
+
+def test_make_bench_report_has_the_targets_and_the_decode_step_in_tokens_per_second(sim, monkeypatch):
+    import importlib.util
+
+    from ptxgen import bench
+
+    spec = importlib.util.spec_from_file_location("run_all", ROOT / "bench" / "run_all.py")
+    run_all = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "run_all", run_all)  # its dataclasses look their module up
+    spec.loader.exec_module(run_all)
+    decoder = spec_kernel("qwen3_tiny_decoder")
+    _, calls = kind_of(decoder).separate_step({"pos": 63})
+    sim.kernels.update({call.kernel.name: call.kernel for call in calls})
+    monkeypatch.setattr(bench, "MIN_ITERS", 3)
+    monkeypatch.setattr(bench, "WARMUP", 1)
+    rows = [(spec_kernel("qwen3_8b_rmsnorm"), {"rows": 1}), (decoder, {"pos": 63})]
+    results = bench.run_bench(load_spec(SPEC), rows, iters=3, graph=True)
+    report = run_all.markdown(results, ["a note"])
+    lines = report.splitlines()
+    # The simulation spends 4 us a kernel: 250000 calls/s in one launch, 36 launches one by one.
+    assert "| one launch (persistent kernel) | 4.0 | 250000.0 |" in report, report
+    assert "| one launch, CUDA-graph replay | 4.0 | 250000.0 |" in report
+    assert any(line.startswith("| separate kernels, 36 launches one by one | 144.0 | 6944.4 |") for line in lines)
+    assert any(line.startswith("| separate kernels, one CUDA graph | 144.0 | 6944.4 |") for line in lines)
+    assert "| rmsnorm <= 5 us (decode, one row) | 4.0 µs (rows=1) | yes |" in report
+    assert "| q4k_gemv n=12288 k=4096 >= 75% of copy bandwidth | no matching row | n/a |" in report
+    assert "- a note" in report
 
 
 def test_bench_checks_a_fused_kernel_against_its_separate_kernels_then_times_both(sim, monkeypatch, capsys):
