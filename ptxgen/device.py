@@ -6,6 +6,7 @@ driver and no system CUDA. The driver's JIT is used when asked for and a driver 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import re
@@ -399,8 +400,10 @@ class DeviceSession:
         self.modules[key] = (module, "driver")
         return self.modules[key]
 
-    def prepare(self, kernel: DeviceKernel, launch) -> None:
-        """Check a launch against the compiled kernel and the GPU; opt in to large dynamic shared memory."""
+    def prepare(self, kernel: DeviceKernel, launch):
+        """Check a launch against the compiled kernel and the GPU; opt in to large dynamic shared
+        memory. Returns the launch to make: a cooperative `any_grid` launch larger than what is
+        co-resident on this GPU shrinks to that."""
         threads = math.prod(launch.block)
         if threads > kernel.max_threads:
             raise LaunchError(f"{kernel.entry}: {threads} threads per CTA, but the compiled kernel allows at most "
@@ -419,10 +422,13 @@ class DeviceSession:
                 raise LaunchError(f"{kernel.entry}: needs a cooperative launch, which {self.name} does not support")
             per_sm = self.check(self.cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(kernel.function, threads, dynamic),
                                 f"{kernel.entry}: occupancy query", LaunchError)
-            ctas = math.prod(launch.grid)
-            if ctas > int(per_sm) * self.sm_count:
-                raise LaunchError(f"{kernel.entry}: a cooperative grid of {ctas} CTAs does not fit {self.name} at once "
-                                  f"({per_sm} per SM x {self.sm_count} SMs)")
+            ctas, fit = math.prod(launch.grid), int(per_sm) * self.sm_count
+            if ctas > fit:
+                if not (launch.any_grid and fit > 0 and launch.grid[1:] == (1, 1)):
+                    raise LaunchError(f"{kernel.entry}: a cooperative grid of {ctas} CTAs does not fit {self.name} at "
+                                      f"once ({per_sm} per SM x {self.sm_count} SMs)")
+                launch = dataclasses.replace(launch, grid=(fit, 1, 1))
+        return launch
 
     def launch(self, kernel: DeviceKernel, launch, args: list) -> None:
         """Queue one launch on the stream; args are DeviceBuffers (pointers) and ints, in PTX order."""
@@ -431,7 +437,7 @@ class DeviceSession:
     def launcher(self, kernel: DeviceKernel, launch, args: list):
         """A call that queues this launch, checked and its arguments packed once (for launches
         repeated many times, e.g. a multi-kernel step timed launch by launch)."""
-        self.prepare(kernel, launch)
+        launch = self.prepare(kernel, launch)
         params = pack_params(kernel, args)
         cu, (gx, gy, gz), (bx, by, bz), shared = self.cu, launch.grid, launch.block, launch.dynamic_shared
         what = f"launching {kernel.entry} (grid {launch.grid}, block {launch.block}, {shared} B dynamic shared)"

@@ -95,6 +95,7 @@ class SimulatedDriver:
     """cuda.bindings.driver as seen by ptxgen.device, with a host-memory GPU behind it."""
 
     L2_BYTES = 1 << 20
+    sm_count = 132
     KERNEL_MS = 0.004  # simulated duration of one kernel
     DEFAULT_DYNAMIC = 48 * 1024
 
@@ -174,7 +175,7 @@ class SimulatedDriver:
         return SUCCESS, b"Simulated GPU".ljust(length, b"\0")
 
     def sim_cuDeviceGetAttribute(self, attribute, dev):
-        values = {"COMPUTE_CAPABILITY_MAJOR": 9, "COMPUTE_CAPABILITY_MINOR": 0, "MULTIPROCESSOR_COUNT": 132,
+        values = {"COMPUTE_CAPABILITY_MAJOR": 9, "COMPUTE_CAPABILITY_MINOR": 0, "MULTIPROCESSOR_COUNT": self.sm_count,
                   "L2_CACHE_SIZE": self.L2_BYTES, "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN": 232448,
                   "COOPERATIVE_LAUNCH": 1}
         return SUCCESS, values[attribute.name.removeprefix("CU_DEVICE_ATTRIBUTE_")]
@@ -247,7 +248,9 @@ class SimulatedDriver:
                 scalars[param.name] = value
         if "seq_len" in kind.scalar_limits() and "seq_len" not in scalars:
             scalars["seq_len"] = 0  # indirect length: only the device copy counts
-        assert kind.launch(scalars).grid == grid and kind.launch(scalars).block == block, entry
+        expected = kind.launch(scalars)
+        assert expected.block == block, entry
+        assert expected.grid == grid or (expected.any_grid and cooperative and grid[0] < expected.grid[0]), entry
         arrays = {}
         for param, address in zip(params, values):
             if param.is_array:
@@ -414,6 +417,19 @@ def test_large_dynamic_shared_memory_is_opted_in_and_cooperative_launches_are_us
         device.run_on_device(ptx_of(kernel), kernel.name, Launch(base.grid, base.block, dynamic_shared=300_000), args)
     with pytest.raises(LaunchError, match="cooperative grid of 1000 CTAs does not fit"):
         device.run_on_device(ptx_of(kernel), kernel.name, Launch((1000, 1, 1), base.block, cooperative=True), args)
+
+
+def test_a_cooperative_any_grid_launch_shrinks_to_what_is_co_resident(sim):
+    sim.sm_count = 16  # 2 CTAs an SM (the simulated occupancy): 32 fit, the tiny decoder asks for 128
+    kernel = spec_kernel("qwen3_tiny_decoder")
+    kind = kind_of(kernel)
+    assert kind.launch({"pos": 5}).grid == (128, 1, 1) and kind.launch({"pos": 5}).any_grid
+    inputs = kind.sample_inputs(np.random.default_rng(4), {"pos": 5})
+    arrays = run(kernel, ptx_of(kernel), inputs, {"pos": 5}, backend="device")
+    (launch,) = [args for name, args in sim.calls if name == "cuLaunchCooperativeKernel"]
+    assert tuple(launch[1:4]) == (32, 1, 1)
+    error = relative_l2(arrays["x"].astype(np.float64), kind.reference(inputs, {"pos": 5})["x"])
+    assert error < 1e-6
 
 
 def test_a_kernel_fault_is_a_launch_error_and_the_next_run_starts_a_fresh_context(sim):

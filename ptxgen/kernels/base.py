@@ -64,6 +64,9 @@ class Launch:
     block: tuple[int, int, int]
     dynamic_shared: int = 0
     cooperative: bool = False
+    # Correct with any 1-D grid of at least one CTA (grid-stride loops, the CTA count read from
+    # %nctaid): a device may shrink a cooperative grid to what is co-resident on it.
+    any_grid: bool = False
 
     @property
     def threads_per_cta(self) -> int:

@@ -50,10 +50,11 @@ volatile shared zero (else ptxas keeps ~10 of them live through all phases).
 
 Grid size rule: grid = min(sm_count * ctas_per_sm, work) CTAs of 256 threads, work = the CTAs
 that the widest phase can keep busy (its warp tasks / 8, or its attention items). The defaults
-(132, 1) are an H100, one CTA an SM; the device launcher checks co-residency and refuses a
-cooperative grid that does not fit. `ctas` fixes the grid outright (the kernel is correct for
-any grid >= 1, every phase being a grid-stride loop; tests check 1, 3, 5, 12 and 128 CTAs give
-bit-identical results, every work item being computed the same way whoever runs it). The
+(132, 1) are an H100 SXM, one CTA an SM. `ctas` fixes the grid outright. The kernel is correct
+for any grid >= 1 (every phase a grid-stride loop, the CTA count read from %nctaid; tests check
+1, 3, 5, 12 and 128 CTAs give bit-identical results, every work item being computed the same way
+whoever runs it), so its launch is `any_grid`: on a GPU where the grid is not co-resident (fewer
+SMs, e.g. an H100 PCIe's 114), the device launcher shrinks it to the occupancy query's count. The
 attention split rule depends on sm_count and ctas_per_sm, not on the grid, so `ctas` never
 changes the arithmetic. The interpreter runs a grid in waves of at most 2^18 threads and a grid
 barrier needs the whole grid in one wave, so no grid exceeds MAX_CTAS = 1024.
@@ -337,7 +338,7 @@ class PersistentDecoder(Kind):
     # --- geometry ------------------------------------------------------------------------------
     def launch(self, scalars: dict[str, int]) -> Launch:
         return Launch(grid=(self.grid, 1, 1), block=(THREADS, 1, 1), dynamic_shared=self.dynamic_shared,
-                      cooperative=True)
+                      cooperative=True, any_grid=True)
 
     def launch_rule(self) -> str:
         c = self.config
