@@ -149,11 +149,18 @@ def time_kernel(gpu, kernel, ptx: str, arrays: dict, scalars: dict, iters: int, 
                  for p in params] for s in range(sets)]
         device_kernel = gpu.kernel(ptx, kernel.name)
         times = gpu.time(lambda i: gpu.launch(device_kernel, launch, args[i % sets]), iters, WARMUP)
-        result = {"sets": sets, "set_bytes": sum(stride.values()), "times": times, "graph_times": None}
+        result = {"sets": sets, "set_bytes": sum(stride.values()), "times": times, "graph_times": None,
+                  "graph_note": None}
         if graph:
-            for s in range(sets):
-                graphs.append(gpu.capture(lambda: gpu.launch(device_kernel, launch, args[s])))
-            result["graph_times"] = gpu.time(lambda i: gpu.replay(graphs[i % sets]), iters, WARMUP)
+            try:
+                for s in range(sets):
+                    graphs.append(gpu.capture(lambda: gpu.launch(device_kernel, launch, args[s])))
+            except LaunchError as error:  # e.g. a driver that cannot capture this launch: report, go on
+                if gpu.broken:
+                    raise
+                result["graph_note"] = f"{kernel.name}: not timed as a CUDA graph: {error}"
+            else:
+                result["graph_times"] = gpu.time(lambda i: gpu.replay(graphs[i % sets]), iters, WARMUP)
         return result
     finally:
         if not gpu.broken:  # after a fault the context is gone with everything in it
@@ -419,6 +426,8 @@ def bench_row(gpu, spec: LoadedSpec, kernel, scalars: dict, iters: int, graph: b
     row.update(figures(timed["times"], traffic, copy_gbs))
     if timed["graph_times"] is not None:
         row["graph"] = figures(timed["graph_times"], traffic, copy_gbs)
+    if timed["graph_note"]:
+        row["notes"].append(timed["graph_note"])
     if torch is None:
         row["notes"].append(torch_note)
     else:

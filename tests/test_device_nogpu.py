@@ -96,6 +96,7 @@ class SimulatedDriver:
 
     L2_BYTES = 1 << 20
     sm_count = 132
+    captures_cooperative = True  # whether a cooperative launch may be captured into a graph
     KERNEL_MS = 0.004  # simulated duration of one kernel
     DEFAULT_DYNAMIC = 48 * 1024
 
@@ -224,6 +225,8 @@ class SimulatedDriver:
     def launch(self, function, grid, block, shared, params, cooperative):
         if shared > self.handles[int(function)]["dynamic"]:
             return (real.CUresult.CUDA_ERROR_INVALID_VALUE,)
+        if cooperative and self.capturing is not None and not self.captures_cooperative:
+            return (real.CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,)
         values, types = params if params else ((), ())
         record = (self.handles[int(function)]["entry"], grid, block, shared, tuple(values), tuple(types), cooperative)
         if self.capturing is not None:
@@ -622,6 +625,17 @@ def test_bench_checks_a_fused_kernel_against_its_separate_kernels_then_times_bot
     assert "cuLaunchCooperativeKernel" in sim.names()
     print_results(results)
     assert "36 (13 kernels)" in one_line(capsys.readouterr().out)
+
+
+def test_a_launch_the_driver_cannot_capture_is_timed_without_a_graph_and_noted(sim, monkeypatch):
+    sim.captures_cooperative = False
+    results, _ = bench_step_kernel(sim, monkeypatch, "qwen3_tiny_decoder", {"pos": 9}, graph=True)
+    row = results["rows"][0]
+    assert row["passed"] and row["median_us"] == pytest.approx(4.0) and row["graph"] is None
+    assert any("not timed as a CUDA graph" in note and "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED" in note
+               for note in row["notes"]), row["notes"]
+    assert sim.capturing is None, "the capture was ended"
+    assert row["step"]["graph"]["median_us"] == pytest.approx(36 * 4.0), "the separate kernels still form a graph"
 
 
 def test_bench_does_not_time_a_fused_kernel_that_disagrees_with_its_separate_kernels(sim, monkeypatch):
