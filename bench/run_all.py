@@ -6,7 +6,8 @@ same run, torch peers where the kind names one), with seq_len sweeps for the att
 kernels. Then the Qwen3-8B decode step (specs/qwen3_decoder.toml, 36 layers, random Q4_K
 weights, at pos 4095): the persistent decoder in one launch (and as a CUDA-graph replay)
 against the same step as 648 separate kernels launched one by one and as one CUDA graph,
-checked against each other first, in tokens/s. Writes bench/results/<device>-<date>.json
+checked against each other first, in tokens/s; its one-layer twin at the same shapes is also
+checked against the float64 reference. Writes bench/results/<device>-<date>.json
 (every figure) and a Markdown table next to it, including the performance targets and
 whether each is met.
 
@@ -206,7 +207,10 @@ def main() -> int:
     notes: list[str] = []
     decoder = load_spec(DECODER_SPEC).spec.kernel(DECODER)
     decoder = decoder.model_copy(update={"sm_count": session().sm_count})  # one CTA an SM of this GPU
-    kernels = list(spec.spec.kernels) + target_kernels(spec, notes) + [decoder]
+    # One layer at the same shapes: small enough for the float64 reference, so the full-size grid
+    # (barriers included) is checked against it, not only against the separate kernels.
+    one_layer = decoder.model_copy(update={"num_layers": 1, "name": f"{DECODER}_1layer"})
+    kernels = list(spec.spec.kernels) + target_kernels(spec, notes) + [one_layer, decoder]
     results = run_bench(spec, plan(spec, kernels, notes), ITERS, graph=True, show_progress=sys.stderr.isatty())
     results["notes"] = notes
     print_results(results)
