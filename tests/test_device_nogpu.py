@@ -564,35 +564,38 @@ def test_bench_does_not_time_a_kernel_that_fails_its_check(sim, bench_app, tmp_p
     assert "cuEventRecord" in names[:last_download] and "cuEventRecord" not in names[last_download:]
 
 
-def bench_step_kernel(sim, monkeypatch, name, scalars, graph=False):
-    """run_bench on a fused spec kernel whose separate kernels the simulation also plays, with
-    few timed runs (the simulation computes every launch in float64)."""
+def quick_bench(sim, monkeypatch, rows, graph=False) -> dict:
+    """run_bench on (spec kernel name, scalars) rows with few timed runs (the simulation computes
+    every launch in float64); the simulation also plays the separate kernels of fused kinds."""
     from ptxgen import bench
 
-    kernel = spec_kernel(name)
-    _, calls = kind_of(kernel).separate_step(scalars)
-    sim.kernels.update({call.kernel.name: call.kernel for call in calls})
+    plan = []
+    for name, scalars in rows:
+        kernel = spec_kernel(name)
+        step = getattr(kind_of(kernel), bench.STEP_HOOK, None)
+        if step is not None:
+            sim.kernels.update({call.kernel.name: call.kernel for call in step(scalars)[1]})
+        plan.append((kernel, scalars))
     monkeypatch.setattr(bench, "MIN_ITERS", 3)
     monkeypatch.setattr(bench, "WARMUP", 1)
-    return bench.run_bench(load_spec(SPEC), [(kernel, scalars)], iters=3, graph=graph), calls
+    return bench.run_bench(load_spec(SPEC), plan, iters=3, graph=graph)
+
+
+def bench_step_kernel(sim, monkeypatch, name, scalars, graph=False):
+    """quick_bench of one fused spec kernel; its results and its separate kernels' Calls."""
+    _, calls = kind_of(spec_kernel(name)).separate_step(scalars)
+    return quick_bench(sim, monkeypatch, [(name, scalars)], graph), calls
 
 
 def test_make_bench_report_has_the_targets_and_the_decode_step_in_tokens_per_second(sim, monkeypatch):
     import importlib.util
 
-    from ptxgen import bench
-
     spec = importlib.util.spec_from_file_location("run_all", ROOT / "bench" / "run_all.py")
     run_all = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "run_all", run_all)  # its dataclasses look their module up
     spec.loader.exec_module(run_all)
-    decoder = spec_kernel("qwen3_tiny_decoder")
-    _, calls = kind_of(decoder).separate_step({"pos": 63})
-    sim.kernels.update({call.kernel.name: call.kernel for call in calls})
-    monkeypatch.setattr(bench, "MIN_ITERS", 3)
-    monkeypatch.setattr(bench, "WARMUP", 1)
-    rows = [(spec_kernel("qwen3_8b_rmsnorm"), {"rows": 1}), (decoder, {"pos": 63})]
-    results = bench.run_bench(load_spec(SPEC), rows, iters=3, graph=True)
+    results = quick_bench(sim, monkeypatch, [("qwen3_8b_rmsnorm", {"rows": 1}), ("qwen3_tiny_decoder", {"pos": 63})],
+                          graph=True)
     report = run_all.markdown(results, ["a note"])
     lines = report.splitlines()
     # The simulation spends 4 us a kernel: 250000 calls/s in one launch, 36 launches one by one.
