@@ -1,3 +1,14 @@
-"""ptxgen: declarative kernel specs -> PTX -> cubins, checked on CPU and GPU."""
+"""ptxgen: declarative kernel specs -> PTX -> cubins, checked on CPU and GPU.
 
-__version__ = "0.1.0"
+`ptxgen.load(path)` gives the compiled kernels of a spec or of a `ptxgen build` folder, callable
+on torch/CuPy/DLPack GPU arrays or on numpy arrays (the interpreter); see ptxgen.api.
+"""
+
+__version__ = "0.2.0"
+
+
+def load(path, *, archs=None):
+    """The compiled kernels of a spec file or an artifact folder (ptxgen.api.load)."""
+    from .api import load as load_kernels
+
+    return load_kernels(path, archs=archs)

@@ -1,4 +1,4 @@
-"""`ptxgen bench`: time kernels on the GPU against its measured copy bandwidth and a torch peer.
+"""Timing compiled kernels on the GPU against its measured copy bandwidth and peers (`ptxgen bench`).
 
 Each kernel is first checked on the device against its float64 reference (as `ptxgen verify
 --backend device` does); a kernel that fails is not timed. Timing: warm-up, then at least 100
@@ -7,90 +7,42 @@ rotating copies of the kernel's buffers that a memory-bound kernel is not served
 Bytes and flops come from the kind's traffic() model; the copy bandwidth they are compared
 with is a device-to-device copy measured in the same run (read + write bytes).
 
-Peers. A kind may define the optional method
-
-    def torch_peer(self, torch, tensors: dict, scalars: dict) -> Callable | dict[str, Callable]
-
-`tensors` holds every parameter the kernel reads (role in / inout) as a CUDA tensor keyed by
-parameter name (f32 -> float32, f16 -> float16, bf16 -> bfloat16, u8 -> uint8, u32 -> int32
-with the same bits), already on the GPU; `scalars` are the runtime scalars. The callable (or
-each callable of the dict, keyed by a label such as "torch sdpa" or "flash-attn") computes the
-kernel's result with torch or a library on top of it and returns it as a tensor with the
-elements of the kind's first written parameter. It is timed like the kernel, on the same
-stream, and its result is compared with the float64 reference when that is cheap.
-
-Separate kernels. A kind that fuses the work of other kinds may define the optional method
-
-    def separate_step(self, scalars: dict) -> tuple[list[Param], list[Call]]
-
-(see kernels/base.py's Call): the same work as launches of the separate kinds, over the
-kernel's own buffers plus temporaries. Bench then runs both on the device from the same state
-and compares the kernel's first written parameter (a check like the others: a mismatch fails
-the row), and times the separate kernels launched one by one and replayed as one CUDA graph,
-plus the wall-clock time of one call at a time with a synchronize after each (host launch
-costs included, as in a batch-1 decode loop that must read each token before the next step).
+Peers come from the kind's optional `torch_peer` hook and fused kinds are compared with their
+`separate_step` (both declared, with their contracts, on ptxgen.kernels.base.Kind): bench runs
+the kernel and the separate kernels on the device from the same state and compares the kernel's
+first written parameter (a check like the others: a mismatch fails the row), then times the
+separate kernels launched one by one and replayed as one CUDA graph, plus the wall-clock time of
+one call at a time with a synchronize after each (host launch costs included, as in a batch-1
+decode loop that must read each token before the next step).
 """
 
 from __future__ import annotations
 
 import datetime
 import importlib.util
-import itertools
 import json
 import math
 import subprocess
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Callable
 
 import numpy as np
-import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from . import __version__
+from .compiled import CompiledKernel
 from .dtypes import DTYPES, to_float64
 from .errors import LaunchError, PtxgenError
-from .kernels import kind_of
-from .spec import LoadedSpec, load_spec
 
-PEER_HOOK = "torch_peer"  # optional Kind method, see the module docstring
-STEP_HOOK = "separate_step"  # optional Kind method, see the module docstring
 MIN_ITERS = 100
 WARMUP = 10
 L2_MULTIPLE = 3  # the rotated buffer sets of a kernel span at least this many L2 caches
 MAX_SETS = 4096
 REFERENCE_FLOPS = 1e10  # also check at the timed sizes when the float64 reference costs at most this
-DEFAULT_SPEC = Path("specs/qwen3.toml")
 ALIGN = 256
-
-out = Console()
-err = Console(stderr=True)
-
-
-# --- what to run ---------------------------------------------------------------------------------
-def plan_rows(spec: LoadedSpec, name: str | None, assignments: list[str]) -> list[tuple[object, dict]]:
-    """(kernel, scalars) rows: one kernel (by name or kind) or all; --set comma lists sweep."""
-    from .cli import find_kernel, parse_sets
-
-    sweeps = parse_sets(assignments)
-    kernels = [find_kernel(spec, name)] if name else list(spec.spec.kernels)
-    if not name:
-        known = set().union(*(kind_of(kernel).scalar_limits() for kernel in kernels))
-        for scalar in sweeps:
-            if scalar not in known:
-                raise LaunchError(f"--set {scalar}: no kernel of {spec.path} takes a runtime scalar of that name")
-    plan = []
-    for kernel in kernels:
-        kind = kind_of(kernel)
-        names = [scalar for scalar in sweeps if name or scalar in kind.scalar_limits()]
-        for values in itertools.product(*(sweeps[scalar] for scalar in names)):
-            scalars = {**kind.example_scalars(), **dict(zip(names, values))}
-            kind.check_scalars(scalars)  # a bad --set stops here, before any GPU work
-            plan.append((kernel, scalars))
-    return plan
 
 
 # --- figures -----------------------------------------------------------------------------------------
@@ -128,14 +80,13 @@ def git_commit() -> str | None:
 
 
 # --- timing ------------------------------------------------------------------------------------------
-def time_kernel(gpu, kernel, ptx: str, arrays: dict, scalars: dict, iters: int, graph: bool) -> dict:
+def time_kernel(gpu, compiled: CompiledKernel, arrays: dict, scalars: dict, iters: int, graph: bool,
+                touched_bytes: int) -> dict:
     """Times of the kernel (and of CUDA-graph replays of it) over rotated copies of its buffers."""
-    kind = kind_of(kernel)
-    params = kind.params()
-    launch = kind.launch(scalars)
-    stride = {p.name: max(ALIGN, -(-arrays[p.name].nbytes // ALIGN) * ALIGN) for p in params if p.is_array}
+    launch = compiled.launch(scalars, gpu.arch)
+    stride = {p.name: max(ALIGN, -(-arrays[p.name].nbytes // ALIGN) * ALIGN) for p in compiled.params if p.is_array}
     gpu.trim()
-    sets = rotation_sets(kind.traffic(scalars).bytes, sum(stride.values()), gpu.l2_bytes, gpu.free_memory())
+    sets = rotation_sets(touched_bytes, sum(stride.values()), gpu.l2_bytes, gpu.free_memory())
     slabs = {}
     graphs = []
     try:
@@ -145,9 +96,9 @@ def time_kernel(gpu, kernel, ptx: str, arrays: dict, scalars: dict, iters: int, 
             gpu.upload(first, arrays[name])
             for s in range(1, sets):
                 gpu.copy(slabs[name].view(s * step, arrays[name].nbytes), first)
-        args = [[slabs[p.name].view(s * stride[p.name], arrays[p.name].nbytes) if p.is_array else int(scalars[p.name])
-                 for p in params] for s in range(sets)]
-        device_kernel = gpu.kernel(ptx, kernel.name)
+        args = [compiled.args({name: slab.view(s * stride[name], arrays[name].nbytes) for name, slab in slabs.items()},
+                              scalars) for s in range(sets)]
+        device_kernel = gpu.kernel(compiled)
         times = gpu.time(lambda i: gpu.launch(device_kernel, launch, args[i % sets]), iters, WARMUP)
         result = {"sets": sets, "set_bytes": sum(stride.values()), "times": times, "graph_times": None,
                   "graph_note": None}
@@ -158,7 +109,7 @@ def time_kernel(gpu, kernel, ptx: str, arrays: dict, scalars: dict, iters: int, 
             except LaunchError as error:  # e.g. a driver that cannot capture this launch: report, go on
                 if gpu.broken:
                     raise
-                result["graph_note"] = f"{kernel.name}: not timed as a CUDA graph: {error}"
+                result["graph_note"] = f"{compiled.name}: not timed as a CUDA graph: {error}"
             else:
                 result["graph_times"] = gpu.time(lambda i: gpu.replay(graphs[i % sets]), iters, WARMUP)
         return result
@@ -187,51 +138,48 @@ class DeviceStep:
     """A kernel and the same work as separate kernels (its kind's separate_step) on the device,
     over one set of buffers: the kernel's arrays plus the step's temporaries."""
 
-    def __init__(self, gpu, spec: LoadedSpec, kernel, arrays: dict[str, np.ndarray], scalars: dict):
+    def __init__(self, gpu, compiled: CompiledKernel, arrays: dict[str, np.ndarray], scalars: dict,
+                 compiled_of: Callable[[object], CompiledKernel]):
         from .runner import bind
 
-        kind = kind_of(kernel)
-        temporaries, self.calls = getattr(kind, STEP_HOOK)(dict(scalars))
-        self.gpu, self.spec, self.kernel, self.scalars = gpu, spec, kernel, dict(scalars)
+        temporaries, self.calls = compiled.definition.separate_step(dict(scalars))
+        self.gpu, self.compiled, self.scalars = gpu, compiled, dict(scalars)
         self.host = {**arrays, **{t.name: np.zeros(t.concrete_shape({}), DTYPES[t.dtype].numpy) for t in temporaries}}
-        self.result = next(p for p in kind.params() if p.written)
-        self.buffers, self.workspaces, self.ptx = {}, {}, {}
+        self.result = next(p for p in compiled.params if p.written)
+        self.buffers, self.workspaces = {}, {}
         try:
             for name, array in self.host.items():
                 self.buffers[name] = gpu.alloc(array.nbytes)
             self.upload(self.host)
-            self.run_kernel = self.launcher(kernel, scalars, set(arrays), lambda p: self.buffers[p.name])
+            self.run_kernel = self.launcher(compiled, scalars, set(arrays), lambda p: self.buffers[p.name])
             self.steps = []
             for call in self.calls:
                 def bound(param, call=call):
                     name, view = bind(call, param, self.host)
                     return self.buffers[name].view(view.ctypes.data - self.host[name].ctypes.data, view.nbytes)
 
-                self.steps.append(self.launcher(call.kernel, call.scalars, set(call.args), bound))
+                self.steps.append(self.launcher(compiled_of(call.kernel), call.scalars, set(call.args), bound))
         except BaseException:
             self.free()
             raise
 
-    def launcher(self, config, scalars: dict, names: set[str], bound):
-        """A prepared launch of `config`: bound(param) gives the buffers of the parameters in
+    def launcher(self, compiled: CompiledKernel, scalars: dict, names: set[str], bound):
+        """A prepared launch of `compiled`: bound(param) gives the buffers of the parameters in
         `names`; its other workspaces are allocated (zeroed) once per kernel."""
-        kind = kind_of(config)
-        kind.check_scalars(scalars)
-        args = []
-        for param in kind.params():
+        launch = compiled.launch(scalars, self.gpu.arch)
+        buffers = {}
+        for param in compiled.params:
             if not param.is_array:
-                args.append(int(scalars[param.name]))
-            elif param.name not in names:
-                key = (config.name, param.name)
-                if key not in self.workspaces:
-                    self.workspaces[key] = self.gpu.alloc(param.nbytes(scalars))
-                    self.gpu.zero(self.workspaces[key])
-                args.append(self.workspaces[key])
-            else:
-                args.append(bound(param))
-        if config.name not in self.ptx:
-            self.ptx[config.name] = self.spec.spec.ptx(config)
-        return self.gpu.launcher(self.gpu.kernel(self.ptx[config.name], config.name), kind.launch(scalars), args)
+                continue
+            if param.name in names:
+                buffers[param.name] = bound(param)
+                continue
+            key = (compiled.name, param.name)
+            if key not in self.workspaces:
+                self.workspaces[key] = self.gpu.alloc(param.nbytes(scalars))
+                self.gpu.zero(self.workspaces[key])
+            buffers[param.name] = self.workspaces[key]
+        return self.gpu.launcher(self.gpu.kernel(compiled), launch, compiled.args(buffers, scalars))
 
     @property
     def kernels(self) -> int:
@@ -248,7 +196,7 @@ class DeviceStep:
     def outcome(self, enqueue) -> np.ndarray:
         """The first written parameter after one call of enqueue() from the initial state (every
         buffer but the kernel's read-only inputs is uploaded again first)."""
-        read_only = {p.name for p in kind_of(self.kernel).params() if p.role == "in"}
+        read_only = {p.name for p in self.compiled.params if p.role == "in"}
         self.upload({name: array for name, array in self.host.items() if name not in read_only})
         enqueue()
         value = np.empty_like(self.host[self.result.name])
@@ -262,8 +210,8 @@ class DeviceStep:
         mine, theirs = self.outcome(self.run_kernel), self.outcome(self.run_step)
         unwritten = int(np.count_nonzero(~np.isfinite(mine)) + np.count_nonzero(~np.isfinite(theirs)))
         error = relative_l2(np.nan_to_num(mine), np.nan_to_num(theirs))
-        return Check(self.kernel.name, f"{self.result.name} vs the separate kernels", self.scalars, mine.shape, error,
-                     kind_of(self.kernel).tolerance(self.result), unwritten)
+        return Check(self.compiled.name, f"{self.result.name} vs the separate kernels", self.scalars, mine.shape, error,
+                     self.compiled.definition.tolerance(self.result), unwritten)
 
     def time(self, iters: int, traffic, copy_gbs: float) -> dict:
         graph = self.gpu.capture(self.run_step)
@@ -317,23 +265,23 @@ def time_peers(gpu, torch, kind, inputs: dict, scalars: dict, sets: int, iters: 
     """Figures of each peer the kind names through its optional torch_peer hook."""
     from .verify import relative_l2
 
-    hook = getattr(kind, PEER_HOOK, None)
-    if hook is None:
-        return [], [f"no peer: kind {kind.name} defines no {PEER_HOOK}()"]
-    read = [p for p in kind.params() if p.role in ("in", "inout")]
+    read = [p for p in kind.params() if p.read]
     written = next(p for p in kind.params() if p.written)
     first = {p.name: to_torch(torch, inputs[p.name], p.dtype) for p in read}
     per_set = []
     try:
         for s in range(sets):
             tensors = first if s == 0 else {name: tensor.clone() for name, tensor in first.items()}
-            made = hook(torch, tensors, dict(scalars))
+            made = kind.torch_peer(torch, tensors, dict(scalars))
+            if made is None:
+                per_set = first = None
+                return [], [f"no peer: kind {kind.name} names none (Kind.torch_peer)"]
             per_set.append(made if isinstance(made, dict) else {"torch": made})
     except Exception as error:  # e.g. a torch too old for the hook: report, time the rest
         per_set = first = None
         torch.cuda.empty_cache()
         gpu.activate()
-        return [], [f"{kind.name}.{PEER_HOOK}() failed: {type(error).__name__}: {error}"]
+        return [], [f"{kind.name}.torch_peer() failed: {type(error).__name__}: {error}"]
     torch.cuda.synchronize()
     stream = torch.cuda.ExternalStream(int(gpu.stream))
     peers, notes = [], []
@@ -372,45 +320,45 @@ def check_rows(checks) -> list[dict]:
              "unwritten": int(c.unwritten), "passed": bool(c.passed)} for c in checks]
 
 
-def bench_row(gpu, spec: LoadedSpec, kernel, scalars: dict, iters: int, graph: bool, copy_gbs: float,
-              torch, torch_note: str | None, verified: dict) -> dict:
+def bench_row(gpu, compiled: CompiledKernel, scalars: dict, iters: int, graph: bool, copy_gbs: float,
+              torch, torch_note: str | None, verified: dict, compiled_of: Callable[[object], CompiledKernel]) -> dict:
     """Check one (kernel, scalars) on the device, then time it and its peers."""
     from .runner import prepare_arrays, run
     from .verify import compare, verify_kernel
 
-    kind = kind_of(kernel)
-    ptx = spec.spec.ptx(kernel)
+    kind = compiled.definition
     traffic = kind.traffic(scalars)
-    config = kernel.model_dump(mode="json", exclude={"name", "kind"})
-    row = {"kernel": kernel.name, "kind": kind.name, "config": config, "scalars": dict(scalars),
+    config = {k: v for k, v in compiled.config.items() if k not in ("name", "kind")}
+    row = {"kernel": compiled.name, "kind": compiled.kind, "config": config, "scalars": dict(scalars),
            "bytes": int(traffic.bytes), "flops": int(traffic.flops), "checks": [], "passed": True, "sets": 0,
            "set_bytes": 0, "median_us": None, "p10_us": None, "p90_us": None, "gbs": None, "tflops": None,
            "pct_copy_bw": None, "graph": None, "peers": [], "step": None, "notes": []}
-    if kernel.name not in verified:  # the kind's own small sizes, once per kernel
-        verified[kernel.name] = [check for sizes in kind.verify_scalars()
-                                 for check in verify_kernel(kernel, ptx, sizes, backend="device")]
-    checks = list(verified[kernel.name])
+    if compiled.name not in verified:  # the kind's own small sizes, once per kernel
+        verified[compiled.name] = [check for sizes in kind.verify_scalars()
+                                   for check in verify_kernel(compiled, sizes, backend="device")]
+    checks = list(verified[compiled.name])
     inputs = kind.sample_inputs(np.random.default_rng(0), scalars)
     reference = None
     if traffic.flops <= REFERENCE_FLOPS:  # and at the timed sizes, as verify_kernel does
         reference = kind.reference(inputs, scalars)
-        checks += compare(kernel, run(kernel, ptx, inputs, scalars, backend="device"), reference, scalars)
+        checks += compare(compiled, run(compiled, inputs, scalars, backend="device"), reference, scalars)
     else:
-        row["notes"].append(f"{kernel.name}: float64 reference too costly at this size: checked at the kind's "
+        row["notes"].append(f"{compiled.name}: float64 reference too costly at this size: checked at the kind's "
                             f"verify sizes ({len(checks)} checks)")
-    arrays = prepare_arrays(kind, inputs, scalars)
+    arrays = prepare_arrays(compiled, inputs, scalars)
+    empty = compiled.launch(scalars, gpu.arch).empty
     step = None
     try:
-        if hasattr(kind, STEP_HOOK) and not kind.launch(scalars).empty:
-            step = DeviceStep(gpu, spec, kernel, arrays, scalars)
+        if not empty and kind.separate_step(dict(scalars)) is not None:
+            step = DeviceStep(gpu, compiled, arrays, scalars, compiled_of)
             checks.append(step.check())
         row["checks"] = check_rows(checks)
         row["passed"] = bool(checks) and all(check.passed for check in checks)
         if not checks:
-            row["notes"].append(f"{kernel.name}: nothing to check it against at this size: not timed")
+            row["notes"].append(f"{compiled.name}: nothing to check it against at this size: not timed")
         if not row["passed"]:
             return row
-        if kind.launch(scalars).empty:
+        if empty:
             row["notes"].append("empty launch: nothing to time")
             return row
         if step is not None:
@@ -419,7 +367,7 @@ def bench_row(gpu, spec: LoadedSpec, kernel, scalars: dict, iters: int, graph: b
         if step is not None:
             step.free()
 
-    timed = time_kernel(gpu, kernel, ptx, arrays, scalars, iters, graph)
+    timed = time_kernel(gpu, compiled, arrays, scalars, iters, graph, traffic.bytes)
     row["sets"], row["set_bytes"] = timed["sets"], timed["set_bytes"]
     if timed["sets"] * min(timed["set_bytes"], traffic.bytes) < L2_MULTIPLE * gpu.l2_bytes:
         row["notes"].append(f"only {timed['sets']} buffer set(s) fit in memory: runs may hit L2")
@@ -437,10 +385,12 @@ def bench_row(gpu, spec: LoadedSpec, kernel, scalars: dict, iters: int, graph: b
     return row
 
 
-def run_bench(spec: LoadedSpec, plan: list[tuple[object, dict]], iters: int = MIN_ITERS, graph: bool = False,
-              show_progress: bool = False) -> dict:
-    """Every figure of a bench run, as written to --json."""
+def run_bench(spec_file: dict, plan: list[tuple[CompiledKernel, dict]], iters: int = MIN_ITERS, graph: bool = False,
+              progress: Callable[[str], None] = lambda label: None) -> dict:
+    """Every figure of a bench run, as written to --json. `spec_file` is {"file", "sha256"} of the
+    spec the kernels came from; `progress(label)` is called before each row."""
     from .device import session
+    from .pipeline import compiler
 
     if iters < MIN_ITERS:
         raise LaunchError(f"--iters: expected at least {MIN_ITERS} timed runs, got {iters}")
@@ -455,20 +405,19 @@ def run_bench(spec: LoadedSpec, plan: list[tuple[object, dict]], iters: int = MI
         "device": {"name": gpu.name, "arch": gpu.arch, "sm_count": gpu.sm_count, "l2_bytes": gpu.l2_bytes,
                    "driver": gpu.driver_version},
         "torch": torch.__version__ if torch is not None else None,
-        "spec": {"file": str(spec.path), "sha256": spec.sha256},
+        "spec": dict(spec_file),
         "iters": iters,
         "copy_bandwidth": {"bytes": copy_bytes, "median_us": copy_seconds * 1e6, "gbs": copy_gbs},
         "rows": [],
     }
     verified: dict = {}
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=err,
-                  disable=not show_progress, transient=True) as progress:
-        task = progress.add_task("benchmarking", total=len(plan))
-        for kernel, scalars in plan:
-            progress.update(task, description=f"{kernel.name} {describe_scalars(scalars)}")
-            results["rows"].append(bench_row(gpu, spec, kernel, scalars, iters, graph, copy_gbs, torch, torch_note,
-                                             verified))
-            progress.advance(task)
+    compiled_of = {}
+    for compiled, scalars in plan:
+        progress(f"{compiled.name} {describe_scalars(scalars)}")
+        archs = tuple(compiled.binaries) or ("sm_80",)
+        compile_separate = compiled_of.setdefault(archs, compiler(archs))
+        results["rows"].append(bench_row(gpu, compiled, scalars, iters, graph, copy_gbs, torch, torch_note, verified,
+                                         compile_separate))
     return results
 
 
@@ -488,7 +437,7 @@ def failures(results: dict) -> list[str]:
     return lines
 
 
-def print_results(results: dict) -> None:
+def print_results(results: dict, out: Console, err: Console) -> None:
     device, copy = results["device"], results["copy_bandwidth"]
     console = out if out.is_terminal else Console(width=200)  # logs and pipes get the whole table
     console.print(f"{device['name']} ({device['arch']}, driver {device['driver']}): device-to-device copy "
@@ -527,8 +476,10 @@ def print_results(results: dict) -> None:
 
 
 def write_json(path: Path, results: dict) -> None:
+    from .artifacts import write_file
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=2) + "\n")
+    write_file(path, (json.dumps(results, indent=2) + "\n").encode(), "--json")
 
 
 def require_matplotlib() -> None:
@@ -574,40 +525,3 @@ def plot(path: Path, results: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=130, bbox_inches="tight")
     plt.close(figure)
-
-
-# --- the command -----------------------------------------------------------------------------------
-def bench_command(
-    kernel: Annotated[Optional[str], typer.Argument(
-        metavar="KERNEL",
-        help="Kernel name in the spec, or a kind (its first instance); all kernels if omitted.")] = None,
-    spec_path: Annotated[Path, typer.Option("--spec", "-s", help="Spec file (.toml, .yaml).")] = DEFAULT_SPEC,
-    assignments: Annotated[Optional[list[str]], typer.Option(
-        "--set", help="Runtime scalar NAME=VALUE; a comma list VALUE,VALUE,... sweeps (one row each).")] = None,
-    iters: Annotated[int, typer.Option("--iters", min=MIN_ITERS, help="Timed runs per figure.")] = MIN_ITERS,
-    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every figure to this JSON file.")] = None,
-    plot_path: Annotated[Optional[Path], typer.Option(
-        "--plot", help="Write a roofline-style chart (PNG; needs matplotlib).")] = None,
-    graph: Annotated[bool, typer.Option("--graph", help="Also time each kernel as CUDA-graph replays.")] = False,
-):
-    """Check kernels on the GPU, then time them: median/p10/p90, GB/s, TFLOP/s, % of copy bandwidth, peer."""
-    from .device import driver
-
-    driver()  # no driver or GPU: DeviceUnavailable (exit 2) before anything costly
-    if plot_path is not None:
-        require_matplotlib()
-    spec = load_spec(spec_path)
-    plan = plan_rows(spec, kernel, assignments or [])
-    results = run_bench(spec, plan, iters, graph, show_progress=err.is_terminal and len(plan) > 1)
-    print_results(results)
-    if json_path is not None:
-        write_json(json_path, results)
-        err.print(f"wrote {json_path}", highlight=False)
-    if plot_path is not None:
-        plot(plot_path, results)
-        err.print(f"wrote {plot_path}", highlight=False)
-    problems = failures(results)
-    for line in problems:
-        err.print(f"[red]FAIL[/red] {line}", highlight=False)
-    if problems:
-        raise typer.Exit(1)

@@ -1,4 +1,9 @@
-"""Content-addressed cubin cache: key = sha256 of everything that can change the output."""
+"""Content-addressed cubin cache: key = sha256 of everything that can change the output.
+
+An entry is a folder ROOT/ab/abcdef.../ holding `cubin`, `log` and `sha256` (the digest of the
+other two), renamed into place whole. A read checks the digest: an entry that was truncated or
+changed on disk is dropped (and reported), and the caller assembles again.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +12,14 @@ import json
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from . import __version__
+from .errors import PtxgenError
 
-SCHEMA = 1  # bump when the entry layout or what a key covers changes
+SCHEMA = 2  # bump when the entry layout or what a key covers changes
 
 
 def cache_key(ptx: str, arch: str, assembler: str, assembler_version: str, options: dict) -> str:
@@ -27,11 +35,25 @@ def cache_key(ptx: str, arch: str, assembler: str, assembler_version: str, optio
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
 
-class Cache:
-    """Entries live in ROOT/ab/abcdef.../{cubin,log}; each is renamed into place whole."""
+def _digest(cubin: bytes, log: str) -> str:
+    return hashlib.sha256(hashlib.sha256(cubin).digest() + log.encode()).hexdigest()
 
-    def __init__(self, root: Path | None):
+
+@dataclass(frozen=True)
+class CacheInfo:
+    root: Path
+    entries: int
+    bytes: int
+
+
+class Cache:
+    """The cubin cache under `root` (None: no cache). A cache that cannot be written (read-only
+    or missing permissions) is used read-only, with one report, never an error: it only saves time."""
+
+    def __init__(self, root: Path | None, report: Callable[[str], None] = lambda message: None):
         self.root = root
+        self.report = report
+        self.writable = True
 
     def _entry(self, key: str) -> Path:
         return self.root / key[:2] / key
@@ -41,34 +63,60 @@ class Cache:
             return None
         entry = self._entry(key)
         try:
-            return (entry / "cubin").read_bytes(), (entry / "log").read_text()
-        except OSError:
+            cubin, log = (entry / "cubin").read_bytes(), (entry / "log").read_text()
+            digest = (entry / "sha256").read_text().strip()
+        except (OSError, UnicodeDecodeError):
+            if entry.exists():
+                self.drop(entry, "unreadable or incomplete")
             return None
+        if digest != _digest(cubin, log):
+            self.drop(entry, "its cubin or log does not match its digest (truncated or changed)")
+            return None
+        return cubin, log
+
+    def drop(self, entry: Path, why: str) -> None:
+        self.report(f"cache entry {entry} dropped and rebuilt: {why}")
+        shutil.rmtree(entry, ignore_errors=True)
 
     def put(self, key: str, cubin: bytes, log: str) -> None:
-        if self.root is None:
+        if self.root is None or not self.writable:
             return
         entry = self._entry(key)
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{key[:8]}-", dir=entry.parent))
-        (staging / "cubin").write_bytes(cubin)
-        (staging / "log").write_text(log)
         try:
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=f".{key[:8]}-", dir=entry.parent))
+        except OSError as error:
+            self.writable = False
+            self.report(f"cache {self.root} is not writable ({error.strerror or error}): building without it")
+            return
+        try:
+            (staging / "cubin").write_bytes(cubin)
+            (staging / "log").write_text(log)
+            (staging / "sha256").write_text(_digest(cubin, log) + "\n")
             os.rename(staging, entry)
-        except OSError:  # another process put the same entry first: identical by construction
+        except OSError:  # another process put the same entry first (identical by construction), or a full disk
             shutil.rmtree(staging, ignore_errors=True)
 
+    def info(self) -> CacheInfo:
+        entries = [p for p in self.root.glob("??/*") if p.is_dir() and not p.name.startswith(".")]
+        size = sum(f.stat().st_size for e in entries for f in e.iterdir() if f.is_file())
+        return CacheInfo(self.root, len(entries), size)
 
-def write_if_changed(path: Path, data: bytes) -> bool:
-    """Atomically replace `path` with `data` unless it already holds exactly that."""
-    try:
-        if path.read_bytes() == data:
-            return False
-    except OSError:
-        pass
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(descriptor, "wb") as handle:
-        handle.write(data)
-    os.replace(temporary, path)
-    return True
+    def clean(self) -> int:
+        """Remove every entry (and staging leftovers); the count of entries removed."""
+        if not self.root.is_dir():
+            return 0
+        removed = self.info().entries
+        for shard in self.root.glob("??"):
+            if shard.is_dir():
+                shutil.rmtree(shard, ignore_errors=True)
+        jinja = self.root / "jinja"
+        if jinja.is_dir():
+            shutil.rmtree(jinja, ignore_errors=True)
+        return removed
+
+
+def check_cache_root(root: Path) -> None:
+    """A cache path that exists but is not a folder is a user error worth naming."""
+    if root.exists() and not root.is_dir():
+        raise PtxgenError(f"PTXGEN_CACHE_DIR {root} is not a folder")

@@ -1,4 +1,4 @@
-"""ptxgen's command line. One boundary (main) turns every PtxgenError into a message + exit 2."""
+"""ptxgen's command line. One boundary (main) turns every PtxgenError into one message + exit 2."""
 
 from __future__ import annotations
 
@@ -8,22 +8,22 @@ from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
-import numpy as np
 import typer
-import rich.markup
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
-from .bench import bench_command
-from .errors import LaunchError, PtxgenError, SpecError
-from .kernels import KINDS, kind_of
+from . import __version__
+from .errors import LaunchError, PtxgenError
 from .spec import LoadedSpec, load_spec, with_archs
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Declarative kernel specs -> PTX -> cubins, checked on CPU and GPU.")
-out = Console()
-err = Console(stderr=True)
+                  rich_markup_mode=None, help="Declarative kernel specs -> PTX -> cubins, checked on CPU and GPU.")
+cache_app = typer.Typer(no_args_is_help=True, help="The assembled-cubin cache ($PTXGEN_CACHE_DIR).")
+app.add_typer(cache_app, name="cache")
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
 
 DEFAULT_SPEC = Path("specs/qwen3.toml")
 H100_BANDWIDTH_TBS = 3.35
@@ -33,6 +33,8 @@ SpecArg = Annotated[Path, typer.Argument(help="Spec file (.toml, .yaml).")]
 SpecOption = Annotated[Path, typer.Option("--spec", "-s", help="Spec file (.toml, .yaml).")]
 QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors.")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print a machine-readable JSON summary.")]
+ArchOption = Annotated[Optional[str], typer.Option(
+    "--arch", help="Use the PTX variant / cubin of this arch (e.g. sm_90a); default the portable PTX.")]
 
 
 class Backend(str, Enum):
@@ -46,78 +48,136 @@ class Assembler(str, Enum):
     driver = "driver"
 
 
-def find_kernel(spec: LoadedSpec, name_or_kind: str):
-    """A kernel by its name in the spec, or the spec's first kernel of that kind."""
-    for kernel in spec.spec.kernels:
-        if kernel.name == name_or_kind:
-            return kernel
-    for kernel in spec.spec.kernels:
-        if kernel.kind == name_or_kind:
-            return kernel
-    known = ", ".join(k.name for k in spec.spec.kernels)
-    raise SpecError(f"{spec.path}: no kernel named {name_or_kind!r} and no kernel of that kind (kernels: {known})")
+def version_callback(value: bool) -> None:
+    if value:
+        out.print(f"ptxgen {__version__}")
+        raise typer.Exit()
 
 
+@app.callback()
+def main_options(
+    version: Annotated[bool, typer.Option("--version", callback=version_callback, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+):
+    """Declarative kernel specs -> PTX -> cubins, checked on CPU and GPU."""
+
+
+# --- output: rich on a terminal, plain text in pipes and files ------------------------------------
+def print_table(title: str, columns: list[str], rows: list[list[str]], console: Console = out) -> None:
+    """A table: boxed on a terminal, plain aligned columns (never wrapped or cut) otherwise."""
+    if console.is_terminal:
+        table = Table(*columns, title=title or None)
+        for row in rows:
+            table.add_row(*(escape(cell) for cell in row))
+        console.print(table)
+        return
+    widths = [max(len(str(cell)) for cell in column) for column in zip(columns, *rows)]
+    lines = [title] if title else []
+    for row in [columns, *rows]:
+        lines.append("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
+    stream = sys.stderr if console.stderr else sys.stdout
+    stream.write("\n".join(lines) + "\n")
+
+
+def progress_bar(label: str, total: int, enabled: bool) -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=err,
+                    disable=not (enabled and err.is_terminal), transient=True)
+
+
+def plural(count: int, word: str, many: str = "") -> str:
+    return f"{count} {word if count == 1 else many or word + 's'}"
+
+
+def compile_one(spec: LoadedSpec, kernel):
+    """One kernel of a spec, compiled for the spec's archs (through the cache)."""
+    from .pipeline import compile_spec
+
+    return compile_spec(spec.spec.model_copy(update={"kernels": (kernel,)})).kernels[0]
+
+
+# --- build ---------------------------------------------------------------------------------------------
 @app.command()
 def build(
     spec_path: SpecArg,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Artifact folder [build/<spec name>].")] = None,
-    arch: Annotated[Optional[list[str]], typer.Option("--arch", help="Target arch; repeat for several [spec's].")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o",
+                                                   help="Artifact folder (default build/<spec name>).")] = None,
+    arch: Annotated[Optional[list[str]], typer.Option("--arch", help="Target arch; repeat for several (default: "
+                                                                     "the spec's).")] = None,
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Assemble in N processes.")] = 1,
     assembler: Annotated[Assembler, typer.Option(help="nvJitLink (offline) or the driver's JIT.")] = Assembler.auto,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Assemble everything anew.")] = False,
+    check: Annotated[bool, typer.Option("--check", help="Write nothing; exit 1 naming every stale, missing or "
+                                                        "unexpected artifact in the folder.")] = False,
     as_json: JsonOption = False,
     quiet: QuietOption = False,
 ):
-    """Render, assemble and write the artifact folder and manifest of a spec."""
-    from .pipeline import BuildOptions, run_build
+    """Render, assemble and write the artifact folder (PTX, cubins, C header, manifest) of a spec."""
+    from .artifacts import check_output_folder, compare, write_folder
+    from .pipeline import BuildOptions, artifact_files, compile_spec
 
     spec = load_spec(spec_path)
     if arch:
         spec = with_archs(spec, tuple(arch))
-    target = output or Path("build") / spec_path.stem
+    target = output if output is not None else Path("build") / spec_path.stem
+    if str(target) in ("", "."):
+        raise PtxgenError("-o: give a folder for the artifacts (ptxgen owns it and replaces its contents)")
+    if not check:
+        check_output_folder(target)
     total = len(spec.spec.kernels) * len(spec.spec.target.archs)
-    show_progress = err.is_terminal and not quiet and not as_json
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=err,
-                  disable=not show_progress, transient=True) as progress:
+    notes: list[str] = []
+    with progress_bar("assembling", total, not quiet and not as_json) as progress:
         task = progress.add_task("assembling", total=total)
         options = BuildOptions(assembler=assembler.value, jobs=jobs, use_cache=not no_cache,
-                               progress=lambda label: progress.update(task, advance=1, description=label))
-        result = run_build(spec, target, options)
+                               progress=lambda label: progress.update(task, advance=1, description=label),
+                               report=notes.append)
+        compiled = compile_spec(spec.spec, options)
+    for note in notes:
+        err.print(f"note: {note}", markup=False)
+    files = artifact_files(spec, compiled.kernels)
+    manifest = json.loads(files["manifest.json"])
+    if check:
+        difference = compare(target, files)
+        for line in difference.lines():
+            out.print(f"{target}: {line}", markup=False)
+        if difference.lines():
+            raise typer.Exit(1)
+        if not quiet:
+            out.print(f"{target}: up to date ({plural(len(files), 'file')})", markup=False)
+        return
+    write_folder(target, files)
     if as_json:
-        summary = {"output": str(target), "assembled": result.assembled, "cached": result.cached,
-                   "manifest": result.manifest}
-        out.print_json(json.dumps(summary, sort_keys=True))
+        summary = {"output": str(target), "assembled": compiled.assembled, "cached": compiled.cached,
+                   "manifest": manifest}
+        sys.stdout.write(json.dumps(summary, sort_keys=True, indent=2) + "\n")
     elif not quiet:
-        print_build_table(result.manifest, target, result.assembled, result.cached)
-
-
-def print_build_table(manifest: dict, target: Path, assembled: int, cached: int) -> None:
-    table = Table(title=f"{target}  ({assembled} assembled, {cached} from cache)")
-    for column in ("kernel", "kind", "arch", "regs", "smem", "spills", "lmem"):
-        table.add_column(column, justify="left" if column in ("kernel", "kind", "arch") else "right")
-    for name, meta in manifest["kernels"].items():
-        for arch, cubin in meta["cubins"].items():
-            spills = cubin["spill_stores"] + cubin["spill_loads"]
-            table.add_row(name, meta["kind"], arch, str(cubin["registers"]), str(cubin["shared_bytes"]),
-                          f"[red]{spills}[/red]" if spills else "0", str(cubin["local_bytes"]))
-    out.print(table)
+        rows = []
+        for name, meta in manifest["kernels"].items():
+            for arch_name, cubin in meta["cubins"].items():
+                spills = cubin["spill_stores"] + cubin["spill_loads"]
+                rows.append([name, meta["kind"], arch_name, str(cubin["registers"]), str(cubin["shared_bytes"]),
+                             str(spills), str(cubin["local_bytes"])])
+        print_table(f"{target}  ({compiled.assembled} assembled, {compiled.cached} from cache)",
+                    ["kernel", "kind", "arch", "regs", "smem", "spills", "lmem"], rows)
 
 
 @app.command()
 def validate(spec_path: SpecArg):
     """Check a spec without building it."""
     spec = load_spec(spec_path)
-    out.print(f"{spec_path}: ok, {len(spec.spec.kernels)} kernels for {', '.join(spec.spec.target.archs)}")
+    out.print(f"{spec_path}: ok, {plural(len(spec.spec.kernels), 'kernel')} for {', '.join(spec.spec.target.archs)}",
+              markup=False)
 
 
 @app.command("list")
 def list_kinds():
     """The kernel kinds ptxgen knows, one line each."""
+    from .kernels import KINDS
+
+    rows = []
     for name, kind in KINDS.items():
         doc = (sys.modules[kind.__module__].__doc__ or "").strip().splitlines()[0]
-        summary = doc.split(": ", 1)[-1] if doc.startswith(name) else doc
-        out.print(f"[bold]{name}[/bold]  {rich.markup.escape(summary)}")
+        rows.append([name, doc.split(": ", 1)[-1] if doc.startswith(name) else doc])
+    print_table("", ["kind", "what it computes"], rows)
 
 
 @app.command()
@@ -125,65 +185,56 @@ def show(
     name: Annotated[str, typer.Argument(help="Kernel name in the spec, or a kind (its first instance).")],
     spec_path: SpecOption = DEFAULT_SPEC,
     ptx: Annotated[bool, typer.Option("--ptx", help="Print the PTX text.")] = False,
-    bandwidth: Annotated[float, typer.Option(help="Memory bandwidth for the roofline, TB/s.")] = H100_BANDWIDTH_TBS,
-    tensor_tflops: Annotated[float, typer.Option(help="Tensor throughput for the roofline, TFLOP/s.")] = H100_TENSOR_TFLOPS,
+    arch: ArchOption = None,
+    bandwidth: Annotated[float, typer.Option(min=1e-6, help="Memory bandwidth for the roofline, TB/s.")] = H100_BANDWIDTH_TBS,
+    tensor_tflops: Annotated[float, typer.Option(min=1e-6, help="Tensor throughput for the roofline, TFLOP/s.")] = H100_TENSOR_TFLOPS,
 ):
     """Config, parameters, launch geometry, resources per arch and bytes moved per call."""
-    from .pipeline import BuildOptions, build as build_units
-
     spec = load_spec(spec_path)
-    kernel = find_kernel(spec, name)
-    kind = kind_of(kernel)
-    single = LoadedSpec(path=spec.path, sha256=spec.sha256, spec=spec.spec.model_copy(update={"kernels": (kernel,)}))
-    units, _, _ = build_units(single, BuildOptions())
-    unit = units[0]
+    compiled = compile_one(spec, spec.spec.find(name))
+    variant = compiled.variant(arch)
     if ptx:
-        out.print(unit.ptx, markup=False, highlight=False, end="")
+        sys.stdout.write(variant.ptx)
         return
+    kind = compiled.definition
     scalars = kind.example_scalars()
-    launch = kind.launch(scalars)
+    launch = compiled.launch(scalars, arch)
     traffic = kind.traffic(scalars)
-    out.print(f"[bold]{kernel.name}[/bold]  kind {kind.name}")
-    out.print("config: " + json.dumps(kernel.model_dump(mode="json", exclude={"name", "kind"}), sort_keys=True))
-    params = Table("param", "role", "type / shape", title="parameters (PTX order)")
-    for param in kind.params():
-        params.add_row(param.name, param.role, rich.markup.escape(param.describe()))
-    out.print(params)
-    out.print(f"launch: {kind.launch_rule()}")
+    out.print(f"{compiled.name}  kind {compiled.kind}", markup=False)
+    config = {k: v for k, v in compiled.config.items() if k not in ("name", "kind")}
+    out.print("config: " + json.dumps(config, sort_keys=True), markup=False)
+    print_table("parameters (PTX order)", ["param", "role", "type / shape"],
+                [[p.name, p.role, p.describe()] for p in compiled.params])
+    out.print(f"launch ({variant.target} PTX): {variant.geometry.describe()}", markup=False)
+    if variant.note:
+        out.print(f"  {variant.note}", markup=False)
     example = ", ".join(f"{k}={v}" for k, v in scalars.items()) or "(no runtime scalars)"
-    out.print(f"  at {example}: grid={launch.grid} block={launch.block} dynamic shared={launch.dynamic_shared} B")
-    resources = Table("arch", "registers", "shared B", "local B", "spill st/ld B")
-    for arch, cubin in unit.meta["cubins"].items():
-        resources.add_row(arch, str(cubin["registers"]), str(cubin["shared_bytes"]), str(cubin["local_bytes"]),
-                          f"{cubin['spill_stores']}/{cubin['spill_loads']}")
-    out.print(resources)
+    out.print(f"  at {example}: grid={launch.grid} block={launch.block} dynamic shared={launch.dynamic_shared} B",
+              markup=False)
+    print_table("", ["arch", "PTX", "registers", "shared B", "local B", "spill st/ld B"],
+                [[a, b.target, str(b.resources["registers"]), str(b.resources["shared_bytes"]),
+                  str(b.resources["local_bytes"]), f"{b.resources['spill_stores']}/{b.resources['spill_loads']}"]
+                 for a, b in compiled.binaries.items()])
     memory_us = traffic.bytes / (bandwidth * 1e12) * 1e6
     compute_us = traffic.flops / (tensor_tflops * 1e12) * 1e6
-    out.print(f"per call at {example}: {traffic.bytes:,} bytes, {traffic.flops:,} flops")
-    out.print(f"roofline floor: {max(memory_us, compute_us):.2f} us "
-              f"(memory {memory_us:.2f} us at {bandwidth} TB/s, compute {compute_us:.2f} us at {tensor_tflops} TFLOP/s)")
+    out.print(f"per call at {example}: {traffic.bytes:,} bytes, {traffic.flops:,} flops", markup=False)
+    out.print(f"roofline floor: {max(memory_us, compute_us):.2f} us (memory {memory_us:.2f} us at {bandwidth} TB/s, "
+              f"compute {compute_us:.2f} us at {tensor_tflops} TFLOP/s)", markup=False)
 
 
+# --- run and verify ------------------------------------------------------------------------------
 def parse_sets(assignments: list[str]) -> dict[str, list[int]]:
     """--set NAME=VALUE[,VALUE...] into {name: [values]}."""
     values = {}
     for assignment in assignments:
         name, equals, text = assignment.partition("=")
         try:
-            if not equals or not name:
+            if not equals or not name.strip():
                 raise ValueError
             values[name.strip()] = [int(part, 0) for part in text.split(",")]
         except ValueError:
             raise LaunchError(f"--set: expected NAME=INTEGER[,INTEGER...], got {assignment!r}") from None
     return values
-
-
-def load_npz(path: Path) -> dict[str, np.ndarray]:
-    try:
-        with np.load(path, allow_pickle=False) as archive:
-            return {name: archive[name] for name in archive.files}
-    except (OSError, ValueError) as error:
-        raise LaunchError(f"--inputs {path}: cannot read as .npz: {error}") from None
 
 
 def default_backend() -> str:
@@ -204,50 +255,46 @@ def run(
     outputs: Annotated[Path, typer.Option("--outputs", help=".npz to write every array parameter to.")],
     spec_path: SpecOption = DEFAULT_SPEC,
     assignments: Annotated[Optional[list[str]], typer.Option("--set", help="Runtime scalar NAME=VALUE.")] = None,
-    backend: Annotated[Optional[Backend], typer.Option(help="emulator (CPU interpreter) or device [device if a GPU is present].")] = None,
+    backend: Annotated[Optional[Backend], typer.Option(
+        help="emulator (CPU interpreter) or device (default: device if a GPU is present).")] = None,
+    arch: ArchOption = None,
     gguf: Annotated[Optional[Path], typer.Option("--gguf", help="GGUF file to take the Q4_K weight parameter from.")] = None,
     tensor: Annotated[Optional[str], typer.Option("--tensor", help="Tensor name in --gguf.")] = None,
 ):
     """Run one kernel once on IN.npz and write every array parameter to OUT.npz."""
+    from .npz import load_npz, save_npz, scalar_of
     from .runner import run as run_kernel
 
     spec = load_spec(spec_path)
-    kernel = spec.spec.kernel(kernel_name)
-    kind = kind_of(kernel)
-    arrays = load_npz(inputs)
-    scalars = {name: int(arrays.pop(name)) for name in list(arrays) if arrays[name].ndim == 0}
-    scalars.update({name: values[0] for name, values in parse_sets(assignments or []).items()})
+    config = spec.spec.kernel(kernel_name)
+    arrays = load_npz(inputs, "--inputs")
+    scalars = {name: scalar_of(arrays.pop(name), f"--inputs {inputs}: {name}") for name in list(arrays)
+               if arrays[name].ndim == 0}
+    for name, values in parse_sets(assignments or []).items():
+        if len(values) != 1:
+            raise LaunchError(f"--set {name}: run takes one value, got {len(values)}")
+        scalars[name] = values[0]
     if (gguf is None) != (tensor is None):
         raise LaunchError("--gguf and --tensor go together")
+    compiled = compile_one(spec, config)
     if gguf is not None:
-        arrays.update(gguf_weights(kind, gguf, tensor))
+        arrays.update(gguf_weights(compiled, gguf, tensor))
     chosen = backend.value if backend else default_backend()
-    results = run_kernel(kernel, spec.spec.ptx(kernel), arrays, scalars, backend=chosen)
+    results = run_kernel(compiled, arrays, scalars, backend=chosen, arch=arch)
     save_npz(outputs, results)
-    err.print(f"{kernel.name}: ran on {chosen}, wrote {', '.join(results)} to {outputs}")
+    err.print(f"{compiled.name}: ran on {chosen}, wrote {', '.join(results)} to {outputs}", markup=False)
 
 
-def gguf_weights(kind, path: Path, tensor: str) -> dict[str, np.ndarray]:
-    """The kind's one Q4_K parameter, read from a GGUF tensor."""
+def gguf_weights(compiled, path: Path, tensor: str) -> dict:
+    """The kernel's one Q4_K parameter, read from a GGUF tensor."""
     from .q4k import BLOCK_BYTES, BLOCK_WEIGHTS, load_gguf_tensor
 
-    quantized = [p for p in kind.params() if p.layout == "q4_k"]
+    quantized = [p for p in compiled.params if p.layout == "q4_k"]
     if len(quantized) != 1:
-        raise LaunchError(f"{kind.config.name}: --gguf needs a kernel with one Q4_K weight parameter")
+        raise LaunchError(f"{compiled.name}: --gguf needs a kernel with one Q4_K weight parameter")
     param = quantized[0]
     n, row = param.shape[-2], param.shape[-1]
     return {param.name: load_gguf_tensor(path, tensor, n, row // BLOCK_BYTES * BLOCK_WEIGHTS)}
-
-
-def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """Write the .npz whole or not at all."""
-    import io
-
-    from .cache import write_if_changed
-
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    write_if_changed(path, buffer.getvalue())
 
 
 @app.command()
@@ -255,40 +302,120 @@ def verify(
     spec_path: SpecArg,
     kernel_name: Annotated[Optional[str], typer.Option("--kernel", help="Only this kernel.")] = None,
     backend: Annotated[Backend, typer.Option(help="Where to run the PTX.")] = Backend.emulator,
-    seed: Annotated[int, typer.Option(help="Seed of the random inputs.")] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of the random inputs.")] = 0,
+    arch: ArchOption = None,
 ):
     """Run every kernel on random inputs and compare with its float64 reference."""
+    from .pipeline import compile_spec
     from .verify import verify_kernel
 
     spec = load_spec(spec_path)
-    kernels = [spec.spec.kernel(kernel_name)] if kernel_name else list(spec.spec.kernels)
-    table = Table("kernel", "scalars", "output", "rel. L2 error", "tolerance", "verdict", title=f"verify {spec_path}")
-    failures = 0
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=err,
-                  disable=not err.is_terminal, transient=True) as progress:
+    configs = [spec.spec.kernel(kernel_name)] if kernel_name else list(spec.spec.kernels)
+    kernels = compile_spec(spec.spec.model_copy(update={"kernels": tuple(configs)})).kernels
+    rows, failures = [], 0
+    with progress_bar("verifying", len(kernels), True) as progress:
         task = progress.add_task("verifying", total=len(kernels))
-        for kernel in kernels:
-            progress.update(task, description=kernel.name)
-            ptx = spec.spec.ptx(kernel)
-            cases = kind_of(kernel).verify_scalars()
+        for compiled in kernels:
+            progress.update(task, description=compiled.name)
+            cases = compiled.definition.verify_scalars()
             if not cases:
-                table.add_row(kernel.name, "-", "-", "-", "-",
-                              "[yellow]skipped[/yellow] (too large to interpret)")
+                rows.append([compiled.name, "-", "-", "-", "-", "skipped (too large to interpret)"])
             for scalars in cases:
-                for check in verify_kernel(kernel, ptx, scalars, seed=seed, backend=backend.value):
+                for check in verify_kernel(compiled, scalars, seed=seed, backend=backend.value, arch=arch):
                     failures += not check.passed
-                    verdict = "[green]pass[/green]" if check.passed else (
-                        f"[red]FAIL[/red] ({check.unwritten} unwritten)" if check.unwritten else "[red]FAIL[/red]")
-                    table.add_row(kernel.name, ", ".join(f"{k}={v}" for k, v in scalars.items()),
-                                  f"{check.param}{list(check.shape)}", f"{check.error:.2e}", f"{check.tolerance:.0e}",
-                                  verdict)
+                    verdict = "pass" if check.passed else (
+                        f"FAIL ({check.unwritten} unwritten)" if check.unwritten else "FAIL")
+                    rows.append([compiled.name, ", ".join(f"{k}={v}" for k, v in scalars.items()),
+                                 f"{check.param}{list(check.shape)}", f"{check.error:.2e}", f"{check.tolerance:.0e}",
+                                 verdict])
             progress.advance(task)
-    out.print(table)
+    print_table(f"verify {spec_path}", ["kernel", "scalars", "output", "rel. L2 error", "tolerance", "verdict"], rows)
     if failures:
         raise typer.Exit(1)
 
 
-app.command("bench")(bench_command)
+# --- bench -----------------------------------------------------------------------------------------
+@app.command()
+def bench(
+    kernel: Annotated[Optional[str], typer.Argument(
+        metavar="KERNEL", help="Kernel name in the spec, or a kind (its first instance); all kernels if omitted.")] = None,
+    spec_path: SpecOption = DEFAULT_SPEC,
+    assignments: Annotated[Optional[list[str]], typer.Option(
+        "--set", help="Runtime scalar NAME=VALUE; a comma list VALUE,VALUE,... sweeps (one row each).")] = None,
+    iters: Annotated[int, typer.Option("--iters", min=100, help="Timed runs per figure.")] = 100,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every figure to this JSON file.")] = None,
+    plot_path: Annotated[Optional[Path], typer.Option(
+        "--plot", help="Write a roofline-style chart (PNG; needs matplotlib).")] = None,
+    graph: Annotated[bool, typer.Option("--graph", help="Also time each kernel as CUDA-graph replays.")] = False,
+):
+    """Check kernels on the GPU, then time them: median/p10/p90, GB/s, TFLOP/s, % of copy bandwidth, peers."""
+    import itertools
+
+    from .bench import failures, plot, print_results, require_matplotlib, run_bench, write_json
+    from .device import driver
+    from .pipeline import compile_spec
+
+    driver()  # no driver or GPU: DeviceUnavailable (exit 2) before anything costly
+    if plot_path is not None:
+        require_matplotlib()
+    spec = load_spec(spec_path)
+    sweeps = parse_sets(assignments or [])
+    configs = [spec.spec.find(kernel)] if kernel else list(spec.spec.kernels)
+    compiled = compile_spec(spec.spec.model_copy(update={"kernels": tuple(configs)})).kernels
+    if not kernel:
+        known = set().union(*(c.scalar_limits for c in compiled))
+        for scalar in sweeps:
+            if scalar not in known:
+                raise LaunchError(f"--set {scalar}: no kernel of {spec.path} takes a runtime scalar of that name")
+    plan = []
+    for one in compiled:
+        names = [scalar for scalar in sweeps if kernel or scalar in one.scalar_limits]
+        for values in itertools.product(*(sweeps[scalar] for scalar in names)):
+            scalars = {**one.definition.example_scalars(), **dict(zip(names, values))}
+            one.check_scalars(scalars)  # a bad --set stops here, before any GPU work
+            plan.append((one, scalars))
+    with progress_bar("benchmarking", len(plan), len(plan) > 1) as progress:
+        task = progress.add_task("benchmarking", total=len(plan))
+        results = run_bench({"file": str(spec.path), "sha256": spec.sha256}, plan, iters, graph,
+                            progress=lambda label: progress.update(task, advance=1, description=label))
+    print_results(results, out, err)
+    if json_path is not None:
+        write_json(json_path, results)
+        err.print(f"wrote {json_path}", markup=False)
+    if plot_path is not None:
+        plot(plot_path, results)
+        err.print(f"wrote {plot_path}", markup=False)
+    problems = failures(results)
+    for line in problems:
+        err.print(f"FAIL {line}", markup=False)
+    if problems:
+        raise typer.Exit(1)
+
+
+# --- the cache ----------------------------------------------------------------------------------------
+@cache_app.command("info")
+def cache_info():
+    """Where the cache is, how many cubins it holds and their size."""
+    from .cache import Cache, check_cache_root
+    from .settings import SETTINGS
+
+    check_cache_root(SETTINGS.cache_dir)
+    if not SETTINGS.cache_dir.is_dir():
+        out.print(f"{SETTINGS.cache_dir}: empty (not created yet)", markup=False)
+        return
+    info = Cache(SETTINGS.cache_dir).info()
+    out.print(f"{info.root}: {plural(info.entries, 'entry', 'entries')}, {info.bytes / 1e6:.1f} MB", markup=False)
+
+
+@cache_app.command("clean")
+def cache_clean():
+    """Remove every cached cubin (and Jinja's compiled templates)."""
+    from .cache import Cache, check_cache_root
+    from .settings import SETTINGS
+
+    check_cache_root(SETTINGS.cache_dir)
+    removed = Cache(SETTINGS.cache_dir).clean()
+    out.print(f"{SETTINGS.cache_dir}: removed {plural(removed, 'entry', 'entries')}", markup=False)
 
 
 def main() -> None:
@@ -296,7 +423,7 @@ def main() -> None:
     try:
         app()
     except PtxgenError as error:
-        err.print(f"[red]error:[/red] {rich.markup.escape(str(error))}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(error))}")
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -1,57 +1,24 @@
-"""The only module that talks to CUDA (cuda.core, cuda.bindings): assembly and devices.
+"""The GPU runtime: the only module that talks to the CUDA driver (cuda.bindings.driver).
 
-Offline assembly uses nvJitLink from the `nvidia-nvjitlink` wheel, so it needs no GPU, no
-driver and no system CUDA. The driver's JIT is used when asked for and a driver is present.
+It loads what the build made (a CompiledKernel's cubin for the GPU's arch; the driver JITs the
+PTX only when no cubin fits), launches it, moves memory, captures graphs and times. It assembles
+nothing itself: offline assembly is ptxgen.assemble.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
-import re
 import time
 from dataclasses import dataclass
-from functools import cache
 
 import numpy as np
 
-from .errors import AssemblerError, DeviceUnavailable, LaunchError, PtxgenError
+from .abi import Geometry, Param
+from .compiled import CompiledKernel, Variant
+from .errors import DeviceUnavailable, LaunchError, PtxgenError
 
 NO_DEVICE = "no CUDA driver/GPU found; use --backend emulator"
-
-
-@dataclass(frozen=True)
-class Assembled:
-    cubin: bytes
-    info_log: str
-
-
-@cache
-def nvjitlink_version() -> str:
-    from cuda.bindings import nvjitlink
-
-    major, minor = nvjitlink.version()
-    return f"{major}.{minor}"
-
-
-def clean_log(log: str) -> str:
-    """The assembler's info log without the parts that change from run to run."""
-    lines = [line.rstrip() for line in log.replace("\x00", "").splitlines()]
-    return "\n".join(line for line in lines if line and "Compile time" not in line)
-
-
-def assemble_nvjitlink(ptx: str, arch: str) -> Assembled:
-    from cuda.bindings.nvjitlink import nvJitLinkError
-    from cuda.core import Linker, LinkerOptions, ObjectCode
-
-    # ObjectCode.from_ptx treats a str as a file name: pass bytes.
-    try:
-        linker = Linker(ObjectCode.from_ptx(ptx.encode()), options=LinkerOptions(arch=arch, verbose=True))
-        cubin = linker.link("cubin").code
-    except nvJitLinkError as error:
-        raise AssemblerError(f"nvJitLink failed to assemble PTX for {arch}", log=str(error)) from None
-    return Assembled(cubin=bytes(cubin), info_log=clean_log(linker.get_info_log()))
 
 
 def driver():
@@ -74,85 +41,6 @@ def driver_version() -> str:
     cuda_driver = driver()
     _, version = cuda_driver.cuDriverGetVersion()
     return f"{version // 1000}.{version % 1000 // 10}"
-
-
-def device_arch(ordinal: int = 0) -> str:
-    cuda_driver = driver()
-    attribute = cuda_driver.CUdevice_attribute
-    _, major = cuda_driver.cuDeviceGetAttribute(attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, ordinal)
-    _, minor = cuda_driver.cuDeviceGetAttribute(attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, ordinal)
-    return f"sm_{major}{minor}"
-
-
-def assemble_driver(ptx: str, arch: str) -> Assembled:
-    """JIT through the driver's own PTX compiler: only for the GPU's own arch."""
-    cuda_driver = driver()
-    own = device_arch()
-    if arch != own:
-        raise AssemblerError(f"the driver assembler builds only for this GPU's arch {own}, not {arch}")
-    from cuda.core import Device, ObjectCode
-
-    Device().set_current()
-    option = cuda_driver.CUjit_option
-    log_size = 1 << 16
-    info, error = bytearray(log_size), bytearray(log_size)
-    options = [option.CU_JIT_INFO_LOG_BUFFER, option.CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
-               option.CU_JIT_ERROR_LOG_BUFFER, option.CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, option.CU_JIT_LOG_VERBOSE]
-    values = [info, log_size, error, log_size, 1]
-    status, state = cuda_driver.cuLinkCreate(len(options), options, values)
-    try:
-        data = ptx.encode() + b"\0"
-        (status,) = cuda_driver.cuLinkAddData(state, cuda_driver.CUjitInputType.CU_JIT_INPUT_PTX, data, len(data),
-                                              b"kernel.ptx", 0, [], [])
-        if status != cuda_driver.CUresult.CUDA_SUCCESS:
-            raise AssemblerError(f"the driver failed to assemble PTX for {arch}", log=error.split(b"\0")[0].decode())
-        status, pointer, size = cuda_driver.cuLinkComplete(state)
-        if status != cuda_driver.CUresult.CUDA_SUCCESS:
-            raise AssemblerError(f"the driver failed to link PTX for {arch}", log=error.split(b"\0")[0].decode())
-        cubin = ObjectCode.from_cubin(_copy_bytes(pointer, size)).code
-    finally:
-        cuda_driver.cuLinkDestroy(state)
-    return Assembled(cubin=bytes(cubin), info_log=clean_log(info.split(b"\0")[0].decode()))
-
-
-def _copy_bytes(pointer: int, size: int) -> bytes:
-    import ctypes
-
-    return ctypes.string_at(int(pointer), size)
-
-
-ASSEMBLERS = {"nvjitlink": assemble_nvjitlink, "driver": assemble_driver}
-
-
-def assembler_version(name: str) -> str:
-    return nvjitlink_version() if name == "nvjitlink" else driver_version()
-
-
-def resolve_assembler(name: str) -> str:
-    """`auto` is nvJitLink (always present: it comes from a wheel); `driver` needs a driver."""
-    if name == "driver":
-        driver()
-        return "driver"
-    return "nvjitlink"
-
-
-_RESOURCES = {
-    "registers": r"used (\d+) registers",
-    "shared_bytes": r"(\d+) bytes smem",
-    "local_bytes": r"(\d+) bytes lmem",
-    "stack_bytes": r"(\d+) bytes stack frame",
-    "spill_stores": r"(\d+) bytes spill stores",
-    "spill_loads": r"(\d+) bytes spill loads",
-}
-
-
-def parse_resources(info_log: str) -> dict[str, int]:
-    """Registers, shared/local memory, stack and spills from a ptxas-style info log."""
-    found = {}
-    for key, pattern in _RESOURCES.items():
-        values = [int(v) for v in re.findall(pattern, info_log, flags=re.IGNORECASE)]
-        found[key] = max(values) if values else 0
-    return found
 
 
 # --- running kernels on the GPU ---------------------------------------------------------------
@@ -192,6 +80,10 @@ SPIN:
 \tret;
 }}
 """
+# JIT-compiled by the driver (it has no cubin): the device runtime's own helper, not a spec kernel.
+DELAY = CompiledKernel(DELAY_ENTRY, "delay", {}, (Param("nanoseconds", "u64", role="scalar"),),
+                       {"nanoseconds": (0, (1 << 63) - 1)},
+                       {"sm_50": Variant("sm_50", DELAY_PTX, "7.0", Geometry((1, 1, 1), (1, 1, 1)))}, {})
 
 
 @dataclass(frozen=True)
@@ -212,7 +104,7 @@ class DeviceBuffer:
 class DeviceKernel:
     entry: str
     function: object  # CUfunction
-    params: list[tuple[str, str]]  # (name, PTX type) in order
+    params: tuple[Param, ...]  # in PTX order
     static_shared: int
     max_threads: int
     dynamic_limit: int  # dynamic shared bytes the function is currently allowed
@@ -225,43 +117,27 @@ class DeviceGraph:
     executable: object
 
 
-def entry_params(ptx: str, entry: str) -> list[tuple[str, str]]:
-    """(name, type) of each parameter of `.entry entry(...)` in the PTX text, in order."""
-    text = re.sub(r"//[^\n]*|/\*.*?\*/", "", ptx, flags=re.DOTALL)
-    match = re.search(rf"\.entry\s+{re.escape(entry)}\s*\(([^)]*)\)", text)
-    if match is None:
-        raise LaunchError(f"the PTX has no entry {entry!r}")
-    params = []
-    for piece in match.group(1).split(","):
-        if not piece.strip():
-            continue
-        found = re.fullmatch(r"\s*\.param\s+(?:\.align\s+\d+\s+)?\.(\w+)\b.*?(\w+)\s*", piece, flags=re.DOTALL)
-        if found is None:
-            raise LaunchError(f"{entry}: cannot read PTX parameter {piece.strip()!r}")
-        params.append((found.group(2), found.group(1)))
-    return params
-
-
 _INTEGER_PARAMS = {"u64": (64, False), "b64": (64, False), "s64": (64, True), "u32": (32, False),
                    "b32": (32, False), "s32": (32, True)}
 
 
 def pack_params(kernel: DeviceKernel, args: list):
-    """cuLaunchKernel's kernelParams: ((values...), (ctypes types...)) checked against the PTX."""
+    """cuLaunchKernel's kernelParams: ((values...), (ctypes types...)) checked against the kernel's
+    parameters. An array parameter takes a DeviceBuffer or a device address (int); a scalar an int
+    that its PTX type can hold."""
     import ctypes
 
     if len(args) != len(kernel.params):
-        names = ", ".join(name for name, _ in kernel.params)
+        names = ", ".join(param.name for param in kernel.params)
         raise LaunchError(f"{kernel.entry}: expected {len(kernel.params)} arguments ({names}), got {len(args)}")
     values, types = [], []
-    for (name, ptx_type), arg in zip(kernel.params, args):
-        if isinstance(arg, DeviceBuffer):
-            if ptx_type not in ("u64", "b64", "s64"):
-                raise LaunchError(f"{kernel.entry}: parameter {name!r} is .{ptx_type}, not a pointer; got an array")
-            values.append(arg.address)
+    for param, arg in zip(kernel.params, args):
+        name, ptx_type = param.name, param.ptx_type
+        integer = isinstance(arg, (int, np.integer)) and not isinstance(arg, (bool, np.bool_))
+        if param.is_array and (isinstance(arg, DeviceBuffer) or integer):
+            values.append(arg.address if isinstance(arg, DeviceBuffer) else int(arg))
             types.append(ctypes.c_void_p)
-        elif (isinstance(arg, (int, np.integer)) and not isinstance(arg, (bool, np.bool_))
-              and ptx_type in _INTEGER_PARAMS):
+        elif not param.is_array and integer and ptx_type in _INTEGER_PARAMS:
             bits, signed = _INTEGER_PARAMS[ptx_type]
             low, high = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
             if not low <= int(arg) <= high:
@@ -269,18 +145,16 @@ def pack_params(kernel: DeviceKernel, args: list):
             values.append(int(arg))
             types.append({(64, False): ctypes.c_uint64, (64, True): ctypes.c_int64,
                           (32, False): ctypes.c_uint32, (32, True): ctypes.c_int32}[bits, signed])
-        elif isinstance(arg, float) and ptx_type == "f32":
-            values.append(arg)
-            types.append(ctypes.c_float)
         else:
-            raise LaunchError(f"{kernel.entry}: parameter {name!r} is .{ptx_type}; got {type(arg).__name__}")
+            what = "an array" if param.is_array else f"a .{ptx_type} scalar"
+            raise LaunchError(f"{kernel.entry}: parameter {name!r} is {what}; got {type(arg).__name__}")
     return (tuple(values), tuple(types)) if values else 0
 
 
 class DeviceSession:
     """Device 0's primary context, one stream, loaded modules and reusable allocations.
 
-    Every CUDA call is checked; failures raise DeviceUnavailable, AssemblerError, LaunchError
+    Every CUDA call is checked; failures raise DeviceUnavailable, LaunchError
     (a bad launch, or a kernel that faulted) or PtxgenError, with the CUDA error's name.
     """
 
@@ -304,8 +178,8 @@ class DeviceSession:
         self.shared_optin = self.attribute(attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
         self.cooperative = bool(self.attribute(attribute.CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH))
         self.driver_version = driver_version()
-        self.modules: dict[tuple[str, str], tuple[object, str]] = {}  # (ptx sha256, arch) -> (CUmodule, assembler)
-        self.kernels: dict[tuple[str, str], DeviceKernel] = {}  # (ptx sha256, entry) -> kernel
+        self.modules: list = []  # loaded CUmodules
+        self.kernels: dict[tuple[str, str], DeviceKernel] = {}  # (image sha256, entry) -> its kernel
         self.pool: dict[int, list[DeviceBuffer]] = {}  # capacity -> freed allocations
         self.allocations: dict[int, DeviceBuffer] = {}  # address -> live or pooled allocation
 
@@ -351,15 +225,25 @@ class DeviceSession:
         return int(free)
 
     # --- kernels --------------------------------------------------------------------------------
-    def kernel(self, ptx: str, entry: str) -> DeviceKernel:
-        """The entry of this PTX, built for this GPU and loaded (cached by PTX hash and arch)."""
-        sha = hashlib.sha256(ptx.encode()).hexdigest()
-        cached = self.kernels.get((sha, entry))
+    def kernel(self, compiled: CompiledKernel) -> DeviceKernel:
+        """`compiled` loaded for this GPU: its cubin for this arch, else the driver's JIT of its PTX
+        (loaded once per session)."""
+        binary = compiled.binary_for(self.arch)
+        variant = None if binary is not None else compiled.jit_variant(self.arch)
+        if binary is None and variant is None:
+            built = ", ".join(compiled.binaries) or "none"
+            raise LaunchError(f"{compiled.name}: nothing runs on {self.name} ({self.arch}): cubins for {built}, "
+                              f"PTX for {', '.join(compiled.variants)}; rebuild with --arch {self.arch}")
+        key = (binary.sha256 if binary is not None else variant.sha256, compiled.name)
+        cached = self.kernels.get(key)
         if cached is not None:
             return cached
-        module, _ = self.module(ptx, sha)
+        image = binary.cubin if binary is not None else variant.ptx.encode() + b"\0"
         cu = self.cu
-        params = entry_params(ptx, entry)
+        what = "loading its cubin" if binary is not None else "JIT-compiling its PTX in the driver"
+        module = self.check(cu.cuModuleLoadData(image), f"{compiled.name}: {what} for {self.arch}", LaunchError)
+        self.modules.append(module)
+        entry = compiled.name
         function = self.check(cu.cuModuleGetFunction(module, entry.encode()), f"finding kernel {entry!r} in its module",
                               LaunchError)
         attribute = cu.CUfunction_attribute
@@ -369,36 +253,9 @@ class DeviceSession:
                              f"{entry}: cuFuncGetAttribute(MAX_THREADS_PER_BLOCK)")
         dynamic = self.check(cu.cuFuncGetAttribute(attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, function),
                              f"{entry}: cuFuncGetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
-        kernel = DeviceKernel(entry, function, params, int(static), int(threads), int(dynamic))
-        self.kernels[sha, entry] = kernel
+        kernel = DeviceKernel(entry, function, compiled.params, int(static), int(threads), int(dynamic))
+        self.kernels[key] = kernel
         return kernel
-
-    def module(self, ptx: str, sha: str) -> tuple[object, str]:
-        """Load nvJitLink's cubin for this arch; if that fails, let the driver JIT the PTX."""
-        key = (sha, self.arch)
-        if key in self.modules:
-            return self.modules[key]
-        problems = []
-        try:
-            cubin = assemble_nvjitlink(ptx, self.arch).cubin
-        except AssemblerError as error:
-            problems.append(f"nvJitLink: {error}")
-        else:
-            status, module = self.cu.cuModuleLoadData(cubin)
-            if status == self.cu.CUresult.CUDA_SUCCESS:
-                self.modules[key] = (module, "nvjitlink")
-                return self.modules[key]
-            problems.append(f"loading nvJitLink's cubin: {self.describe(status)}")
-        try:
-            cubin = assemble_driver(ptx, self.arch).cubin
-        except AssemblerError as error:
-            problems.append(f"driver JIT: {error}")
-            raise AssemblerError(f"cannot build this PTX for {self.name} ({self.arch})",
-                                 log="\n".join(problems)) from None
-        module = self.check(self.cu.cuModuleLoadData(cubin), f"loading the driver-JIT cubin for {self.arch}",
-                            AssemblerError)
-        self.modules[key] = (module, "driver")
-        return self.modules[key]
 
     def prepare(self, kernel: DeviceKernel, launch):
         """Check a launch against the compiled kernel and the GPU; opt in to large dynamic shared
@@ -434,20 +291,22 @@ class DeviceSession:
         """Queue one launch on the stream; args are DeviceBuffers (pointers) and ints, in PTX order."""
         self.launcher(kernel, launch, args)()
 
-    def launcher(self, kernel: DeviceKernel, launch, args: list):
-        """A call that queues this launch, checked and its arguments packed once (for launches
-        repeated many times, e.g. a multi-kernel step timed launch by launch)."""
+    def launcher(self, kernel: DeviceKernel, launch, args: list, stream=None):
+        """A call that queues this launch on `stream` (default: the session's), checked and its
+        arguments packed once (for launches repeated many times, e.g. a multi-kernel step timed
+        launch by launch, or an engine's calls through ptxgen.load)."""
         launch = self.prepare(kernel, launch)
         params = pack_params(kernel, args)
+        stream = self.stream if stream is None else stream
         cu, (gx, gy, gz), (bx, by, bz), shared = self.cu, launch.grid, launch.block, launch.dynamic_shared
         what = f"launching {kernel.entry} (grid {launch.grid}, block {launch.block}, {shared} B dynamic shared)"
         if launch.cooperative:
             def queue() -> None:
-                self.check(cu.cuLaunchCooperativeKernel(kernel.function, gx, gy, gz, bx, by, bz, shared, self.stream,
+                self.check(cu.cuLaunchCooperativeKernel(kernel.function, gx, gy, gz, bx, by, bz, shared, stream,
                                                         params), what, LaunchError)
         else:
             def queue() -> None:
-                self.check(cu.cuLaunchKernel(kernel.function, gx, gy, gz, bx, by, bz, shared, self.stream, params, 0),
+                self.check(cu.cuLaunchKernel(kernel.function, gx, gy, gz, bx, by, bz, shared, stream, params, 0),
                            what, LaunchError)
         return queue
 
@@ -548,7 +407,7 @@ class DeviceSession:
         """Queue a kernel that keeps the GPU busy for `seconds`."""
         from .kernels.base import Launch
 
-        kernel = self.kernel(DELAY_PTX, DELAY_ENTRY)
+        kernel = self.kernel(DELAY)
         self.launch(kernel, Launch(grid=(1, 1, 1), block=(1, 1, 1)), [int(seconds * 1e9)])
 
     def time(self, enqueue, iters: int, warmup: int = 10) -> list[float]:
@@ -607,35 +466,46 @@ class DeviceSession:
         for buffer in list(self.allocations.values()):
             cu.cuMemFree(buffer.address)
         self.allocations = {}
-        for module, _ in self.modules.values():
+        for module in self.modules:
             cu.cuModuleUnload(module)
-        self.modules, self.kernels = {}, {}
+        self.modules, self.kernels = [], {}
         cu.cuStreamDestroy(self.stream)
         cu.cuDevicePrimaryCtxRelease(self.device)
 
 
-_SESSION: DeviceSession | None = None
+_SESSIONS: dict[int, DeviceSession] = {}
 
 
-def session() -> DeviceSession:
-    """The process's DeviceSession on device 0 (a fresh one after a kernel broke the context)."""
-    global _SESSION
-    if _SESSION is not None and _SESSION.broken:
-        broken, _SESSION = _SESSION, None
-        broken.cu.cuDevicePrimaryCtxReset(broken.device)
-    if _SESSION is None:
-        _SESSION = DeviceSession(0)
-    _SESSION.activate()
-    return _SESSION
+def session(ordinal: int = 0) -> DeviceSession:
+    """The process's DeviceSession on a device (a fresh one after a kernel broke the context)."""
+    current = _SESSIONS.get(ordinal)
+    if current is not None and current.broken:
+        del _SESSIONS[ordinal]
+        current.cu.cuDevicePrimaryCtxReset(current.device)
+        current = None
+    if current is None:
+        current = _SESSIONS[ordinal] = DeviceSession(ordinal)
+    current.activate()
+    return current
 
 
-def run_on_device(ptx: str, entry: str, launch, args: list) -> None:
-    """Launch `entry` once on device 0: numpy arrays are copied in, and back in place afterwards.
+def pointer_device(address: int) -> int | None:
+    """The ordinal of the GPU that holds device memory at `address`, or None if the driver does not
+    know the address as device memory."""
+    cu = driver()
+    attribute = cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+    status, ordinal = cu.cuPointerGetAttribute(attribute, address)
+    return int(ordinal) if status == cu.CUresult.CUDA_SUCCESS else None
+
+
+def run_on_device(compiled: CompiledKernel, launch, args: list) -> None:
+    """Launch `compiled` once on device 0: numpy arrays are copied in, and back in place afterwards.
 
     args are in PTX order: numpy arrays for pointer parameters, Python ints for scalars.
     """
     gpu = session()
-    kernel = gpu.kernel(ptx, entry)
+    kernel = gpu.kernel(compiled)
+    entry = compiled.name
     buffers: list[DeviceBuffer] = []
     try:
         device_args = []

@@ -1,37 +1,40 @@
-"""The build pipeline as an ordered table of stages: spec -> ptx -> cubin, then the artifacts.
+"""The build pipeline as an ordered table of stages: spec entry -> ptx -> cubin -> CompiledKernel.
 
-Each stage fills the per-kernel metadata that becomes the manifest. Nothing is written to the
-output folder until every kernel of every arch has assembled, so a failure leaves no half build.
+Each stage fills the per-kernel state a CompiledKernel is made of; cubins come through the
+content-addressed cache. Nothing is written to an output folder until every kernel of every arch
+has assembled (artifacts.py then writes the folder whole), so a failure leaves no half build.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import __version__
-from .cache import Cache, cache_key, write_if_changed
-from .device import ASSEMBLERS, Assembled, assembler_version, parse_resources, resolve_assembler
-from .archs import format_version
-from .kernels import kind_of
-from .settings import SETTINGS
-from .spec import LoadedSpec
+from pydantic import ValidationError
 
-ASSEMBLER_OPTIONS = {"verbose": True}  # part of the cache key
+from . import __version__
+from .archs import format_version
+from .assemble import OPTIONS, assemble, assembler_version, parse_resources, resolve_assembler
+from .cache import Cache, cache_key
+from .compiled import Binary, CompiledKernel, Variant
+from .errors import SpecError
+from .kernels import kind_of
+from .render import render
+from .settings import SETTINGS
+from .spec import LoadedSpec, Spec, Target
 
 
 @dataclass
 class Unit:
     """One kernel of the spec travelling through the stages."""
 
-    kernel: object
-    ptx: str = ""
-    cubins: dict[str, bytes] = field(default_factory=dict)
-    meta: dict = field(default_factory=dict)
+    config: object
+    variants: dict[str, Variant] = field(default_factory=dict)
+    binaries: dict[str, Binary] = field(default_factory=dict)
+    assembler: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -40,119 +43,137 @@ class BuildOptions:
     jobs: int = 1
     use_cache: bool = True
     progress: Callable[[str], None] = lambda label: None
+    report: Callable[[str], None] = lambda message: None  # e.g. a cache entry found corrupt
 
 
 @dataclass
-class BuildResult:
-    manifest: dict
+class Compiled:
+    kernels: list[CompiledKernel]
     assembled: int  # kernel x arch pairs assembled now (cache misses)
     cached: int
 
 
-def stage_ptx(spec: LoadedSpec, units: list[Unit], options: BuildOptions) -> None:
+def stage_ptx(spec: Spec, units: list[Unit], options: BuildOptions) -> None:
+    """The portable PTX (`.target` the spec's oldest arch) and, for every arch-specific target the
+    spec lists and the kind renders on its own (Kind.own_targets), that variant too."""
     for unit in units:
-        kernel, kind = unit.kernel, kind_of(unit.kernel)
-        version = spec.spec.ptx_version(kernel)
-        unit.ptx = spec.spec.ptx(kernel)
-        unit.meta.update(
-            kind=kind.name,
-            config=kernel.model_dump(mode="json"),
-            ptx=f"{kernel.name}.ptx",
-            ptx_sha256=hashlib.sha256(unit.ptx.encode()).hexdigest(),
-            ptx_version=format_version(version),
-            ptx_target=spec.spec.ptx_target,
-            params=[{"name": p.name, "dtype": p.dtype, "shape": list(p.shape), "role": p.role} for p in kind.params()],
-            launch=kind.launch_rule(),
-            scalar_limits={name: list(limits) for name, limits in kind.scalar_limits().items()},
-        )
+        own_targets = [t for t in kind_of(unit.config).own_targets if t in spec.target.archs]
+        for own in [None, *own_targets]:
+            kind = kind_of(unit.config, own)
+            version = spec.ptx_version(unit.config, own)
+            target = own or spec.ptx_target
+            ptx = render(unit.config, version, target, own)
+            unit.variants[target] = Variant(target, ptx, format_version(version), kind.geometry(), kind.launch_note())
 
 
-def assemble_one(assembler: str, ptx: str, arch: str) -> Assembled:
-    """Module-level so worker processes can run it."""
-    return ASSEMBLERS[assembler](ptx, arch)
-
-
-def stage_cubin(spec: LoadedSpec, units: list[Unit], options: BuildOptions) -> tuple[int, int]:
+def stage_cubin(spec: Spec, units: list[Unit], options: BuildOptions) -> tuple[int, int]:
+    """One cubin per (kernel, arch), from the variant of that arch or the portable PTX."""
     assembler = resolve_assembler(options.assembler)
     version = assembler_version(assembler)
-    cache = Cache(SETTINGS.cache_dir if options.use_cache else None)
+    cache = Cache(SETTINGS.cache_dir if options.use_cache else None, report=options.report)
     misses = []
     for unit in units:
-        for arch in spec.spec.target.archs:
-            key = cache_key(unit.ptx, arch, assembler, version, ASSEMBLER_OPTIONS)
+        unit.assembler = {"name": assembler, "version": version}
+        portable = next(iter(unit.variants.values()))
+        for arch in spec.target.archs:
+            variant = unit.variants.get(arch, portable)
+            key = cache_key(variant.ptx, arch, assembler, version, OPTIONS)
             hit = cache.get(key)
             if hit:
-                record_cubin(unit, arch, Assembled(*hit))
-                options.progress(f"{unit.kernel.name} {arch} (cached)")
+                unit.binaries[arch] = Binary(arch, variant.target, hit[0], hit[1], parse_resources(hit[1]))
+                options.progress(f"{unit.config.name} {arch} (cached)")
             else:
-                misses.append((unit, arch, key))
+                misses.append((unit, arch, variant, key))
     jobs = min(options.jobs, len(misses))
     if jobs > 1:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = [pool.submit(assemble_one, assembler, unit.ptx, arch) for unit, arch, _ in misses]
-            results = [future.result() for future in futures]
+            futures = [pool.submit(assemble, assembler, variant.ptx, arch, OPTIONS) for _, arch, variant, _ in misses]
+            for (unit, arch, variant, key), future in zip(misses, futures):
+                record(cache, unit, arch, variant, key, future.result(), options)
     else:
-        results = [assemble_one(assembler, unit.ptx, arch) for unit, arch, _ in misses]
-    for (unit, arch, key), assembled in zip(misses, results):
-        cache.put(key, assembled.cubin, assembled.info_log)
-        record_cubin(unit, arch, assembled)
-        options.progress(f"{unit.kernel.name} {arch}")
-    for unit in units:
-        unit.meta["assembler"] = {"name": assembler, "version": version}
-    return len(misses), len(units) * len(spec.spec.target.archs) - len(misses)
+        for unit, arch, variant, key in misses:
+            record(cache, unit, arch, variant, key, assemble(assembler, variant.ptx, arch, OPTIONS), options)
+    return len(misses), len(units) * len(spec.target.archs) - len(misses)
 
 
-def record_cubin(unit: Unit, arch: str, assembled: Assembled) -> None:
-    unit.cubins[arch] = assembled.cubin
-    unit.meta.setdefault("cubins", {})[arch] = {
-        "file": f"{arch}/{unit.kernel.name}.cubin",
-        "sha256": hashlib.sha256(assembled.cubin).hexdigest(),
-        "info_log": assembled.info_log,
-        **parse_resources(assembled.info_log),
-    }
+def record(cache: Cache, unit: Unit, arch: str, variant: Variant, key: str, assembled, options: BuildOptions) -> None:
+    cache.put(key, assembled.cubin, assembled.info_log)
+    unit.binaries[arch] = Binary(arch, variant.target, assembled.cubin, assembled.info_log,
+                                 parse_resources(assembled.info_log))
+    options.progress(f"{unit.config.name} {arch}")
 
 
 STAGES = {"ptx": stage_ptx, "cubin": stage_cubin}
 
 
-def build(spec: LoadedSpec, options: BuildOptions, until: str = "cubin") -> tuple[list[Unit], int, int]:
-    """Run the stages in order up to and including `until`."""
-    units = [Unit(kernel) for kernel in spec.spec.kernels]
+def compile_spec(spec: Spec, options: BuildOptions | None = None, until: str = "cubin") -> Compiled:
+    """Run the stages in order up to and including `until`; one CompiledKernel per spec entry."""
+    options = options or BuildOptions()
+    units = [Unit(config) for config in spec.kernels]
     counts = (0, 0)
     for name, stage in STAGES.items():
         counts = stage(spec, units, options) or counts
         if name == until:
             break
-    return units, *counts
+    return Compiled([compiled_of(unit) for unit in units], *counts)
 
 
-def manifest_of(spec: LoadedSpec, units: list[Unit]) -> dict:
+def compiled_of(unit: Unit) -> CompiledKernel:
+    kind = kind_of(unit.config)
+    return CompiledKernel(
+        name=unit.config.name,
+        kind=kind.name,
+        config=unit.config.model_dump(mode="json"),
+        params=tuple(kind.params()),
+        scalar_limits={name: tuple(limits) for name, limits in kind.scalar_limits().items()},
+        variants=dict(unit.variants),
+        binaries=dict(unit.binaries),
+        assembler=dict(unit.assembler),
+    )
+
+
+def compile_kernel(config, archs: tuple[str, ...] = ("sm_80",), ptx_version: str | None = None,
+                   options: BuildOptions | None = None, until: str = "cubin") -> CompiledKernel:
+    """One kernel config (as from a spec entry) compiled for `archs`, through the same stages."""
+    try:
+        spec = Spec(target=Target(archs=archs, ptx_version=ptx_version), kernels=(config,))
+    except ValidationError as error:
+        raise SpecError(f"kernel {config.name!r}: {error.errors()[0]['msg']}") from None
+    return compile_spec(spec, options, until).kernels[0]
+
+
+def compiler(archs: tuple[str, ...], options: BuildOptions | None = None,
+             until: str = "cubin") -> Callable[[object], CompiledKernel]:
+    """compile_kernel for `archs`, memoised per config (a multi-kernel step compiles each kernel once)."""
+    memo: dict[str, CompiledKernel] = {}
+
+    def compiled_of(config) -> CompiledKernel:
+        key = json.dumps(config.model_dump(mode="json"), sort_keys=True)
+        if key not in memo:
+            memo[key] = compile_kernel(config, archs, options=options, until=until)
+        return memo[key]
+
+    return compiled_of
+
+
+def manifest_of(spec: LoadedSpec, kernels: list[CompiledKernel]) -> dict:
     return {
         "ptxgen_version": __version__,
         "spec": {"file": Path(spec.path).name, "sha256": spec.sha256},
         "archs": list(spec.spec.target.archs),
-        "kernels": {unit.kernel.name: unit.meta for unit in units},
+        "kernels": {kernel.name: kernel.manifest_entry() for kernel in kernels},
     }
 
 
-def write_artifacts(out: Path, units: list[Unit], manifest: dict) -> None:
-    """Write DIR/<name>.ptx, DIR/<arch>/<name>.cubin, DIR/manifest.json; drop stale ones."""
-    wanted = {out / "manifest.json"}
-    for unit in units:
-        wanted.add(out / f"{unit.kernel.name}.ptx")
-        write_if_changed(out / f"{unit.kernel.name}.ptx", unit.ptx.encode())
-        for arch, cubin in unit.cubins.items():
-            wanted.add(out / arch / f"{unit.kernel.name}.cubin")
-            write_if_changed(out / arch / f"{unit.kernel.name}.cubin", cubin)
-    text = json.dumps(manifest, sort_keys=True, indent=2) + "\n"
-    write_if_changed(out / "manifest.json", text.encode())
-    for stale in [*out.glob("*.ptx"), *out.glob("sm_*/*.cubin")]:
-        if stale not in wanted:
-            stale.unlink()
+def artifact_files(spec: LoadedSpec, kernels: list[CompiledKernel]) -> dict[str, bytes]:
+    """Every file of the artifact folder, relative path -> bytes: PTX, cubins, the C header, and
+    manifest.json (which lists the others with their digests)."""
+    from .header import header_name, render_header
 
-
-def run_build(spec: LoadedSpec, out: Path, options: BuildOptions) -> BuildResult:
-    units, assembled, cached = build(spec, options)
-    manifest = manifest_of(spec, units)
-    write_artifacts(out, units, manifest)
-    return BuildResult(manifest=manifest, assembled=assembled, cached=cached)
+    files = {}
+    for kernel in kernels:
+        files.update(kernel.files())
+    manifest = manifest_of(spec, kernels)
+    files[header_name(spec.path)] = render_header(manifest).encode()
+    files["manifest.json"] = (json.dumps(manifest, sort_keys=True, indent=2) + "\n").encode()
+    return files

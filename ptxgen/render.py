@@ -44,9 +44,10 @@ def environment() -> jinja2.Environment:
     return env
 
 
-def render(kernel, ptx_version: tuple[int, int], ptx_target: str) -> str:
-    """PTX text of one validated kernel config."""
-    kind = kind_of(kernel)
+def render(kernel, ptx_version: tuple[int, int], ptx_target: str, own_target: str | None = None) -> str:
+    """PTX text of one validated kernel config (`own_target`: the arch-specific variant the kind
+    renders for that target, or None for the portable PTX)."""
+    kind = kind_of(kernel, own_target)
     config = kernel.model_dump(mode="json")
     try:
         text = environment().get_template(kind.template).render(

@@ -1,4 +1,4 @@
-"""Run one kernel once: check inputs against its parameters, poison outputs, launch, collect.
+"""Run one compiled kernel once: check inputs against its parameters, poison outputs, launch, collect.
 
 The same path serves `ptxgen run`, `ptxgen verify`, tests and benches, on either backend.
 """
@@ -6,26 +6,27 @@ The same path serves `ptxgen run`, `ptxgen verify`, tests and benches, on either
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 
+from .compiled import CompiledKernel
 from .dtypes import DTYPES, poison
 from .errors import LaunchError
-from .kernels import kind_of
-from .kernels.base import Call, Kind
+from .kernels.base import Call
 
 BACKENDS = ("emulator", "device")
 
 
-def check_inputs(kind: Kind, inputs: dict[str, np.ndarray], scalars: dict[str, int]) -> None:
+def check_inputs(compiled: CompiledKernel, inputs: dict[str, np.ndarray], scalars: dict[str, int]) -> None:
     """Every read array present with the exact dtype and shape; nothing unknown."""
-    name = kind.config.name
-    known = {p.name for p in kind.params()}
+    name = compiled.name
+    known = {p.name for p in compiled.params}
     for key in inputs:
         if key not in known:
             raise LaunchError(f"{name}: unknown input {key!r} (parameters: {', '.join(sorted(known))})")
-    for param in kind.params():
-        if param.role not in ("in", "inout"):
+    for param in compiled.params:
+        if not param.read:
             continue
         if param.name not in inputs:
             raise LaunchError(f"{name}: input {param.name!r} is missing: expected {param.describe()}")
@@ -40,47 +41,49 @@ def check_inputs(kind: Kind, inputs: dict[str, np.ndarray], scalars: dict[str, i
             )
 
 
-def prepare_arrays(kind: Kind, inputs: dict[str, np.ndarray], scalars: dict[str, int]) -> dict[str, np.ndarray]:
+def prepare_arrays(compiled: CompiledKernel, inputs: dict[str, np.ndarray],
+                   scalars: dict[str, int]) -> dict[str, np.ndarray]:
     """Copies of the inputs, NaN-poisoned outputs, zeroed workspaces: one array per array param."""
-    kind.check_scalars(scalars)
-    check_inputs(kind, inputs, scalars)
+    compiled.check_scalars(scalars)
+    check_inputs(compiled, inputs, scalars)
     arrays = {}
-    for param in kind.params():
-        if param.role in ("in", "inout"):
+    for param in compiled.params:
+        if param.read:
             arrays[param.name] = np.ascontiguousarray(inputs[param.name]).copy()
         elif param.role == "out":
             arrays[param.name] = poison(param.concrete_shape(scalars), param.dtype)
         elif param.role == "workspace":
             arrays[param.name] = np.zeros(param.concrete_shape(scalars), dtype=DTYPES[param.dtype].numpy)
-    kind.check_arrays(arrays, scalars)
+    compiled.definition.check_arrays(arrays, scalars)
     return arrays
 
 
-def launch_args(kind: Kind, arrays: dict[str, np.ndarray], scalars: dict[str, int]) -> list:
-    """Arguments in PTX parameter order."""
-    return [arrays[p.name] if p.is_array else int(scalars[p.name]) for p in kind.params()]
-
-
-def run(kernel, ptx: str, inputs: dict[str, np.ndarray], scalars: dict[str, int], backend: str = "emulator",
-        sanitize: bool = True) -> dict[str, np.ndarray]:
-    """Launch `kernel` (a validated config) once; return every array parameter afterwards."""
-    kind = kind_of(kernel)
-    arrays = prepare_arrays(kind, inputs, scalars)
-    launch = kind.launch(scalars)
+def launch_arrays(compiled: CompiledKernel, arrays: dict[str, np.ndarray], scalars: dict[str, int],
+                  backend: str = "emulator", sanitize: bool = True, arch: str | None = None) -> None:
+    """One launch over host arrays (every array parameter, workspaces included), updated in place.
+    `arch` picks an arch-specific variant for the emulator (default: the portable PTX)."""
+    if backend not in BACKENDS:
+        raise LaunchError(f"--backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
+    launch = compiled.launch(scalars, arch)
     if launch.empty:
-        return arrays
-    args = launch_args(kind, arrays, scalars)
+        return
+    args = compiled.args(arrays, scalars)
     if backend == "emulator":
         from .interp import launch as interpret
 
-        interpret(ptx, kernel.name, launch.grid, launch.block, args, dynamic_shared=launch.dynamic_shared,
-                  sanitize=sanitize, kernel_name=kernel.name)
-    elif backend == "device":
+        interpret(compiled.variant(arch).ptx, compiled.name, launch.grid, launch.block, args,
+                  dynamic_shared=launch.dynamic_shared, sanitize=sanitize, kernel_name=compiled.name)
+    else:
         from .device import run_on_device
 
-        run_on_device(ptx, kernel.name, launch, args)
-    else:
-        raise LaunchError(f"--backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
+        run_on_device(compiled, launch, args)
+
+
+def run(compiled: CompiledKernel, inputs: dict[str, np.ndarray], scalars: dict[str, int],
+        backend: str = "emulator", sanitize: bool = True, arch: str | None = None) -> dict[str, np.ndarray]:
+    """Launch `compiled` once on fresh copies of `inputs`; return every array parameter afterwards."""
+    arrays = prepare_arrays(compiled, inputs, scalars)
+    launch_arrays(compiled, arrays, scalars, backend, sanitize, arch)
     return arrays
 
 
@@ -93,25 +96,23 @@ def bind(call: Call, param, buffers: dict[str, np.ndarray]) -> tuple[str, np.nda
         raise LaunchError(f"{call.kernel.name}: {param.name} is bound to {name!r}, which the step does not have")
     array = buffers[name] if index is None else buffers[name][index]
     shape = param.concrete_shape(call.scalars)
-    if array.dtype != DTYPES[param.dtype].numpy or array.size != math.prod(shape):
+    if array.dtype != DTYPES[param.dtype].numpy or array.size != math.prod(shape) or not array.flags.c_contiguous:
         raise LaunchError(f"{call.kernel.name}: {param.name} ({param.describe()} = {list(shape)}) cannot be "
                           f"{name}{'' if index is None else f'[{index}]'} ({array.dtype}{list(array.shape)})")
-    view = array.view()
-    view.shape = shape  # raises rather than copy: results must land in the buffer
-    return name, view
+    return name, array.reshape(shape)  # a view: results must land in the buffer
 
 
-def run_step(calls: list[Call], buffers: dict[str, np.ndarray], ptx_of, backend: str = "emulator",
-             sanitize: bool = True) -> None:
+def run_step(calls: list[Call], buffers: dict[str, np.ndarray], compiled_of: Callable[[object], CompiledKernel],
+             backend: str = "emulator", sanitize: bool = True) -> None:
     """Run a multi-kernel step in order; every written parameter lands in its buffer in place.
 
-    `ptx_of(kernel)` gives each call's PTX (e.g. a spec's Spec.ptx).
+    `compiled_of(config)` gives each call's CompiledKernel (e.g. a memo over pipeline.compile_kernel).
     """
     for call in calls:
-        kind = kind_of(call.kernel)
-        views = {p.name: bind(call, p, buffers)[1] for p in kind.params() if p.name in call.args}
-        inputs = {p.name: views[p.name] for p in kind.params() if p.role in ("in", "inout")}
-        results = run(call.kernel, ptx_of(call.kernel), inputs, call.scalars, backend, sanitize)
-        for param in kind.params():
+        compiled = compiled_of(call.kernel)
+        views = {p.name: bind(call, p, buffers)[1] for p in compiled.params if p.name in call.args}
+        inputs = {p.name: views[p.name] for p in compiled.params if p.read}
+        results = run(compiled, inputs, call.scalars, backend, sanitize)
+        for param in compiled.params:
             if param.written:
                 views[param.name][...] = results[param.name]

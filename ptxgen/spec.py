@@ -5,17 +5,14 @@ from __future__ import annotations
 import hashlib
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Union
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from .archs import ARCHS, DEFAULT_ARCHS, STATIC_SHARED_LIMIT, format_version
 from .errors import SpecError
-from .kernels import KINDS, kind_of
-from .render import render
-
-KernelEntry = Annotated[Union[tuple(kind.Config for kind in KINDS.values())], Field(discriminator="kind")]
+from .kernels import KernelEntry, kind_of
 
 
 class Target(BaseModel):
@@ -72,16 +69,24 @@ class Spec(BaseModel):
                 return kernel
         raise SpecError(f"no kernel named {name!r} in the spec (have: {', '.join(k.name for k in self.kernels)})")
 
-    def ptx_version(self, kernel) -> tuple[int, int]:
-        """The explicit target version, else the oldest that every arch and the kind accept."""
+    def find(self, name_or_kind: str):
+        """A kernel by its name, or the first kernel of that kind."""
+        for kernel in self.kernels:
+            if kernel.name == name_or_kind:
+                return kernel
+        for kernel in self.kernels:
+            if kernel.kind == name_or_kind:
+                return kernel
+        known = ", ".join(k.name for k in self.kernels)
+        raise SpecError(f"no kernel named {name_or_kind!r} and no kernel of that kind (kernels: {known})")
+
+    def ptx_version(self, kernel, target: str | None = None) -> tuple[int, int]:
+        """The explicit target version, else the oldest that the arch(s) the PTX serves and the kind
+        accept."""
         if self.target.ptx_version:
             major, minor = self.target.ptx_version.split(".")
             return int(major), int(minor)
-        return max([kind_of(kernel).ptx_version, ARCHS[self.target.archs[0]].ptx_version])
-
-    def ptx(self, kernel) -> str:
-        """The PTX text of one of this spec's kernels."""
-        return render(kernel, self.ptx_version(kernel), self.ptx_target)
+        return max([kind_of(kernel, target).ptx_version, ARCHS[target or self.ptx_target].ptx_version])
 
     @property
     def ptx_target(self) -> str:

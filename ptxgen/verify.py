@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .compiled import CompiledKernel
 from .dtypes import to_float64
-from .kernels import kind_of
 from .runner import run
 
 
@@ -33,26 +33,27 @@ def relative_l2(result: np.ndarray, reference: np.ndarray) -> float:
     return float(difference / scale) if scale > 0 else float(difference)
 
 
-def compare(kernel, arrays: dict[str, np.ndarray], reference: dict[str, np.ndarray], scalars: dict) -> list[Check]:
+def compare(compiled: CompiledKernel, arrays: dict[str, np.ndarray], reference: dict[str, np.ndarray],
+            scalars: dict) -> list[Check]:
     """One Check per written parameter, comparing the launch's arrays to the reference."""
-    kind = kind_of(kernel)
+    kind = compiled.definition
     checks = []
-    for param in kind.params():
+    for param in compiled.params:
         if not param.written:
             continue
         result = to_float64(arrays[param.name], param.dtype)
         unwritten = int(np.count_nonzero(~np.isfinite(result)))
         finite = np.where(np.isfinite(result), result, 0.0)
-        checks.append(Check(kernel.name, param.name, dict(scalars), result.shape,
+        checks.append(Check(compiled.name, param.name, dict(scalars), result.shape,
                             relative_l2(finite, reference[param.name]), kind.tolerance(param), unwritten))
     return checks
 
 
-def verify_kernel(kernel, ptx: str, scalars: dict, seed: int = 0, backend: str = "emulator",
-                  sanitize: bool = True) -> list[Check]:
+def verify_kernel(compiled: CompiledKernel, scalars: dict, seed: int = 0, backend: str = "emulator",
+                  sanitize: bool = True, arch: str | None = None) -> list[Check]:
     """Random non-zero inputs, poisoned outputs, one launch, compare to the reference."""
-    kind = kind_of(kernel)
+    kind = compiled.definition
     rng = np.random.default_rng(seed)
     inputs = kind.sample_inputs(rng, scalars)
-    arrays = run(kernel, ptx, inputs, scalars, backend=backend, sanitize=sanitize)
-    return compare(kernel, arrays, kind.reference(inputs, scalars), scalars)
+    arrays = run(compiled, inputs, scalars, backend=backend, sanitize=sanitize, arch=arch)
+    return compare(compiled, arrays, kind.reference(inputs, scalars), scalars)

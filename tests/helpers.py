@@ -1,28 +1,43 @@
-"""Test helpers: build a kernel config without a spec file, render it, run the CLI."""
+"""Test helpers: compile a kernel config without a spec file, run the CLI."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-from pydantic import TypeAdapter
-
-from ptxgen.render import render
-from ptxgen.spec import KernelEntry
+from ptxgen.archs import DEFAULT_ARCHS
+from ptxgen.compiled import CompiledKernel
+from ptxgen.kernels import config_from_json
+from ptxgen.pipeline import compile_kernel, compile_spec
+from ptxgen.spec import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = sorted((ROOT / "specs").glob("*.*"))
 
 
-def make_kernel(kind: str, name: str = "k", **config):
+def make_config(kind: str, name: str = "test_kernel", **config):
     """A validated kernel config, as if it came from a spec entry."""
-    return TypeAdapter(KernelEntry).validate_python({"name": name, "kind": kind, **config})
+    return config_from_json({"name": name, "kind": kind, **config})
 
 
-def ptx_of(kernel) -> str:
-    return render(kernel, (7, 0), "sm_80")
+def make_kernel(kind: str, name: str = "test_kernel", **config) -> CompiledKernel:
+    """A kernel config compiled to PTX (sm_80 target; no cubins: the interpreter runs the PTX)."""
+    return compile_kernel(make_config(kind, name, **config), until="ptx")
+
+
+def spec_kernel(path, name: str, until: str = "ptx") -> CompiledKernel:
+    """One kernel of a spec file, compiled for the spec's archs (to PTX unless `until` says cubin)."""
+    spec = load_spec(path).spec
+    return compile_spec(spec.model_copy(update={"kernels": (spec.kernel(name),)}), until=until).kernels[0]
+
+
+def with_ptx(kernel: CompiledKernel, ptx: str) -> CompiledKernel:
+    """The kernel with its portable PTX replaced (a planted bug, for tests that must catch it)."""
+    portable = dataclasses.replace(kernel.portable, ptx=ptx)
+    return dataclasses.replace(kernel, variants={**kernel.variants, portable.target: portable})
 
 
 def run_cli(*args: str, cwd: Path = ROOT, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -38,3 +53,11 @@ def assert_passes(checks) -> None:
         where = f"{check.kernel} {check.scalars}: {check.param}"
         assert check.unwritten == 0, f"{where}: {check.unwritten} elements never written"
         assert check.error <= check.tolerance, f"{where}: rel. L2 error {check.error:.3e} > {check.tolerance:.1e}"
+
+
+def resources(kernel, archs: tuple[str, ...] = DEFAULT_ARCHS) -> dict[str, dict]:
+    """The assembler's resource report (registers, spills, ...) per arch of a kernel (a config or a
+    CompiledKernel), assembled through the cache."""
+    config = config_from_json(dict(kernel.config)) if isinstance(kernel, CompiledKernel) else kernel
+    assembled = compile_kernel(config, archs)
+    return {arch: dict(binary.resources) for arch, binary in assembled.binaries.items()}

@@ -7,10 +7,19 @@ import json
 import pytest
 
 from ptxgen.errors import DeviceUnavailable
-from ptxgen.pipeline import BuildOptions, run_build
+from ptxgen.artifacts import write_folder
+from ptxgen.pipeline import BuildOptions, artifact_files, compile_spec
 from ptxgen.spec import load_spec, with_archs
 
 from helpers import SPECS, run_cli
+
+
+def run_build(spec, out, options):
+    """What `ptxgen build` does: compile through the cache, write the folder; the manifest."""
+    compiled = compile_spec(spec.spec, options)
+    files = artifact_files(spec, compiled.kernels)
+    write_folder(out, files)
+    return json.loads(files["manifest.json"]), compiled.assembled, compiled.cached
 
 
 def folder_bytes(root):
@@ -20,8 +29,8 @@ def folder_bytes(root):
 @pytest.mark.parametrize("path", SPECS, ids=lambda p: p.name)
 def test_every_kernel_assembles_for_every_arch_without_spills(path, tmp_path, cache_dir):
     spec = load_spec(path)
-    result = run_build(spec, tmp_path / "out", BuildOptions(jobs=2))
-    for name, meta in result.manifest["kernels"].items():
+    manifest, _, _ = run_build(spec, tmp_path / "out", BuildOptions(jobs=2))
+    for name, meta in manifest["kernels"].items():
         assert sorted(meta["cubins"]) == sorted(spec.spec.target.archs), name
         for arch, cubin in meta["cubins"].items():
             assert cubin["spill_stores"] == 0 and cubin["spill_loads"] == 0, f"{name} {arch} spills:\n{cubin['info_log']}"
@@ -33,12 +42,12 @@ def test_every_kernel_assembles_for_every_arch_without_spills(path, tmp_path, ca
 def test_builds_are_byte_identical_and_cached(tmp_path, cache_dir):
     spec = with_archs(load_spec(SPECS[0]), ("sm_80", "sm_90"))
     options = BuildOptions()
-    first = run_build(spec, tmp_path / "a", options)
-    assert first.assembled == 2 * len(spec.spec.kernels) and first.cached == 0
-    second = run_build(spec, tmp_path / "b", options)
-    assert second.assembled == 0, "an unchanged kernel must never be reassembled"
-    uncached = run_build(spec, tmp_path / "c", BuildOptions(use_cache=False, jobs=2))
-    assert uncached.assembled == 2 * len(spec.spec.kernels)
+    _, assembled, cached = run_build(spec, tmp_path / "a", options)
+    assert assembled == 2 * len(spec.spec.kernels) and cached == 0
+    _, assembled, _ = run_build(spec, tmp_path / "b", options)
+    assert assembled == 0, "an unchanged kernel must never be reassembled"
+    _, assembled, _ = run_build(spec, tmp_path / "c", BuildOptions(use_cache=False, jobs=2))
+    assert assembled == 2 * len(spec.spec.kernels)
     a, b, c = (folder_bytes(tmp_path / d) for d in "abc")
     assert a == b == c, "builds of the same spec must be byte-identical"
     manifest = json.loads(a["manifest.json"])
@@ -51,14 +60,14 @@ def test_cache_entries_are_whole_and_keyed_by_ptx(tmp_path, cache_dir):
     run_build(spec, tmp_path / "a", BuildOptions())
     entries = [p for p in cache_dir.glob("*/*") if p.is_dir()]
     assert len(entries) == len(spec.spec.kernels)
-    assert all(sorted(f.name for f in e.iterdir()) == ["cubin", "log"] for e in entries)
+    assert all(sorted(f.name for f in e.iterdir()) == ["cubin", "log", "sha256"] for e in entries)
     assert not list(cache_dir.glob("*/.*")), "staging folders must not remain"
 
 
-def test_stale_artifacts_are_removed(tmp_path, cache_dir):
+def test_stale_artifacts_of_an_earlier_build_are_removed(tmp_path, cache_dir):
     spec = with_archs(load_spec(SPECS[0]), ("sm_80",))
     out = tmp_path / "out"
-    (out / "sm_80").mkdir(parents=True)
+    run_build(spec, out, BuildOptions())
     (out / "old_kernel.ptx").write_text("stale")
     (out / "sm_80" / "old_kernel.cubin").write_bytes(b"stale")
     run_build(spec, out, BuildOptions())

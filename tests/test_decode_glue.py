@@ -13,19 +13,17 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from ptxgen.device import assemble_nvjitlink, parse_resources
 from ptxgen.dtypes import from_float
 from ptxgen.errors import LaunchError
 from ptxgen.interp import launch as interpret
-from ptxgen.kernels import KINDS, kind_of
+from ptxgen.kernels import KINDS
 from ptxgen.kernels.elementwise import MAX_N
-from ptxgen.runner import launch_args, prepare_arrays, run
+from ptxgen.runner import prepare_arrays, run
 from ptxgen.spec import load_spec
 from ptxgen.verify import compare
 
-from helpers import SPECS, assert_passes, make_kernel, ptx_of, run_cli
+from helpers import SPECS, assert_passes, make_config, make_kernel, resources, run_cli, spec_kernel
 
-ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
 KV_DTYPES = ("f32", "f16", "bf16")
 
 
@@ -53,10 +51,10 @@ def assert_sum_exact(x, y, result, what):
 @pytest.mark.parametrize("n", RESIDUAL_SIZES)
 def test_residual_add_matches_float64_and_the_f32_sum(n):
     kernel = make_kernel("residual_add", n=n)
-    kind = kind_of(kernel)
+    kind = kernel.definition
     inputs = kind.sample_inputs(np.random.default_rng(n), {})
     assert np.all(inputs["y"] != 0)
-    arrays = run(kernel, ptx_of(kernel), inputs, {})
+    arrays = run(kernel, inputs, {})
     assert_passes(compare(kernel, arrays, kind.reference(inputs, {}), {}))
     assert_sum_exact(inputs["x"], inputs["y"], arrays["x"], f"residual_add n={n}")
     assert np.array_equal(arrays["y"], inputs["y"]), "y must not change"
@@ -72,12 +70,12 @@ def test_residual_add_edge_values():
     y = np.array([b for _, b in pairs], np.float32)
     for n in (len(pairs), 8):  # vectors + a 1-element tail, and two vectors only
         kernel = make_kernel("residual_add", n=n)
-        result = run(kernel, ptx_of(kernel), {"x": x[:n], "y": y[:n]}, {})["x"]
+        result = run(kernel, {"x": x[:n], "y": y[:n]}, {})["x"]
         assert_sum_exact(x[:n], y[:n], result, f"residual_add edge values, n={n}")
 
 
 def test_residual_add_reference_and_traffic_are_the_contract():
-    kind = kind_of(make_kernel("residual_add", n=3))
+    kind = make_kernel("residual_add", n=3).definition
     x, y = np.array([1.0, -2.5, 3.0], np.float32), np.array([0.5, 2.5, 1e-8], np.float32)
     np.testing.assert_array_equal(kind.reference({"x": x, "y": y}, {})["x"], [1.5, 0.0, 3.0 + 1e-8])
     assert [(p.name, p.dtype, p.role) for p in kind.params()] == [("x", "f32", "inout"), ("y", "f32", "in")]
@@ -91,7 +89,7 @@ def test_residual_add_rejects_bad_sizes_and_inputs():
             make_kernel("residual_add", n=n)
     kernel = make_kernel("residual_add", n=8)
     with pytest.raises(LaunchError, match="'y'"):
-        run(kernel, ptx_of(kernel), {"x": np.ones(8, np.float32), "y": np.ones(8, np.float64)}, {})
+        run(kernel, {"x": np.ones(8, np.float32), "y": np.ones(8, np.float64)}, {})
 
 
 # --- kv_append ---------------------------------------------------------------------------------
@@ -131,12 +129,12 @@ def test_kv_append_writes_exact_rows_and_nothing_else(kv_dtype, head_dim, num_kv
     max_seq_len = 37
     kernel = make_kernel("kv_append", num_kv_heads=num_kv_heads, head_dim=head_dim, max_seq_len=max_seq_len,
                          kv_dtype=kv_dtype)
-    kind, ptx = kind_of(kernel), ptx_of(kernel)
+    kind = kernel.definition
     rng = np.random.default_rng(num_kv_heads * 1000 + head_dim)
     for pos in positions(max_seq_len):
         scalars = {"pos": pos}
         inputs = kind.sample_inputs(rng, scalars)
-        arrays = run(kernel, ptx, inputs, scalars)
+        arrays = run(kernel, inputs, scalars)
         assert_passes(compare(kernel, arrays, kind.reference(inputs, scalars), scalars))
         assert_caches_exact(kind, inputs, arrays, pos, f"kv_append {num_kv_heads}x{head_dim} {kv_dtype} pos {pos}")
 
@@ -153,16 +151,16 @@ EDGE_VALUES = [1 + 2**-11, 1 + 3 * 2**-11, 2049.0, 2051.0, 2.0**-24, 2.0**-25, 3
 def test_kv_append_rounds_edge_values_like_from_float(kv_dtype, head_dim):
     values = np.resize(np.array(EDGE_VALUES, np.float32), 2 * head_dim)
     kernel = make_kernel("kv_append", num_kv_heads=2, head_dim=head_dim, max_seq_len=5, kv_dtype=kv_dtype)
-    kind = kind_of(kernel)
+    kind = kernel.definition
     inputs = kind.sample_inputs(np.random.default_rng(3), {"pos": 2})
     inputs["k"] = values.reshape(2, head_dim)
     inputs["v"] = -values[::-1].reshape(2, head_dim)
-    arrays = run(kernel, ptx_of(kernel), inputs, {"pos": 2})
+    arrays = run(kernel, inputs, {"pos": 2})
     assert_caches_exact(kind, inputs, arrays, 2, f"kv_append edge values {kv_dtype} head_dim {head_dim}")
 
 
 def test_kv_append_contract_reference_and_traffic():
-    kind = kind_of(make_kernel("kv_append", num_kv_heads=2, head_dim=3, max_seq_len=4, kv_dtype="f16"))
+    kind = make_kernel("kv_append", num_kv_heads=2, head_dim=3, max_seq_len=4, kv_dtype="f16").definition
     assert [(p.name, p.dtype, p.shape, p.role) for p in kind.params()] == [
         ("k", "f32", (2, 3), "in"), ("v", "f32", (2, 3), "in"), ("k_cache", "f16", (2, 4, 3), "inout"),
         ("v_cache", "f16", (2, 4, 3), "inout"), ("pos", "u32", (), "scalar")]
@@ -177,7 +175,7 @@ def test_kv_append_contract_reference_and_traffic():
     assert kind.traffic({"pos": 3}).bytes == 2 * 2 * 3 * (4 + 2) and kind.traffic({"pos": 3}).flops == 0
     assert kind.scalar_limits() == {"pos": (0, 3)} and kind.example_scalars() == {"pos": 3}
     assert kind.verify_scalars() == [{"pos": 0}, {"pos": 1}, {"pos": 3}]
-    big = kind_of(make_kernel("kv_append", num_kv_heads=8, head_dim=128, max_seq_len=40960))
+    big = make_kernel("kv_append", num_kv_heads=8, head_dim=128, max_seq_len=40960).definition
     assert big.example_scalars() == {"pos": 4095}
     assert big.verify_scalars() == [{"pos": 0}, {"pos": 1}, {"pos": 20479}, {"pos": 40959}]
 
@@ -193,13 +191,13 @@ def test_kv_append_rejects_bad_configs(config):
 
 def test_kv_append_launcher_refuses_positions_past_the_cache():
     kernel = make_kernel("kv_append", num_kv_heads=2, head_dim=8, max_seq_len=16)
-    kind, ptx = kind_of(kernel), ptx_of(kernel)
+    kind = kernel.definition
     inputs = kind.sample_inputs(np.random.default_rng(0), {"pos": 0})
     for bad in (16, 17, -1, 2**32, 1.5):
         with pytest.raises(LaunchError, match="'pos'"):
-            run(kernel, ptx, inputs, {"pos": bad})
+            run(kernel, inputs, {"pos": bad})
     with pytest.raises(LaunchError, match="'pos' is missing"):
-        run(kernel, ptx, inputs, {})
+        run(kernel, inputs, {})
 
 
 @pytest.mark.parametrize("kv_dtype, head_dim", [("f16", 128), ("f32", 7), ("bf16", 40)])
@@ -208,14 +206,13 @@ def test_kv_append_kernel_itself_writes_nothing_past_the_cache(kv_dtype, head_di
     sees no access outside the arrays. (Unguarded, pos = max_seq_len would land in the next KV
     head's row 0, inside the array: only the byte comparison would notice.)"""
     kernel = make_kernel("kv_append", num_kv_heads=3, head_dim=head_dim, max_seq_len=16, kv_dtype=kv_dtype)
-    kind, ptx = kind_of(kernel), ptx_of(kernel)
+    kind = kernel.definition
     inputs = kind.sample_inputs(np.random.default_rng(1), {"pos": 5})
-    arrays = prepare_arrays(kind, inputs, {"pos": 5})
-    launch = kind.launch({"pos": 5})
+    arrays = prepare_arrays(kernel, inputs, {"pos": 5})
+    launch = kernel.launch({"pos": 5})
     for pos in (16, 17, 3 * 16, 2**31, 2**32 - 1):
-        args = launch_args(kind, arrays, {"pos": 5})
-        args[-1] = pos
-        interpret(ptx, kernel.name, launch.grid, launch.block, args, sanitize=True)
+        args = kernel.args(arrays, {"pos": pos})  # no launcher check
+        interpret(kernel.ptx, kernel.name, launch.grid, launch.block, args, sanitize=True)
         for name in ("k_cache", "v_cache"):
             assert np.array_equal(arrays[name].view(np.uint8), inputs[name].view(np.uint8)), \
                 f"kv_append {kv_dtype}: pos {pos} >= max_seq_len 16 changed {name}"
@@ -225,7 +222,7 @@ def test_run_cli_refuses_pos_past_the_cache_and_writes_nothing(tmp_path):
     spec = tmp_path / "glue.toml"
     spec.write_text('[[kernels]]\nname = "glue_kv_append"\nkind = "kv_append"\nnum_kv_heads = 3\nhead_dim = 40\n'
                     'max_seq_len = 16\nkv_dtype = "bf16"\n')
-    kind = kind_of(load_spec(spec).spec.kernel("glue_kv_append"))
+    kind = spec_kernel(spec, "glue_kv_append").definition
     inputs = kind.sample_inputs(np.random.default_rng(2), {"pos": 15})
     path, out = tmp_path / "in.npz", tmp_path / "out.npz"
     np.savez(path, **inputs)
@@ -246,21 +243,21 @@ def test_run_cli_refuses_pos_past_the_cache_and_writes_nothing(tmp_path):
 # --- performance properties and assembly ------------------------------------------------------
 def test_vector_accesses_where_the_shape_allows():
     """Performance property (not correctness): 16-byte global accesses on the model shapes."""
-    add = ptx_of(make_kernel("residual_add", n=4096))
+    add = make_kernel("residual_add", n=4096).ptx
     assert add.count("ld.global.v4.f32") == 1 and add.count("ld.global.nc.v4.f32") == 1  # x is written: not .nc
     assert add.count("st.global.v4.f32") == 1 and "ld.global.f32" not in add, "n = 4096 needs no scalar tail"
-    half = ptx_of(make_kernel("kv_append", num_kv_heads=8, head_dim=128, max_seq_len=40960, kv_dtype="f16"))
+    half = make_kernel("kv_append", num_kv_heads=8, head_dim=128, max_seq_len=40960, kv_dtype="f16").ptx
     assert half.count("ld.global.nc.v4.f32") == 2 and half.count("st.global.v4.b32") == 1
-    full = ptx_of(make_kernel("kv_append", num_kv_heads=8, head_dim=128, max_seq_len=8192, kv_dtype="f32"))
+    full = make_kernel("kv_append", num_kv_heads=8, head_dim=128, max_seq_len=8192, kv_dtype="f32").ptx
     assert full.count("ld.global.nc.v4.f32") == 1 and full.count("st.global.v4.f32") == 1
-    launch = kind_of(make_kernel("kv_append", num_kv_heads=8, head_dim=128, max_seq_len=40960)).launch({"pos": 0})
+    launch = make_kernel("kv_append", num_kv_heads=8, head_dim=128, max_seq_len=40960).definition.launch({"pos": 0})
     assert launch.grid == (1, 1, 1) and launch.block == (256, 1, 1)
 
 
 SPEC_KERNELS = [kernel for path in SPECS for kernel in load_spec(path).spec.kernels
                 if kernel.kind in ("residual_add", "kv_append")]
-ODD_KERNELS = [make_kernel("residual_add", n=n) for n in (1, 4099, 4 * (2**18 + 1) + 3, MAX_N)] + [
-    make_kernel("kv_append", num_kv_heads=h, head_dim=d, max_seq_len=s, kv_dtype=t)
+ODD_KERNELS = [make_config("residual_add", n=n) for n in (1, 4099, 4 * (2**18 + 1) + 3, MAX_N)] + [
+    make_config("kv_append", num_kv_heads=h, head_dim=d, max_seq_len=s, kv_dtype=t)
     for h, d, s, t in ((1, 7, 1, "f32"), (256, 1024, 2**24, "bf16"), (256, 1023, 2**24, "f16"), (3, 6, 5, "f16"))]
 
 
@@ -271,8 +268,6 @@ def test_spec_instances_exist():
 
 @pytest.mark.parametrize("kernel", SPEC_KERNELS + ODD_KERNELS, ids=lambda k: f"{k.kind}:{k.model_dump()}")
 def test_assembles_for_every_arch_without_spills(kernel):
-    ptx = ptx_of(kernel)
-    for arch in ARCHS:
-        resources = parse_resources(assemble_nvjitlink(ptx, arch).info_log)
-        assert resources["spill_stores"] == resources["spill_loads"] == 0, f"{kernel} {arch}: {resources}"
-        assert resources["local_bytes"] == 0 and resources["stack_bytes"] == 0, f"{kernel} {arch}: {resources}"
+    for arch, used in resources(kernel).items():
+        assert used["spill_stores"] == used["spill_loads"] == 0, f"{kernel} {arch}: {used}"
+        assert used["local_bytes"] == 0 and used["stack_bytes"] == 0, f"{kernel} {arch}: {used}"

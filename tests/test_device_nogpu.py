@@ -13,25 +13,27 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
 import sys
 
 import numpy as np
 import pytest
-import typer
+from rich.console import Console
 from typer.testing import CliRunner
 
 from ptxgen import device
 from ptxgen.device import NO_DEVICE
 from ptxgen.dtypes import DTYPES, from_float, to_float64
 from ptxgen.errors import AssemblerError, DeviceUnavailable, LaunchError, PtxgenError
+from ptxgen.abi import Launch
 from ptxgen.kernels import kind_of
-from ptxgen.kernels.base import Launch
-from ptxgen.runner import launch_args, prepare_arrays, run
+from ptxgen.pipeline import compile_kernel
+from ptxgen.runner import prepare_arrays, run
 from ptxgen.spec import load_spec
 from ptxgen.verify import relative_l2
 
-from helpers import ROOT, make_kernel, ptx_of, run_cli
+from helpers import ROOT, make_config, run_cli
 
 try:
     device.driver()
@@ -52,9 +54,9 @@ def one_line(text: str) -> str:
 
 # --- 1. no driver: exit 2, one clear message ------------------------------------------------------
 def test_run_on_device_without_a_driver_raises_the_clear_message():
-    kernel = load_spec(SPEC).spec.kernel("qwen3_8b_rmsnorm")
+    kernel = spec_kernel("qwen3_8b_rmsnorm")
     with pytest.raises(DeviceUnavailable, match="no CUDA driver/GPU found"):
-        device.run_on_device(ptx_of(kernel), kernel.name, Launch((1, 1, 1), (32, 1, 1)), [])
+        device.run_on_device(kernel, Launch((1, 1, 1), (32, 1, 1)), [])
 
 
 @pytest.mark.parametrize("args", [
@@ -100,9 +102,8 @@ class SimulatedDriver:
     KERNEL_MS = 0.004  # simulated duration of one kernel
     DEFAULT_DYNAMIC = 48 * 1024
 
-    def __init__(self, kernels: dict, ptx_of_cubin: dict):
+    def __init__(self, kernels: dict):
         self.kernels = kernels  # entry -> kernel config whose reference plays the kernel
-        self.ptx_of_cubin = ptx_of_cubin
         self.memory: dict[int, np.ndarray] = {}  # address -> allocation
         self.handles: dict[int, object] = {}  # module/function/graph/event ids -> what they hold
         self.next_handle = 0x1000
@@ -111,6 +112,7 @@ class SimulatedDriver:
         self.capturing: list | None = None
         self.clock_ms = 0.0
         self.wrong = set()  # entries whose results the simulation spoils
+        self.loaded = []  # what each cuModuleLoadData was given: "cubin" or "ptx"
 
     # Enums and handle types come from the real module; each call is checked by it first.
     def __getattr__(self, name):
@@ -189,17 +191,18 @@ class SimulatedDriver:
 
     # --- modules and kernels -------------------------------------------------------------------
     def sim_cuModuleLoadData(self, image):
-        ptx = self.ptx_of_cubin.get(bytes(image))
-        if ptx is None:
+        image = bytes(image)
+        if not (image.startswith(b"\x7fELF") or b".entry" in image):  # a cubin, or PTX for the JIT
             return real.CUresult.CUDA_ERROR_INVALID_IMAGE, None
-        return SUCCESS, self.handle(real.CUmodule, ptx)
+        self.loaded.append("cubin" if image.startswith(b"\x7fELF") else "ptx")
+        return SUCCESS, self.handle(real.CUmodule, image)
 
     def sim_cuModuleUnload(self, module):
         return (SUCCESS,)
 
     def sim_cuModuleGetFunction(self, module, name):
-        ptx = self.handles[int(module)]
-        if f".entry {name.decode()}(" not in ptx:
+        image = self.handles[int(module)]
+        if name not in image:  # the entry's name is a string in the cubin's ELF (or the PTX)
             return real.CUresult.CUDA_ERROR_NOT_FOUND, None
         return SUCCESS, self.handle(real.CUfunction, {"entry": name.decode(), "dynamic": self.DEFAULT_DYNAMIC})
 
@@ -240,8 +243,7 @@ class SimulatedDriver:
         if entry == device.DELAY_ENTRY:
             assert types == (ctypes.c_uint64,) and values[0] > 0
             return
-        kernel = self.kernels[entry]
-        kind = kind_of(kernel)
+        kind = kind_of(self.kernels[entry])
         params = kind.params()
         assert len(values) == len(params), f"{entry}: {len(values)} arguments for {len(params)} parameters"
         scalars = {}
@@ -349,32 +351,28 @@ _RESULTS = {"cuMemAlloc": 2, "cuModuleLoadData": 2, "cuModuleGetFunction": 2, "c
 @pytest.fixture
 def sim(monkeypatch):
     """A simulated GPU behind ptxgen.device; every spec kernel (and test kernels) can run on it."""
-    ptx_of_cubin = {}
-    real_assemble = device.assemble_nvjitlink
-
-    def assemble(ptx, arch):
-        assembled = real_assemble(ptx, arch)
-        ptx_of_cubin[assembled.cubin] = ptx
-        return assembled
-
     kernels = {kernel.name: kernel for kernel in load_spec(SPEC).spec.kernels}
-    simulated = SimulatedDriver(kernels, ptx_of_cubin)
-    monkeypatch.setattr(device, "assemble_nvjitlink", assemble)
+    simulated = SimulatedDriver(kernels)
     monkeypatch.setattr(device, "driver", lambda: simulated)
-    monkeypatch.setattr(device, "_SESSION", None)
+    monkeypatch.setattr(device, "_SESSIONS", {})
     return simulated
 
 
-def spec_kernel(name):
-    return load_spec(SPEC).spec.kernel(name)
+def spec_kernel(name, archs=("sm_90",)):
+    """A kernel of specs/qwen3.toml with a cubin for the simulated GPU (an sm_90)."""
+    return compile_kernel(load_spec(SPEC).spec.kernel(name), archs)
+
+
+def session():
+    return device._SESSIONS[0]
 
 
 @pytest.mark.parametrize("name, scalars", [("qwen3_8b_rmsnorm", {"rows": 3}), ("qwen3_8b_rope_q", {"pos": 77})])
 def test_run_copies_in_launches_once_and_copies_back_in_place(sim, name, scalars):
     kernel = spec_kernel(name)
-    kind = kind_of(kernel)
+    kind = kernel.definition
     inputs = kind.sample_inputs(np.random.default_rng(1), scalars)
-    arrays = run(kernel, ptx_of(kernel), inputs, scalars, backend="device")
+    arrays = run(kernel, inputs, scalars, backend="device")
     reference = kind.reference(inputs, scalars)
     for param in kind.params():
         if param.written:
@@ -385,50 +383,51 @@ def test_run_copies_in_launches_once_and_copies_back_in_place(sim, name, scalars
     launch = kind.launch(scalars)
     assert tuple(launches[0][1:7]) == (*launch.grid, *launch.block)
     assert "cuFuncSetAttribute" not in sim.names(), "no shared-memory opt-in below 48 KB"
-    assert not sim.memory or all(b.capacity for b in device._SESSION.allocations.values())
+    assert not sim.memory or all(b.capacity for b in session().allocations.values())
 
 
-def test_arguments_are_checked_against_the_ptx_entry(sim):
+def test_arguments_are_checked_against_the_kernel_parameters(sim):
     kernel = spec_kernel("qwen3_8b_rmsnorm")
-    kind = kind_of(kernel)
-    arrays = prepare_arrays(kind, kind.sample_inputs(np.random.default_rng(0), {"rows": 1}), {"rows": 1})
-    args = launch_args(kind, arrays, {"rows": 1})
+    kind = kernel.definition
+    arrays = prepare_arrays(kernel, kind.sample_inputs(np.random.default_rng(0), {"rows": 1}), {"rows": 1})
+    args = kernel.args(arrays, {"rows": 1})
+    launch = kernel.launch({"rows": 1})
     with pytest.raises(LaunchError, match="expected 4 arguments"):
-        device.run_on_device(ptx_of(kernel), kernel.name, kind.launch({"rows": 1}), args[:3])
+        device.run_on_device(kernel, launch, args[:3])
     with pytest.raises(LaunchError, match="'rows' .* cannot hold"):
-        device.run_on_device(ptx_of(kernel), kernel.name, kind.launch({"rows": 1}), args[:3] + [1 << 32])
-    with pytest.raises(LaunchError, match="'x' is .u64.*got str"):
-        device.run_on_device(ptx_of(kernel), kernel.name, kind.launch({"rows": 1}), ["x"] + args[1:])
-    with pytest.raises(LaunchError, match="no entry 'missing'"):
-        device.run_on_device(ptx_of(kernel), "missing", kind.launch({"rows": 1}), args)
+        device.run_on_device(kernel, launch, args[:3] + [1 << 32])
+    with pytest.raises(LaunchError, match="'x' is an array; got str"):
+        device.run_on_device(kernel, launch, ["x"] + args[1:])
+    with pytest.raises(LaunchError, match="finding kernel 'missing' in its module"):
+        device.run_on_device(dataclasses.replace(kernel, name="missing"), launch, args)
     assert "cuLaunchKernel" not in sim.names()
 
 
 def test_large_dynamic_shared_memory_is_opted_in_and_cooperative_launches_are_used(sim):
     kernel = spec_kernel("qwen3_8b_rmsnorm")
-    kind = kind_of(kernel)
-    arrays = prepare_arrays(kind, kind.sample_inputs(np.random.default_rng(0), {"rows": 1}), {"rows": 1})
-    args = launch_args(kind, arrays, {"rows": 1})
-    base = kind.launch({"rows": 1})
+    kind = kernel.definition
+    arrays = prepare_arrays(kernel, kind.sample_inputs(np.random.default_rng(0), {"rows": 1}), {"rows": 1})
+    args = kernel.args(arrays, {"rows": 1})
+    base = kernel.launch({"rows": 1})
     big = Launch(base.grid, base.block, dynamic_shared=100_000, cooperative=True)
-    device.run_on_device(ptx_of(kernel), kernel.name, big, args)
+    device.run_on_device(kernel, big, args)
     assert ("cuFuncSetAttribute" in sim.names()
             and [a for n, a in sim.calls if n == "cuFuncSetAttribute"][0][2] == 100_000)
     assert "cuLaunchCooperativeKernel" in sim.names() and "cuLaunchKernel" not in sim.names()
     assert np.isfinite(arrays["y"]).all()
     with pytest.raises(LaunchError, match="exceed Simulated GPU's 232448 bytes"):
-        device.run_on_device(ptx_of(kernel), kernel.name, Launch(base.grid, base.block, dynamic_shared=300_000), args)
+        device.run_on_device(kernel, Launch(base.grid, base.block, dynamic_shared=300_000), args)
     with pytest.raises(LaunchError, match="cooperative grid of 1000 CTAs does not fit"):
-        device.run_on_device(ptx_of(kernel), kernel.name, Launch((1000, 1, 1), base.block, cooperative=True), args)
+        device.run_on_device(kernel, Launch((1000, 1, 1), base.block, cooperative=True), args)
 
 
 def test_a_cooperative_any_grid_launch_shrinks_to_what_is_co_resident(sim):
     sim.sm_count = 16  # 2 CTAs an SM (the simulated occupancy): 32 fit, the tiny decoder asks for 128
     kernel = spec_kernel("qwen3_tiny_decoder")
-    kind = kind_of(kernel)
+    kind = kernel.definition
     assert kind.launch({"pos": 5}).grid == (128, 1, 1) and kind.launch({"pos": 5}).any_grid
     inputs = kind.sample_inputs(np.random.default_rng(4), {"pos": 5})
-    arrays = run(kernel, ptx_of(kernel), inputs, {"pos": 5}, backend="device")
+    arrays = run(kernel, inputs, {"pos": 5}, backend="device")
     (launch,) = [args for name, args in sim.calls if name == "cuLaunchCooperativeKernel"]
     assert tuple(launch[1:4]) == (32, 1, 1)
     error = relative_l2(arrays["x"].astype(np.float64), kind.reference(inputs, {"pos": 5})["x"])
@@ -437,69 +436,61 @@ def test_a_cooperative_any_grid_launch_shrinks_to_what_is_co_resident(sim):
 
 def test_a_kernel_fault_is_a_launch_error_and_the_next_run_starts_a_fresh_context(sim):
     kernel = spec_kernel("qwen3_8b_rmsnorm")
-    kind = kind_of(kernel)
+    kind = kernel.definition
     inputs = kind.sample_inputs(np.random.default_rng(0), {"rows": 2})
     sim.fail["cuStreamSynchronize"] = real.CUresult.CUDA_ERROR_ILLEGAL_ADDRESS
     with pytest.raises(LaunchError) as caught:
-        run(kernel, ptx_of(kernel), inputs, {"rows": 2}, backend="device")
+        run(kernel, inputs, {"rows": 2}, backend="device")
     message = str(caught.value)
     assert f"running {kernel.name}" in message and "CUDA_ERROR_ILLEGAL_ADDRESS" in message
     assert "--backend emulator" in message
-    arrays = run(kernel, ptx_of(kernel), inputs, {"rows": 2}, backend="device")
+    arrays = run(kernel, inputs, {"rows": 2}, backend="device")
     assert "cuDevicePrimaryCtxReset" in sim.names()
     assert np.isfinite(arrays["y"]).all()
 
 
 def test_failed_cuda_calls_name_the_error(sim):
     kernel = spec_kernel("qwen3_8b_rmsnorm")
-    kind = kind_of(kernel)
+    kind = kernel.definition
     inputs = kind.sample_inputs(np.random.default_rng(0), {"rows": 1})
     sim.fail["cuMemAlloc"] = real.CUresult.CUDA_ERROR_OUT_OF_MEMORY
     with pytest.raises(PtxgenError, match="allocating 16,384 bytes of device memory failed on Simulated GPU: "
                                           "CUDA_ERROR_OUT_OF_MEMORY"):
-        run(kernel, ptx_of(kernel), inputs, {"rows": 1}, backend="device")
+        run(kernel, inputs, {"rows": 1}, backend="device")
     sim.fail["cuLaunchKernel"] = real.CUresult.CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES
     with pytest.raises(LaunchError, match="launching qwen3_8b_rmsnorm .*CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"):
-        run(kernel, ptx_of(kernel), inputs, {"rows": 1}, backend="device")
+        run(kernel, inputs, {"rows": 1}, backend="device")
 
 
-def test_nvjitlink_failure_falls_back_to_the_driver_jit(sim, monkeypatch):
-    kernel = spec_kernel("qwen3_8b_rmsnorm")
-    ptx = ptx_of(kernel)
-    real_cubin = device.assemble_nvjitlink(ptx, "sm_90")  # registers the cubin with the simulation
-
-    def unknown_arch(ptx, arch):
-        raise AssemblerError(f"nvJitLink failed to assemble PTX for {arch}", log="unknown arch")
-
-    monkeypatch.setattr(device, "assemble_nvjitlink", unknown_arch)
-    monkeypatch.setattr(device, "assemble_driver", lambda ptx, arch: real_cubin)
-    gpu = device.session()
-    gpu.kernel(ptx, kernel.name)
-    assert list(gpu.modules.values())[0][1] == "driver"
-
-    def broken(ptx, arch):
-        raise AssemblerError("the driver failed to assemble PTX for sm_90", log="ptxas fatal: bad")
-
-    monkeypatch.setattr(device, "assemble_driver", broken)
-    with pytest.raises(AssemblerError) as caught:
-        gpu.kernel(ptx.replace("Generated", "Made"), kernel.name)
-    assert "unknown arch" in str(caught.value) and "ptxas fatal: bad" in str(caught.value)
+def test_the_gpus_own_cubin_is_loaded_and_ptx_is_jit_compiled_only_without_one(sim):
+    inputs = spec_kernel("qwen3_8b_rmsnorm").definition.sample_inputs(np.random.default_rng(0), {"rows": 1})
+    for archs, loaded in ((("sm_90",), "cubin"), (("sm_80", "sm_86"), "ptx")):
+        kernel = spec_kernel("qwen3_8b_rmsnorm", archs)
+        sim.loaded.clear()
+        arrays = run(kernel, inputs, {"rows": 1}, backend="device")
+        assert sim.loaded == [loaded], f"cubins for {archs} on an sm_90: expected the {loaded} to be loaded"
+        assert np.isfinite(arrays["y"]).all()
+    too_new = dataclasses.replace(kernel, binaries={}, variants={
+        "sm_100": dataclasses.replace(kernel.portable, target="sm_100")})
+    with pytest.raises(LaunchError, match=r"nothing runs on Simulated GPU \(sm_90\).*--arch sm_90"):
+        run(too_new, inputs, {"rows": 1}, backend="device")
 
 
 def test_graph_replays_read_the_length_from_the_device(sim):
-    kernel = make_kernel("incremental_attention", name="decode", num_heads=4, num_kv_heads=2, head_dim=64,
+    config = make_config("incremental_attention", name="decode", num_heads=4, num_kv_heads=2, head_dim=64,
                          max_seq_len=256, indirect_seq_len=True)
-    sim.kernels[kernel.name] = kernel
-    kind = kind_of(kernel)
+    sim.kernels[config.name] = config
+    kernel = compile_kernel(config, ("sm_90",))
+    kind = kernel.definition
     inputs = kind.sample_inputs(np.random.default_rng(3), {"seq_len": 256})  # the whole cache holds keys
-    arrays = prepare_arrays(kind, inputs, {"seq_len": 256})
+    arrays = prepare_arrays(kernel, inputs, {"seq_len": 256})
     gpu = device.session()
     buffers = {name: gpu.alloc(array.nbytes) for name, array in arrays.items()}
     for name, array in arrays.items():
         gpu.upload(buffers[name], array)
-    compiled = gpu.kernel(ptx_of(kernel), kernel.name)
-    args = [buffers[p.name] if p.is_array else 0 for p in kind.params()]
-    graph = gpu.capture(lambda: gpu.launch(compiled, kind.launch({"seq_len": 1}), args))
+    loaded = gpu.kernel(kernel)
+    args = kernel.args(buffers, {})
+    graph = gpu.capture(lambda: gpu.launch(loaded, kernel.launch({"seq_len": 1}), args))
     assert "cuLaunchKernel" in sim.names() and sim.capturing is None
     for length in (1, 17, 100, 256):
         arrays["seq_len_ptr"][0] = length
@@ -525,11 +516,8 @@ def test_event_timing_holds_the_gpu_while_the_host_queues(sim):
 
 @pytest.fixture
 def bench_app():
-    from ptxgen.bench import bench_command
+    from ptxgen.cli import app
 
-    app = typer.Typer()
-    app.command("bench")(bench_command)
-    app.command("unused")(lambda: None)  # keep `bench` a subcommand
     return app
 
 
@@ -572,18 +560,18 @@ def quick_bench(sim, monkeypatch, rows, graph=False) -> dict:
     plan = []
     for name, scalars in rows:
         kernel = spec_kernel(name)
-        step = getattr(kind_of(kernel), bench.STEP_HOOK, None)
+        step = kernel.definition.separate_step(scalars)
         if step is not None:
-            sim.kernels.update({call.kernel.name: call.kernel for call in step(scalars)[1]})
+            sim.kernels.update({call.kernel.name: call.kernel for call in step[1]})
         plan.append((kernel, scalars))
     monkeypatch.setattr(bench, "MIN_ITERS", 3)
     monkeypatch.setattr(bench, "WARMUP", 1)
-    return bench.run_bench(load_spec(SPEC), plan, iters=3, graph=graph)
+    return bench.run_bench({"file": str(SPEC), "sha256": "0"}, plan, iters=3, graph=graph)
 
 
 def bench_step_kernel(sim, monkeypatch, name, scalars, graph=False):
     """quick_bench of one fused spec kernel; its results and its separate kernels' Calls."""
-    _, calls = kind_of(spec_kernel(name)).separate_step(scalars)
+    _, calls = spec_kernel(name).definition.separate_step(scalars)
     return quick_bench(sim, monkeypatch, [(name, scalars)], graph), calls
 
 
@@ -626,7 +614,7 @@ def test_bench_checks_a_fused_kernel_against_its_separate_kernels_then_times_bot
     launched = {int(args[0]) for name, args in sim.calls if name in ("cuLaunchKernel", "cuLaunchCooperativeKernel")}
     assert len(launched) >= 14, "the decoder, its 13 separate kernels (and the timing spin kernel) ran"
     assert "cuLaunchCooperativeKernel" in sim.names()
-    print_results(results)
+    print_results(results, Console(), Console(stderr=True))
     assert "36 (13 kernels)" in one_line(capsys.readouterr().out)
 
 
@@ -652,8 +640,8 @@ def test_bench_does_not_time_a_fused_kernel_that_disagrees_with_its_separate_ker
     names = sim.names()
     first_check = names.index("cuLaunchCooperativeKernel")
     assert "cuEventRecord" not in names[first_check:], "nothing timed after the checks"
-    pooled = {b.address for buffers in device._SESSION.pool.values() for b in buffers}
-    assert set(device._SESSION.allocations) <= pooled, "the step's buffers were freed"
+    pooled = {b.address for buffers in session().pool.values() for b in buffers}
+    assert set(session().allocations) <= pooled, "the step's buffers were freed"
 
 
 def test_bench_rejects_a_missing_matplotlib_and_unknown_scalars_before_timing(sim, bench_app, monkeypatch):
@@ -751,5 +739,5 @@ def test_bench_times_a_kind_peer_on_the_same_stream(sim, bench_app, tmp_path, mo
     assert peer["error"] < 1e-6, "the peer's result is compared with the float64 reference"
     assert peer["pct_copy_bw"] == pytest.approx(100 * row["bytes"] / 2e-6 / 1e9 / 3000)
     assert len(made) == row["sets"] > 1 and made[0]["gate"] is not made[1]["gate"], "each set has its own inputs"
-    assert FakeTorch.cuda.streams[-1] == int(device._SESSION.stream), "peers run on the session's stream"
+    assert FakeTorch.cuda.streams[-1] == int(session().stream), "peers run on the session's stream"
     assert report["torch"] == "0.0-fake"

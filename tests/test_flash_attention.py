@@ -14,18 +14,15 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from ptxgen.device import assemble_nvjitlink, parse_resources
 from ptxgen.dtypes import from_float
 from ptxgen.errors import LaunchError
-from ptxgen.kernels import kind_of
 from ptxgen.kernels.flash_attention import attention_reference
 from ptxgen.runner import run
 from ptxgen.spec import load_spec
 from ptxgen.verify import compare, verify_kernel
 
-from helpers import ROOT, assert_passes, make_kernel, ptx_of
+from helpers import ROOT, assert_passes, make_kernel, resources
 
-ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
 
 # (num_heads, num_kv_heads, head_dim, seq_len, causal, dtype, out_dtype, block_m)
 CASES = [
@@ -58,7 +55,7 @@ def attention_kernel(num_heads, num_kv_heads, head_dim, causal=True, dtype="f16"
 @pytest.mark.parametrize("num_heads, num_kv_heads, head_dim, seq_len, causal, dtype, out_dtype, block_m", CASES)
 def test_matches_float64(num_heads, num_kv_heads, head_dim, seq_len, causal, dtype, out_dtype, block_m):
     kernel = attention_kernel(num_heads, num_kv_heads, head_dim, causal, dtype, out_dtype, block_m=block_m)
-    assert_passes(verify_kernel(kernel, ptx_of(kernel), {"seq_len": seq_len}, seed=seq_len + head_dim))
+    assert_passes(verify_kernel(kernel, {"seq_len": seq_len}, seed=seq_len + head_dim))
 
 
 @pytest.mark.parametrize("block_m", [64, 128])
@@ -75,22 +72,22 @@ def test_large_scores_need_online_rescaling(block_m):
     v = rng.standard_normal((1, seq_len, 64))
     inputs = {"q": from_float(q, "f16"), "k": from_float(k, "f16"), "v": from_float(v, "f16")}
     scalars = {"seq_len": seq_len}
-    arrays = run(kernel, ptx_of(kernel), inputs, scalars)
-    assert_passes(compare(kernel, arrays, kind_of(kernel).reference(inputs, scalars), scalars))
+    arrays = run(kernel, inputs, scalars)
+    assert_passes(compare(kernel, arrays, kernel.definition.reference(inputs, scalars), scalars))
 
 
 @pytest.mark.parametrize("block_m", [64, 128])
 def test_causal_query_sees_only_past_keys(block_m):
     """Changing the keys and values of later positions must not change earlier rows' outputs."""
     kernel = attention_kernel(2, 2, 64, causal=True, block_m=block_m)
-    kind = kind_of(kernel)
+    kind = kernel.definition
     seq_len = 90
     inputs = kind.sample_inputs(np.random.default_rng(3), {"seq_len": seq_len})
-    before = run(kernel, ptx_of(kernel), inputs, {"seq_len": seq_len})["o"]
+    before = run(kernel, inputs, {"seq_len": seq_len})["o"]
     changed = {name: array.copy() for name, array in inputs.items()}
     changed["k"][:, 70:] = from_float(np.full((2, seq_len - 70, 64), 3.0), "f16")
     changed["v"][:, 70:] = from_float(np.full((2, seq_len - 70, 64), -5.0), "f16")
-    after = run(kernel, ptx_of(kernel), changed, {"seq_len": seq_len})["o"]
+    after = run(kernel, changed, {"seq_len": seq_len})["o"]
     np.testing.assert_array_equal(after[:, :70], before[:, :70], err_msg="rows < 70 depend on keys >= 70")
     assert not np.array_equal(after[:, 70:], before[:, 70:]), "rows >= 70 ignored their own keys"
 
@@ -111,7 +108,7 @@ def test_reference_is_softmax_attention():
 def test_out_of_range_seq_len_is_rejected(bad):
     kernel = attention_kernel(2, 2, 64)
     with pytest.raises(LaunchError, match="seq_len"):
-        run(kernel, ptx_of(kernel), {}, {"seq_len": bad})
+        run(kernel, {}, {"seq_len": bad})
 
 
 @pytest.mark.parametrize("config, message", [
@@ -127,18 +124,18 @@ def test_bad_configs_are_rejected(config, message):
 
 
 def test_flops_and_bytes_model():
-    kind = kind_of(attention_kernel(32, 8, 128, causal=True, out_dtype="f16"))
+    kind = attention_kernel(32, 8, 128, causal=True, out_dtype="f16").definition
     traffic = kind.traffic({"seq_len": 4096})
     assert traffic.flops == 4 * 32 * 128 * 4096 * 4097 // 2
     assert traffic.bytes == (32 + 8 + 8 + 32) * 4096 * 128 * 2
-    full = kind_of(attention_kernel(32, 8, 128, causal=False)).traffic({"seq_len": 4096})
+    full = attention_kernel(32, 8, 128, causal=False).definition.traffic({"seq_len": 4096})
     assert full.flops == 4 * 32 * 128 * 4096**2
     assert full.bytes == (32 + 8 + 8) * 4096 * 128 * 2 + 32 * 4096 * 128 * 4
     assert math.isclose(kind.scale, 1 / math.sqrt(128))
     launch = kind.launch({"seq_len": 4096})
     assert launch.grid == (64, 32, 1) and launch.block == (128, 1, 1)
     assert launch.dynamic_shared == 5 * 64 * 128 * 2 <= 99 * 1024, "must fit sm_86/sm_89 (99 KB per CTA)"
-    wide = kind_of(attention_kernel(32, 8, 128, block_m=128))
+    wide = attention_kernel(32, 8, 128, block_m=128).definition
     launch = wide.launch({"seq_len": 4096})
     assert launch.grid == (32, 32, 1) and launch.block == (256, 1, 1)
     assert launch.dynamic_shared == (128 + 4 * 64) * 128 * 2 <= 99 * 1024
@@ -149,9 +146,7 @@ def test_spec_instances_assemble_for_every_arch_without_spills():
     kernels = [k for k in spec.kernels if k.kind == "flash_attention"]
     assert kernels, "specs/qwen3.toml has no flash_attention instance"
     for kernel in kernels:
-        ptx = spec.ptx(kernel)
-        for arch in spec.target.archs:
-            used = parse_resources(assemble_nvjitlink(ptx, arch).info_log)
+        for arch, used in resources(kernel, spec.target.archs).items():
             assert used["spill_stores"] == used["spill_loads"] == used["local_bytes"] == 0, f"{kernel.name} {arch}: {used}"
             assert 0 < used["registers"] <= 255, f"{kernel.name} {arch}: {used}"
 
@@ -160,9 +155,7 @@ def test_spec_instances_assemble_for_every_arch_without_spills():
                          [(64, "bf16", False, 64), (128, "f16", False, 64), (64, "f16", True, 128), (128, "bf16", False, 128)])
 def test_other_variants_assemble_without_spills(head_dim, dtype, causal, block_m):
     kernel = attention_kernel(8, 2, head_dim, causal, dtype, "bf16", block_m=block_m)
-    ptx = ptx_of(kernel)
-    for arch in ARCHS:
-        used = parse_resources(assemble_nvjitlink(ptx, arch).info_log)
+    for arch, used in resources(kernel).items():
         assert used["spill_stores"] == used["spill_loads"] == used["local_bytes"] == 0, f"{arch}: {used}"
 
 
@@ -170,7 +163,7 @@ def test_performance_properties_of_the_ptx():
     """Tensor-core mma for both products, ldmatrix (.trans for V), 16-byte cp.async into a double
     buffer, and no guarded (src-size) cp.async inside the tile loop: only the prologue's tile can be
     partial."""
-    ptx = ptx_of(attention_kernel(32, 8, 128, dtype="bf16"))
+    ptx = attention_kernel(32, 8, 128, dtype="bf16").ptx
     assert ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") == 2 * (128 // 16) * 4 * 2
     assert ptx.count("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16") == (128 // 16) * 4
     assert "cp.async.cg.shared.global" in ptx and "cp.async.wait_group 2;" in ptx

@@ -16,16 +16,17 @@ import numpy as np
 import pytest
 
 from ptxgen import device
-from ptxgen.bench import REFERENCE_FLOPS, STEP_HOOK, DeviceStep
+from ptxgen.abi import Geometry, Launch, Param
+from ptxgen.bench import REFERENCE_FLOPS, DeviceStep
+from ptxgen.compiled import CompiledKernel, Variant
 from ptxgen.dtypes import to_float64
 from ptxgen.errors import DeviceUnavailable, LaunchError
-from ptxgen.kernels import KINDS, kind_of
-from ptxgen.kernels.base import Launch
+from ptxgen.pipeline import compile_spec, compiler
 from ptxgen.runner import prepare_arrays, run
 from ptxgen.spec import load_spec
 from ptxgen.verify import relative_l2, verify_kernel
 
-from helpers import ROOT, run_cli
+from helpers import ROOT, make_config, run_cli
 
 pytestmark = pytest.mark.gpu
 
@@ -36,11 +37,8 @@ except DeviceUnavailable:
 
 SPEC = ROOT / "specs" / "qwen3.toml"
 LOADED = load_spec(SPEC)
-NAMES = [kernel.name for kernel in LOADED.spec.kernels]
-
-
-def ptx_of(kernel) -> str:
-    return LOADED.spec.ptx(kernel)
+COMPILED = {kernel.name: kernel for kernel in compile_spec(LOADED.spec).kernels}
+NAMES = list(COMPILED)
 
 
 def describe_failures(checks) -> str:
@@ -50,26 +48,24 @@ def describe_failures(checks) -> str:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_kernel_on_the_device_matches_its_reference(name):
-    kernel = LOADED.spec.kernel(name)
-    kind = kind_of(kernel)
-    ptx = ptx_of(kernel)
+    kernel = COMPILED[name]
+    kind = kernel.definition
     sizes = list(kind.verify_scalars())
     if kind.traffic(kind.example_scalars()).flops <= REFERENCE_FLOPS:
         sizes.append(kind.example_scalars())  # the size bench times, when the reference is affordable
-    checks = [check for scalars in sizes for check in verify_kernel(kernel, ptx, scalars, seed=5, backend="device")]
+    checks = [check for scalars in sizes for check in verify_kernel(kernel, scalars, seed=5, backend="device")]
     assert checks, f"{name}: nothing was compared"
     assert all(check.passed for check in checks), f"{name} on {device.session().name}: {describe_failures(checks)}"
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_kernel_on_the_device_matches_the_interpreter(name):
-    kernel = LOADED.spec.kernel(name)
-    kind = kind_of(kernel)
-    ptx = ptx_of(kernel)
+    kernel = COMPILED[name]
+    kind = kernel.definition
     for scalars in kind.verify_scalars():
         inputs = kind.sample_inputs(np.random.default_rng(11), scalars)
-        on_device = run(kernel, ptx, inputs, scalars, backend="device")
-        emulated = run(kernel, ptx, inputs, scalars, backend="emulator", sanitize=False)
+        on_device = run(kernel, inputs, scalars, backend="device")
+        emulated = run(kernel, inputs, scalars, backend="emulator", sanitize=False)
         for param in kind.params():
             if not param.written:
                 continue
@@ -83,18 +79,20 @@ def test_kernel_on_the_device_matches_the_interpreter(name):
                 f"{name} {param.name} at {scalars}: device vs interpreter relative L2 {error:.3e}"
 
 
-STEP_KERNELS = [kernel.name for kernel in LOADED.spec.kernels if hasattr(kind_of(kernel), STEP_HOOK)]
+STEP_KERNELS = [name for name, kernel in COMPILED.items()
+                if kernel.definition.separate_step(kernel.definition.example_scalars()) is not None]
 
 
 @pytest.mark.parametrize("name", STEP_KERNELS)
 def test_fused_kernel_on_the_device_matches_its_separate_kernels(name):
     """The persistent decoder (cooperative launch, grid barriers on real hardware) against the
     same step as separate kernels on the device, from the same state, at every verify size."""
-    kernel = LOADED.spec.kernel(name)
-    kind = kind_of(kernel)
+    kernel = COMPILED[name]
+    kind = kernel.definition
     for scalars in kind.verify_scalars():
         inputs = kind.sample_inputs(np.random.default_rng(13), scalars)
-        step = DeviceStep(device.session(), LOADED, kernel, prepare_arrays(kind, inputs, scalars), scalars)
+        step = DeviceStep(device.session(), kernel, prepare_arrays(kernel, inputs, scalars), scalars,
+                          compiler(LOADED.spec.target.archs))
         try:
             check = step.check()
         finally:
@@ -103,34 +101,22 @@ def test_fused_kernel_on_the_device_matches_its_separate_kernels(name):
                               f"separate kernels, {check.unwritten} elements not finite")
 
 
-def graph_kernel():
-    """The spec's incremental_attention with indirect_seq_len, else one built from the contract."""
-    if "incremental_attention" not in KINDS:
-        pytest.skip("no incremental_attention kind in this checkout")
-    for kernel in LOADED.spec.kernels:
-        if kernel.kind == "incremental_attention" and kernel.indirect_seq_len:
-            return kernel
-    return KINDS["incremental_attention"].Config.model_validate(
-        {"name": "decode_graph", "kind": "incremental_attention", "num_heads": 32, "num_kv_heads": 8,
-         "head_dim": 128, "max_seq_len": 16384, "kv_dtype": "f16", "indirect_seq_len": True})
-
-
 def test_decode_attention_graph_is_captured_once_and_replayed_as_the_cache_grows():
-    kernel = graph_kernel()
-    kind = kind_of(kernel)
-    longest = kernel.max_seq_len
+    kernel = COMPILED["qwen3_8b_decode_attention_graph"]
+    kind = kernel.definition
+    longest = kind.config.max_seq_len
     inputs = kind.sample_inputs(np.random.default_rng(2), {"seq_len": longest})  # every cache row holds a key
-    arrays = prepare_arrays(kind, inputs, {"seq_len": longest})
+    arrays = prepare_arrays(kernel, inputs, {"seq_len": longest})
     gpu = device.session()
-    compiled = gpu.kernel(ptx_of(kernel), kernel.name)
+    loaded = gpu.kernel(kernel)
     buffers = {name: gpu.alloc(array.nbytes) for name, array in arrays.items()}
     try:
         for name, array in arrays.items():
             gpu.upload(buffers[name], array)
-        args = [buffers[p.name] for p in kind.params()]  # the length is an array: no scalar arguments
-        launch = kind.launch({"seq_len": longest})
-        assert kind.launch({"seq_len": 1}) == launch, "the grid must not depend on the length on the device"
-        graph = gpu.capture(lambda: gpu.launch(compiled, launch, args))
+        args = kernel.args(buffers, {})  # the length is an array: no scalar arguments
+        launch = kernel.launch({"seq_len": longest})
+        assert kernel.launch({"seq_len": 1}) == launch, "the grid must not depend on the length on the device"
+        graph = gpu.capture(lambda: gpu.launch(loaded, launch, args))
         out = kind.param("out")
         try:
             for length in sorted({1, 2, 63, 64, 65, 1000, 4097, min(longest, 16384), longest, longest + 7}):
@@ -170,13 +156,17 @@ CRASH_PTX = """\
 """
 
 
+CRASH = CompiledKernel("crash", "test", {}, (Param("where", "u32", (1,)),), {},
+                       {"sm_80": Variant("sm_80", CRASH_PTX, "7.0", Geometry((1, 1, 1), (1, 1, 1)))}, {})
+
+
 def test_a_faulting_kernel_is_a_launch_error_and_the_next_run_works():
     with pytest.raises(LaunchError, match="CUDA_ERROR_ILLEGAL_ADDRESS|CUDA_ERROR_LAUNCH_FAILED"):
-        device.run_on_device(CRASH_PTX, "crash", Launch((1, 1, 1), (1, 1, 1)), [0])
-    kernel = LOADED.spec.kernel(NAMES[0])
-    kind = kind_of(kernel)
+        device.run_on_device(CRASH, Launch((1, 1, 1), (1, 1, 1)), [0])
+    kernel = COMPILED[NAMES[0]]
+    kind = kernel.definition
     scalars = kind.verify_scalars()[-1]
-    checks = verify_kernel(kernel, ptx_of(kernel), scalars, backend="device")
+    checks = verify_kernel(kernel, scalars, backend="device")
     assert all(check.passed for check in checks), describe_failures(checks)
 
 

@@ -10,18 +10,15 @@ import re
 import numpy as np
 import pytest
 
-from ptxgen.device import assemble_nvjitlink, parse_resources
 from ptxgen.errors import LaunchError
 from ptxgen.interp import launch as interpret
-from ptxgen.kernels import kind_of
 from ptxgen.kernels.incremental_attention import attention_reference, split_geometry
-from ptxgen.runner import launch_args, prepare_arrays, run
+from ptxgen.runner import prepare_arrays, run
 from ptxgen.spec import load_spec
 from ptxgen.verify import compare, verify_kernel
 
-from helpers import ROOT, assert_passes, make_kernel, ptx_of
+from helpers import ROOT, assert_passes, make_config, make_kernel, resources, spec_kernel
 
-ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
 QWEN3 = ROOT / "specs" / "qwen3.toml"
 
 
@@ -54,10 +51,9 @@ LENGTHS = (0, 1, 2, 7, 31, 37, 61, 97, 131, 157)
 @pytest.mark.parametrize("num_heads, num_kv_heads, head_dim, kv_dtype, max_seq_len", CASES)
 def test_matches_float64(num_heads, num_kv_heads, head_dim, kv_dtype, max_seq_len):
     kernel = attention(num_heads, num_kv_heads, head_dim, max_seq_len, kv_dtype)
-    ptx = ptx_of(kernel)
     lengths = sorted({n for n in LENGTHS if n <= max_seq_len} | {max_seq_len})
     for seq_len in lengths:
-        assert_passes(verify_kernel(kernel, ptx, {"seq_len": seq_len}, seed=seq_len))
+        assert_passes(verify_kernel(kernel, {"seq_len": seq_len}, seed=seq_len))
 
 
 @pytest.mark.parametrize("num_heads, num_kv_heads, head_dim, kv_dtype", [
@@ -66,17 +62,17 @@ def test_indirect_seq_len_matches_float64_on_one_grid(num_heads, num_kv_heads, h
     """seq_len_ptr is read on the device: one grid (max_splits wide) serves every length, CTAs
     past the end only count in, and the result is that of the device's length."""
     kernel = attention(num_heads, num_kv_heads, head_dim, 128, kv_dtype, indirect_seq_len=True)
-    kind, ptx = kind_of(kernel), ptx_of(kernel)
+    kind = kernel.definition
     grids = {kind.launch({"seq_len": n}).grid for n in (0, 1, 128)}
     assert grids == {(kind.plan["max_splits"], num_kv_heads, 1)}, f"the grid must not depend on seq_len: {grids}"
     for seq_len in (0, 1, 5, 53, 101, 128):
-        assert_passes(verify_kernel(kernel, ptx, {"seq_len": seq_len}, seed=seq_len))
+        assert_passes(verify_kernel(kernel, {"seq_len": seq_len}, seed=seq_len))
 
 
 def test_sample_inputs_poison_the_cache_past_the_length():
     """The verification above is only meaningful if rows >= L would show up: they are NaN."""
     kernel = attention(8, 2, 64, 64)
-    inputs = kind_of(kernel).sample_inputs(np.random.default_rng(0), {"seq_len": 20})
+    inputs = kernel.definition.sample_inputs(np.random.default_rng(0), {"seq_len": 20})
     for name in ("k_cache", "v_cache"):
         assert np.isnan(inputs[name][:, 20:].astype(np.float32)).all(), f"{name} rows past L must be NaN"
         assert np.isfinite(inputs[name][:, :20].astype(np.float32)).all(), f"{name} rows below L must be finite"
@@ -85,13 +81,13 @@ def test_sample_inputs_poison_the_cache_past_the_length():
 def test_peaked_softmax_and_custom_scale():
     """Large scores (a softmax close to one-hot) exercise the running max and its rescaling."""
     kernel = attention(8, 2, 128, 200, "f32", scale=0.7)
-    kind, ptx = kind_of(kernel), ptx_of(kernel)
+    kind = kernel.definition
     rng = np.random.default_rng(5)
     scalars = {"seq_len": 173}
     inputs = kind.sample_inputs(rng, scalars)
     inputs["q"] = (inputs["q"] * 6).astype(np.float32)  # scores of magnitude ~100
     inputs["k_cache"][:, 150] *= 3  # one dominant late key (after several max updates)
-    arrays = run(kernel, ptx, inputs, scalars)
+    arrays = run(kernel, inputs, scalars)
     assert_passes(compare(kernel, arrays, kind.reference(inputs, scalars), scalars))
 
 
@@ -101,7 +97,7 @@ def test_split_rule_fills_the_gpu_at_long_contexts():
     about 132 SMs * 2 CTAs, a chunk a multiple of the tile, and at most max_splits splits."""
     spec = load_spec(QWEN3).spec
     for name in ("qwen3_8b_decode_attention", "qwen3_8b_decode_attention_graph"):
-        kind = kind_of(spec.kernel(name))
+        kind = spec_kernel(QWEN3, name).definition
         plan = kind.plan
         assert plan["max_splits"] == 33, plan
         for seq_len in (1, 100, 4096, 8192, 16383, 40960):
@@ -119,14 +115,14 @@ def test_long_length_splits_and_the_last_cta_merges():
     the merged output matches the reference, the partials merge to it in numpy too, and the
     counters are back at 0."""
     kernel = attention(8, 2, 128, 1024)
-    kind, ptx = kind_of(kernel), ptx_of(kernel)
+    kind = kernel.definition
     seq_len = 1000
     scalars = {"seq_len": seq_len}
     plan = kind.plan
     chunk, splits = split_geometry(seq_len, plan["tile"], plan["max_splits"])
     assert splits >= 8 and kind.launch(scalars).grid == (splits, 2, 1)
     inputs = kind.sample_inputs(np.random.default_rng(3), scalars)
-    arrays = run(kernel, ptx, inputs, scalars)
+    arrays = run(kernel, inputs, scalars)
     reference = kind.reference(inputs, scalars)
     assert_passes(compare(kernel, arrays, reference, scalars))
 
@@ -152,17 +148,16 @@ def test_long_length_splits_and_the_last_cta_merges():
         for head in (0, 7):
             g = head // group
             own = attention_reference(q[head:head + 1], k[g:g + 1, keys], v[g:g + 1, keys],
-                                      keys.stop - keys.start, kernel.softmax_scale)[0]
+                                      keys.stop - keys.start, kind.config.softmax_scale)[0]
             got = o[g, split, head % group] / l[g, split, head % group]
             np.testing.assert_allclose(got, own, rtol=1e-4, atol=1e-5,
                                        err_msg=f"partial of split {split}, head {head} is not its chunk's attention")
 
 
-def launch_raw(kernel, ptx, arrays, scalars, grid=None):
+def launch_raw(kernel, arrays, scalars, grid=None):
     """One interpreter launch on `arrays` as they are (no fresh workspace, no launcher checks)."""
-    kind = kind_of(kernel)
-    geometry = kind.launch(scalars)
-    interpret(ptx, kernel.name, grid or geometry.grid, geometry.block, launch_args(kind, arrays, scalars),
+    geometry = kernel.definition.launch(scalars)
+    interpret(kernel.ptx, kernel.name, grid or geometry.grid, geometry.block, kernel.args(arrays, scalars),
               sanitize=True, kernel_name=kernel.name)
 
 
@@ -171,16 +166,16 @@ def test_second_launch_on_the_same_workspace_gives_the_same_result(indirect):
     """The merging CTA puts its counter back to 0, so the next launch (or a CUDA graph replay)
     needs no re-zeroing: twice in a row on the same arrays gives bit-identical outputs."""
     kernel = attention(8, 2, 64, 512, "bf16", indirect_seq_len=indirect)
-    kind, ptx = kind_of(kernel), ptx_of(kernel)
+    kind = kernel.definition
     scalars = {"seq_len": 509}
     inputs = kind.sample_inputs(np.random.default_rng(11), scalars)
-    arrays = prepare_arrays(kind, inputs, scalars)
+    arrays = prepare_arrays(kernel, inputs, scalars)
     assert kind.launch(scalars).grid[0] > 1, "this test needs several splits"
-    launch_raw(kernel, ptx, arrays, scalars)
+    launch_raw(kernel, arrays, scalars)
     first = arrays["out"].copy()
     assert (arrays["counters"] == 0).all(), f"counters after the first launch: {arrays['counters']}"
     arrays["out"][:] = np.nan
-    launch_raw(kernel, ptx, arrays, scalars)
+    launch_raw(kernel, arrays, scalars)
     assert (arrays["counters"] == 0).all(), f"counters after the second launch: {arrays['counters']}"
     np.testing.assert_array_equal(arrays["out"], first, err_msg="the second launch differs from the first")
     assert_passes(compare(kernel, arrays, kind.reference(inputs, scalars), scalars))
@@ -190,13 +185,13 @@ def test_graph_replay_as_the_cache_grows():
     """indirect_seq_len: the same grid and workspace replayed while seq_len_ptr grows (as a
     captured graph would be) gives each length's attention."""
     kernel = attention(4, 1, 128, 256, "f16", indirect_seq_len=True)
-    kind, ptx = kind_of(kernel), ptx_of(kernel)
+    kind = kernel.definition
     inputs = kind.sample_inputs(np.random.default_rng(2), {"seq_len": 256})
-    arrays = prepare_arrays(kind, inputs, {"seq_len": 256})
+    arrays = prepare_arrays(kernel, inputs, {"seq_len": 256})
     for seq_len in (3, 70, 71, 200, 0, 256):
         arrays["seq_len_ptr"][0] = seq_len
         arrays["out"][:] = np.nan
-        launch_raw(kernel, ptx, arrays, {"seq_len": seq_len})
+        launch_raw(kernel, arrays, {"seq_len": seq_len})
         assert_passes(compare(kernel, arrays, kind.reference(arrays, {"seq_len": seq_len}), {"seq_len": seq_len}))
         assert (arrays["counters"] == 0).all()
 
@@ -207,28 +202,28 @@ def test_kernel_clamps_a_length_past_the_cache(indirect):
     """Bypassing the launcher, a length > max_seq_len reads nothing past the cache (sanitizer)
     and gives the attention over the whole cache."""
     kernel = attention(8, 2, 64, 96, "f32", indirect_seq_len=indirect)
-    kind, ptx = kind_of(kernel), ptx_of(kernel)
+    kind = kernel.definition
     inputs = kind.sample_inputs(np.random.default_rng(4), {"seq_len": 96})
-    arrays = prepare_arrays(kind, inputs, {"seq_len": 96})
+    arrays = prepare_arrays(kernel, inputs, {"seq_len": 96})
     huge = {"seq_len": 2**32 - 1}
     if indirect:
         arrays["seq_len_ptr"][0] = huge["seq_len"]
-    launch_raw(kernel, ptx, arrays, huge, grid=kind.launch({"seq_len": 96}).grid)
+    launch_raw(kernel, arrays, huge, grid=kind.launch({"seq_len": 96}).grid)
     assert_passes(compare(kernel, arrays, kind.reference(inputs, {"seq_len": 96}), huge))
 
 
 def test_launcher_rejects_lengths_past_the_cache():
     kernel = attention(4, 1, 64, 64)
-    kind, ptx = kind_of(kernel), ptx_of(kernel)
+    kind = kernel.definition
     assert kind.scalar_limits() == {"seq_len": (0, 64)}
     inputs = kind.sample_inputs(np.random.default_rng(0), {"seq_len": 64})
     with pytest.raises(LaunchError, match="seq_len"):
-        run(kernel, ptx, inputs, {"seq_len": 65})
+        run(kernel, inputs, {"seq_len": 65})
     graph = attention(4, 1, 64, 64, indirect_seq_len=True)
-    inputs = kind_of(graph).sample_inputs(np.random.default_rng(0), {"seq_len": 64})
+    inputs = graph.definition.sample_inputs(np.random.default_rng(0), {"seq_len": 64})
     inputs["seq_len_ptr"][0] = 65
     with pytest.raises(LaunchError, match=r"seq_len_ptr\[0\]: expected 0..64, got 65"):
-        run(graph, ptx_of(graph), inputs, {"seq_len": 64})
+        run(graph, inputs, {"seq_len": 64})
 
 
 @pytest.mark.parametrize("config, message", [
@@ -243,7 +238,7 @@ def test_config_errors(config, message):
 
 # --- metadata and performance properties ------------------------------------------------------------
 def test_traffic_counts_the_cache_bytes_actually_read():
-    kind = kind_of(load_spec(QWEN3).spec.kernel("qwen3_8b_decode_attention"))
+    kind = spec_kernel(QWEN3, "qwen3_8b_decode_attention").definition
     traffic = kind.traffic({"seq_len": 8192})
     assert traffic.bytes == 8 * 8192 * 128 * 2 * 2 + 2 * 32 * 128 * 4
     assert traffic.flops == 4 * 32 * 8192 * 128
@@ -254,7 +249,7 @@ def test_traffic_counts_the_cache_bytes_actually_read():
 def test_ptx_has_the_fast_path(kv_dtype, head_dim):
     """Performance properties (not correctness): 16-byte K/V loads, exp2 softmax, no shuffle
     or warp barrier inside the key loop (ptxas would add a divergence fallback on sm_8x)."""
-    ptx = ptx_of(attention(8, 2, head_dim, 256, kv_dtype))
+    ptx = attention(8, 2, head_dim, 256, kv_dtype).ptx
     loop = ptx[ptx.index("KEY_TILE:"):ptx.index("KEYS_DONE:")]
     vector = "v4.f32" if kv_dtype == "f32" else "v4.b32"
     assert len(re.findall(rf"ld\.global\.nc\.{re.escape(vector)}", loop)) >= 2, "K/V must use 16-byte loads"
@@ -274,22 +269,20 @@ def test_every_instance_assembles_without_spills():
     spec = load_spec(QWEN3).spec
     kernels = [k for k in spec.kernels if k.kind == "incremental_attention"]
     assert len(kernels) == 2 and {k.indirect_seq_len for k in kernels} == {False, True}
-    kernels += [attention(**config) for config in SPILL_CONFIGS]
+    kernels += [make_config("incremental_attention", **config) for config in SPILL_CONFIGS]
     for kernel in kernels:
-        ptx = ptx_of(kernel)
-        for arch in ARCHS:
-            resources = parse_resources(assemble_nvjitlink(ptx, arch).info_log)
-            assert resources["spill_stores"] == resources["spill_loads"] == resources["local_bytes"] == 0, (
+        for arch, used in resources(kernel).items():
+            assert used["spill_stores"] == used["spill_loads"] == used["local_bytes"] == 0, (
                 f"{kernel.name} ({kernel.num_heads}/{kernel.num_kv_heads} heads, {kernel.head_dim}, "
-                f"{kernel.kv_dtype}) on {arch}: {resources}")
+                f"{kernel.kv_dtype}) on {arch}: {used}")
 
 
 def test_spec_instance_verifies_at_small_lengths():
     """The Qwen3 instance (max_seq_len 40960) runs at verify_scalars' small lengths, one of them
     split, in the interpreter: the same compiled PTX as on the GPU."""
-    kernel = load_spec(QWEN3).spec.kernel("qwen3_8b_decode_attention")
-    kind, ptx = kind_of(kernel), ptx_of(kernel)
+    kernel = spec_kernel(QWEN3, "qwen3_8b_decode_attention")
+    kind = kernel.definition
     lengths = [s["seq_len"] for s in kind.verify_scalars()]
     assert 0 in lengths and max(kind.splits(n) for n in lengths) > 1
     for scalars in kind.verify_scalars():
-        assert_passes(verify_kernel(kernel, ptx, scalars, seed=1))
+        assert_passes(verify_kernel(kernel, scalars, seed=1))

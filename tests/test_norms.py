@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 
 from ptxgen.errors import LaunchError
-from ptxgen.kernels import kind_of
 from ptxgen.runner import run
 from ptxgen.verify import verify_kernel
 
-from helpers import assert_passes, make_kernel, ptx_of
+from helpers import assert_passes, make_kernel
 
 # hidden sizes cover: one warp per row with a partial vector chunk (7, 100, 130), exact warps (32, 128),
 # scalar loads because the row is not a multiple of the vector (4099 f32, 4097 f16), one CTA per row with
@@ -27,7 +26,7 @@ ROW_NORM_CASES = [
 def test_rmsnorm_matches_float64(hidden, dtype):
     kernel = make_kernel("rmsnorm", hidden=hidden, dtype=dtype, eps=1e-5)
     rows = 3 if hidden <= 4096 else 1
-    assert_passes(verify_kernel(kernel, ptx_of(kernel), {"rows": rows}, seed=hidden))
+    assert_passes(verify_kernel(kernel, {"rows": rows}, seed=hidden))
 
 
 @pytest.mark.parametrize("num_heads, head_dim, dtype, tokens",
@@ -35,7 +34,7 @@ def test_rmsnorm_matches_float64(hidden, dtype):
                           (2, 256, "f16", 1), (7, 6, "bf16", 3)])
 def test_per_head_rmsnorm_matches_float64(num_heads, head_dim, dtype, tokens):
     kernel = make_kernel("per_head_rmsnorm", num_heads=num_heads, head_dim=head_dim, dtype=dtype)
-    assert_passes(verify_kernel(kernel, ptx_of(kernel), {"tokens": tokens}, seed=num_heads))
+    assert_passes(verify_kernel(kernel, {"tokens": tokens}, seed=num_heads))
 
 
 def test_each_head_is_normalised_on_its_own():
@@ -44,19 +43,18 @@ def test_each_head_is_normalised_on_its_own():
     rng = np.random.default_rng(1)
     x = (rng.standard_normal((2, 4, 64)) * np.array([1e-3, 1.0, 10.0, 1e3])[None, :, None]).astype(np.float32)
     gamma = np.ones(64, dtype=np.float32)
-    y = run(kernel, ptx_of(kernel), {"x": x, "gamma": gamma}, {"tokens": 2})["y"]
+    y = run(kernel, {"x": x, "gamma": gamma}, {"tokens": 2})["y"]
     rms = np.sqrt(np.mean(y.astype(np.float64) ** 2, axis=-1))
     np.testing.assert_allclose(rms, 1.0, rtol=1e-4, err_msg="every head must come out with unit RMS")
 
 
 def test_zero_rows_launch_nothing_and_limits_are_enforced():
     kernel = make_kernel("rmsnorm", hidden=64)
-    ptx = ptx_of(kernel)
     gamma = np.ones(64, dtype=np.float32)
-    assert run(kernel, ptx, {"x": np.zeros((0, 64), np.float32), "gamma": gamma}, {"rows": 0})["y"].shape == (0, 64)
+    assert run(kernel, {"x": np.zeros((0, 64), np.float32), "gamma": gamma}, {"rows": 0})["y"].shape == (0, 64)
     for bad in (-1, 2**31, 2.5):
         with pytest.raises(LaunchError, match="rows"):
-            run(kernel, ptx, {"x": np.zeros((1, 64), np.float32), "gamma": gamma}, {"rows": bad})
+            run(kernel, {"x": np.zeros((1, 64), np.float32), "gamma": gamma}, {"rows": bad})
 
 
 @pytest.mark.parametrize("inputs, message", [
@@ -68,12 +66,12 @@ def test_zero_rows_launch_nothing_and_limits_are_enforced():
 def test_runner_names_the_bad_input(inputs, message):
     kernel = make_kernel("rmsnorm", hidden=64)
     with pytest.raises(LaunchError, match=message):
-        run(kernel, ptx_of(kernel), inputs, {"rows": 2})
+        run(kernel, inputs, {"rows": 2})
 
 
 def test_reference_is_the_contract_formula():
     """The reference itself against a direct transcription of KERNELS.md."""
-    kind = kind_of(make_kernel("rmsnorm", hidden=5, eps=0.5))
+    kind = make_kernel("rmsnorm", hidden=5, eps=0.5).definition
     x = np.arange(1, 11, dtype=np.float32).reshape(2, 5)
     gamma = np.array([1, 2, 3, 4, 5], dtype=np.float32)
     y = kind.reference({"x": x, "gamma": gamma}, {"rows": 2})["y"]

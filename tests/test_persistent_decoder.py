@@ -12,19 +12,17 @@ import re
 import numpy as np
 import pytest
 
-from ptxgen.device import assemble_nvjitlink, parse_resources
 from ptxgen.dtypes import to_float64
 from ptxgen.errors import LaunchError, SanitizerError, SpecError
 from ptxgen.interp import launch as interpret
-from ptxgen.kernels import kind_of
 from ptxgen.kernels.persistent_decoder import BARRIER_WORDS, PHASE_BARRIERS, decoder_reference
-from ptxgen.runner import launch_args, prepare_arrays, run, run_step
+from ptxgen.pipeline import compiler
+from ptxgen.runner import prepare_arrays, run, run_step
 from ptxgen.spec import load_spec
 from ptxgen.verify import relative_l2
 
-from helpers import ROOT, make_kernel, ptx_of
+from helpers import ROOT, make_config, make_kernel, resources, with_ptx
 
-ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
 # The issue's small config: hidden 512, 4 query heads, 2 KV heads, head_dim 128, intermediate 1024.
 TINY = dict(hidden=512, num_heads=4, num_kv_heads=2, head_dim=128, intermediate=1024, max_seq_len=64)
 POSITIONS = (0, 1, 37, 63)
@@ -47,15 +45,13 @@ def kernel_for(layers=2, name="pd", **extra):
     return make_kernel("persistent_decoder", name=name, **TINY, num_layers=layers, **extra)
 
 
-@functools.lru_cache(maxsize=None)
-def ptx_for(kernel) -> str:
-    return ptx_of(kernel)
+COMPILED_OF = compiler(("sm_80",), until="ptx")  # the separate kernels, compiled once each
 
 
 @functools.lru_cache(maxsize=None)
 def base_inputs(layers: int, kv_dtype: str, seed: int) -> dict[str, np.ndarray]:
     """Sample inputs (Q4_K weights from ptxgen.q4k's quantiser, a cache filled with random rows)."""
-    kind = kind_of(kernel_for(layers, kv_dtype=kv_dtype))
+    kind = kernel_for(layers, kv_dtype=kv_dtype).definition
     inputs = kind.sample_inputs(np.random.default_rng(seed), {"pos": 0})
     for array in inputs.values():
         array.setflags(write=False)
@@ -63,7 +59,7 @@ def base_inputs(layers: int, kv_dtype: str, seed: int) -> dict[str, np.ndarray]:
 
 
 def decoder_run(kernel, inputs, pos, ptx=None):
-    return run(kernel, ptx or ptx_for(kernel), dict(inputs), {"pos": pos})
+    return run(with_ptx(kernel, ptx) if ptx else kernel, dict(inputs), {"pos": pos})
 
 
 def ulp(values: np.ndarray, dtype: str) -> np.ndarray:
@@ -79,7 +75,7 @@ def ulp(values: np.ndarray, dtype: str) -> np.ndarray:
 
 def check_new_rows(kernel, out, inputs, reference, pos):
     """Every layer's cache row pos holds k/v rounded to kv_dtype; every other row is untouched."""
-    c = kernel
+    c = kernel.definition.config
     for cache, new in (("k_cache", "k_new"), ("v_cache", "v_new")):
         got, before = out[cache], inputs[cache]
         assert got.dtype == before.dtype and got.shape == before.shape
@@ -101,18 +97,18 @@ def check_new_rows(kernel, out, inputs, reference, pos):
 def check_against_reference(kernel, out, inputs, pos):
     """x and the new cache rows against the float64 reference; barrier words back at rest."""
     assert np.isfinite(out["x"]).all(), f"pos={pos}: x has {np.count_nonzero(~np.isfinite(out['x']))} non-finite"
-    forced = decoder_reference(inputs, kernel, pos, stored=out)
+    forced = decoder_reference(inputs, kernel.definition.config, pos, stored=out)
     err = relative_l2(out["x"].astype(np.float64), forced["x"])
-    assert err <= X_TOL, f"layers={kernel.num_layers} pos={pos}: x rel. L2 error {err:.3e} > {X_TOL:.0e}"
+    assert err <= X_TOL, f"layers={kernel.definition.config.num_layers} pos={pos}: x rel. L2 error {err:.3e} > {X_TOL:.0e}"
     check_new_rows(kernel, out, inputs, forced, pos)
     # The free-running reference (what `ptxgen verify` compares against) within the kind's tolerance.
-    kind = kind_of(kernel)
-    free = decoder_reference(inputs, kernel, pos)
+    kind = kernel.definition
+    free = decoder_reference(inputs, kernel.definition.config, pos)
     err = relative_l2(out["x"].astype(np.float64), free["x"])
     assert err <= kind.tolerance(kind.param("x")), f"pos={pos}: x vs free-running reference {err:.3e}"
     # Barrier: arrivals back to 0, one generation per barrier; attention and head counters at 0.
     barrier = out["barrier"]
-    assert barrier[0] == 0 and barrier[32] == PHASE_BARRIERS * kernel.num_layers - 1, barrier[[0, 32]]
+    assert barrier[0] == 0 and barrier[32] == PHASE_BARRIERS * kernel.definition.config.num_layers - 1, barrier[[0, 32]]
     assert not out["counters"].any(), f"counters not reset: {out['counters']}"
 
 
@@ -124,34 +120,34 @@ def separate_kernels_step(kernel, inputs, pos, stored):
     interpreter. After each kv_append the rows it wrote are kept aside and replaced by the
     decoder's (`stored`, teacher forcing: see decoder_reference), so that a 1-ulp rounding flip
     does not flow into later layers; x and the kept rows are returned."""
-    temporaries, calls = kind_of(kernel).separate_step({"pos": pos})
+    temporaries, calls = kernel.definition.separate_step({"pos": pos})
     buffers = {name: array.copy() for name, array in inputs.items()}
     buffers.update({t.name: np.zeros(t.shape, np.float32) for t in temporaries})
     own = {"k_cache": np.empty_like(buffers["k_cache"][:, :, pos]),
            "v_cache": np.empty_like(buffers["v_cache"][:, :, pos])}
     layer = 0
     for call in calls:
-        run_step([call], buffers, ptx_of)
+        run_step([call], buffers, COMPILED_OF)
         if call.kernel.kind == "kv_append":
             for cache in own:
                 own[cache][layer] = buffers[cache][layer, :, pos]
                 buffers[cache][layer, :, pos] = stored[cache][layer, :, pos]
             layer += 1
-    assert layer == kernel.num_layers and len(calls) == 18 * kernel.num_layers
+    assert layer == kernel.definition.config.num_layers and len(calls) == 18 * kernel.definition.config.num_layers
     return buffers["x"], own
 
 
 def check_against_separate_kernels(kernel, out, inputs, pos):
     x, own = separate_kernels_step(kernel, inputs, pos, out)
     err = relative_l2(out["x"].astype(np.float64), x.astype(np.float64))
-    assert err <= SEPARATE_TOL, f"layers={kernel.num_layers} pos={pos}: x vs separate kernels {err:.3e}"
+    assert err <= SEPARATE_TOL, f"layers={kernel.definition.config.num_layers} pos={pos}: x vs separate kernels {err:.3e}"
     for cache in ("k_cache", "v_cache"):
-        mine = to_float64(out[cache][:, :, pos], kernel.kv_dtype)
-        theirs = to_float64(own[cache], kernel.kv_dtype)
+        mine = to_float64(out[cache][:, :, pos], kernel.definition.config.kv_dtype)
+        theirs = to_float64(own[cache], kernel.definition.config.kv_dtype)
         # Both round an f32 value of the same quantity (each within ~1e-6 of the head's RMS):
         # equal, or one ulp apart where that value sits next to a rounding boundary (rare).
         scale = np.sqrt(np.mean(mine**2, axis=-1, keepdims=True))
-        bound = ulp(np.maximum(np.abs(mine), np.abs(theirs)), kernel.kv_dtype) + 2 * ROW_REL * scale
+        bound = ulp(np.maximum(np.abs(mine), np.abs(theirs)), kernel.definition.config.kv_dtype) + 2 * ROW_REL * scale
         apart = np.abs(mine - theirs) > bound
         assert not apart.any(), f"{cache} row pos={pos}: {np.count_nonzero(apart)} elements further apart than an ulp"
         flips = np.count_nonzero(mine != theirs)
@@ -194,7 +190,7 @@ def test_other_cache_dtypes(kv_dtype, pos):
 def test_other_head_layouts(extra, pos):
     kernel = make_kernel("persistent_decoder", name="pd", **{**TINY, "intermediate": 768, "max_seq_len": 40,
                                                              "num_layers": 1, "ctas": 6, **extra})
-    kind = kind_of(kernel)
+    kind = kernel.definition
     inputs = kind.sample_inputs(np.random.default_rng(pos), {"pos": pos})
     out = decoder_run(kernel, inputs, pos)
     check_against_reference(kernel, out, inputs, pos)
@@ -208,7 +204,7 @@ def test_any_grid_gives_the_same_bits():
     results = {}
     for ctas in (1, 5, None):
         kernel = kernel_for(2, **({} if ctas is None else {"ctas": ctas}))
-        assert kind_of(kernel).launch({"pos": pos}).grid[0] == (ctas or 128)
+        assert kernel.definition.launch({"pos": pos}).grid[0] == (ctas or 128)
         results[ctas] = decoder_run(kernel, inputs, pos)
     check_against_reference(kernel_for(2), results[None], inputs, pos)
     for ctas in (1, 5):
@@ -242,7 +238,7 @@ def test_every_grid_barrier_is_load_bearing(site):
     race-free) CTAs read x / workspaces before other CTAs wrote them: the result is wrong."""
     kernel, inputs, good = planted_case()
     pos = 9
-    bad_ptx = drop_grid_barrier(ptx_for(kernel), site)
+    bad_ptx = drop_grid_barrier(kernel.ptx, site)
     assert bad_ptx.count("atom.relaxed.gpu.global.add.u32") == PHASE_BARRIERS - 1
     try:
         bad = decoder_run(kernel, inputs, pos, bad_ptx)
@@ -254,9 +250,8 @@ def test_every_grid_barrier_is_load_bearing(site):
 
 def launch_raw(kernel, arrays, pos, ptx=None):
     """One launch on `arrays` as they are (workspaces not re-zeroed), like a replayed graph."""
-    kind = kind_of(kernel)
-    launch = kind.launch({"pos": pos})
-    interpret(ptx or ptx_for(kernel), kernel.name, launch.grid, launch.block, launch_args(kind, arrays, {"pos": pos}),
+    launch = kernel.definition.launch({"pos": pos})
+    interpret(ptx or kernel.ptx, kernel.name, launch.grid, launch.block, kernel.args(arrays, {"pos": pos}),
               dynamic_shared=launch.dynamic_shared, kernel_name=kernel.name)
 
 
@@ -264,18 +259,18 @@ def test_next_launch_needs_no_rezeroing_and_the_generation_wraps():
     """Two decode steps (pos, pos+1) on the same workspace, the generation word starting two
     barriers before 2^32: the second step matches the reference run from the first's outputs."""
     kernel = kernel_for(1, ctas=4)
-    kind = kind_of(kernel)
+    kind = kernel.definition
     inputs = base_inputs(1, "f16", seed=3)
     pos = 30
-    arrays = prepare_arrays(kind, dict(inputs), {"pos": pos})
+    arrays = prepare_arrays(kernel, dict(inputs), {"pos": pos})
     arrays["barrier"][32] = 2**32 - 2
     launch_raw(kernel, arrays, pos)
     assert arrays["barrier"][0] == 0 and arrays["barrier"][32] == PHASE_BARRIERS - 1 - 2
     first = {name: arrays[name].copy() for name in ("x", "k_cache", "v_cache")}
-    check_new_rows(kernel, arrays, inputs, decoder_reference(inputs, kernel, pos, stored=arrays), pos)
+    check_new_rows(kernel, arrays, inputs, decoder_reference(inputs, kernel.definition.config, pos, stored=arrays), pos)
     nxt = {**inputs, **first}  # the second step starts from the first one's x and caches
     launch_raw(kernel, arrays, pos + 1)
-    forced = decoder_reference(nxt, kernel, pos + 1, stored=arrays)
+    forced = decoder_reference(nxt, kernel.definition.config, pos + 1, stored=arrays)
     err = relative_l2(arrays["x"].astype(np.float64), forced["x"])
     assert err <= X_TOL, f"second launch on the same workspace: x rel. L2 error {err:.3e}"
     check_new_rows(kernel, arrays, nxt, forced, pos + 1)
@@ -285,18 +280,18 @@ def test_next_launch_needs_no_rezeroing_and_the_generation_wraps():
 
 def test_indirect_pos_reads_the_device_value_and_is_checked():
     kernel = kernel_for(1, indirect_pos=True, ctas=8)
-    kind = kind_of(kernel)
+    kind = kernel.definition
     assert [p.name for p in kind.params()][14] == "pos_ptr"
     inputs = dict(base_inputs(1, "f16", seed=4))
     inputs["pos_ptr"] = np.array([50], np.uint32)
-    out = run(kernel, ptx_for(kernel), inputs, {})
+    out = run(kernel, inputs, {})
     check_against_reference(kernel, out, inputs, 50)
     for bad in (64, 2**32 - 1):
         with pytest.raises(LaunchError, match=r"pos_ptr\[0\]: expected 0\.\.63"):
-            run(kernel, ptx_for(kernel), {**inputs, "pos_ptr": np.array([bad], np.uint32)}, {})
+            run(kernel, {**inputs, "pos_ptr": np.array([bad], np.uint32)}, {})
     # Past the launcher (a replayed graph whose pos_ptr went bad): the kernel clamps to the
     # cache's last row; the sanitizer sees every access in bounds.
-    arrays = prepare_arrays(kind, dict(inputs), {})
+    arrays = prepare_arrays(kernel, dict(inputs), {})
     arrays["pos_ptr"][0] = 1000
     launch_raw(kernel, arrays, 0)
     changed = np.flatnonzero((arrays["k_cache"] != inputs["k_cache"]).any(axis=(0, 1, 3)))
@@ -308,12 +303,12 @@ def test_direct_pos_is_range_checked():
     inputs = base_inputs(1, "f16", seed=4)
     for bad in (64, -1, 2**32):
         with pytest.raises(LaunchError, match="pos"):
-            run(kernel, ptx_for(kernel), dict(inputs), {"pos": bad})
+            run(kernel, dict(inputs), {"pos": bad})
 
 
 # --- declarations, geometry, assembly ----------------------------------------------------------
 def test_params_follow_the_contract():
-    kind = kind_of(kernel_for(2))
+    kind = kernel_for(2).definition
     names = [p.name for p in kind.params()]
     assert names[:15] == ["x", "attn_norm", "ffn_norm", "q_norm", "k_norm", "wq", "wk", "wv", "wo", "w_gate", "w_up",
                           "w_down", "k_cache", "v_cache", "pos"]
@@ -329,12 +324,12 @@ def test_params_follow_the_contract():
 
 def test_grid_rule():
     # Cooperative; min(sm_count * ctas_per_sm, work): work = the widest phase's CTAs of 8 warps.
-    small = kind_of(kernel_for(2)).launch({"pos": 0})
+    small = kernel_for(2).definition.launch({"pos": 0})
     assert small.cooperative and small.block == (256, 1, 1) and small.grid == (128, 1, 1)  # 1024 gate/up tasks
-    assert kind_of(kernel_for(2, sm_count=20, ctas_per_sm=2)).launch({"pos": 5}).grid == (40, 1, 1)
-    assert kind_of(kernel_for(2, ctas=7)).launch({"pos": 5}).grid == (7, 1, 1)
-    qwen = kind_of(make_kernel("persistent_decoder", name="q", hidden=4096, num_heads=32, num_kv_heads=8, head_dim=128,
-                               intermediate=12288, num_layers=36, max_seq_len=40960))
+    assert kernel_for(2, sm_count=20, ctas_per_sm=2).definition.launch({"pos": 5}).grid == (40, 1, 1)
+    assert kernel_for(2, ctas=7).definition.launch({"pos": 5}).grid == (7, 1, 1)
+    qwen = make_kernel("persistent_decoder", name="q", hidden=4096, num_heads=32, num_kv_heads=8, head_dim=128,
+                               intermediate=12288, num_layers=36, max_seq_len=40960).definition
     launch = qwen.launch({"pos": 4095})
     assert launch.grid == (132, 1, 1) and launch.dynamic_shared == 4 * 12288 + 12288 // 4
     traffic = qwen.traffic({"pos": 4095})
@@ -373,9 +368,7 @@ def test_spec_instances_assemble_without_spills():
     instances = spec_instances()
     assert {k.name for _, k in instances} >= {"qwen3_tiny_decoder", "qwen3_8b_decoder"}
     for spec, kernel in instances:
-        ptx = spec.ptx(kernel)
-        for arch in spec.target.archs:
-            res = parse_resources(assemble_nvjitlink(ptx, arch).info_log)
+        for arch, res in resources(kernel, spec.target.archs).items():
             assert res["spill_stores"] == res["spill_loads"] == res["local_bytes"] == res["stack_bytes"] == 0, (
                 f"{kernel.name} {arch}: {res}")
             assert res["registers"] <= 255
@@ -386,9 +379,8 @@ def test_spec_instances_assemble_without_spills():
                                    dict(head_dim=256, num_heads=4, num_kv_heads=1)],
                          ids=lambda e: "-".join(f"{k}{v}" for k, v in e.items()))
 def test_variants_assemble_without_spills(extra):
-    ptx = ptx_of(make_kernel("persistent_decoder", name="v", **{**TINY, "num_layers": 2, **extra}))
-    for arch in ("sm_80", "sm_90"):
-        res = parse_resources(assemble_nvjitlink(ptx, arch).info_log)
+    config = make_config("persistent_decoder", name="v", **{**TINY, "num_layers": 2, **extra})
+    for arch, res in resources(config, ("sm_80", "sm_90")).items():
         assert res["spill_stores"] == res["local_bytes"] == res["stack_bytes"] == 0, f"{extra} {arch}: {res}"
 
 
@@ -396,7 +388,7 @@ def test_ptx_has_the_fast_paths():
     """Performance properties (not correctness): 16-byte weight loads through the read-only path;
     activations written in this launch read through L2 (.cg), never the non-coherent path;
     one atomic per grid barrier, spinning out of line."""
-    ptx = ptx_for(kernel_for(2))
+    ptx = kernel_for(2).ptx
     assert len(re.findall(r"ld\.global\.nc\.v4\.u32", ptx)) >= 4 * 8
     assert "ld.global.cg.v4.f32" in ptx and "ld.relaxed.gpu.global.u32" in ptx
     assert ptx.count("atom.relaxed.gpu.global.add.u32") == PHASE_BARRIERS

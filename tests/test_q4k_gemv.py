@@ -11,17 +11,14 @@ import numpy as np
 import pytest
 
 from ptxgen import q4k
-from ptxgen.device import assemble_nvjitlink, parse_resources
 from ptxgen.errors import PtxgenError, SpecError
-from ptxgen.kernels import kind_of
 from ptxgen.runner import run
 from ptxgen.spec import load_spec
 from ptxgen.verify import relative_l2
 
-from helpers import ROOT, make_kernel, ptx_of, run_cli
+from helpers import ROOT, make_config, make_kernel, resources, run_cli
 
 KINDS = ("q4k_gemv", "fused_rmsnorm_q4k_gemv")
-ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
 EPS = 1e-6
 F32_EPS = 2.0**-24
 
@@ -75,8 +72,8 @@ def activations64(kind: str, arrays: dict[str, np.ndarray]) -> np.ndarray:
 
 def check_against_reference(kernel, arrays: dict[str, np.ndarray]) -> None:
     kind = kernel.kind
-    n, k = kernel.n, kernel.k
-    result = run(kernel, ptx_of(kernel), arrays, {})  # outputs start NaN-poisoned, sanitizer on
+    n, k = kernel.config["n"], kernel.config["k"]
+    result = run(kernel, arrays, {})  # outputs start NaN-poisoned, sanitizer on
     y = result["y"]
     assert y.shape == (n,) and y.dtype == np.float32
     np.testing.assert_array_equal(result["x"], arrays["x"], err_msg="x must only be read")
@@ -134,18 +131,17 @@ def test_fused_rms_factor_is_of_x_not_of_gamma_or_rows():
     """Scaling x by 1000 must not change y (RMSNorm is scale-free); scaling gamma does."""
     kernel = make_kernel("fused_rmsnorm_q4k_gemv", n=5, k=512)
     arrays = inputs_for(kernel.kind, 5, 512, seed=3)
-    ptx = ptx_of(kernel)
-    base = run(kernel, ptx, arrays, {})["y"].astype(np.float64)
-    scaled = run(kernel, ptx, {**arrays, "x": arrays["x"] * np.float32(1000)}, {})["y"].astype(np.float64)
+    base = run(kernel, arrays, {})["y"].astype(np.float64)
+    scaled = run(kernel, {**arrays, "x": arrays["x"] * np.float32(1000)}, {})["y"].astype(np.float64)
     assert relative_l2(scaled, base) < 1e-5, "y must not depend on the scale of x"
-    doubled = run(kernel, ptx, {**arrays, "gamma": arrays["gamma"] * np.float32(2)}, {})["y"].astype(np.float64)
+    doubled = run(kernel, {**arrays, "gamma": arrays["gamma"] * np.float32(2)}, {})["y"].astype(np.float64)
     assert relative_l2(doubled, 2 * base) < 1e-6
 
 
 def test_kind_reference_is_the_contract_formula():
     for kind_name in KINDS:
         kernel = make_kernel(kind_name, n=3, k=512, eps=0.5) if kind_name != "q4k_gemv" else make_kernel(kind_name, n=3, k=512)
-        kind = kind_of(kernel)
+        kind = kernel.definition
         arrays = kind.sample_inputs(np.random.default_rng(0), {})
         assert set(arrays) == {p.name for p in kind.params() if p.role == "in"}
         assert all(np.all(a != 0) for name, a in arrays.items() if name != "w"), "sample inputs must be non-zero"
@@ -155,8 +151,8 @@ def test_kind_reference_is_the_contract_formula():
 
 
 def test_traffic_and_launch():
-    plain = kind_of(make_kernel("q4k_gemv", n=4096, k=12288))
-    fused = kind_of(make_kernel("fused_rmsnorm_q4k_gemv", n=4096, k=12288))
+    plain = make_kernel("q4k_gemv", n=4096, k=12288).definition
+    fused = make_kernel("fused_rmsnorm_q4k_gemv", n=4096, k=12288).definition
     weight_bytes = 4096 * 48 * 144
     assert plain.traffic({}).bytes == weight_bytes + 4 * 12288 + 4 * 4096
     assert fused.traffic({}).bytes == weight_bytes + 8 * 12288 + 4 * 4096
@@ -166,9 +162,9 @@ def test_traffic_and_launch():
     assert launch.grid == (256, 1, 1) and launch.block == (256, 1, 1)  # 16 rows per CTA
     assert launch.dynamic_shared == 4 * 12288 + 4 * 12288 // 16
     # Below 2048 rows a warp takes one row (4 steps of loads in flight): 8 rows per CTA.
-    small = kind_of(make_kernel("q4k_gemv", n=1024, k=4096)).launch({})
+    small = make_kernel("q4k_gemv", n=1024, k=4096).definition.launch({})
     assert small.grid == (128, 1, 1) and small.block == (256, 1, 1)
-    assert kind_of(make_kernel("q4k_gemv", n=1, k=4096)).launch({}).block == (32, 1, 1)
+    assert make_kernel("q4k_gemv", n=1, k=4096).definition.launch({}).block == (32, 1, 1)
 
 
 @pytest.mark.parametrize("config, field, message", [
@@ -200,10 +196,6 @@ def test_shared_memory_is_checked_per_arch(tmp_path):
     load_spec(spec)
 
 
-def resources(ptx: str, arch: str) -> dict[str, int]:
-    return parse_resources(assemble_nvjitlink(ptx, arch).info_log)
-
-
 # Default geometry over the shapes that select different code paths, plus the spec's instances.
 ASSEMBLY_SHAPES = [(1, 256), (33, 768), (1, 4096), (1024, 4096), (4096, 4096), (4096, 4352), (12288, 4096),
                    (4096, 12288), (4096, 14336), (64, 16384)]
@@ -212,9 +204,7 @@ ASSEMBLY_SHAPES = [(1, 256), (33, 768), (1, 4096), (1024, 4096), (4096, 4096), (
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("n, k", ASSEMBLY_SHAPES)
 def test_assembles_for_every_arch_without_spills(kind, n, k):
-    ptx = ptx_of(make_kernel(kind, n=n, k=k))
-    for arch in ARCHS:
-        used = resources(ptx, arch)
+    for arch, used in resources(make_config(kind, n=n, k=k)).items():
         assert used["spill_stores"] == 0 and used["spill_loads"] == 0, f"{kind} n={n} k={k} {arch}: spills {used}"
         assert used["local_bytes"] == 0 and used["stack_bytes"] == 0, f"{kind} n={n} k={k} {arch}: {used}"
         assert used["registers"] <= 128, f"{kind} n={n} k={k} {arch}: {used['registers']} registers"
@@ -238,7 +228,7 @@ def test_spec_instances():
 # --- performance properties of the PTX (in addition to the correctness tests above) --------
 @pytest.mark.parametrize("kind", KINDS)
 def test_weights_are_read_in_16_byte_vectors_with_loads_in_flight(kind):
-    ptx = ptx_of(make_kernel(kind, n=4096, k=4096))
+    ptx = make_kernel(kind, n=4096, k=4096).ptx
     weight_loads = re.findall(r"\n\s*(?:@\S+\s+)?(ld\.\S+)[^\n]*\[%w[qh]\+", ptx)
     assert weight_loads and set(weight_loads) == {"ld.global.nc.v4.u32"}, set(weight_loads)
     # The loads of a trip (2 steps x 2 rows x {quants, header}) are issued back to back, before use.
@@ -251,7 +241,7 @@ def test_weights_are_read_in_16_byte_vectors_with_loads_in_flight(kind):
 
 
 def test_fused_norm_is_computed_once_per_cta():
-    ptx = ptx_of(make_kernel("fused_rmsnorm_q4k_gemv", n=4096, k=4096))
+    ptx = make_kernel("fused_rmsnorm_q4k_gemv", n=4096, k=4096).ptx
     assert ptx.count("rsqrt.approx.f32") == 1
     main = ptx[ptx.index("MAIN:"):]
     assert "rsqrt" not in main and "%sum_sq" not in main, "the RMS factor must not be recomputed per row"

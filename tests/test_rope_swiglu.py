@@ -12,17 +12,14 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from ptxgen.device import assemble_nvjitlink, parse_resources
 from ptxgen.errors import LaunchError
-from ptxgen.kernels import kind_of
 from ptxgen.kernels.rope import ANGLE_ERROR, MAX_POS, ROPE_TOLERANCE, rotate_half
 from ptxgen.kernels.swiglu import silu_mul
 from ptxgen.runner import run
 from ptxgen.verify import compare, verify_kernel
 
-from helpers import assert_passes, make_kernel, ptx_of
+from helpers import assert_passes, make_kernel, resources
 
-ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")
 POSITIONS = (0, 1, 4095, 40959, 2**20 - 1, MAX_POS)
 # The interpreter evaluates sin/cos.approx exactly, so only the kernel's own error shows here:
 # measured <= 3.7e-7 of a pair's norm (angle + rotation rounding, pos up to 2^24, head_dim up to
@@ -63,37 +60,37 @@ ROPE_SHAPES = [(2, 1), (6, 3), (10, 5), (12, 1), (64, 3), (128, 32), (128, 8), (
 @pytest.mark.parametrize("head_dim, num_heads", ROPE_SHAPES)
 def test_rope_matches_float64_at_every_position(head_dim, num_heads):
     kernel = make_kernel("rope", head_dim=head_dim, num_heads=num_heads)
-    kind, ptx = kind_of(kernel), ptx_of(kernel)
+    kind = kernel.definition
     rng = np.random.default_rng(head_dim * 100 + num_heads)
     for pos in POSITIONS:
         scalars = {"pos": pos}
         inputs = kind.sample_inputs(rng, scalars)
-        arrays = run(kernel, ptx, inputs, scalars)
+        arrays = run(kernel, inputs, scalars)
         assert_passes(compare(kernel, arrays, kind.reference(inputs, scalars), scalars))
-        assert_pairs_rotated(inputs["x"], arrays["x"], pos, kernel.theta)
+        assert_pairs_rotated(inputs["x"], arrays["x"], pos, kernel.config["theta"])
 
 
 @pytest.mark.parametrize("theta, head_dim", [(10000.0, 128), (500000.0, 64), (1.0, 6), (1e9, 256)])
 def test_rope_other_thetas(theta, head_dim):
     kernel = make_kernel("rope", head_dim=head_dim, num_heads=2, theta=theta)
-    for scalars in kind_of(kernel).verify_scalars():
-        assert_passes(verify_kernel(kernel, ptx_of(kernel), scalars, seed=int(theta) % 1000))
+    for scalars in kernel.definition.verify_scalars():
+        assert_passes(verify_kernel(kernel, scalars, seed=int(theta) % 1000))
 
 
 def test_rope_large_random_positions_stay_accurate():
     """Where a naive f32 angle fails badly: random positions up to 2^24, every pair checked."""
     kernel = make_kernel("rope", head_dim=128, num_heads=1)
-    kind, ptx = kind_of(kernel), ptx_of(kernel)
+    kind = kernel.definition
     rng = np.random.default_rng(7)
     for pos in [int(p) for p in rng.integers(2**16, MAX_POS + 1, size=12)] + [40960, 131071, 2**23 + 1]:
         x = kind.sample_inputs(rng, {"pos": pos})["x"]
-        out = run(kernel, ptx, {"x": x}, {"pos": pos})["x"]
-        assert_pairs_rotated(x, out, pos, kernel.theta)
+        out = run(kernel, {"x": x}, {"pos": pos})["x"]
+        assert_pairs_rotated(x, out, pos, kernel.config["theta"])
 
 
 def test_rope_rotation_is_the_contract_formula():
     """The reference itself against a direct transcription of KERNELS.md."""
-    kind = kind_of(make_kernel("rope", head_dim=4, num_heads=1, theta=100.0))
+    kind = make_kernel("rope", head_dim=4, num_heads=1, theta=100.0).definition
     x = np.array([[1.0, 2.0, 3.0, 4.0]], dtype=np.float32)
     y = kind.reference({"x": x}, {"pos": 3})["x"]
     a = 3 * np.array([1.0, 100.0 ** (-2 / 4)])
@@ -105,13 +102,12 @@ def test_rope_rotation_is_the_contract_formula():
 
 def test_rope_position_limits_are_enforced():
     kernel = make_kernel("rope", head_dim=8, num_heads=1)
-    ptx = ptx_of(kernel)
     x = np.ones((1, 8), np.float32)
     for bad in (-1, MAX_POS + 1, 2**32, 1.5):
         with pytest.raises(LaunchError, match="pos"):
-            run(kernel, ptx, {"x": x}, {"pos": bad})
+            run(kernel, {"x": x}, {"pos": bad})
     with pytest.raises(LaunchError, match="pos"):
-        run(kernel, ptx, {"x": x}, {})
+        run(kernel, {"x": x}, {})
 
 
 @pytest.mark.parametrize("config", [
@@ -133,10 +129,10 @@ SWIGLU_SIZES = (1, 3, 4, 5, 7, 1023, 12288, 4 * (2**18 + 1) + 2)
 @pytest.mark.parametrize("n", SWIGLU_SIZES)
 def test_swiglu_matches_float64(n):
     kernel = make_kernel("swiglu", n=n)
-    kind = kind_of(kernel)
+    kind = kernel.definition
     rng = np.random.default_rng(n)
     inputs = kind.sample_inputs(rng, {})
-    arrays = run(kernel, ptx_of(kernel), inputs, {})
+    arrays = run(kernel, inputs, {})
     reference = kind.reference(inputs, {})
     assert_passes(compare(kernel, arrays, reference, {}))
     np.testing.assert_allclose(arrays["out"], reference["out"], rtol=SWIGLU_ELEMENT_RTOL, atol=SWIGLU_ELEMENT_ATOL,
@@ -152,7 +148,7 @@ def test_swiglu_extreme_gates_give_the_limits():
         up = np.linspace(-2.0, 3.0, gate.size).astype(np.float32)
         up[up == 0] = 0.5
         kernel = make_kernel("swiglu", n=gate.size)
-        out = run(kernel, ptx_of(kernel), {"gate": gate, "up": up}, {})["out"]
+        out = run(kernel, {"gate": gate, "up": up}, {})["out"]
         assert np.all(np.isfinite(out)), f"non-finite outputs for gates {gate[~np.isfinite(out)]}"
         expected = silu_mul(gate, up)
         np.testing.assert_allclose(out, expected, rtol=SWIGLU_ELEMENT_RTOL, atol=SWIGLU_ELEMENT_ATOL,
@@ -166,7 +162,7 @@ def test_swiglu_reference_is_the_contract_formula():
     g = np.array([-3.0, -0.5, 0.0, 0.5, 3.0], dtype=np.float32)
     u = np.array([1.0, 2.0, 3.0, 4.0, 5.0], dtype=np.float32)
     expected = g.astype(np.float64) / (1 + np.exp(-g.astype(np.float64))) * u
-    kind = kind_of(make_kernel("swiglu", n=5))
+    kind = make_kernel("swiglu", n=5).definition
     np.testing.assert_allclose(kind.reference({"gate": g, "up": u}, {})["out"], expected, rtol=1e-15)
 
 
@@ -176,15 +172,15 @@ def test_swiglu_rejects_bad_sizes_and_inputs():
             make_kernel("swiglu", n=n)
     kernel = make_kernel("swiglu", n=8)
     with pytest.raises(LaunchError, match="'up'"):
-        run(kernel, ptx_of(kernel), {"gate": np.ones(8, np.float32), "up": np.ones(7, np.float32)}, {})
+        run(kernel, {"gate": np.ones(8, np.float32), "up": np.ones(7, np.float32)}, {})
 
 
 # --- performance properties and assembly ------------------------------------------------------
 def test_vector_accesses_where_the_shape_allows():
     """Performance property (not correctness): 16-byte global accesses on the Qwen3 shapes."""
-    rope = ptx_of(make_kernel("rope", head_dim=128, num_heads=32))
+    rope = make_kernel("rope", head_dim=128, num_heads=32).ptx
     assert rope.count("ld.global.v4.f32") == 2 and rope.count("st.global.v4.f32") == 2
-    swiglu = ptx_of(make_kernel("swiglu", n=12288))
+    swiglu = make_kernel("swiglu", n=12288).ptx
     assert swiglu.count("ld.global.nc.v4.f32") == 2 and swiglu.count("st.global.v4.f32") == 1
     assert "ld.global.nc.f32" not in swiglu, "n = 12288 needs no scalar tail"
 
@@ -195,8 +191,6 @@ def test_vector_accesses_where_the_shape_allows():
     ("swiglu", {"n": 1023}), ("swiglu", {"n": 4 * (2**18 + 1) + 2}), ("swiglu", {"n": 1}),
 ])
 def test_assembles_for_every_arch_without_spills(kind, config):
-    ptx = ptx_of(make_kernel(kind, **config))
-    for arch in ARCHS:
-        resources = parse_resources(assemble_nvjitlink(ptx, arch).info_log)
-        assert resources["spill_stores"] == resources["spill_loads"] == 0, f"{kind} {config} {arch}: {resources}"
-        assert resources["local_bytes"] == 0 and resources["stack_bytes"] == 0, f"{kind} {config} {arch}: {resources}"
+    for arch, used in resources(make_kernel(kind, **config)).items():
+        assert used["spill_stores"] == used["spill_loads"] == 0, f"{kind} {config} {arch}: {used}"
+        assert used["local_bytes"] == 0 and used["stack_bytes"] == 0, f"{kind} {config} {arch}: {used}"

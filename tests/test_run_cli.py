@@ -5,11 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ptxgen.kernels import kind_of
-from ptxgen.spec import load_spec
 from ptxgen.verify import relative_l2
 
-from helpers import ROOT, run_cli
+from helpers import ROOT, run_cli, spec_kernel
 
 SPEC = ROOT / "specs" / "qwen3.toml"
 
@@ -33,7 +31,7 @@ def test_run_writes_every_array_parameter(tmp_path, norm_inputs):
     with np.load(out) as saved:
         assert sorted(saved.files) == ["gamma", "x", "y"]
         np.testing.assert_array_equal(saved["x"], x)
-        kind = kind_of(load_spec(SPEC).spec.kernel("qwen3_8b_rmsnorm"))
+        kind = spec_kernel(SPEC, "qwen3_8b_rmsnorm").definition
         reference = kind.reference({"x": x, "gamma": gamma}, {"rows": 3})["y"]
         assert relative_l2(saved["y"].astype(np.float64), reference) < 1e-5
 

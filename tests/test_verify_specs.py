@@ -4,22 +4,19 @@ from __future__ import annotations
 
 import pytest
 
-from ptxgen.kernels import kind_of
 from ptxgen.spec import load_spec
 from ptxgen.verify import verify_kernel
 
-from helpers import SPECS, assert_passes
+from helpers import SPECS, assert_passes, spec_kernel
 
 CASES = [(path, kernel.name) for path in SPECS for kernel in load_spec(path).spec.kernels]
 
 
 @pytest.mark.parametrize("path, name", CASES, ids=[f"{p.stem}:{n}" for p, n in CASES])
 def test_spec_kernel_matches_its_reference(path, name):
-    spec = load_spec(path).spec
-    kernel = spec.kernel(name)
-    ptx = spec.ptx(kernel)
-    cases = kind_of(kernel).verify_scalars()
+    kernel = spec_kernel(path, name)
+    cases = kernel.definition.verify_scalars()
     if not cases:
         pytest.skip(f"{name}: no runtime size small enough for the interpreter (assemble-checked only)")
     for scalars in cases:
-        assert_passes(verify_kernel(kernel, ptx, scalars, seed=11))
+        assert_passes(verify_kernel(kernel, scalars, seed=11))

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..dtypes import DTYPES
-from ..errors import LaunchError
+from ..abi import Geometry, Launch, Param, ceil_div, round_up  # noqa: F401  (the kinds' vocabulary)
 
 # A kernel name becomes the PTX entry and file names, so it must be a plain identifier.
 Identifier = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
@@ -27,54 +25,6 @@ class KernelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Identifier
-
-
-@dataclass(frozen=True)
-class Param:
-    """One PTX entry parameter. `shape` holds ints and names of runtime scalars."""
-
-    name: str
-    dtype: str
-    shape: tuple[int | str, ...] = ()
-    role: str = "in"  # in | out | inout | scalar | workspace
-    layout: str = ""  # "q4_k": rows of GGML block_q4_K (u8), loadable from a GGUF tensor
-
-    @property
-    def is_array(self) -> bool:
-        return self.role != "scalar"
-
-    @property
-    def written(self) -> bool:
-        return self.role in ("out", "inout")
-
-    def concrete_shape(self, scalars: dict[str, int]) -> tuple[int, ...]:
-        return tuple(scalars[d] if isinstance(d, str) else d for d in self.shape)
-
-    def nbytes(self, scalars: dict[str, int]) -> int:
-        return math.prod(self.concrete_shape(scalars)) * DTYPES[self.dtype].size
-
-    def describe(self) -> str:
-        dims = ", ".join(str(d) for d in self.shape)
-        return f"{self.dtype}[{dims}]" if self.is_array else f"{self.dtype} scalar"
-
-
-@dataclass(frozen=True)
-class Launch:
-    grid: tuple[int, int, int]
-    block: tuple[int, int, int]
-    dynamic_shared: int = 0
-    cooperative: bool = False
-    # Correct with any 1-D grid of at least one CTA (grid-stride loops, the CTA count read from
-    # %nctaid): a device may shrink a cooperative grid to what is co-resident on it.
-    any_grid: bool = False
-
-    @property
-    def threads_per_cta(self) -> int:
-        return math.prod(self.block)
-
-    @property
-    def empty(self) -> bool:
-        return math.prod(self.grid) == 0
 
 
 @dataclass(frozen=True)
@@ -107,8 +57,14 @@ class Kind:
     # Oldest PTX ISA whose instructions the template uses.
     ptx_version: ClassVar[tuple[int, int]] = (7, 0)
 
-    def __init__(self, config: KernelConfig):
+    # Arch-specific PTX targets (e.g. "sm_90a") for which this kind renders a PTX of its own when a
+    # spec lists them; `target` is then that arch, and template/geometry may differ. Every other
+    # arch is served by the portable PTX (`target` None).
+    own_targets: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, config: KernelConfig, target: str | None = None):
         self.config = config
+        self.target = target
 
     @property
     def template(self) -> str:
@@ -118,12 +74,13 @@ class Kind:
     def params(self) -> list[Param]:
         raise NotImplementedError
 
-    def launch(self, scalars: dict[str, int]) -> Launch:
+    def geometry(self) -> Geometry:
+        """Grid, block and dynamic shared memory as formulas of the runtime scalars (ptxgen.abi)."""
         raise NotImplementedError
 
-    def launch_rule(self) -> str:
-        """The launch geometry as a formula of config and runtime scalars, for people."""
-        raise NotImplementedError
+    def launch_note(self) -> str:
+        """What the geometry means, for people (show, the manifest, the C header)."""
+        return ""
 
     def template_vars(self) -> dict[str, Any]:
         raise NotImplementedError
@@ -152,6 +109,33 @@ class Kind:
         """Small runtime sizes of the same compiled PTX, for the interpreter."""
         return [self.example_scalars()]
 
+    # --- optional hooks ------------------------------------------------------------------------
+    def torch_peer(self, torch, tensors: dict, scalars: dict) -> Callable | dict[str, Callable] | None:
+        """bench's peers for this kernel, or None. `tensors` holds every parameter the kernel reads
+        (role in / inout) as a CUDA tensor keyed by parameter name (f32 -> float32, f16 -> float16,
+        bf16 -> bfloat16, u8 -> uint8, u32 -> int32 with the same bits); `scalars` the runtime
+        scalars. Each callable (a dict keys them by a label such as "torch sdpa") computes the
+        kernel's result with torch or a library on top of it and returns a tensor with the elements
+        of the kind's first written parameter; bench times it on the kernel's stream and compares
+        it with the float64 reference when that is cheap."""
+        return None
+
+    def separate_step(self, scalars: dict) -> tuple[list[Param], list[Call]] | None:
+        """For a kind that fuses other kinds' work: the same work as launches of the separate kinds
+        (Calls over the kernel's own buffers plus the returned temporaries), or None. bench runs
+        both from the same state, compares the first written parameter, and times the separate
+        kernels one by one and as one CUDA graph."""
+        return None
+
+    # --- derived ---------------------------------------------------------------------------
+    def launch(self, scalars: dict[str, int]) -> Launch:
+        return self.geometry().at(scalars)
+
+    def launch_rule(self) -> str:
+        """The launch geometry as a formula of the runtime scalars, with what it means."""
+        note = self.launch_note()
+        return self.geometry().describe() + (f": {note}" if note else "")
+
     def resources(self) -> tuple[int, int]:
         """Threads per CTA and shared bytes (static + dynamic, at most) of this config."""
         launch = self.launch(self.example_scalars())
@@ -166,32 +150,5 @@ class Kind:
     def tolerance(self, param: Param) -> float:
         return TOLERANCE[param.dtype]
 
-    # --- derived ---------------------------------------------------------------------------
     def param(self, name: str) -> Param:
         return next(p for p in self.params() if p.name == name)
-
-    def check_scalars(self, scalars: dict[str, int]) -> None:
-        """Reject missing or out-of-range runtime scalars before any launch."""
-        limits = self.scalar_limits()
-        required = {p.name for p in self.params() if p.role == "scalar"}
-        for name, (low, high) in limits.items():
-            if name not in scalars:
-                if name not in required:
-                    continue  # a size hint (e.g. the length behind a device-side pointer)
-                raise LaunchError(f"{self.config.name}: runtime scalar '{name}' is missing (expected {low}..{high})")
-            value = scalars[name]
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not low <= value <= high:
-                raise LaunchError(
-                    f"{self.config.name}: runtime scalar '{name}': expected an integer in {low}..{high}, got {value!r}"
-                )
-        unknown = sorted(set(scalars) - set(limits))
-        if unknown:
-            raise LaunchError(f"{self.config.name}: unknown runtime scalar '{unknown[0]}' (known: {', '.join(limits) or 'none'})")
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def round_up(a: int, b: int) -> int:
-    return ceil_div(a, b) * b

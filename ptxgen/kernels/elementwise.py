@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from .base import KernelConfig, Launch, ceil_div, round_up
+from .base import Geometry, KernelConfig, ceil_div, round_up
 
 MAX_N = 2**30  # the largest n of an elementwise kind
 VEC = 4  # f32 elements per 16-byte vector
@@ -47,14 +47,13 @@ class ElementwiseLaunch:
     def plan(self) -> dict:
         return elementwise_plan(self.config.n)
 
-    def launch(self, scalars: dict[str, int]) -> Launch:
+    def geometry(self) -> Geometry:
         plan = self.plan
-        return Launch(grid=(plan["grid"], 1, 1), block=(plan["threads"], 1, 1))
+        return Geometry(grid=(plan["grid"], 1, 1), block=(plan["threads"], 1, 1))
 
-    def launch_rule(self) -> str:
+    def launch_note(self) -> str:
         plan = self.plan
-        return (f"grid=({plan['grid']},1,1) block=({plan['threads']},1,1): {plan['per_thread']} 16-byte vector(s) "
-                f"per thread, {plan['tail']} scalar tail element(s) in CTA 0")
+        return (f"{plan['per_thread']} 16-byte vector(s) per thread, {plan['tail']} scalar tail element(s) in CTA 0")
 
     def template_vars(self) -> dict:
         return {"plan": self.plan}

@@ -17,7 +17,8 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from ..dtypes import DTYPES, from_float, to_float64
-from .base import Kind, KernelConfig, Launch, Param, Traffic, ceil_div
+from ..abi import scalar
+from .base import Geometry, Kind, KernelConfig, Param, Traffic, ceil_div
 
 BLOCK_N = 64  # keys per K/V tile
 MAX_SEQ_LEN = 1 << 24  # keeps every in-kernel u32 row index far from overflow
@@ -98,15 +99,13 @@ class FlashAttention(Kind):
         # Q tile + 2 stages of K + 2 stages of V (rows of head_dim f16/bf16).
         return self.config.block_m * self.config.head_dim * 2 + 4 * self.tile_bytes
 
-    def launch(self, scalars: dict[str, int]) -> Launch:
-        return Launch(grid=(ceil_div(scalars["seq_len"], self.config.block_m), self.config.num_heads, 1),
-                      block=(self.threads, 1, 1), dynamic_shared=self.dynamic_shared())
+    def geometry(self) -> Geometry:
+        return Geometry(grid=(ceil_div(scalar("seq_len"), self.config.block_m), self.config.num_heads, 1),
+                        block=(self.threads, 1, 1), dynamic_shared=self.dynamic_shared())
 
-    def launch_rule(self) -> str:
-        block_m = self.config.block_m
+    def launch_note(self) -> str:
         order = ", query blocks in reverse (longest causal rows first)" if self.config.causal else ""
-        return (f"grid=(ceil(seq_len/{block_m}),{self.config.num_heads},1) block=({self.threads},1,1) "
-                f"dynamic shared={self.dynamic_shared()} B: one CTA per {block_m} query rows of one head{order}")
+        return f"one CTA per {self.config.block_m} query rows of one head{order}"
 
     def template_vars(self) -> dict:
         c = self.config

@@ -40,7 +40,8 @@ from pydantic import Field, model_validator
 from ..archs import STATIC_SHARED_LIMIT
 from ..dtypes import DTYPES, from_float, to_float64
 from ..errors import LaunchError
-from .base import Kind, KernelConfig, Launch, Param, Traffic, ceil_div, round_up
+from ..abi import Formula, maximum, minimum, scalar
+from .base import Geometry, Kind, KernelConfig, Param, Traffic, ceil_div, round_up
 
 FloatDType = Literal["f32", "f16", "bf16"]
 HEAD_DIMS = (64, 128, 256)
@@ -176,9 +177,10 @@ def attention_macro_vars(config, warps: int | None = None, keys_in_flight: int |
     }
 
 
-def split_geometry(length: int, tile: int, max_splits: int) -> tuple[int, int]:
-    """(chunk, splits) for a clamped length: the same rule the kernel evaluates on the device."""
-    chunk = max(tile, round_up(ceil_div(length, max_splits), tile))
+def split_geometry(length: Formula, tile: int, max_splits: int) -> tuple[Formula, Formula]:
+    """(chunk, splits) for a clamped length: the same rule the kernel evaluates on the device
+    (ints for a known length, launch formulas for one given by a runtime scalar)."""
+    chunk = maximum(tile, round_up(ceil_div(length, max_splits), tile))
     return chunk, ceil_div(length, chunk)
 
 
@@ -215,22 +217,21 @@ class IncrementalAttention(Kind):
         plan = self.plan
         return split_geometry(length, plan["tile"], plan["max_splits"])[1]
 
-    def launch(self, scalars: dict[str, int]) -> Launch:
+    def geometry(self) -> Geometry:
         plan = self.plan
         if self.config.indirect_seq_len:
             width = plan["max_splits"]  # the length lives on the device; the grid must not move
         else:
-            width = max(1, self.splits(self.clamped_length(scalars)))
-        return Launch(grid=(width, self.config.num_kv_heads, 1), block=(plan["threads"], 1, 1))
+            length = minimum(scalar("seq_len"), self.config.max_seq_len)
+            width = maximum(1, split_geometry(length, plan["tile"], plan["max_splits"])[1])
+        return Geometry(grid=(width, self.config.num_kv_heads, 1), block=(plan["threads"], 1, 1))
 
-    def launch_rule(self) -> str:
+    def launch_note(self) -> str:
         plan = self.plan
         rule = (f"chunk = max({plan['tile']}, round_up(ceil(L/{plan['max_splits']}), {plan['tile']})), "
                 f"splits = ceil(L/chunk), L = min(seq_len, {self.config.max_seq_len})")
-        width = str(plan["max_splits"]) if self.config.indirect_seq_len else "max(1, splits)"
-        return (f"grid=({width},{self.config.num_kv_heads},1) block=({plan['threads']},1,1): one CTA per "
-                f"(KV chunk, KV head) serving its {plan['group']} query heads; {rule}; the last CTA of a KV "
-                "head to finish merges the splits")
+        return (f"one CTA per (KV chunk, KV head) serving its {plan['group']} query heads; {rule}; the last CTA "
+                "of a KV head to finish merges the splits")
 
     def static_shared(self) -> int:
         return self.plan["shared_bytes"] + 4

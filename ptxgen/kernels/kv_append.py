@@ -30,7 +30,7 @@ import numpy as np
 from pydantic import Field
 
 from ..dtypes import DTYPES, from_float, to_float64
-from .base import Kind, KernelConfig, Launch, Param, Traffic, ceil_div, round_up
+from .base import Geometry, Kind, KernelConfig, Param, Traffic, ceil_div, round_up
 from .incremental_attention import FloatDType
 
 MAX_KV_HEADS = 256
@@ -73,13 +73,13 @@ class KvAppend(Kind):
         return [Param("k", "f32", row), Param("v", "f32", row), Param("k_cache", c.kv_dtype, cache, "inout"),
                 Param("v_cache", c.kv_dtype, cache, "inout"), Param("pos", "u32", role="scalar")]
 
-    def launch(self, scalars: dict[str, int]) -> Launch:
+    def geometry(self) -> Geometry:
         plan = self.plan
-        return Launch(grid=(plan["grid"], 1, 1), block=(plan["threads"], 1, 1))
+        return Geometry(grid=(plan["grid"], 1, 1), block=(plan["threads"], 1, 1))
 
-    def launch_rule(self) -> str:
+    def launch_note(self) -> str:
         plan = self.plan
-        return (f"grid=({plan['grid']},1,1) block=({plan['threads']},1,1): one {plan['vec']}-element vector of a "
+        return (f"one {plan['vec']}-element vector of a "
                 f"k row (units < {plan['per_tensor']}) or v row per thread; nothing written when pos >= "
                 f"{self.config.max_seq_len}")
 

@@ -71,7 +71,7 @@ from pydantic import Field, model_validator
 from ..dtypes import DTYPES, from_float, to_float64
 from ..errors import LaunchError
 from ..q4k import BLOCK_BYTES, BLOCK_WEIGHTS, dequantize_f64, random_weights, row_bytes
-from .base import TOLERANCE, Call, Kind, KernelConfig, Launch, Param, Traffic, ceil_div
+from .base import TOLERANCE, Call, Geometry, Kind, KernelConfig, Param, Traffic, ceil_div
 from .incremental_attention import IncrementalAttentionConfig, attention_macro_vars, attention_reference
 from .kv_append import KvAppendConfig
 from .per_head_rmsnorm import PerHeadRmsnormConfig
@@ -336,16 +336,15 @@ class PersistentDecoder(Kind):
         ]
 
     # --- geometry ------------------------------------------------------------------------------
-    def launch(self, scalars: dict[str, int]) -> Launch:
-        return Launch(grid=(self.grid, 1, 1), block=(THREADS, 1, 1), dynamic_shared=self.dynamic_shared,
-                      cooperative=True, any_grid=True)
+    def geometry(self) -> Geometry:
+        return Geometry(grid=(self.grid, 1, 1), block=(THREADS, 1, 1), dynamic_shared=self.dynamic_shared,
+                        cooperative=True, any_grid=True)
 
-    def launch_rule(self) -> str:
+    def launch_note(self) -> str:
         c = self.config
         rule = (f"fixed by ctas={c.ctas}" if c.ctas is not None else
                 f"min(sm_count*ctas_per_sm = {c.sm_count}*{c.ctas_per_sm}, work = {self.work_ctas()})")
-        return (f"cooperative grid=({self.grid},1,1) [{rule}] block=({THREADS},1,1) dynamic shared="
-                f"{self.dynamic_shared} B: all {c.num_layers} layers in one launch, {PHASE_BARRIERS} grid barriers "
+        return (f"grid [{rule}]; all {c.num_layers} layers in one launch, {PHASE_BARRIERS} grid barriers "
                 f"a layer, every phase a grid-stride loop (GEMV: 2-row warp tasks; attention: (KV head, split) items)")
 
     def static_shared(self) -> int:

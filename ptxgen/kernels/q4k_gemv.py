@@ -35,7 +35,7 @@ import numpy as np
 from pydantic import Field, field_validator
 
 from ..q4k import BLOCK_BYTES, BLOCK_WEIGHTS, dequantize_f64, random_weights, row_bytes
-from .base import Kind, KernelConfig, Launch, Param, Traffic, ceil_div
+from .base import Geometry, Kind, KernelConfig, Param, Traffic, ceil_div
 
 MAX_N = 2**31 - 1
 BLOCKS_PER_STEP = 4  # 32 lanes / 8 lanes per block
@@ -205,14 +205,13 @@ class Q4kGemv(Kind):
         ]
 
     # --- geometry --------------------------------------------------------------------------
-    def launch(self, scalars: dict[str, int]) -> Launch:
+    def geometry(self) -> Geometry:
         plan = self.plan
-        return Launch(grid=(plan.ctas, 1, 1), block=(plan.threads, 1, 1), dynamic_shared=plan.shared_bytes)
+        return Geometry(grid=(plan.ctas, 1, 1), block=(plan.threads, 1, 1), dynamic_shared=plan.shared_bytes)
 
-    def launch_rule(self) -> str:
+    def launch_note(self) -> str:
         p = self.plan
-        return (f"grid=({p.ctas},1,1) block=({p.threads},1,1) dynamic shared={p.shared_bytes} B: "
-                f"{p.rows_per_cta} rows per CTA, {p.rows_per_warp} per warp; a warp step covers 4 blocks of "
+        return (f"{p.rows_per_cta} rows per CTA, {p.rows_per_warp} per warp; a warp step covers 4 blocks of "
                 f"each of its rows (8 lanes x 16 B per block), {p.unroll} steps of loads in flight")
 
     def static_shared(self) -> int:

@@ -8,7 +8,8 @@ import numpy as np
 from pydantic import Field, field_validator
 
 from ..dtypes import DTYPES, from_float, to_float64
-from .base import Kind, KernelConfig, Launch, Param, Traffic, ceil_div, round_up
+from ..abi import scalar
+from .base import Geometry, Kind, KernelConfig, Param, Traffic, ceil_div, round_up
 
 FloatDType = Literal["f32", "f16", "bf16"]
 MAX_ROWS = 2**31 - 1  # grid.x limit
@@ -100,16 +101,13 @@ class Rmsnorm(Kind):
         plan = self.plan
         return 32 * ROWS_PER_WARP_CTA if plan["warp_per_row"] else plan["row_threads"]
 
-    def launch(self, scalars: dict[str, int]) -> Launch:
-        rows = scalars[self.count_name] * self.rows_per_count
+    def geometry(self) -> Geometry:
+        rows = scalar(self.count_name) * self.rows_per_count
         per_cta = ROWS_PER_WARP_CTA if self.plan["warp_per_row"] else 1
-        return Launch(grid=(ceil_div(rows, per_cta), 1, 1), block=(self.threads, 1, 1))
+        return Geometry(grid=(ceil_div(rows, per_cta), 1, 1), block=(self.threads, 1, 1))
 
-    def launch_rule(self) -> str:
-        rows = self.count_name if self.rows_per_count == 1 else f"{self.count_name}*{self.rows_per_count}"
-        if self.plan["warp_per_row"]:
-            return f"grid=(ceil({rows}/{ROWS_PER_WARP_CTA}),1,1) block=({self.threads},1,1): one warp per row"
-        return f"grid=({rows},1,1) block=({self.threads},1,1): one CTA per row"
+    def launch_note(self) -> str:
+        return "one warp per row" if self.plan["warp_per_row"] else "one CTA per row"
 
     def static_shared(self) -> int:
         return 0 if self.plan["warp_per_row"] else 4 * (self.threads // 32)

@@ -32,7 +32,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from .base import Kind, KernelConfig, Launch, Param, Traffic, ceil_div, round_up
+from .base import Geometry, Kind, KernelConfig, Param, Traffic, ceil_div, round_up
 from .rmsnorm import vector_width
 
 MAX_POS = 2**24  # every integer up to here is exact in f32; verified bound of the accuracy claim
@@ -126,12 +126,12 @@ class Rope(Kind):
     def threads(self) -> int:
         return min(MAX_THREADS, round_up(self.units, 32))
 
-    def launch(self, scalars: dict[str, int]) -> Launch:
-        return Launch(grid=(ceil_div(self.units, self.threads), 1, 1), block=(self.threads, 1, 1))
+    def geometry(self) -> Geometry:
+        return Geometry(grid=(ceil_div(self.units, self.threads), 1, 1), block=(self.threads, 1, 1))
 
-    def launch_rule(self) -> str:
+    def launch_note(self) -> str:
         plan = self.plan
-        return (f"grid=({ceil_div(self.units, self.threads)},1,1) block=({self.threads},1,1): one thread per "
+        return (f"one thread per "
                 f"head and {plan['vec']} consecutive pairs ({self.units} = num_heads*{plan['chunks']} threads)")
 
     def template_vars(self) -> dict:

@@ -1,0 +1,240 @@
+"""A kernel's calling convention as plain data: parameters in PTX order, and launch geometry as
+formulas of the runtime scalars.
+
+This module imports nothing but the standard library, so a CompiledKernel loaded from an artifact
+folder (ptxgen.load on a `ptxgen build` output) works without pydantic or Jinja, and the same
+formulas are evaluated in Python, stored in manifest.json and written out as C for engines.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Union
+
+DTYPE_SIZES = {"f32": 4, "f16": 2, "bf16": 2, "u8": 1, "u32": 4}
+ROLES = ("in", "out", "inout", "scalar", "workspace")
+
+
+@dataclass(frozen=True)
+class Param:
+    """One PTX entry parameter. `shape` holds ints and names of runtime scalars."""
+
+    name: str
+    dtype: str
+    shape: tuple[int | str, ...] = ()
+    role: str = "in"  # in | out | inout | scalar | workspace
+    layout: str = ""  # "q4_k": rows of GGML block_q4_K (u8), loadable from a GGUF tensor
+
+    @property
+    def is_array(self) -> bool:
+        return self.role != "scalar"
+
+    @property
+    def written(self) -> bool:
+        return self.role in ("out", "inout")
+
+    @property
+    def read(self) -> bool:
+        return self.role in ("in", "inout")
+
+    @property
+    def ptx_type(self) -> str:
+        """The `.param` type: arrays are passed as 64-bit global addresses."""
+        return "u64" if self.is_array else self.dtype
+
+    def concrete_shape(self, scalars: dict[str, int]) -> tuple[int, ...]:
+        return tuple(int(scalars[d]) if isinstance(d, str) else d for d in self.shape)
+
+    def nbytes(self, scalars: dict[str, int]) -> int:
+        return math.prod(self.concrete_shape(scalars)) * DTYPE_SIZES[self.dtype]
+
+    def describe(self) -> str:
+        dims = ", ".join(str(d) for d in self.shape)
+        return f"{self.dtype}[{dims}]" if self.is_array else f"{self.dtype} scalar"
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "role": self.role,
+                "layout": self.layout}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Param:
+        return cls(data["name"], data["dtype"], tuple(data["shape"]), data["role"], data.get("layout", ""))
+
+
+# --- formulas ----------------------------------------------------------------------------------
+# An integer formula of runtime scalars: an int, or an Expr node. The helpers below fold
+# constants, so a formula without scalars is just an int.
+
+@dataclass(frozen=True)
+class Expr:
+    op: str  # scalar | add | mul | ceil_div | min | max
+    args: tuple
+
+    def __add__(self, other: Formula) -> Formula:
+        return add(self, other)
+
+    __radd__ = __add__
+
+    def __mul__(self, other: Formula) -> Formula:
+        return mul(self, other)
+
+    __rmul__ = __mul__
+
+
+Formula = Union[int, Expr]
+_FOLD = {"add": lambda a, b: a + b, "mul": lambda a, b: a * b, "ceil_div": lambda a, b: -(-a // b),
+         "min": min, "max": max}
+
+
+def scalar(name: str) -> Expr:
+    return Expr("scalar", (name,))
+
+
+def _node(op: str, a: Formula, b: Formula) -> Formula:
+    if isinstance(a, int) and isinstance(b, int):
+        return _FOLD[op](a, b)
+    return Expr(op, (a, b))
+
+
+def add(a: Formula, b: Formula) -> Formula:
+    return a if b == 0 else b if a == 0 else _node("add", a, b)
+
+
+def mul(a: Formula, b: Formula) -> Formula:
+    return a if b == 1 else b if a == 1 else _node("mul", a, b)
+
+
+def ceil_div(a: Formula, b: Formula) -> Formula:
+    return a if b == 1 else _node("ceil_div", a, b)
+
+
+def round_up(a: Formula, b: Formula) -> Formula:
+    return mul(ceil_div(a, b), b)
+
+
+def minimum(a: Formula, b: Formula) -> Formula:
+    return _node("min", a, b)
+
+
+def maximum(a: Formula, b: Formula) -> Formula:
+    return _node("max", a, b)
+
+
+def evaluate(formula: Formula, scalars: dict[str, int]) -> int:
+    if isinstance(formula, int):
+        return formula
+    if formula.op == "scalar":
+        return int(scalars[formula.args[0]])
+    a, b = (evaluate(arg, scalars) for arg in formula.args)
+    return _FOLD[formula.op](a, b)
+
+
+def scalars_in(formula: Formula) -> set[str]:
+    if isinstance(formula, int):
+        return set()
+    if formula.op == "scalar":
+        return {formula.args[0]}
+    return set().union(*(scalars_in(arg) for arg in formula.args))
+
+
+def formula_text(formula: Formula) -> str:
+    """For people: ceil(seq_len/64), min(seq_len, 4096), ..."""
+    if isinstance(formula, int):
+        return str(formula)
+    if formula.op == "scalar":
+        return formula.args[0]
+    a, b = (formula_text(arg) for arg in formula.args)
+    return {"add": f"{a} + {b}", "mul": f"{a}*{b}", "ceil_div": f"ceil({a}/{b})",
+            "min": f"min({a}, {b})", "max": f"max({a}, {b})"}[formula.op]
+
+
+def formula_c(formula: Formula) -> str:
+    """A C expression in uint64_t arithmetic over the scalars (as variables of the same names)."""
+    if isinstance(formula, int):
+        return f"UINT64_C({formula})"
+    if formula.op == "scalar":
+        return f"(uint64_t){formula.args[0]}"
+    a, b = (formula_c(arg) for arg in formula.args)
+    return {"add": f"({a} + {b})", "mul": f"({a} * {b})", "ceil_div": f"(({a} + {b} - 1) / {b})",
+            "min": f"ptxgen_min({a}, {b})", "max": f"ptxgen_max({a}, {b})"}[formula.op]
+
+
+def formula_json(formula: Formula):
+    if isinstance(formula, int):
+        return formula
+    if formula.op == "scalar":
+        return formula.args[0]
+    return [formula.op, *(formula_json(arg) for arg in formula.args)]
+
+
+def formula_from_json(data) -> Formula:
+    if isinstance(data, bool) or not isinstance(data, (int, str, list)):
+        raise ValueError(f"not a launch formula: {data!r}")
+    if isinstance(data, int):
+        return data
+    if isinstance(data, str):
+        return scalar(data)
+    op, *args = data
+    if op not in _FOLD or len(args) != 2:
+        raise ValueError(f"not a launch formula: {data!r}")
+    return Expr(op, tuple(formula_from_json(arg) for arg in args))
+
+
+# --- launch geometry ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Launch:
+    """One concrete launch."""
+
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    dynamic_shared: int = 0
+    cooperative: bool = False
+    # Correct with any 1-D grid of at least one CTA (grid-stride loops, the CTA count read from
+    # %nctaid): a device may shrink a cooperative grid to what is co-resident on it.
+    any_grid: bool = False
+
+    @property
+    def threads_per_cta(self) -> int:
+        return math.prod(self.block)
+
+    @property
+    def ctas(self) -> int:
+        return math.prod(self.grid)
+
+    @property
+    def empty(self) -> bool:
+        return self.ctas == 0
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Launch geometry as formulas of the runtime scalars (block size is fixed per config)."""
+
+    grid: tuple[Formula, Formula, Formula]
+    block: tuple[int, int, int]
+    dynamic_shared: Formula = 0
+    cooperative: bool = False
+    any_grid: bool = False
+
+    def at(self, scalars: dict[str, int]) -> Launch:
+        grid = tuple(evaluate(g, scalars) for g in self.grid)
+        return Launch(grid, self.block, evaluate(self.dynamic_shared, scalars), self.cooperative, self.any_grid)
+
+    def describe(self) -> str:
+        grid = ",".join(formula_text(g) for g in self.grid)
+        text = f"grid=({grid}) block=({','.join(map(str, self.block))})"
+        if self.dynamic_shared != 0:
+            text += f" dynamic shared={formula_text(self.dynamic_shared)} B"
+        return ("cooperative " if self.cooperative else "") + text
+
+    def to_json(self) -> dict:
+        return {"grid": [formula_json(g) for g in self.grid], "block": list(self.block),
+                "dynamic_shared": formula_json(self.dynamic_shared), "cooperative": self.cooperative,
+                "any_grid": self.any_grid}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Geometry:
+        return cls(tuple(formula_from_json(g) for g in data["grid"]), tuple(data["block"]),
+                   formula_from_json(data["dynamic_shared"]), bool(data["cooperative"]), bool(data["any_grid"]))

@@ -1,0 +1,221 @@
+"""Writing what ptxgen makes, whole or not at all, and never over a user's own file.
+
+An artifact folder belongs to ptxgen once it holds a ptxgen manifest.json: a build into a folder
+that exists, is not empty and has no manifest is refused. A build is staged in a sibling folder
+and swapped in (atomically where the OS can exchange two paths), so a crash leaves the old build
+or the new one, never a mix; files whose bytes did not change are hard-linked from the old build,
+so their timestamps stay. Single files (`run --outputs`) are written to a temporary file beside
+the target and renamed over it, and only ever over a regular file.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import PtxgenError
+
+STAGING = ".ptxgen-staging-"  # sibling folders: .<name>.ptxgen-staging-<pid>-<random>
+
+
+@dataclass(frozen=True)
+class Difference:
+    stale: list[str]  # present with other bytes
+    missing: list[str]
+    unexpected: list[str]  # artifact-like files the build does not make
+
+    def lines(self) -> list[str]:
+        return ([f"stale: {p}" for p in self.stale] + [f"missing: {p}" for p in self.missing]
+                + [f"unexpected: {p}" for p in self.unexpected])
+
+
+def _is_artifact(relative: str) -> bool:
+    parts = relative.split("/")
+    return (len(parts) == 1 and parts[0].endswith((".ptx", ".h", ".json"))) or (
+        len(parts) == 2 and parts[0].startswith("sm_") and parts[1].endswith(".cubin"))
+
+
+def owned_files(folder: Path) -> list[str]:
+    """Relative paths of the artifact-like files in a folder (PTX, headers, JSON, sm_*/*.cubin)."""
+    if not folder.is_dir():
+        return []
+    found = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() or p.is_symlink()]
+    return sorted(p for p in found if _is_artifact(p))
+
+
+def compare(folder: Path, files: dict[str, bytes]) -> Difference:
+    """What differs between a folder and the files a build makes (nothing is written)."""
+    stale, missing = [], []
+    for relative, data in sorted(files.items()):
+        path = folder / relative
+        try:
+            if path.read_bytes() != data:
+                stale.append(relative)
+        except OSError:
+            missing.append(relative)
+    unexpected = [p for p in owned_files(folder) if p not in files]
+    return Difference(stale, missing, unexpected)
+
+
+def check_output_folder(folder: Path) -> None:
+    """Refuse a target that is not a folder ptxgen may own (before any work is done)."""
+    if folder.exists() and not folder.is_dir():
+        raise PtxgenError(f"-o {folder}: exists and is not a folder")
+    if folder.is_dir() and any(folder.iterdir()) and not (folder / "manifest.json").is_file():
+        raise PtxgenError(f"-o {folder}: the folder is not empty and holds no ptxgen manifest.json; ptxgen writes only "
+                          "into an empty folder or one it built before (choose another folder)")
+    if folder.is_dir() and (folder / "manifest.json").is_file():
+        try:
+            manifest = json.loads((folder / "manifest.json").read_text())
+        except (OSError, ValueError, UnicodeDecodeError):
+            manifest = None
+        if not isinstance(manifest, dict) or "ptxgen_version" not in manifest:
+            raise PtxgenError(f"-o {folder}: its manifest.json was not written by ptxgen; choose another folder")
+        extra = [p.relative_to(folder).as_posix() for p in folder.rglob("*")
+                 if p.is_file() and not _is_artifact(p.relative_to(folder).as_posix())]
+        if extra:
+            raise PtxgenError(f"-o {folder}: holds files ptxgen did not write ({', '.join(sorted(extra)[:3])}); "
+                              "move them out or choose another folder")
+
+
+def write_folder(folder: Path, files: dict[str, bytes]) -> None:
+    """Make `folder` hold exactly `files` (relative path -> bytes), swapped in whole."""
+    check_output_folder(folder)
+    parent = folder.absolute().parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        remove_leftovers(parent, folder.name)
+        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}{STAGING}{os.getpid()}-", dir=parent))
+    except OSError as error:
+        raise PtxgenError(f"-o {folder}: cannot write there ({error.strerror or error})") from None
+    try:
+        for relative, data in sorted(files.items()):
+            target, old = staging / relative, folder / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if _same_bytes(old, data):
+                os.link(old, target)  # unchanged: keep the old file (and its timestamp)
+            else:
+                target.write_bytes(data)
+                os.chmod(target, 0o666 & ~_umask())
+        for directory in [staging, *[p for p in staging.rglob("*") if p.is_dir()]]:
+            os.chmod(directory, 0o777 & ~_umask())
+        _swap_in(staging, folder.absolute())
+    except OSError as error:
+        raise PtxgenError(f"-o {folder}: writing the build failed ({error.strerror or error}); the folder is as "
+                          "it was") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _same_bytes(path: Path, data: bytes) -> bool:
+    try:
+        return path.is_file() and not path.is_symlink() and path.stat().st_size == len(data) \
+            and path.read_bytes() == data
+    except OSError:
+        return False
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE); False where unavailable."""
+    libc_name = ctypes.util.find_library("c")
+    if libc_name is None:
+        return False
+    libc = ctypes.CDLL(libc_name, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        return False
+    at_cwd = -100
+    result = renameat2(at_cwd, os.fsencode(a), at_cwd, os.fsencode(b), _RENAME_EXCHANGE)
+    if result == 0:
+        return True
+    if ctypes.get_errno() in (22, 38, 95):  # EINVAL / ENOSYS / EOPNOTSUPP: a filesystem without it
+        return False
+    raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+
+
+def _swap_in(staging: Path, folder: Path) -> None:
+    """Put staging at `folder`; the old folder (if any) ends in staging, which the caller removes.
+    Concurrent builds into one folder each swap in a whole build; the last one stays."""
+    for _attempt in range(8):
+        if not folder.exists():
+            try:
+                os.rename(staging, folder)
+                return
+            except OSError:
+                if not folder.exists():
+                    raise
+                continue  # another build put its folder there first: swap with it
+        if _exchange(staging, folder):
+            return
+        # No atomic exchange here: move the old folder aside, then put the new one in place.
+        aside = staging.with_name(staging.name + "-old")
+        os.rename(folder, aside)
+        try:
+            os.rename(staging, folder)
+        except OSError:
+            os.rename(aside, folder)
+            raise
+        os.rename(aside, staging)
+        return
+    raise OSError(16, "other builds keep replacing the folder")
+
+
+def remove_leftovers(parent: Path, name: str) -> None:
+    """Staging folders of builds into `name` whose process is gone (a crash, a kill)."""
+    for leftover in parent.glob(f".{name}{STAGING}*"):
+        pid = leftover.name[len(f".{name}{STAGING}"):].split("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def write_file(path: Path, data: bytes, what: str) -> None:
+    """Replace a regular file (or create it) with `data`, whole or not at all. `what` names the
+    option in messages (e.g. "--outputs")."""
+    if path.is_dir():
+        raise PtxgenError(f"{what} {path}: is a folder; give a file name")
+    if path.exists() and not path.is_file():
+        raise PtxgenError(f"{what} {path}: is not a regular file (a device or a pipe); give a file name")
+    if path.is_symlink():
+        raise PtxgenError(f"{what} {path}: is a symbolic link; give the file itself")
+    try:
+        if path.read_bytes() == data:
+            return
+    except OSError:
+        pass
+    try:
+        descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.absolute().parent)
+    except OSError as error:
+        raise PtxgenError(f"{what} {path}: cannot write there ({error.strerror or error})") from None
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+        os.chmod(temporary, 0o666 & ~_umask())
+        os.replace(temporary, path)
+    except OSError as error:
+        Path(temporary).unlink(missing_ok=True)
+        raise PtxgenError(f"{what} {path}: writing failed ({error.strerror or error})") from None

@@ -1,0 +1,129 @@
+"""Offline assembly: PTX text -> cubin for one arch, with the assembler's resource report.
+
+nvJitLink comes from the `nvidia-nvjitlink` wheel through cuda.core's Linker, so it needs no GPU,
+no driver and no system CUDA. The driver's own JIT (`--assembler driver`) builds only for the
+GPU present and needs its driver (ptxgen.device).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+from dataclasses import dataclass
+from functools import cache
+
+from .errors import AssemblerError
+
+# Options every assembler is given; part of the cache key (pipeline.py), so a change here
+# reassembles everything. `verbose` makes ptxas report registers, shared memory and spills.
+OPTIONS = {"verbose": True}
+
+
+@dataclass(frozen=True)
+class Assembled:
+    cubin: bytes
+    info_log: str
+
+
+@cache
+def nvjitlink_version() -> str:
+    from cuda.bindings import nvjitlink
+
+    major, minor = nvjitlink.version()
+    return f"{major}.{minor}"
+
+
+def clean_log(log: str) -> str:
+    """The assembler's info log without the parts that change from run to run."""
+    lines = [line.rstrip() for line in log.replace("\x00", "").splitlines()]
+    return "\n".join(line for line in lines if line and "Compile time" not in line)
+
+
+def assemble_nvjitlink(ptx: str, arch: str, options: dict) -> Assembled:
+    from cuda.bindings.nvjitlink import nvJitLinkError
+    from cuda.core import Linker, LinkerOptions, ObjectCode
+
+    # ObjectCode.from_ptx treats a str as a file name: pass bytes.
+    try:
+        linker = Linker(ObjectCode.from_ptx(ptx.encode()), options=LinkerOptions(arch=arch, **options))
+        cubin = linker.link("cubin").code
+    except nvJitLinkError as error:
+        raise AssemblerError(f"nvJitLink failed to assemble PTX for {arch}", log=str(error)) from None
+    return Assembled(cubin=bytes(cubin), info_log=clean_log(linker.get_info_log()))
+
+
+def assemble_driver(ptx: str, arch: str, options: dict) -> Assembled:
+    """JIT through the driver's own PTX compiler: only for the GPU's own arch."""
+    from .device import session
+
+    gpu = session()  # a current context for the link
+    cuda_driver, own = gpu.cu, gpu.arch
+    if arch != own:
+        raise AssemblerError(f"the driver assembler builds only for this GPU's arch {own}, not {arch}")
+    option = cuda_driver.CUjit_option
+    log_size = 1 << 16
+    info, error = bytearray(log_size), bytearray(log_size)
+    keys = [option.CU_JIT_INFO_LOG_BUFFER, option.CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+            option.CU_JIT_ERROR_LOG_BUFFER, option.CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES, option.CU_JIT_LOG_VERBOSE]
+    values = [info, log_size, error, log_size, int(options.get("verbose", False))]
+    status, state = cuda_driver.cuLinkCreate(len(keys), keys, values)
+    if status != cuda_driver.CUresult.CUDA_SUCCESS:
+        raise AssemblerError(f"the driver could not start a link for {arch}: {status.name}")
+    try:
+        data = ptx.encode() + b"\0"
+        (status,) = cuda_driver.cuLinkAddData(state, cuda_driver.CUjitInputType.CU_JIT_INPUT_PTX, data, len(data),
+                                              b"kernel.ptx", 0, [], [])
+        if status != cuda_driver.CUresult.CUDA_SUCCESS:
+            raise AssemblerError(f"the driver failed to assemble PTX for {arch}", log=error.split(b"\0")[0].decode())
+        status, pointer, size = cuda_driver.cuLinkComplete(state)
+        if status != cuda_driver.CUresult.CUDA_SUCCESS:
+            raise AssemblerError(f"the driver failed to link PTX for {arch}", log=error.split(b"\0")[0].decode())
+        cubin = ctypes.string_at(int(pointer), size)  # owned by the link state: copy before destroying it
+    finally:
+        cuda_driver.cuLinkDestroy(state)
+    return Assembled(cubin=cubin, info_log=clean_log(info.split(b"\0")[0].decode()))
+
+
+ASSEMBLERS = {"nvjitlink": assemble_nvjitlink, "driver": assemble_driver}
+
+
+def assembler_version(name: str) -> str:
+    if name == "nvjitlink":
+        return nvjitlink_version()
+    from .device import driver_version
+
+    return driver_version()
+
+
+def resolve_assembler(name: str) -> str:
+    """`auto` is nvJitLink (always present: it comes from a wheel); `driver` needs a driver."""
+    if name == "driver":
+        from .device import driver
+
+        driver()
+        return "driver"
+    return "nvjitlink"
+
+
+def assemble(assembler: str, ptx: str, arch: str, options: dict) -> Assembled:
+    """Module-level, so build worker processes can run it."""
+    return ASSEMBLERS[assembler](ptx, arch, options)
+
+
+_RESOURCES = {
+    "registers": r"used (\d+) registers",
+    "shared_bytes": r"(\d+) bytes smem",
+    "local_bytes": r"(\d+) bytes lmem",
+    "stack_bytes": r"(\d+) bytes stack frame",
+    "spill_stores": r"(\d+) bytes spill stores",
+    "spill_loads": r"(\d+) bytes spill loads",
+}
+
+
+def parse_resources(info_log: str) -> dict[str, int]:
+    """Registers, shared/local memory, stack and spills from a ptxas-style info log."""
+    found = {}
+    for key, pattern in _RESOURCES.items():
+        values = [int(v) for v in re.findall(pattern, info_log, flags=re.IGNORECASE)]
+        found[key] = max(values) if values else 0
+    return found

@@ -1,0 +1,144 @@
+"""The Python API (ptxgen.load) on the CPU: numpy arrays run the compiled PTX in the interpreter,
+in place; an artifact folder loads without pydantic or Jinja; bad arrays are refused by name.
+(The GPU side — torch tensors, streams, CUDA-graph capture — is in tests/test_gpu.py.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import ptxgen
+from ptxgen.errors import DeviceUnavailable, LaunchError, PtxgenError
+from ptxgen.verify import relative_l2
+
+from helpers import ROOT, run_cli
+
+SPEC = ROOT / "specs" / "qwen3.toml"
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    return ptxgen.load(SPEC)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    out = tmp_path_factory.mktemp("api") / "qwen3"
+    result = run_cli("build", str(SPEC), "-o", str(out), "--arch", "sm_90", "-q")
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def norm_arrays(rows, seed=0):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((rows, 4096)) + 0.5).astype(np.float32)
+    gamma = (1 + 0.25 * rng.standard_normal(4096)).astype(np.float32)
+    return x, gamma, np.full((rows, 4096), np.nan, np.float32)
+
+
+def test_numpy_call_runs_the_ptx_in_place_against_the_reference(kernels):
+    x, gamma, y = norm_arrays(3)
+    kernels.qwen3_8b_rmsnorm(x, gamma, y, rows=3)
+    kind = kernels.qwen3_8b_rmsnorm.compiled.definition
+    expected = kind.reference({"x": x, "gamma": gamma}, {"rows": 3})["y"]
+    assert np.isfinite(y).all(), "every output element written in place"
+    assert relative_l2(y.astype(np.float64), expected) <= kind.tolerance(kind.param("y"))
+
+
+def test_arrays_by_keyword_and_a_kernel_with_workspaces(kernels):
+    attention = kernels["qwen3_8b_decode_attention"]
+    kind = attention.compiled.definition
+    inputs = kind.sample_inputs(np.random.default_rng(1), {"seq_len": 37})
+    out = np.full((32, 128), np.nan, np.float32)
+    attention(q=inputs["q"], k_cache=inputs["k_cache"], v_cache=inputs["v_cache"], out=out, seq_len=37)
+    expected = kind.reference(inputs, {"seq_len": 37})["out"]
+    assert relative_l2(out.astype(np.float64), expected) <= kind.tolerance(kind.param("out"))
+    assert "qwen3_8b_decode_attention" in list(kernels) and len(kernels) == len(list(kernels))
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda a: {**a, "x": a["x"].astype(np.float64)}, r"x: expected dtype f32 .* got float64"),
+    (lambda a: {**a, "x": a["x"][:, :4095]}, r"x: expected shape \[2, 4096\]"),
+    (lambda a: {**a, "y": np.full((4096, 2), np.nan, np.float32).T}, r"y: expected a contiguous"),
+    (lambda a: {**a, "gamma": [1.0] * 4096}, r"gamma: expected an array .* got list"),
+    (lambda a: {k: v for k, v in a.items() if k != "gamma"}, r"array 'gamma' is missing"),
+    (lambda a: {**a, "z": a["x"]}, r"unknown argument 'z'"),
+    (lambda a: {**a, "rows": 3}, r"x: expected shape \[3, 4096\]"),
+    (lambda a: {**a, "rows": -1}, r"rows.*expected an integer in 0\.\.2147483647"),
+    (lambda a: {**a, "rows": 2.0}, r"rows.*expected an integer"),
+])
+def test_bad_arguments_are_refused_by_name(kernels, change, message):
+    x, gamma, y = norm_arrays(2)
+    args = change({"x": x, "gamma": gamma, "y": y, "rows": 2})
+    with pytest.raises(LaunchError, match=message):
+        kernels.qwen3_8b_rmsnorm(**args)
+    assert np.isnan(y).all(), "nothing may be written by a refused call"
+
+
+def test_read_only_outputs_and_missing_kernels_are_refused(kernels):
+    x, gamma, y = norm_arrays(1)
+    y.setflags(write=False)
+    with pytest.raises(LaunchError, match="y: the kernel writes it, but the numpy array is read-only"):
+        kernels.qwen3_8b_rmsnorm(x, gamma, y, rows=1)
+    with pytest.raises(AttributeError, match="no kernel named 'nothing'"):
+        kernels.nothing  # noqa: B018
+
+
+def test_device_arrays_without_a_gpu_give_the_clear_message(kernels):
+    try:
+        from ptxgen.device import driver
+
+        driver()
+        pytest.skip("a GPU is present: tests/test_gpu.py calls with device arrays")
+    except DeviceUnavailable:
+        pass
+
+    class FakeCudaArray:
+        __cuda_array_interface__ = {"shape": (1, 4096), "typestr": "<f4", "data": (1 << 40, False), "version": 3}
+
+    with pytest.raises(DeviceUnavailable, match="no CUDA driver/GPU"):
+        kernels.qwen3_8b_rmsnorm(FakeCudaArray(), FakeCudaArray(), FakeCudaArray(), rows=1)
+
+
+def test_an_artifact_folder_loads_without_pydantic_or_jinja_and_computes_the_same(folder, kernels):
+    script = f"""
+import sys, numpy as np, ptxgen
+kernels = ptxgen.load({str(folder)!r})
+rng = np.random.default_rng(0)
+x = (rng.standard_normal((3, 4096)) + 0.5).astype(np.float32)
+gamma = (1 + 0.25 * rng.standard_normal(4096)).astype(np.float32)
+y = np.full((3, 4096), np.nan, np.float32)
+kernels.qwen3_8b_rmsnorm(x, gamma, y, rows=3)
+np.save(sys.argv[1], y)
+print(sorted(m for m in ("pydantic", "jinja2", "typer", "rich", "yaml") if m in sys.modules))
+"""
+    out = folder.parent / "y.npy"
+    result = subprocess.run([sys.executable, "-c", script, str(out)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]", f"loading a folder imported {result.stdout.strip()}"
+    x, gamma, y = norm_arrays(3)
+    kernels.qwen3_8b_rmsnorm(x, gamma, y, rows=3)
+    np.testing.assert_array_equal(np.load(out), y, err_msg="the folder's kernel and the spec's differ")
+
+
+def test_a_changed_artifact_is_refused_when_loading(folder, tmp_path):
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for path in folder.rglob("*"):
+        if path.is_file():
+            target = copy / path.relative_to(folder)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(path.read_bytes())
+    cubin = copy / "sm_90" / "qwen3_8b_rmsnorm.cubin"
+    cubin.write_bytes(cubin.read_bytes()[:-16])
+    with pytest.raises(PtxgenError, match=r"qwen3_8b_rmsnorm.cubin: does not match its sha256"):
+        ptxgen.load(copy)
+    (copy / "manifest.json").write_text(json.dumps({"kernels": []}))
+    with pytest.raises(PtxgenError, match="not a ptxgen manifest"):
+        ptxgen.load(copy)
+    with pytest.raises(PtxgenError, match="cannot read"):
+        ptxgen.load(tmp_path)

@@ -1,0 +1,194 @@
+"""The artifact folder: owned by ptxgen, written whole, checked by `build --check`, described by
+a C header that a C program can use; the cache refuses entries that no longer match their digest."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from ptxgen.artifacts import STAGING
+from ptxgen.spec import load_spec
+
+from helpers import ROOT, run_cli, spec_kernel
+
+SPEC = ROOT / "specs" / "qwen3.toml"
+
+
+def build(out, *extra):
+    return run_cli("build", str(SPEC), "-o", str(out), "--arch", "sm_80", "-q", *extra)
+
+
+def snapshot(folder):
+    return {p.relative_to(folder).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def built(tmp_path, cache_dir):
+    out = tmp_path / "out"
+    result = build(out)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_check_passes_on_a_fresh_build_and_names_stale_missing_and_extra_files(built):
+    result = build(built, "--check")
+    assert result.returncode == 0 and result.stdout == "", result.stdout + result.stderr
+    (built / "qwen3_8b_rmsnorm.ptx").write_text("// edited by hand\n")
+    (built / "sm_80" / "qwen3_8b_swiglu.cubin").unlink()
+    (built / "sm_80" / "leftover.cubin").write_bytes(b"\x7fELF")
+    before = snapshot(built)
+    result = build(built, "--check")
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert f"{built}: stale: qwen3_8b_rmsnorm.ptx" in lines
+    assert f"{built}: missing: sm_80/qwen3_8b_swiglu.cubin" in lines
+    assert f"{built}: unexpected: sm_80/leftover.cubin" in lines
+    assert len(lines) == 3, lines
+    assert snapshot(built) == before, "--check must write nothing"
+    nowhere = built.parent / "never_built"
+    result = build(nowhere, "--check")
+    assert result.returncode == 1 and "missing: manifest.json" in result.stdout and not nowhere.exists()
+
+
+def test_rebuilding_keeps_unchanged_files_and_removes_stale_ones(built):
+    before = snapshot(built)
+    (built / "sm_80" / "gone_kernel.cubin").write_bytes(b"\x7fELF")
+    assert build(built).returncode == 0
+    after = snapshot(built)
+    assert after == before, "an unchanged rebuild keeps every file (bytes and timestamps) and drops the stale one"
+    assert not list(built.parent.glob(f".out{STAGING}*")), "no staging folder is left behind"
+
+
+@pytest.mark.parametrize("setup, message", [
+    (lambda d: (d.mkdir(), (d / "notes.txt").write_text("mine")), "not empty and holds no ptxgen manifest"),
+    (lambda d: d.write_text("a file"), "exists and is not a folder"),
+    (lambda d: (d.mkdir(), (d / "manifest.json").write_text('{"mine": 1}')), "not written by ptxgen"),
+])
+def test_a_folder_ptxgen_does_not_own_is_refused_and_left_untouched(tmp_path, cache_dir, setup, message):
+    out = tmp_path / "target"
+    setup(out)
+    before = snapshot(out) if out.is_dir() else out.read_bytes()
+    result = build(out)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert (snapshot(out) if out.is_dir() else out.read_bytes()) == before
+
+
+def test_user_files_inside_an_owned_folder_stop_the_build(built):
+    (built / "my_notes.txt").write_text("mine")
+    result = build(built)
+    assert result.returncode == 2 and "my_notes.txt" in result.stderr
+    assert (built / "my_notes.txt").read_text() == "mine"
+
+
+def test_output_that_cannot_be_written_and_the_current_folder(tmp_path, cache_dir):
+    result = run_cli("build", str(SPEC), "-o", "")
+    assert result.returncode == 2 and "-o" in result.stderr and "Traceback" not in result.stderr
+    blocked = tmp_path / "file"
+    blocked.write_text("x")
+    result = build(blocked / "sub")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert blocked.read_text() == "x"
+
+
+def test_a_crashed_builds_staging_folder_is_cleaned_up(built):
+    leftover = built.parent / f".out{STAGING}999999999-abc"
+    leftover.mkdir()
+    (leftover / "half.ptx").write_text("half")
+    assert build(built).returncode == 0
+    assert not leftover.exists()
+
+
+def test_a_corrupt_cache_entry_is_dropped_rebuilt_and_reported(tmp_path, cache_dir):
+    out = tmp_path / "out"
+    assert build(out).returncode == 0
+    entries = [p for p in cache_dir.glob("??/*") if (p / "cubin").is_file()]
+    assert entries
+    for entry in entries:
+        (entry / "cubin").write_bytes((entry / "cubin").read_bytes()[:100])
+    shutil.rmtree(out)
+    result = run_cli("build", str(SPEC), "-o", str(out), "--arch", "sm_80", "--json")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("dropped and rebuilt") == len(entries)
+    summary = json.loads(result.stdout)
+    assert summary["assembled"] == len(entries) and summary["cached"] == 0
+    import hashlib
+
+    for meta in summary["manifest"]["kernels"].values():
+        cubin = (out / meta["cubins"]["sm_80"]["file"]).read_bytes()
+        assert cubin[:4] == b"\x7fELF" and hashlib.sha256(cubin).hexdigest() == meta["cubins"]["sm_80"]["sha256"]
+
+
+def test_cache_info_and_clean(tmp_path, cache_dir):
+    assert build(tmp_path / "out").returncode == 0
+    info = run_cli("cache", "info")
+    assert info.returncode == 0 and "20 entries" in info.stdout, info.stdout
+    clean = run_cli("cache", "clean")
+    assert clean.returncode == 0 and "removed 20 entries" in clean.stdout
+    assert "0 entries" in run_cli("cache", "info").stdout
+
+
+# --- the C header --------------------------------------------------------------------------------
+C_PROGRAM = r"""
+#include <stdio.h>
+#include "qwen3.h"
+int main(void) {
+    unsigned lengths[] = {0, 1, 31, 32, 33, 1000, 4096, 8191, 40960, 70000};
+    for (int i = 0; i < 10; i++) {
+        ptxgen_dim3 g = qwen3_8b_decode_attention_grid(lengths[i]);
+        printf("attention %u %u %u %u %d\n", lengths[i], g.x, g.y, g.z,
+               qwen3_8b_decode_attention_scalars_ok(lengths[i]));
+    }
+    unsigned rows[] = {0, 1, 7, 100000};
+    for (int i = 0; i < 4; i++) {
+        ptxgen_dim3 g = qwen3_8b_q_norm_grid(rows[i]);
+        printf("q_norm %u %u %u %u\n", rows[i], g.x, g.y, g.z);
+    }
+    ptxgen_dim3 b = qwen3_8b_prefill_attention_block();
+    printf("prefill %u %u %u %u %u\n", qwen3_8b_prefill_attention_grid(4097).x, qwen3_8b_prefill_attention_grid(4097).y,
+           b.x, qwen3_8b_prefill_attention_dynamic_shared(4097), QWEN3_8B_PREFILL_ATTENTION_NUM_PARAMS);
+    printf("workspace %llu\n", (unsigned long long)qwen3_8b_decode_attention_workspace_bytes_partials(1));
+    qwen3_8b_rmsnorm_args a = {0x1000, 0x2000, 0x3000, 5};
+    void* params[QWEN3_8B_RMSNORM_NUM_PARAMS];
+    qwen3_8b_rmsnorm_params(&a, params);
+    printf("params %d %llu %u\n", (int)((char*)params[3] - (char*)&a), (unsigned long long)*(uint64_t*)params[1],
+           *(uint32_t*)params[3]);
+    printf("cubin %s %s %s\n", QWEN3_8B_RMSNORM_ENTRY, qwen3_8b_rmsnorm_cubins[0][0], qwen3_8b_rmsnorm_cubins[0][1]);
+    return 0;
+}
+"""
+
+
+def test_the_c_header_compiles_and_gives_the_same_launches_as_python(built, tmp_path):
+    compiler = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if compiler is None:
+        pytest.skip("no C compiler on this machine")
+    source = tmp_path / "main.c"
+    source.write_text(C_PROGRAM)
+    binary = tmp_path / "main"
+    compiled = subprocess.run([compiler, "-std=c99", "-Wall", "-Wextra", "-Werror", "-I", str(built), str(source),
+                               "-o", str(binary)], capture_output=True, text=True)
+    assert compiled.returncode == 0, compiled.stderr
+    lines = subprocess.run([str(binary)], capture_output=True, text=True, check=True).stdout.splitlines()
+    attention = spec_kernel(SPEC, "qwen3_8b_decode_attention")
+    low, high = attention.scalar_limits["seq_len"]
+    expected = []
+    for length in (0, 1, 31, 32, 33, 1000, 4096, 8191, 40960, 70000):
+        grid = attention.portable.geometry.at({"seq_len": length}).grid
+        expected.append(f"attention {length} {grid[0]} {grid[1]} {grid[2]} {int(low <= length <= high)}")
+    q_norm = spec_kernel(SPEC, "qwen3_8b_q_norm")
+    for rows in (0, 1, 7, 100000):
+        grid = q_norm.portable.geometry.at({"tokens": rows}).grid
+        expected.append(f"q_norm {rows} {grid[0]} {grid[1]} {grid[2]}")
+    prefill = spec_kernel(SPEC, "qwen3_8b_prefill_attention").launch({"seq_len": 4097})
+    expected.append(f"prefill {prefill.grid[0]} {prefill.grid[1]} {prefill.block[0]} {prefill.dynamic_shared} 5")
+    partials = attention.param("partials")
+    expected.append(f"workspace {partials.nbytes({})}")
+    expected.append("params 24 8192 5")
+    config = load_spec(SPEC).spec
+    assert config.kernel("qwen3_8b_rmsnorm")
+    expected.append("cubin qwen3_8b_rmsnorm sm_80 sm_80/qwen3_8b_rmsnorm.cubin")
+    assert lines == expected
