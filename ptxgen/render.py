@@ -27,8 +27,8 @@ def register_names(prefix: str, start: int, count: int) -> list[str]:
 @cache
 def environment() -> jinja2.Environment:
     templates = resources.files("ptxgen.templates")
-    # Compiling the templates (the shared macros run to ~1000 lines) costs more than a whole
-    # warm build otherwise; Jinja's bytecode cache keys on the template source and writes atomically.
+    # Compiling the templates (with the family macros they import, ~1800 lines) costs more than a
+    # whole warm build otherwise; Jinja's bytecode cache keys on the template source and writes atomically.
     bytecode = SETTINGS.cache_dir / "jinja"
     bytecode.mkdir(parents=True, exist_ok=True)
     env = jinja2.Environment(
@@ -56,6 +56,7 @@ def render(kernel, ptx_version: tuple[int, int], ptx_target: str) -> str:
             ptx_version=format_version(ptx_version),
             ptx_target=ptx_target,
             entry=kernel.name,
+            params=kind.params(),
             **kind.template_vars(),
         )
     except jinja2.TemplateError as error:

@@ -1,4 +1,5 @@
-"""The kind registry: every module in this package that defines a Kind subclass is a kind."""
+"""The kind registry: every module in this package that defines a Kind subclass is a kind
+(subpackages, e.g. `families`, hold shared code and are never searched)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from .base import Kind
 def _discover() -> dict[str, type[Kind]]:
     kinds = {}
     for module in pkgutil.iter_modules(__path__):
-        if module.name == "base":
+        if module.ispkg or module.name == "base":
             continue
         loaded = importlib.import_module(f"{__name__}.{module.name}")
         for value in vars(loaded).values():
