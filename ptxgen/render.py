@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
 from functools import cache
 from importlib import resources
@@ -27,13 +28,18 @@ def register_names(prefix: str, start: int, count: int) -> list[str]:
 @cache
 def environment() -> jinja2.Environment:
     templates = resources.files("ptxgen.templates")
-    # Compiling the templates (the shared macros run to ~1000 lines) costs more than a whole
-    # warm build otherwise; Jinja's bytecode cache keys on the template source and writes atomically.
+    # Compiling the templates (with the family macros they import, ~1800 lines) costs more than a
+    # whole warm build otherwise; Jinja's bytecode cache keys on the template source and writes atomically.
+    # A cache folder that cannot be written only costs that time: render without it.
     bytecode = SETTINGS.cache_dir / "jinja"
-    bytecode.mkdir(parents=True, exist_ok=True)
+    try:
+        bytecode.mkdir(parents=True, exist_ok=True)
+        bytecode_cache = jinja2.FileSystemBytecodeCache(str(bytecode)) if os.access(bytecode, os.W_OK) else None
+    except OSError:
+        bytecode_cache = None
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates)),
-        bytecode_cache=jinja2.FileSystemBytecodeCache(str(bytecode)),
+        bytecode_cache=bytecode_cache,
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
@@ -57,6 +63,7 @@ def render(kernel, ptx_version: tuple[int, int], ptx_target: str, own_target: st
             ptx_version=format_version(ptx_version),
             ptx_target=ptx_target,
             entry=kernel.name,
+            params=kind.params(),
             **kind.template_vars(),
         )
     except jinja2.TemplateError as error:

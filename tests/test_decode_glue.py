@@ -17,7 +17,7 @@ from ptxgen.dtypes import from_float
 from ptxgen.errors import LaunchError
 from ptxgen.interp import launch as interpret
 from ptxgen.kernels import KINDS
-from ptxgen.kernels.elementwise import MAX_N
+from ptxgen.kernels.families.elementwise import MAX_N
 from ptxgen.runner import prepare_arrays, run
 from ptxgen.spec import load_spec
 from ptxgen.verify import compare

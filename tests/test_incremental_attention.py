@@ -12,7 +12,7 @@ import pytest
 
 from ptxgen.errors import LaunchError
 from ptxgen.interp import launch as interpret
-from ptxgen.kernels.incremental_attention import attention_reference, split_geometry
+from ptxgen.kernels.incremental_attention import attention_reference
 from ptxgen.runner import prepare_arrays, run
 from ptxgen.spec import load_spec
 from ptxgen.verify import compare, verify_kernel
@@ -64,7 +64,7 @@ def test_indirect_seq_len_matches_float64_on_one_grid(num_heads, num_kv_heads, h
     kernel = attention(num_heads, num_kv_heads, head_dim, 128, kv_dtype, indirect_seq_len=True)
     kind = kernel.definition
     grids = {kind.launch({"seq_len": n}).grid for n in (0, 1, 128)}
-    assert grids == {(kind.plan["max_splits"], num_kv_heads, 1)}, f"the grid must not depend on seq_len: {grids}"
+    assert grids == {(kind.plan.max_splits, num_kv_heads, 1)}, f"the grid must not depend on seq_len: {grids}"
     for seq_len in (0, 1, 5, 53, 101, 128):
         assert_passes(verify_kernel(kernel, {"seq_len": seq_len}, seed=seq_len))
 
@@ -99,10 +99,10 @@ def test_split_rule_fills_the_gpu_at_long_contexts():
     for name in ("qwen3_8b_decode_attention", "qwen3_8b_decode_attention_graph"):
         kind = spec_kernel(QWEN3, name).definition
         plan = kind.plan
-        assert plan["max_splits"] == 33, plan
+        assert plan.max_splits == 33, plan
         for seq_len in (1, 100, 4096, 8192, 16383, 40960):
-            chunk, splits = split_geometry(seq_len, plan["tile"], plan["max_splits"])
-            assert chunk % plan["tile"] == 0 and 1 <= splits <= plan["max_splits"]
+            chunk, splits = plan.split(seq_len)
+            assert chunk % plan.tile == 0 and 1 <= splits <= plan.max_splits
             assert (splits - 1) * chunk < seq_len <= splits * chunk, (seq_len, chunk, splits)
             grid = kind.launch({"seq_len": seq_len}).grid
             assert grid == ((33 if kind.config.indirect_seq_len else splits), 8, 1), (name, seq_len, grid)
@@ -118,8 +118,7 @@ def test_long_length_splits_and_the_last_cta_merges():
     kind = kernel.definition
     seq_len = 1000
     scalars = {"seq_len": seq_len}
-    plan = kind.plan
-    chunk, splits = split_geometry(seq_len, plan["tile"], plan["max_splits"])
+    chunk, splits = kind.plan.split(seq_len)
     assert splits >= 8 and kind.launch(scalars).grid == (splits, 2, 1)
     inputs = kind.sample_inputs(np.random.default_rng(3), scalars)
     arrays = run(kernel, inputs, scalars)

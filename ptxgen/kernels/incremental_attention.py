@@ -1,6 +1,7 @@
 """incremental_attention: decode attention of one query token against a KV cache (GQA, split-KV).
 
-Geometry (decided here, written out by templates/incremental_attention.ptx.j2):
+Geometry (the attention family: `AttentionPlan` in ptxgen/kernels/families/attention.py decides
+it, the macros of templates/families/attention.ptx.j2 write it out):
 
 - grid (splits, num_kv_heads, 1). CTA (s, g) reads keys [s*chunk, min(L, (s+1)*chunk)) of KV
   head g once and serves every query head of that KV head, so K/V bytes are read once per KV
@@ -40,15 +41,13 @@ from pydantic import Field, model_validator
 from ..archs import STATIC_SHARED_LIMIT
 from ..dtypes import DTYPES, from_float, to_float64
 from ..errors import LaunchError
-from ..abi import Formula, maximum, minimum, scalar
-from .base import Geometry, Kind, KernelConfig, Param, Traffic, ceil_div, round_up
+from ..abi import maximum, minimum, scalar
+from .base import Geometry, Kind, KernelConfig, Param, Traffic
+from .families.attention import AttentionPlan
 
 FloatDType = Literal["f32", "f16", "bf16"]
 HEAD_DIMS = (64, 128, 256)
 MAX_SEQ_LEN = 1 << 24
-MAX_HEADS_PER_WARP = 8  # query heads whose q and o live in one lane's registers
-PARTIAL_PAD = 4  # each partial row is o[head_dim] then (m, l) and 2 spare floats: 16-byte rows
-LOG2E = 1.0 / math.log(2.0)
 
 
 class IncrementalAttentionConfig(KernelConfig):
@@ -72,116 +71,20 @@ class IncrementalAttentionConfig(KernelConfig):
             raise ValueError(f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})")
         if self.num_kv_heads * self.max_seq_len > (1 << 32) - (1 << 16):
             raise ValueError("num_kv_heads * max_seq_len must be below 2^32 - 2^16 (cache rows are indexed in u32)")
-        plan = attention_plan(self)
-        if self.num_kv_heads * plan["max_splits"] * plan["group"] * plan["row"] >= 1 << 31:
+        plan = AttentionPlan.of(self)
+        if self.num_kv_heads * plan.max_splits * plan.group * plan.row >= 1 << 31:
             raise ValueError("the split-KV workspace would need 2^31 floats or more")
-        if plan["threads"] > 1024:
-            raise ValueError(f"a group of {plan['group']} query heads per KV head needs {plan['threads']} threads "
+        if plan.threads > 1024:
+            raise ValueError(f"a group of {plan.group} query heads per KV head needs {plan.threads} threads "
                              "per CTA; at most 1024 are possible")
-        if plan["shared_bytes"] > STATIC_SHARED_LIMIT:
-            raise ValueError(f"a group of {plan['group']} query heads of head_dim {self.head_dim} needs "
-                             f"{plan['shared_bytes']} bytes of shared memory; at most {STATIC_SHARED_LIMIT}")
+        if plan.shared_bytes > STATIC_SHARED_LIMIT:
+            raise ValueError(f"a group of {plan.group} query heads of head_dim {self.head_dim} needs "
+                             f"{plan.shared_bytes} bytes of shared memory; at most {STATIC_SHARED_LIMIT}")
         return self
 
     @property
     def softmax_scale(self) -> float:
         return self.scale if self.scale is not None else 1.0 / math.sqrt(self.head_dim)
-
-
-def attention_plan(config, warps: int | None = None, keys_in_flight: int | None = None,
-                   max_heads_per_warp: int = MAX_HEADS_PER_WARP) -> dict:
-    """Register, warp and split layout of one config (all compile-time constants). With `warps`
-    (a multiple of head_slices) the CTA has exactly that many warps: key_warps = warps /
-    head_slices (persistent_decoder runs the split in its own CTAs); else the rule below.
-    `keys_in_flight` overrides the rows a lane loads ahead and `max_heads_per_warp` caps the
-    query heads a warp keeps in registers (fewer registers, more warps re-reading a K/V row)."""
-    size = DTYPES[config.kv_dtype].size
-    vec = 16 // size  # elements per 16-byte load
-    row_vectors = config.head_dim // vec
-    lanes_per_key = min(32, row_vectors)
-    vectors_per_lane = row_vectors // lanes_per_key
-    keys_per_load = 32 // lanes_per_key
-    elements = vectors_per_lane * vec  # of one row, per lane
-    group = config.num_heads // config.num_kv_heads
-    heads_per_warp = max(d for d in range(1, min(group, max_heads_per_warp) + 1) if group % d == 0)
-    head_slices = group // heads_per_warp
-    key_warps = max(1, 4 // head_slices)
-    row = config.head_dim + PARTIAL_PAD
-    while key_warps > 1 and key_warps * group * row * 4 > STATIC_SHARED_LIMIT:
-        key_warps //= 2
-    if warps is not None:
-        if warps % head_slices:
-            raise ValueError(f"{warps} warps cannot split a group of {group} query heads into {head_slices} slices")
-        key_warps = warps // head_slices
-    # Keys in flight per lane: fewer when q and o of many heads already fill the registers.
-    if keys_in_flight is None:
-        keys_in_flight = 4 if heads_per_warp * elements <= 32 else 2
-    tile = key_warps * keys_per_load * keys_in_flight
-    max_splits = max(1, min(ceil_div(config.sm_count * config.ctas_per_sm, config.num_kv_heads),
-                            ceil_div(config.max_seq_len, tile)))
-    threads = key_warps * head_slices * 32
-    items = group * config.head_dim // 4  # float4 outputs one CTA merges
-    items_per_thread = ceil_div(items, threads)
-    # Shared scratch of one warp for the score sums (words): per sub-row p, the partial dot
-    # products [score][lane] with rows of T+4 words (conflict-free 16-byte row reads), sub-rows
-    # offset by T banks; then per sub-row the finished scores.
-    scores = heads_per_warp * keys_in_flight
-    score_row = lanes_per_key + 4
-    sub_stride = scores * score_row if keys_per_load == 1 else round_up(scores * score_row, 32) + lanes_per_key
-    sums_stride = round_up(scores, 4)
-    warp_stride = keys_per_load * (sub_stride + sums_stride)
-    merge_bytes = key_warps * group * (config.head_dim + PARTIAL_PAD) * 4
-    shared_bytes = max(merge_bytes, key_warps * head_slices * warp_stride * 4)
-    return {
-        "size": size,
-        "vec": vec,
-        "lanes_per_key": lanes_per_key,
-        "lane_shift": lanes_per_key.bit_length() - 1,
-        "vectors_per_lane": vectors_per_lane,
-        "keys_per_load": keys_per_load,
-        "elements": elements,
-        "group": group,
-        "heads_per_warp": heads_per_warp,
-        "head_slices": head_slices,
-        "key_warps": key_warps,
-        "keys_in_flight": keys_in_flight,
-        "tile": tile,
-        "max_splits": max_splits,
-        "threads": threads,
-        "row": row,
-        "items": items,
-        "items_per_thread": items_per_thread,
-        "item_shift": (config.head_dim // 4).bit_length() - 1,
-        # Splits merged per round of the final combine (about 16 partial loads in flight per
-        # thread; the main loop's registers are free by then).
-        "splits_per_round": min(max_splits, max(1, 16 // items_per_thread)),
-        "scores": scores,
-        "score_row": score_row,
-        "sub_stride": sub_stride,
-        "sums_stride": sums_stride,
-        "warp_stride": warp_stride,
-        "shared_bytes": shared_bytes,
-    }
-
-
-def attention_macro_vars(config, warps: int | None = None, keys_in_flight: int | None = None,
-                         max_heads_per_warp: int = MAX_HEADS_PER_WARP) -> dict:
-    """What the shared macros attn_split / attn_count_in (templates/macros.ptx.j2) take: the plan
-    plus the config values they need. The other arguments as in attention_plan."""
-    return {
-        **attention_plan(config, warps, keys_in_flight, max_heads_per_warp),
-        "kv_dtype": config.kv_dtype,
-        "head_dim": config.head_dim,
-        "max_seq_len": config.max_seq_len,
-        "q_scale": config.softmax_scale * LOG2E,
-    }
-
-
-def split_geometry(length: Formula, tile: int, max_splits: int) -> tuple[Formula, Formula]:
-    """(chunk, splits) for a clamped length: the same rule the kernel evaluates on the device
-    (ints for a known length, launch formulas for one given by a runtime scalar)."""
-    chunk = maximum(tile, round_up(ceil_div(length, max_splits), tile))
-    return chunk, ceil_div(length, chunk)
 
 
 class IncrementalAttention(Kind):
@@ -190,8 +93,8 @@ class IncrementalAttention(Kind):
     ptx_version = (7, 0)
 
     @property
-    def plan(self) -> dict:
-        return attention_plan(self.config)
+    def plan(self) -> AttentionPlan:
+        return AttentionPlan.of(self.config)
 
     def params(self) -> list[Param]:
         c, plan = self.config, self.plan
@@ -204,7 +107,7 @@ class IncrementalAttention(Kind):
             Param("v_cache", c.kv_dtype, kv_shape),
             Param("out", "f32", (c.num_heads, c.head_dim), "out"),
             length,
-            Param("partials", "f32", (c.num_kv_heads, plan["max_splits"], plan["group"], plan["row"]), "workspace"),
+            Param("partials", "f32", (c.num_kv_heads, plan.max_splits, plan.group, plan.row), "workspace"),
             Param("counters", "u32", (c.num_kv_heads,), "workspace"),
         ]
 
@@ -214,36 +117,28 @@ class IncrementalAttention(Kind):
 
     def splits(self, length: int) -> int:
         """Splits that hold keys at a (clamped) length."""
-        plan = self.plan
-        return split_geometry(length, plan["tile"], plan["max_splits"])[1]
+        return self.plan.split(length)[1]
 
     def geometry(self) -> Geometry:
         plan = self.plan
         if self.config.indirect_seq_len:
-            width = plan["max_splits"]  # the length lives on the device; the grid must not move
+            width = plan.max_splits  # the length lives on the device; the grid must not move
         else:
-            length = minimum(scalar("seq_len"), self.config.max_seq_len)
-            width = maximum(1, split_geometry(length, plan["tile"], plan["max_splits"])[1])
-        return Geometry(grid=(width, self.config.num_kv_heads, 1), block=(plan["threads"], 1, 1))
+            width = maximum(1, plan.split(minimum(scalar("seq_len"), self.config.max_seq_len))[1])
+        return Geometry(grid=(width, self.config.num_kv_heads, 1), block=(plan.threads, 1, 1))
 
     def launch_note(self) -> str:
         plan = self.plan
-        rule = (f"chunk = max({plan['tile']}, round_up(ceil(L/{plan['max_splits']}), {plan['tile']})), "
+        rule = (f"chunk = max({plan.tile}, round_up(ceil(L/{plan.max_splits}), {plan.tile})), "
                 f"splits = ceil(L/chunk), L = min(seq_len, {self.config.max_seq_len})")
-        return (f"one CTA per (KV chunk, KV head) serving its {plan['group']} query heads; {rule}; the last CTA "
+        return (f"one CTA per (KV chunk, KV head) serving its {plan.group} query heads; {rule}; the last CTA "
                 "of a KV head to finish merges the splits")
 
     def static_shared(self) -> int:
-        return self.plan["shared_bytes"] + 4
+        return self.plan.shared_bytes + 4
 
     def template_vars(self) -> dict:
-        c = self.config
-        return {
-            **self.plan,
-            "attn": attention_macro_vars(c),
-            "max_seq_len": c.max_seq_len,
-            "indirect": c.indirect_seq_len,
-        }
+        return {"plan": self.plan, "indirect": self.config.indirect_seq_len}
 
     # --- runtime -----------------------------------------------------------------------------
     def scalar_limits(self) -> dict[str, tuple[int, int]]:
@@ -255,8 +150,7 @@ class IncrementalAttention(Kind):
         return {"seq_len": min(self.config.max_seq_len, 8192)}
 
     def verify_scalars(self) -> list[dict[str, int]]:
-        plan = self.plan
-        long = min(self.config.max_seq_len, 5 * plan["tile"] + 3)
+        long = min(self.config.max_seq_len, 5 * self.plan.tile + 3)
         return [{"seq_len": n} for n in dict.fromkeys((0, 1, min(self.config.max_seq_len, 37), long))]
 
     def check_arrays(self, arrays, scalars) -> None:

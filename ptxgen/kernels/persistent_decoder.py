@@ -7,18 +7,20 @@ a grid-wide barrier. Per layer l (phases A, C, D, E, F; 5 grid barriers, none af
 layer's F):
 
 A  norm + Q/K/V projections. Every CTA stages x * attn_norm[l] in shared memory (the Q4_K GEMV
-   layout of q4k_gemv, through the shared macros of templates/macros.ptx.j2) and sums x^2 for
-   the RMS factor itself, so the norm costs no phase of its own. 2-row warp tasks go over the
-   rows of [Wq; Wk; Wv]: every CTA's 8 warps busy, 16-byte weight loads, the first task's loads
+   layout of q4k_gemv, through the Q4_K family's macros) and sums x^2 for the RMS factor
+   itself, so the norm costs no phase of its own. 2-row warp tasks go over the rows of
+   [Wq; Wk; Wv]: every CTA's 8 warps busy, 16-byte weight loads, the first task's loads
    issued before x is staged. V rows go straight to v_cache[l, :, pos] (as kv_dtype). Q and K
    rows go to the `qkv` workspace and count in on a per-head counter (fence + atomic add); the
    warp that completes a head (acquire) does its RMSNorm (q_norm / k_norm) and RoPE at pos (the
-   shared `rope_pairs` macro), writes q back in place or k to k_cache[l, :, pos] (as kv_dtype),
-   and resets the counter. Per-head norms, rope and the cache write need no barrier of their own.
-C  split-KV attention: incremental_attention's `attn_split` / `attn_count_in` macros (the same
-   PTX), run by the CTAs over (KV head, split) items with that kind's split rule at L = pos + 1;
-   the last CTA of a KV head to finish merges the splits into the `attn` workspace and resets
-   its counter. Attention reads the cache rows back, so it sees k/v rounded to kv_dtype.
+   rope family's `rope_pairs` macro), writes q back in place or k to k_cache[l, :, pos] (as
+   kv_dtype), and resets the counter. Per-head norms, rope and the cache write need no barrier
+   of their own.
+C  split-KV attention: the attention family's `attn_split` / `attn_count_in` macros (the same
+   PTX as incremental_attention), run by the CTAs over (KV head, split) items with that kind's
+   split rule at L = pos + 1; the last CTA of a KV head to finish merges the splits into the
+   `attn` workspace and resets its counter. Attention reads the cache rows back, so it sees k/v
+   rounded to kv_dtype.
 D  output projection + residual: stage `attn`, rows of Wo, x[r] += (Wo o)[r].
 E  norm + gate/up + SwiGLU: stage x * ffn_norm[l] (and its RMS factor); a warp task is gate row
    i and up row i together, so SwiGLU is its epilogue: mlp[i] = silu(g) * u.
@@ -72,13 +74,16 @@ from ..dtypes import DTYPES, from_float, to_float64
 from ..errors import LaunchError
 from ..q4k import BLOCK_BYTES, BLOCK_WEIGHTS, dequantize_f64, random_weights, row_bytes
 from .base import TOLERANCE, Call, Geometry, Kind, KernelConfig, Param, Traffic, ceil_div
-from .incremental_attention import IncrementalAttentionConfig, attention_macro_vars, attention_reference
+from .families.attention import AttentionPlan
+from .families.q4k import Q4kPlan
+from .families.rope import RopePlan
+from .incremental_attention import IncrementalAttentionConfig, attention_reference
 from .kv_append import KvAppendConfig
 from .per_head_rmsnorm import PerHeadRmsnormConfig
-from .q4k_gemv import Q4kGemvConfig, Q4kPlan
+from .q4k_gemv import Q4kGemvConfig
 from .residual_add import ResidualAddConfig
 from .rmsnorm import RmsnormConfig, rms_normalize
-from .rope import RopeConfig, rope_plan, rotate_half
+from .rope import RopeConfig, rotate_half
 from .swiglu import SwigluConfig, silu_mul
 
 FloatDType = Literal["f32", "f16", "bf16"]
@@ -164,18 +169,18 @@ def random_rows(rng, shape: tuple[int, ...], filled: int, dtype: str) -> np.ndar
     return cache
 
 
-def decoder_attention(config) -> dict:
+def decoder_attention(config) -> AttentionPlan:
     """incremental_attention's plan run by this kernel's 8-warp CTAs, at most
     ATTENTION_HEAD_ELEMENTS q values of heads per lane (the heads a warp serves)."""
     size = DTYPES[config.kv_dtype].size
     elements = config.head_dim // min(32, config.head_dim * size // 16)  # of a row, per lane
-    return attention_macro_vars(config, WARPS, max_heads_per_warp=max(1, ATTENTION_HEAD_ELEMENTS // elements))
+    return AttentionPlan.of(config, WARPS, max_heads_per_warp=max(1, ATTENTION_HEAD_ELEMENTS // elements))
 
 
-def gemv_plan(n: int, k: int) -> dict:
+def gemv_plan(n: int, k: int) -> Q4kPlan:
     """The q4k_gemv geometry of one phase: 8 warps, 2 rows a warp, UNROLL steps of loads in flight."""
     steps = ceil_div(k // BLOCK_WEIGHTS, 4)
-    return Q4kPlan(n=n, k=k, warps=WARPS, rows_per_warp=ROWS_PER_TASK, unroll=min(UNROLL, steps)).template_vars()
+    return Q4kPlan(n=n, k=k, warps=WARPS, rows_per_warp=ROWS_PER_TASK, unroll=min(UNROLL, steps))
 
 
 def decoder_reference(arrays: dict[str, np.ndarray], config, pos: int,
@@ -256,11 +261,11 @@ class PersistentDecoder(Kind):
         return self.config.num_kv_heads * self.config.head_dim
 
     @property
-    def attention(self) -> dict:
+    def attention(self) -> AttentionPlan:
         return decoder_attention(self.config)
 
     @property
-    def plans(self) -> dict[str, dict]:
+    def plans(self) -> dict[str, Q4kPlan]:
         c = self.config
         return {
             "qkv": gemv_plan(self.q_dim + 2 * self.kv_dim, c.hidden),
@@ -281,7 +286,7 @@ class PersistentDecoder(Kind):
 
     def work_ctas(self) -> int:
         """CTAs the widest phase keeps busy: GEMV warp tasks / 8, or attention items at most."""
-        attention_items = self.config.num_kv_heads * self.attention["max_splits"]
+        attention_items = self.config.num_kv_heads * self.attention.max_splits
         return max(attention_items, *(ceil_div(t, WARPS) for t in self.tasks().values()))
 
     @property
@@ -294,7 +299,7 @@ class PersistentDecoder(Kind):
     @property
     def dynamic_shared(self) -> int:
         staging = max(4 * k + k // 4 for k in (self.config.hidden, self.q_dim, self.config.intermediate))
-        return max(staging, self.attention["shared_bytes"])
+        return max(staging, self.attention.shared_bytes)
 
     def params(self) -> list[Param]:
         c = self.config
@@ -331,7 +336,7 @@ class PersistentDecoder(Kind):
             Param("qkv", "f32", (self.q_dim + self.kv_dim,), "workspace"),
             Param("attn", "f32", (self.q_dim,), "workspace"),
             Param("mlp", "f32", (I,), "workspace"),
-            Param("partials", "f32", (c.num_kv_heads, attention["max_splits"], attention["group"], attention["row"]),
+            Param("partials", "f32", (c.num_kv_heads, attention.max_splits, attention.group, attention.row),
                   "workspace"),
         ]
 
@@ -373,9 +378,8 @@ class PersistentDecoder(Kind):
             "unroll": UNROLL,
             "plans": self.plans,
             "tasks": self.tasks(),
-            "attn": self.attention,
-            "rope": rope_plan(c.rope_theta, c.head_dim, vec),
-            "rope_vec": vec,
+            "attention": self.attention,
+            "rope": RopePlan.of(c.rope_theta, c.head_dim, vec),
             "counter_base": c.num_kv_heads,
         }
 

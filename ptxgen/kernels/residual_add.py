@@ -7,7 +7,7 @@ Contract:
 - Params, in order: `x` f32[n] (inout: x += y), `y` f32[n] (in).
 - Semantics: x[i] = x[i] + y[i], one f32 add rounded to nearest even.
 
-Memory-bound: the launch plan and PTX skeleton shared with swiglu (ptxgen/kernels/elementwise.py):
+Memory-bound: the launch plan and PTX skeleton shared with swiglu (ptxgen/kernels/families/elementwise.py):
 16-byte vectors of x and y, 4 of them in flight per thread for large n, an n % 4 scalar tail in
 CTA 0. x is read with plain loads (not .nc): this launch writes it. The f32 add is exact to half
 an ulp, so the result differs from the float64 reference by at most 2^-24 relative.
@@ -20,7 +20,7 @@ from typing import Literal
 import numpy as np
 
 from .base import Kind, Param, Traffic
-from .elementwise import ElementwiseConfig, ElementwiseLaunch
+from .families.elementwise import ElementwiseConfig, ElementwiseLaunch
 
 
 class ResidualAddConfig(ElementwiseConfig):

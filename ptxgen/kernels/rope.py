@@ -33,6 +33,7 @@ import numpy as np
 from pydantic import Field
 
 from .base import Geometry, Kind, KernelConfig, Param, Traffic, ceil_div, round_up
+from .families.rope import RopePlan
 from .rmsnorm import vector_width
 
 MAX_POS = 2**24  # every integer up to here is exact in f32; verified bound of the accuracy claim
@@ -47,41 +48,9 @@ ANGLE_ERROR = 1.5e-6
 ROPE_TOLERANCE = 1.5e-6
 
 
-def split_f32(value: float) -> tuple[float, float]:
-    """value as hi + lo with hi = RN_f32(value), lo = RN_f32(value - hi) (about 48 bits)."""
-    hi = float(np.float32(value))
-    return hi, float(np.float32(value - hi))
-
-
 def inv_freq(theta: float, head_dim: int) -> np.ndarray:
     """Float64 theta^(-2i/head_dim) for i < head_dim/2 (the reference's and the kernel's source)."""
     return theta ** (-2.0 * np.arange(head_dim // 2, dtype=np.float64) / head_dim)
-
-
-def rope_plan(theta: float, head_dim: int, vec: int | None = None) -> dict:
-    """Per-thread vector, chunk count, and the immediate factors the template multiplies.
-
-    chunk_factors[b] = R^(vec * 2^b) for each bit b of the chunk index; pair_factors[j] = R^j
-    for j < vec, each as (hi, lo); R = theta^(-2/head_dim). Shared with any kind that rotates
-    (macros.ptx.j2 `rope_pairs`); `vec` (pairs per thread, dividing head_dim/2) defaults to the
-    widest vector that tiles the half.
-    """
-    half = head_dim // 2
-    vec = vector_width(half, 4) if vec is None else vec  # pairs per thread: 16/8/4-byte f32 loads
-    if half % vec:
-        raise ValueError(f"{vec} pairs per thread do not tile head_dim/2 = {half}")
-    chunks = half // vec
-    bits = (chunks - 1).bit_length()
-    power = lambda e: split_f32(theta ** (-2.0 * e / head_dim))  # noqa: E731
-    return {
-        "half": half,
-        "vec": vec,
-        "chunks": chunks,
-        "chunk_factors": [power(vec << b) for b in range(bits)],
-        "pair_factors": [power(j) for j in range(vec)],
-        "two_pi": split_f32(2 * np.pi),
-        "inv_two_pi": float(np.float32(1 / (2 * np.pi))),
-    }
 
 
 def rotate_half(x: np.ndarray, pos: int, theta: float) -> np.ndarray:
@@ -114,13 +83,15 @@ class Rope(Kind):
         ]
 
     @property
-    def plan(self) -> dict:
-        return rope_plan(self.config.theta, self.config.head_dim)
+    def plan(self) -> RopePlan:
+        # Pairs per thread: the widest 16/8/4-byte f32 vector that tiles the half.
+        half = self.config.head_dim // 2
+        return RopePlan.of(self.config.theta, self.config.head_dim, vector_width(half, 4))
 
     @property
     def units(self) -> int:
         """Threads with work: one per (head, chunk of vec pairs)."""
-        return self.config.num_heads * self.plan["chunks"]
+        return self.config.num_heads * self.plan.chunks
 
     @property
     def threads(self) -> int:
@@ -132,11 +103,10 @@ class Rope(Kind):
     def launch_note(self) -> str:
         plan = self.plan
         return (f"one thread per "
-                f"head and {plan['vec']} consecutive pairs ({self.units} = num_heads*{plan['chunks']} threads)")
+                f"head and {plan.vec} consecutive pairs ({self.units} = num_heads*{plan.chunks} threads)")
 
     def template_vars(self) -> dict:
-        return {**self.plan, "plan": self.plan, "head_dim": self.config.head_dim, "threads": self.threads,
-                "units": self.units}
+        return {"plan": self.plan, "head_dim": self.config.head_dim, "threads": self.threads, "units": self.units}
 
     def scalar_limits(self) -> dict[str, tuple[int, int]]:
         return {"pos": (0, MAX_POS)}

@@ -1,8 +1,9 @@
 """swiglu: out = gate * sigmoid(gate) * up, elementwise over f32[n].
 
-Memory-bound, on the launch plan and PTX skeleton shared with residual_add (ptxgen/kernels/
-elementwise.py): every thread moves 16-byte vectors (4 elements of gate, up and out), several in
-flight for large n; the n % 4 leftover elements are done by scalar loads in the first CTA.
+Memory-bound, on the launch plan and PTX skeleton shared with residual_add (the elementwise
+family, ptxgen/kernels/families/elementwise.py): every thread moves 16-byte vectors (4 elements
+of gate, up and out), several in flight for large n; the n % 4 leftover elements are done by
+scalar loads in the first CTA.
 sigmoid(g) = 1 / (1 + 2^(-g log2 e)) with ex2.approx / rcp.approx: for g -> -inf the power
 overflows to +inf and the result is -0 (the true value is below f32's smallest subnormal from
 g < -104), for g -> +inf it underflows to 0 and sigmoid is exactly 1. Error about 1e-6 relative per element (f32 rounding of the
@@ -16,7 +17,7 @@ from typing import Literal
 import numpy as np
 
 from .base import Kind, Param, Traffic
-from .elementwise import ElementwiseConfig, ElementwiseLaunch
+from .families.elementwise import ElementwiseConfig, ElementwiseLaunch
 
 
 def silu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
