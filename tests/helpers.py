@@ -1,4 +1,4 @@
-"""Test helpers: compile a kernel config without a spec file, run the CLI."""
+"""Test helpers: compile a kernel config without a spec file, run the CLI, compare weights."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import numpy as np
 
 from ptxgen.archs import DEFAULT_ARCHS
 from ptxgen.compiled import CompiledKernel
@@ -61,3 +63,20 @@ def resources(kernel, archs: tuple[str, ...] = DEFAULT_ARCHS) -> dict[str, dict]
     config = config_from_json(dict(kernel.config)) if isinstance(kernel, CompiledKernel) else kernel
     assembled = compile_kernel(config, archs)
     return {arch: dict(binary.resources) for arch, binary in assembled.binaries.items()}
+
+
+def assert_bits_equal(a, b) -> None:
+    """Two float32 arrays equal bit for bit (so -0.0 vs 0.0 or a 1-ulp slip would show)."""
+    assert a.dtype == b.dtype == np.float32 and a.shape == b.shape, (a.dtype, b.dtype, a.shape, b.shape)
+    np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def gaussian(rng, n: int, k: int, std: float = 0.02):
+    """float32 [n, k] of N(0, std^2) weights."""
+    return rng.standard_normal((n, k), dtype=np.float32) * np.float32(std)
+
+
+def rel_rms(y, x) -> float:
+    """Relative RMS error of y against x."""
+    x = x.astype(np.float64)
+    return float(np.sqrt(np.mean((y - x) ** 2) / np.mean(x**2)))

@@ -5,8 +5,9 @@ import hashlib
 import gguf
 import numpy as np
 import pytest
+from helpers import assert_bits_equal, gaussian, rel_rms
 
-from ptxgen import q4k
+from ptxgen import kquants, q4k, quants
 from ptxgen.errors import PtxgenError
 
 Q4_K = gguf.GGMLQuantizationType.Q4_K
@@ -14,22 +15,6 @@ Q4_K = gguf.GGMLQuantizationType.Q4_K
 
 def gguf_dequant(w: np.ndarray) -> np.ndarray:
     return gguf.quants.dequantize(w, Q4_K)
-
-
-def assert_bits_equal(a: np.ndarray, b: np.ndarray) -> None:
-    assert a.dtype == b.dtype == np.float32
-    assert a.shape == b.shape
-    # Compare bit patterns so -0.0 vs 0.0 or a 1-ulp slip would show.
-    np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
-
-
-def gaussian(rng, n, k, std=0.02):
-    return rng.standard_normal((n, k), dtype=np.float32) * np.float32(std)
-
-
-def rel_rms(y, x):
-    x = x.astype(np.float64)
-    return float(np.sqrt(np.mean((y - x) ** 2) / np.mean(x**2)))
 
 
 def random_blocks(rng, n, nb, dscale=1e-2):
@@ -89,7 +74,7 @@ def test_scale_min_codes_round_trip():
     rng = np.random.default_rng(4)
     sc = rng.integers(0, 64, size=(100, 8), dtype=np.uint8)
     mn = rng.integers(0, 64, size=(100, 8), dtype=np.uint8)
-    got_sc, got_mn = q4k._scale_min_codes(q4k._pack_scale_min(sc, mn))
+    got_sc, got_mn = kquants.q4_k_scale_min_codes(kquants.q4_k_pack_scale_min(sc, mn))
     np.testing.assert_array_equal(got_sc, sc)
     np.testing.assert_array_equal(got_mn, mn)
 
@@ -203,7 +188,7 @@ def test_random_weights_deterministic():
 
 def test_random_weights_pool_path_is_realistic(monkeypatch):
     """Large matrices draw quantised blocks from a pool: still deterministic, Gaussian-like, varied."""
-    monkeypatch.setattr(q4k, "POOL_WEIGHTS", 64 * 256)  # 64 blocks; rows of 4 blocks: 64^4 combinations
+    monkeypatch.setattr(quants, "POOL_WEIGHTS", 64 * 256)  # 64 blocks; rows of 4 blocks: 64^4 combinations
     a = q4k.random_weights(np.random.default_rng(5), 64, 1024)
     assert np.array_equal(a, q4k.random_weights(np.random.default_rng(5), 64, 1024))
     weights = q4k.dequantize(a)

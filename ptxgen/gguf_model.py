@@ -1,0 +1,246 @@
+"""Read a GGUF model file: its config from the metadata, its tensors as memory-mapped views.
+
+Nothing is copied on open: gguf-py maps the file, and ``GGUFModel.tensor_bytes`` hands out
+numpy views of the mapped bytes (a 5 GB file costs 5 GB of address space, not of memory).
+Architectures qwen3 and llama are understood; anything else, an unsupported tensor type or a
+tensor the model would not use is refused with a PtxgenError naming it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import PtxgenError
+from .model_config import ARCHITECTURES, ModelConfig, matrix_names
+from .quants import Q4_K, QuantType, quant_type
+
+_ABSENT = object()
+
+
+def open_gguf_reader(path: Path):
+    """gguf-py's reader over a memory map of `path`; PtxgenError for a missing or bad file."""
+    import gguf
+
+    try:
+        return gguf.GGUFReader(path, "r")
+    except OSError as error:
+        raise PtxgenError(f"{path}: cannot read GGUF file: {error.strerror or error}") from None
+    except (ValueError, KeyError, IndexError) as error:
+        raise PtxgenError(f"{path}: not a readable GGUF file: {error}") from None
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]  # numpy order: (rows, k) for a matrix, (k,) for a vector
+    quant: QuantType
+
+    @property
+    def rows(self) -> int:
+        return int(np.prod(self.shape[:-1], dtype=np.int64))
+
+    @property
+    def k(self) -> int:
+        return self.shape[-1]
+
+
+def neox_row_order(num_heads: int, head_dim: int) -> np.ndarray:
+    """Row indices that turn a GGUF llama Q or K matrix (rows permuted for the interleaved rope)
+    back into Hugging Face's order, where the rotate-half (neox) rope applies:
+    ``w_neox = w_gguf[order]``. Per head, HF row ``j * head_dim/2 + i`` is GGUF row ``2i + j``,
+    so rotate_half(w_neox @ x)[order'] equals the interleaved rope of w_gguf @ x, and
+    attention scores, which pair q and k rows alike, do not change."""
+    half = head_dim // 2
+    within = np.arange(head_dim).reshape(half, 2).T.reshape(head_dim)
+    return (np.arange(num_heads)[:, None] * head_dim + within).reshape(-1)
+
+
+class GGUFModel:
+    """A qwen3 or llama GGUF file: `config` (ModelConfig) and `tensors` (name -> TensorInfo)."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self.reader = open_gguf_reader(self.path)
+        self._data = {}
+        self.tensors: dict[str, TensorInfo] = {}
+        for tensor in self.reader.tensors:
+            try:
+                quant = quant_type(int(tensor.tensor_type))
+            except PtxgenError as error:
+                raise PtxgenError(f"{self.path}: tensor {tensor.name!r}: {error}") from None
+            dims = tuple(int(d) for d in reversed(tensor.shape.tolist()))  # GGUF lists fastest first
+            self.tensors[tensor.name] = TensorInfo(tensor.name, dims, quant)
+            self._data[tensor.name] = tensor.data
+        self.config = self._read_config()
+        self._check_tensors()
+
+    # --- metadata ------------------------------------------------------------------------------
+    def metadata(self, key: str, default=_ABSENT):
+        """A metadata value: int, float, bool or str, or a list of them; `default` if absent."""
+        import gguf
+
+        field = self.reader.fields.get(key)
+        if field is None:
+            if default is _ABSENT:
+                raise PtxgenError(f"{self.path}: metadata key {key!r} is missing")
+            return default
+        kinds = field.types
+
+        def value(index: int):
+            part = field.parts[index]
+            if kinds[-1] == gguf.GGUFValueType.STRING:
+                return bytes(part).decode("utf-8", errors="replace")
+            if part.dtype == np.float32:
+                return float(str(part[0]))  # the shortest decimal of the f32: 1e-06, not 9.99999997e-07
+            return part.tolist()[0]
+
+        if kinds[0] == gguf.GGUFValueType.ARRAY:
+            return [value(index) for index in field.data]
+        return value(field.data[0])
+
+    def _number(self, key: str, kind: type, default=_ABSENT):
+        value = self.metadata(key, default)
+        if isinstance(value, list) and value:
+            if any(v != value[0] for v in value):
+                raise PtxgenError(f"{self.path}: metadata {key!r} varies by layer ({value}): not supported")
+            value = value[0]  # a per-layer array with one value for all layers
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+            raise PtxgenError(f"{self.path}: metadata {key!r} must be {'an integer' if kind is int else 'a number'}, "
+                              f"got {value!r}")
+        return kind(value)
+
+    def _read_config(self) -> ModelConfig:
+        arch = self.metadata("general.architecture")
+        if arch not in ARCHITECTURES:
+            raise PtxgenError(f"{self.path}: architecture {arch!r} is not supported (supported: {', '.join(ARCHITECTURES)})")
+
+        def key(name: str) -> str:
+            return f"{arch}.{name}"
+
+        hidden = self._number(key("embedding_length"), int)
+        heads = self._number(key("attention.head_count"), int)
+        head_dim = self._number(key("attention.key_length"), int, hidden // heads if heads else 0)
+        if self._number(key("attention.value_length"), int, head_dim) != head_dim:
+            raise PtxgenError(f"{self.path}: {key('attention.value_length')} differs from the key length "
+                              f"{head_dim}: not supported")
+        if self._number(key("rope.dimension_count"), int, head_dim) != head_dim:
+            raise PtxgenError(f"{self.path}: {key('rope.dimension_count')} = "
+                              f"{self.metadata(key('rope.dimension_count'))} rotates part of a head "
+                              f"(head_dim {head_dim}): not supported")
+        for scaling in ("rope.scaling.factor", "rope.scale_linear"):
+            if self._number(key(scaling), float, 0.0) not in (0.0, 1.0):
+                raise PtxgenError(f"{self.path}: {key(scaling)} = {self.metadata(key(scaling))}: "
+                                  "rope scaling is not supported")
+        if "rope_freqs.weight" in self.tensors:
+            raise PtxgenError(f"{self.path}: tensor 'rope_freqs.weight' (per-frequency rope factors, "
+                              "as Llama 3.1 files carry) is not supported")
+        # As llama.cpp: the vocabulary is vocab_size, else the tokenizer's token count.
+        tokens = self.reader.fields.get("tokenizer.ggml.tokens")
+        embedding = self.tensors.get("token_embd.weight")
+        vocab = len(tokens.data) if tokens else embedding.shape[0] if embedding else 0
+        tied = "output.weight" not in self.tensors
+        layers = self._number(key("block_count"), int)
+        names = matrix_names(layers, tied) if layers > 0 else []
+        missing = [name for name in names if name not in self.tensors]
+        if missing:
+            raise PtxgenError(f"{self.path}: missing tensor {missing[0]!r}"
+                              + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+        return ModelConfig(
+            name=str(self.metadata("general.name", "") or self.path.stem),
+            architecture=arch,
+            num_layers=layers,
+            hidden=hidden,
+            intermediate=self._number(key("feed_forward_length"), int),
+            num_heads=heads,
+            num_kv_heads=self._number(key("attention.head_count_kv"), int, heads),
+            head_dim=head_dim,
+            # llama.cpp's defaults for absent keys
+            rope_theta=self._number(key("rope.freq_base"), float, 10000.0),
+            eps=self._number(key("attention.layer_norm_rms_epsilon"), float),
+            context_length=self._number(key("context_length"), int),
+            vocab_size=self._number(key("vocab_size"), int, vocab),
+            tied_embeddings=tied,
+            quants={name: self.tensors[name].quant.name for name in names},
+        )
+
+    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every tensor a model of this config reads, with its shape (numpy order)."""
+        c = self.config
+        shapes = {m.name: (m.rows, m.k) for m in c.matrices()}
+        shapes["output_norm.weight"] = (c.hidden,)
+        for layer in range(c.num_layers):
+            shapes[f"blk.{layer}.attn_norm.weight"] = (c.hidden,)
+            shapes[f"blk.{layer}.ffn_norm.weight"] = (c.hidden,)
+            if c.qk_norm:
+                shapes[f"blk.{layer}.attn_q_norm.weight"] = (c.head_dim,)
+                shapes[f"blk.{layer}.attn_k_norm.weight"] = (c.head_dim,)
+        return shapes
+
+    def _check_tensors(self) -> None:
+        expected = self.expected_shapes()
+        for name, shape in expected.items():
+            if name not in self.tensors:
+                raise PtxgenError(f"{self.path}: missing tensor {name!r} ({self.config.architecture} needs it)")
+            found = self.tensors[name].shape
+            if found != shape:
+                raise PtxgenError(f"{self.path}: tensor {name!r} has shape {list(found)}, expected {list(shape)} "
+                                  f"for this {self.config.architecture} model")
+        unused = sorted(set(self.tensors) - set(expected))
+        if unused:
+            raise PtxgenError(f"{self.path}: tensor {unused[0]!r} is not part of a {self.config.architecture} model "
+                              f"as ptxgen runs it" + (f" (nor are {len(unused) - 1} more)" if len(unused) > 1 else "")
+                              + "; refusing rather than ignoring it")
+
+    # --- tensors -------------------------------------------------------------------------------
+    def tensor_bytes(self, name: str) -> np.ndarray:
+        """The tensor as u8 [rows, row bytes]: a read-only view of the mapped file, no copy."""
+        info = self.info(name)
+        return np.asarray(self._data[name]).view(np.uint8).reshape(info.rows, info.quant.row_bytes(info.k))
+
+    def info(self, name: str) -> TensorInfo:
+        if name not in self.tensors:
+            raise PtxgenError(f"{self.path}: no tensor named {name!r}")
+        return self.tensors[name]
+
+    def dequantize(self, name: str, rows=None) -> np.ndarray:
+        """Float64 values of a tensor (gguf-py's dequantisation), in its numpy shape; with `rows`
+        (indices), only those rows of a matrix, dequantised from their own bytes."""
+        info = self.info(name)
+        packed = self.tensor_bytes(name)
+        if rows is None:
+            return info.quant.dequantize_f64(packed).reshape(info.shape)
+        return info.quant.dequantize_f64(packed[np.asarray(rows)])
+
+
+def load_gguf_tensor(path, tensor_name: str, n: int, k: int, quant: QuantType = Q4_K) -> np.ndarray:
+    """The `quant` tensor `tensor_name` of a GGUF file as u8 [n, row_bytes(k)] (a copy, in memory).
+
+    GGUF lists dimensions fastest first, so a weight of n rows of k is stored as [k, n].
+    Raises PtxgenError naming the file, the tensor and what was expected for a missing or
+    unreadable file, a missing tensor, a tensor of another type, or another shape.
+    """
+    path = Path(path)
+    expected_bytes = quant.row_bytes(k)  # also rejects k that is not a multiple of the block
+    reader = open_gguf_reader(path)
+    tensors = {tensor.name: tensor for tensor in reader.tensors}
+    if tensor_name not in tensors:
+        names = sorted(tensors)
+        shown = ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+        raise PtxgenError(f"{path}: no tensor named {tensor_name!r} (tensors: {shown or 'none'})")
+    tensor = tensors[tensor_name]
+    if tensor.tensor_type.name != quant.ggml_name:
+        raise PtxgenError(f"{path}: tensor {tensor_name!r} is {tensor.tensor_type.name}, expected {quant.ggml_name}")
+    dims = [int(d) for d in tensor.shape]  # fastest first: [k, n]
+    while len(dims) > 2 and dims[-1] == 1:
+        dims.pop()
+    if dims != [k, n] and not (n == 1 and dims == [k]):
+        shown = "[" + ", ".join(str(d) for d in reversed(dims)) + "]"
+        raise PtxgenError(
+            f"{path}: tensor {tensor_name!r} has shape {shown} (rows, weights per row), "
+            f"expected [{n}, {k}] for this kernel"
+        )
+    data = np.asarray(tensor.data).view(np.uint8).reshape(n, expected_bytes)
+    return np.array(data, copy=True)

@@ -1,0 +1,167 @@
+"""A spec (TOML text) with every kernel a model needs for decode and prefill, named after it.
+
+The kernels: the whole decoder as one ``persistent_decoder``, and the separate pieces of the
+same step (``rmsnorm``, Qwen3's ``per_head_rmsnorm``, one GEMV per distinct (rows, k, type)
+of matrix, lm_head included, ``rope``, ``swiglu``, ``residual_add``, ``kv_append``,
+``incremental_attention``), plus ``flash_attention`` for prefill. The token embedding is a
+row lookup, not a kernel.
+
+Fields today's kinds do not have yet are written only where a model needs them, so a Q4_K-only
+Qwen3 model gives a spec that validates now: GEMVs of other types use the kinds ``q6k_gemv``
+and ``q8_0_gemv``; a llama file's rope says ``style = "interleaved"`` (and its decoder
+``rope_style``, ``qk_norm = false``); a decoder whose projections are not all Q4_K lists
+their types per layer in ``weight_quants``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+
+from .artifacts import write_file
+from .errors import PtxgenError
+from .model_config import ModelConfig, from_hf_config
+
+GEMV_KINDS = {"q4_k": "q4k_gemv", "q6_k": "q6k_gemv", "q8_0": "q8_0_gemv"}
+# Short GGUF matrix names -> the stem of their GEMV kernel's name, in a layer's order.
+STEMS = {"attn_q": "q", "attn_k": "k", "attn_v": "v", "attn_output": "o", "ffn_gate": "gate", "ffn_up": "up",
+         "ffn_down": "down", "output": "lm_head", "token_embd": "lm_head"}
+# The persistent decoder's parameter for each layer matrix.
+DECODER_WEIGHTS = {"attn_q": "wq", "attn_k": "wk", "attn_v": "wv", "attn_output": "wo", "ffn_gate": "w_gate",
+                   "ffn_up": "w_up", "ffn_down": "w_down"}
+KV_DTYPE = "f16"  # the cache type of today's decode kinds (KERNELS.md default)
+
+
+def model_prefix(name: str) -> str:
+    """A kernel-name prefix from a model name: "Qwen3 8B" -> "qwen3_8b"."""
+    slug = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")[:24].rstrip("_")
+    return slug if slug and not slug[0].isdigit() else f"model_{slug}".rstrip("_")
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a TOML basic string
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    raise TypeError(f"no TOML form for {value!r}")
+
+
+def _comment(text: str) -> str:
+    return "# " + re.sub(r"[^\x20-\x7e]", "?", text)
+
+
+def gemv_kernels(config: ModelConfig, prefix: str) -> list[dict]:
+    """One GEMV per distinct (rows, k, type) of matrix the decode step multiplies by."""
+    groups: dict[tuple[int, int, str], list[str]] = defaultdict(list)
+    for matrix in config.matrices():
+        if matrix.name == "token_embd.weight" and not config.tied_embeddings:
+            continue  # looked up by row, not multiplied
+        if matrix.quant not in GEMV_KINDS:
+            raise PtxgenError(f"{config.name}: tensor {matrix.name!r} is {matrix.quant.upper()}; there is no GEMV "
+                              f"kind for it (supported: {', '.join(q.upper() for q in GEMV_KINDS)})")
+        stems = groups[(matrix.rows, matrix.k, matrix.quant)]
+        if STEMS[matrix.short] not in stems:
+            stems.append(STEMS[matrix.short])
+    names = {key: "_".join(stems) + ("" if stems == ["lm_head"] else "_proj") for key, stems in groups.items()}
+    clashes = [name for name in names.values() if list(names.values()).count(name) > 1]
+    return [{"name": f"{prefix}_{name}" + (f"_{quant}" if name in clashes else ""), "kind": GEMV_KINDS[quant],
+             "n": rows, "k": k}
+            for (rows, k, quant), name in names.items()]
+
+
+def decoder_kernel(config: ModelConfig, prefix: str, max_seq_len: int) -> dict:
+    c = config
+    entry = {"name": f"{prefix}_decoder", "kind": "persistent_decoder", "hidden": c.hidden,
+             "num_heads": c.num_heads, "num_kv_heads": c.num_kv_heads, "head_dim": c.head_dim,
+             "intermediate": c.intermediate, "num_layers": c.num_layers, "max_seq_len": max_seq_len,
+             "eps": c.eps, "rope_theta": c.rope_theta, "kv_dtype": KV_DTYPE}
+    if c.rope_style != "neox":
+        entry["rope_style"] = c.rope_style
+    if not c.qk_norm:
+        entry["qk_norm"] = False
+    quants = {weight: [c.quants[f"blk.{layer}.{short}.weight"] for layer in range(c.num_layers)]
+              for short, weight in DECODER_WEIGHTS.items()}
+    mixed = {weight: types for weight, types in quants.items() if set(types) != {"q4_k"}}
+    if mixed:
+        entry["weight_quants"] = mixed
+    return entry
+
+
+def spec_text(config: ModelConfig, source: str, max_seq_len: int | None = None, prefix: str | None = None) -> str:
+    """The spec of every kernel `config` needs, as TOML; `source` names where the config came from."""
+    c = config
+    prefix = prefix or model_prefix(c.name)
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,31}", prefix):
+        raise PtxgenError(f"kernel name prefix must be an identifier of at most 32 characters, got {prefix!r}")
+    max_seq_len = max_seq_len or c.context_length
+    if max_seq_len < 1:
+        raise PtxgenError(f"max_seq_len must be >= 1, got {max_seq_len}")
+    rope_style = {} if c.rope_style == "neox" else {"style": c.rope_style}
+    norm = {"head_dim": c.head_dim, "eps": c.eps}
+    sections = [
+        ("Whole decoder layers for one token, one launch", [decoder_kernel(c, prefix, max_seq_len)]),
+        ("RMSNorm (attention, MLP and final norms share a shape)" + (", Qwen3's per-head Q/K norms" if c.qk_norm else ""),
+         [{"name": f"{prefix}_rmsnorm", "kind": "rmsnorm", "hidden": c.hidden, "eps": c.eps}]
+         + ([{"name": f"{prefix}_q_norm", "kind": "per_head_rmsnorm", "num_heads": c.num_heads, **norm},
+             {"name": f"{prefix}_k_norm", "kind": "per_head_rmsnorm", "num_heads": c.num_kv_heads, **norm}]
+            if c.qk_norm else [])),
+        ("Projections and lm_head: one GEMV per distinct (rows, k, weight type)", gemv_kernels(c, prefix)),
+        (f"Rotary embeddings ({c.rope_style}, theta {c.rope_theta:g})",
+         [{"name": f"{prefix}_rope_q", "kind": "rope", "num_heads": c.num_heads, "head_dim": c.head_dim,
+           "theta": c.rope_theta, **rope_style},
+          {"name": f"{prefix}_rope_k", "kind": "rope", "num_heads": c.num_kv_heads, "head_dim": c.head_dim,
+           "theta": c.rope_theta, **rope_style}]),
+        ("KV cache append and decode attention",
+         [{"name": f"{prefix}_kv_append", "kind": "kv_append", "num_kv_heads": c.num_kv_heads,
+           "head_dim": c.head_dim, "max_seq_len": max_seq_len, "kv_dtype": KV_DTYPE},
+          {"name": f"{prefix}_decode_attention", "kind": "incremental_attention", "num_heads": c.num_heads,
+           "num_kv_heads": c.num_kv_heads, "head_dim": c.head_dim, "max_seq_len": max_seq_len, "kv_dtype": KV_DTYPE}]),
+        ("MLP activation and the residual adds (after o_proj and down_proj)",
+         [{"name": f"{prefix}_swiglu", "kind": "swiglu", "n": c.intermediate},
+          {"name": f"{prefix}_residual_add", "kind": "residual_add", "n": c.hidden}]),
+        ("Prefill attention (causal)",
+         [{"name": f"{prefix}_prefill_attention", "kind": "flash_attention", "num_heads": c.num_heads,
+           "num_kv_heads": c.num_kv_heads, "head_dim": c.head_dim, "dtype": "f16", "out_dtype": "f16",
+           "causal": True}]),
+    ]
+    types = sorted({q.upper() for q in c.quants.values()})
+    lines = [
+        _comment(f"{c.name}: {c.architecture}, {c.num_layers} layers, hidden {c.hidden}, {c.num_heads} query heads "
+                 f"on {c.num_kv_heads} KV heads, head_dim {c.head_dim}, intermediate {c.intermediate}, vocab {c.vocab_size},"),
+        _comment(f"eps {c.eps:g}, rope theta {c.rope_theta:g} ({c.rope_style}), context {c.context_length}; "
+                 f"weights {', '.join(types)}{', lm_head tied to token_embd' if c.tied_embeddings else ''}."),
+        _comment(f"Generated by ptxgen from {source}."),
+    ]
+    for title, kernels in sections:
+        lines += ["", _comment(f"--- {title}")]
+        for kernel in kernels:
+            lines += ["", "[[kernels]]"] + [f"{key} = {_toml_value(value)}" for key, value in kernel.items()]
+    return "\n".join(lines) + "\n"
+
+
+def spec_from_gguf(path, max_seq_len: int | None = None, prefix: str | None = None) -> str:
+    """The spec text for a GGUF model file."""
+    from .gguf_model import GGUFModel
+
+    return spec_text(GGUFModel(path).config, Path(path).name, max_seq_len, prefix)
+
+
+def spec_from_hf_config(path, quant: str, max_seq_len: int | None = None, prefix: str | None = None) -> str:
+    """The spec text for a Hugging Face config.json, every matrix of type `quant` ("q4_k", ...)."""
+    return spec_text(from_hf_config(path, quant), f"{Path(path).name} with {quant} weights", max_seq_len, prefix)
+
+
+def write_spec(text: str, path, overwrite: bool = False) -> None:
+    """Write a spec file whole (atomic rename); an existing file only with `overwrite`."""
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise PtxgenError(f"{path}: already exists; refusing to replace it (ask for overwrite, e.g. --force)")
+    write_file(path, text.encode(), "spec")

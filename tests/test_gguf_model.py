@@ -1,0 +1,132 @@
+"""GGUF model files: the tiny fixture's bytes, its config read back, memory-mapped tensors, and one
+clear error for each thing ptxgen cannot run."""
+
+import hashlib
+
+import gguf
+import numpy as np
+import pytest
+from fixtures.make_tiny_gguf import rewrite_gguf, tiny_config, write_tiny_gguf
+
+from ptxgen.errors import PtxgenError
+from ptxgen.gguf_model import GGUFModel, neox_row_order
+from ptxgen.model_reference import rope
+from ptxgen.quants import QUANT_TYPES
+
+V = gguf.GGUFValueType
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "qwen3.gguf")
+
+
+def digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_fixture_bytes_are_deterministic(tmp_path, qwen3):
+    again = write_tiny_gguf(tmp_path / "again.gguf")
+    assert digest(again) == digest(qwen3)
+    assert digest(write_tiny_gguf(tmp_path / "seed1.gguf", seed=1)) != digest(qwen3)
+
+
+@pytest.mark.parametrize("arch, tied, quant", [("qwen3", False, None), ("llama", False, None),
+                                               ("qwen3", True, None), ("llama", True, "q8_0")])
+def test_config_read_back(tmp_path, arch, tied, quant):
+    model = GGUFModel(write_tiny_gguf(tmp_path / "m.gguf", arch, tied=tied, quant=quant))
+    assert model.config == tiny_config(arch, tied, quant)
+    c = model.config
+    assert c.q_dim == 512 != c.hidden, "head_dim comes from key_length, not hidden / heads"
+    assert c.rope_style == {"qwen3": "neox", "llama": "interleaved"}[arch]
+    assert c.qk_norm == (arch == "qwen3")
+    assert c.lm_head.name == ("token_embd.weight" if tied else "output.weight")
+    types = {t.quant.name for t in model.tensors.values()}
+    assert types == ({quant or "q4_k", "f32"} if quant else {"q4_k", "q6_k", "q8_0", "f32"})
+
+
+def test_tensors_are_views_of_the_mapped_file(qwen3):
+    model = GGUFModel(qwen3)
+    for name, info in model.tensors.items():
+        view = model.tensor_bytes(name)
+        assert view.dtype == np.uint8 and view.shape == (info.rows, info.quant.row_bytes(info.k))
+        assert np.shares_memory(view, model.reader.data), f"{name} was copied"
+        assert not view.flags.writeable
+    w = model.tensor_bytes("blk.0.attn_v.weight")
+    assert model.tensors["blk.0.attn_v.weight"].shape == (256, 256) and w.shape == (256, 256 // 256 * 210)
+    reader_tensor = next(t for t in gguf.GGUFReader(qwen3).tensors if t.name == "blk.0.attn_v.weight")
+    np.testing.assert_array_equal(model.dequantize("blk.0.attn_v.weight"),
+                                  gguf.quants.dequantize(reader_tensor.data, reader_tensor.tensor_type))
+    rows = model.dequantize("token_embd.weight", rows=[7, 3])
+    np.testing.assert_array_equal(rows, model.dequantize("token_embd.weight")[[7, 3]])
+    assert model.dequantize("output_norm.weight").shape == (256,)
+
+
+def test_metadata_values(qwen3):
+    model = GGUFModel(qwen3)
+    assert model.metadata("tokenizer.ggml.model") == "gpt2"
+    assert model.metadata("qwen3.attention.layer_norm_rms_epsilon") == 1e-6  # the f32's shortest decimal
+    assert len(model.metadata("tokenizer.ggml.tokens")) == 1000
+    assert model.metadata("no.such.key", None) is None
+    with pytest.raises(PtxgenError, match="metadata key 'no.such.key' is missing"):
+        model.metadata("no.such.key")
+
+
+def test_neox_row_order_turns_interleaved_rope_into_rotate_half():
+    """Rows of a llama file's Wq/Wk reordered by neox_row_order meet the rotate-half rope exactly
+    where the file's rows meet the interleaved one: same vectors, rows permuted alike."""
+    heads, dim = 3, 8
+    order = neox_row_order(heads, dim)
+    assert sorted(order) == list(range(heads * dim))
+    np.testing.assert_array_equal(order[:dim], [0, 2, 4, 6, 1, 3, 5, 7])
+    x = np.random.default_rng(0).standard_normal(heads * dim)
+    for pos in (0, 1, 37):
+        interleaved = rope(x.reshape(heads, dim), pos, 10000.0, "interleaved").reshape(-1)
+        neox = rope(x[order].reshape(heads, dim), pos, 10000.0, "neox").reshape(-1)
+        np.testing.assert_allclose(neox, interleaved[order], rtol=0, atol=1e-15)
+
+
+# --- files ptxgen refuses ----------------------------------------------------------------------
+BAD_FILES = [
+    (dict(arch="gpt2"), r"architecture 'gpt2' is not supported \(supported: qwen3, llama\)"),
+    (dict(drop_tensors=["blk.1.ffn_up.weight"]), r"missing tensor 'blk\.1\.ffn_up\.weight'"),
+    (dict(drop_tensors=["blk.0.attn_k_norm.weight"]), r"missing tensor 'blk\.0\.attn_k_norm\.weight' \(qwen3 needs it\)"),
+    (dict(drop_fields=["qwen3.block_count"]), r"metadata key 'qwen3\.block_count' is missing"),
+    (dict(drop_fields=["qwen3.embedding_length"], set_fields=[("qwen3.embedding_length", "256", V.STRING)]),
+     r"metadata 'qwen3\.embedding_length' must be an integer, got '256'"),
+    (dict(drop_fields=["qwen3.attention.head_count_kv"],
+          set_fields=[("qwen3.attention.head_count_kv", [2, 1], V.ARRAY)]), r"head_count_kv' varies by layer"),
+    (dict(set_fields=[("qwen3.rope.scaling.factor", 4.0, V.FLOAT32)]), "rope scaling is not supported"),
+    (dict(drop_fields=["qwen3.rope.dimension_count"], set_fields=[("qwen3.rope.dimension_count", 64, V.UINT32)]),
+     "rotates part of a head"),
+    (dict(add_tensors=[("rope_freqs.weight", np.ones(64, np.float32), None)]), "'rope_freqs.weight'"),
+    (dict(add_tensors=[("blk.0.attn_q.bias", np.ones(512, np.float32), None)]),
+     r"tensor 'blk\.0\.attn_q\.bias' is not part of a qwen3 model .*refusing rather than ignoring it"),
+    (dict(drop_tensors=["blk.0.ffn_gate.weight"],
+          add_tensors=[("blk.0.ffn_gate.weight", np.zeros((512, 256 // 256 * 176), np.uint8),
+                        gguf.GGMLQuantizationType.Q5_K)]),
+     r"tensor 'blk\.0\.ffn_gate\.weight': unsupported tensor type Q5_K"),
+    (dict(drop_tensors=["blk.1.attn_norm.weight"], add_tensors=[("blk.1.attn_norm.weight", np.ones(128, np.float32), None)]),
+     r"tensor 'blk\.1\.attn_norm\.weight' has shape \[128\], expected \[256\]"),
+    (dict(drop_tensors=["output.weight"],
+          add_tensors=[("output.weight", QUANT_TYPES["q6_k"].random_weights(np.random.default_rng(0), 999, 256),
+                        gguf.GGMLQuantizationType.Q6_K)]),
+     r"tensor 'output\.weight' has shape \[999, 256\], expected \[1000, 256\]"),
+]
+
+
+@pytest.mark.parametrize("edits, message", BAD_FILES)
+def test_unsupported_files_are_refused_by_name(tmp_path, qwen3, edits, message):
+    bad = rewrite_gguf(qwen3, tmp_path / "bad.gguf", **edits)
+    with pytest.raises(PtxgenError, match=message) as error:
+        GGUFModel(bad)
+    assert str(bad) in str(error.value)
+
+
+def test_unreadable_files(tmp_path):
+    with pytest.raises(PtxgenError, match=r"missing\.gguf: cannot read GGUF file"):
+        GGUFModel(tmp_path / "missing.gguf")
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"GGUF but not really" * 8)
+    with pytest.raises(PtxgenError, match=r"junk\.gguf: not a readable GGUF file"):
+        GGUFModel(junk)

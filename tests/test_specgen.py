@@ -1,0 +1,161 @@
+"""Spec generation from a model: every kernel of the decode step and prefill, one GEMV per distinct
+(rows, k, type), Q4_K-only specs valid with today's kinds, files never replaced unasked."""
+
+import dataclasses
+import json
+import tomllib
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from fixtures.make_tiny_gguf import tiny_config, write_tiny_gguf
+
+from ptxgen.errors import PtxgenError
+from ptxgen.model_config import from_hf_config
+from ptxgen.spec import load_spec
+from ptxgen.specgen import GEMV_KINDS, model_prefix, spec_from_gguf, spec_from_hf_config, spec_text, write_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+QWEN3_8B = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 4096,
+            "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "head_dim": 128, "rope_theta": 1000000, "rms_norm_eps": 1e-06,
+            "max_position_embeddings": 40960, "vocab_size": 151936, "tie_word_embeddings": False,
+            "rope_scaling": None, "torch_dtype": "bfloat16"}
+ONE_OF_EACH = ["persistent_decoder", "rmsnorm", "rope", "rope", "swiglu", "residual_add", "kv_append",
+               "incremental_attention", "flash_attention"]
+
+
+def kernels(text: str) -> list[dict]:
+    return tomllib.loads(text)["kernels"]
+
+
+def hf_config(tmp_path, **changes) -> Path:
+    path = tmp_path / "Qwen3-8B" / "config.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps({**QWEN3_8B, **changes}))
+    return path
+
+
+def test_mixed_fixture_spec(tmp_path):
+    config = tiny_config()
+    text = spec_from_gguf(write_tiny_gguf(tmp_path / "m.gguf"))
+    assert text == spec_text(config, "m.gguf"), "the spec comes from the file's config, and deterministically"
+    entries = kernels(text)
+    assert len({e["name"] for e in entries}) == len(entries) and all(e["name"].startswith("tiny_qwen3_") for e in entries)
+    gemvs = [(e["kind"], e["n"], e["k"]) for e in entries if e["kind"] in GEMV_KINDS.values()]
+    others = Counter(e["kind"] for e in entries if e["kind"] not in GEMV_KINDS.values())
+    assert others == Counter(ONE_OF_EACH + ["per_head_rmsnorm"] * 2)
+    needed = {(GEMV_KINDS[m.quant], m.rows, m.k) for m in config.matrices() if m.name != "token_embd.weight"}
+    assert sorted(gemvs) == sorted(needed), "one GEMV per distinct (type, n, k), lm_head included"
+    assert {kind for kind, _, _ in gemvs} == {"q4k_gemv", "q6k_gemv", "q8_0_gemv"}
+    decoder = entries[0]
+    assert decoder["kind"] == "persistent_decoder" and (decoder["num_layers"], decoder["max_seq_len"]) == (2, 256)
+    assert decoder["weight_quants"]["wv"] == [config.quants[f"blk.{i}.attn_v.weight"] for i in range(2)] == ["q6_k", "q8_0"]
+    assert "wq" in decoder["weight_quants"] and "w_up" not in decoder["weight_quants"], "only weights not all Q4_K"
+    assert "rope_style" not in decoder and "qk_norm" not in decoder, "Qwen3 needs no field today's kind lacks"
+
+
+def test_q4k_only_spec_validates_with_todays_kinds(tmp_path):
+    out = tmp_path / "tiny.toml"
+    write_spec(spec_from_gguf(write_tiny_gguf(tmp_path / "q4k.gguf", quant="q4_k")), out)
+    loaded = load_spec(out)
+    assert [k.kind for k in loaded.spec.kernels].count("q4k_gemv") == 4  # q|gate|up, k|v, o|down, lm_head
+
+
+def test_qwen3_8b_from_hf_config_matches_the_hand_written_specs(tmp_path):
+    """Every generated kernel but the lm_head is, name aside, one of specs/qwen3*.toml's."""
+    out = tmp_path / "qwen3_8b.toml"
+    write_spec(spec_from_hf_config(hf_config(tmp_path), "q4_k"), out)
+    ours = load_spec(out).spec.kernels
+    hand = [*load_spec(ROOT / "specs/qwen3.toml").spec.kernels, *load_spec(ROOT / "specs/qwen3_decoder.toml").spec.kernels]
+
+    def unnamed(kernel) -> str:
+        return json.dumps(kernel.model_dump(exclude={"name"}), sort_keys=True)
+
+    known = {unnamed(k) for k in hand}
+    assert all(k.name.startswith("qwen3_8b_") for k in ours)
+    assert [k.name for k in ours if unnamed(k) not in known] == ["qwen3_8b_lm_head"]
+    lm_head = next(k for k in ours if k.name == "qwen3_8b_lm_head")
+    assert (lm_head.kind, lm_head.n, lm_head.k) == ("q4k_gemv", 151936, 4096)
+    assert {k.kind for k in ours} == {k.kind for k in hand} - {"fused_rmsnorm_q4k_gemv"}
+
+
+def test_llama_spec_says_its_rope_and_has_no_qk_norm(tmp_path):
+    entries = kernels(spec_from_gguf(write_tiny_gguf(tmp_path / "l.gguf", "llama", tied=True, quant="q8_0")))
+    ropes = [e for e in entries if e["kind"] == "rope"]
+    assert len(ropes) == 2 and all(e["style"] == "interleaved" for e in ropes)
+    decoder = entries[0]
+    assert decoder["rope_style"] == "interleaved" and decoder["qk_norm"] is False
+    assert decoder["weight_quants"] == {w: ["q8_0", "q8_0"] for w in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")}
+    assert not [e for e in entries if e["kind"] == "per_head_rmsnorm"]
+    lm_head = next(e for e in entries if e["name"].endswith("lm_head"))
+    assert (lm_head["kind"], lm_head["n"], lm_head["k"]) == ("q8_0_gemv", 1000, 256), "tied: token_embd's type"
+
+
+def test_options_and_names():
+    config = tiny_config(quant="q4_k")
+    entries = kernels(spec_text(config, "x", max_seq_len=64, prefix="mine"))
+    assert all(e["name"].startswith("mine_") for e in entries)
+    assert {e["max_seq_len"] for e in entries if "max_seq_len" in e} == {64}
+    assert model_prefix("Qwen3 8B") == "qwen3_8b"
+    assert model_prefix("8B-chat!!") == "model_8b_chat"
+    assert model_prefix("Meta-Llama-3.1-8B-Instruct-Q4_K_M") == "meta_llama_3_1_8b_instru"
+    assert model_prefix("???") == "model"
+    with pytest.raises(PtxgenError, match="max_seq_len must be >= 1"):
+        spec_text(config, "x", max_seq_len=-1)
+    with pytest.raises(PtxgenError, match="prefix must be an identifier"):
+        spec_text(config, "x", prefix="8b-model")
+
+
+def test_weights_without_a_gemv_kind_are_named():
+    config = tiny_config()
+    f16 = dataclasses.replace(config, quants={**config.quants, "blk.1.ffn_up.weight": "f16"})
+    with pytest.raises(PtxgenError, match=r"tensor 'blk\.1\.ffn_up\.weight' is F16; there is no GEMV kind for it"):
+        spec_text(f16, "x")
+
+
+def test_write_spec_never_replaces_unasked(tmp_path):
+    out = tmp_path / "spec.toml"
+    out.write_text("mine")
+    with pytest.raises(PtxgenError, match="already exists; refusing to replace it"):
+        write_spec("new\n", out)
+    assert out.read_text() == "mine"
+    write_spec("new\n", out, overwrite=True)
+    assert out.read_text() == "new\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["spec.toml"], "no temporary file left behind"
+    with pytest.raises(PtxgenError, match="cannot write there"):
+        write_spec("x", out / "below_a_file.toml")
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"model_type": "mistral"}, r"model_type 'mistral' is not supported \(supported: qwen3, llama\)"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope scaling .* is not supported"),
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope scaling .* is not supported"),
+    ({"hidden_size": None}, "missing 'hidden_size'"),
+    ({"num_attention_heads": "32"}, r"'num_attention_heads' must be an int, got '32'"),
+    ({"tie_word_embeddings": 1}, r"'tie_word_embeddings' must be an bool"),
+    ({"num_key_value_heads": 7}, r"num_kv_heads \(7\) must divide num_heads \(32\)"),
+])
+def test_hf_config_errors(tmp_path, changes, message):
+    with pytest.raises(PtxgenError, match=message):
+        from_hf_config(hf_config(tmp_path, **changes), "q4_k")
+
+
+def test_hf_config_file_errors(tmp_path):
+    with pytest.raises(PtxgenError, match="cannot read config"):
+        from_hf_config(tmp_path / "none.json", "q4_k")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    with pytest.raises(PtxgenError, match="not a JSON config"):
+        from_hf_config(bad, "q4_k")
+    with pytest.raises(PtxgenError, match="unsupported tensor type 'q5_k'"):
+        from_hf_config(hf_config(tmp_path), "q5_k")
+
+
+def test_hf_config_defaults_and_rope_parameters(tmp_path):
+    path = hf_config(tmp_path, head_dim=None, num_key_value_heads=None, rope_theta=None,
+                     rope_parameters={"rope_type": "default", "rope_theta": 5e5}, tie_word_embeddings=True)
+    config = from_hf_config(path, "q6_k")
+    assert (config.head_dim, config.num_kv_heads, config.rope_theta) == (128, 32, 5e5)
+    assert config.tied_embeddings and config.lm_head.name == "token_embd.weight" and config.name == "Qwen3-8B"
+    assert set(config.quants.values()) == {"q6_k"} and len(config.quants) == 1 + 36 * 7
