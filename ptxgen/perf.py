@@ -3,8 +3,8 @@ bytes in flight against Little's law for one kernel launch on a chosen GPU, and 
 
 Everything is computed from plain values: the PTX text and launch geometry, the resources ptxas
 reported per arch (the manifest's `cubins`), the bytes the kind's traffic model moves, and a
-`Gpu`. Instructions are PTX instructions executed by the CPU interpreter; nvcc's SASS differs
-(`sass_counts` counts it offline when the optional nvdisasm wheel is installed).
+`Gpu`. Instructions are PTX instructions executed by the CPU interpreter; the SASS ptxas makes
+of them differs (`sass_counts` counts it offline when the optional nvdisasm wheel is installed).
 
 The time model has three terms, all in microseconds:
 - bandwidth: traffic bytes / the GPU's copy bandwidth (the floor);
@@ -14,7 +14,9 @@ The time model has three terms, all in microseconds:
   generations of CTAs one after another.
 If the warps of an SM overlap perfectly, the time is the largest term ("overlapped"); if they
 issue their loads together, wait together and compute together (a CTA barrier, or few rounds
-per warp, keeps them in step), the terms add ("serialized"). Measured kernels fall in between.
+per warp, keeps them in step), the terms add ("serialized"). There is no term for launch and
+ramp-up, so kernels of a few microseconds measure slower than either (an H100 rmsnorm of one
+4096 row takes 4.7 us in a CUDA graph).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from .errors import PtxgenError
 from .interp import launch as interpret
 from .interp.parser import TYPES, Addr, Imm, Neg, Pair, Reg, Vec, parse
 from .kernels import kind_of
-from .kernels.base import Launch
+from .kernels.base import Launch, round_up
 from .runner import launch_args, prepare_arrays
 
 
@@ -68,12 +70,12 @@ GPUS = {
     gpu.name: gpu
     for gpu in (
         Gpu("h100-sxm", "sm_90", 132, 1.98, 3350, 2991, 600,
-            "H100 SXM5 80GB: 132 SMs; 1.98 GHz is the maximum SM boost clock (nvidia-smi max clocks), "
-            "at which unlocked benches run, while Nsight Compute locks the base clock (1.56-1.58 GHz in "
-            "shared/measurements/H100-2026-11-23); HBM3 3.35 TB/s datasheet; copy 2991 GB/s measured "
-            "there; " + LATENCY_NOTE),
+            "H100 SXM5 80GB: 132 SMs; 1.98 GHz, NVIDIA's published maximum SM boost clock, which an "
+            "unlocked bench may reach (its clock was not recorded), while Nsight Compute locks the base "
+            "clock (1.56-1.58 GHz in shared/measurements/H100-2026-11-23); HBM3 3.35 TB/s datasheet; "
+            "copy 2991 GB/s measured there; " + LATENCY_NOTE),
         Gpu("h200", "sm_90", 132, 1.98, 4800, 4300, 600,
-            "H200 SXM 141GB: 132 SMs, 1.98 GHz maximum boost; HBM3e 4.8 TB/s datasheet; copy about "
+            "H200 SXM 141GB: 132 SMs, 1.98 GHz published maximum boost; HBM3e 4.8 TB/s datasheet; copy about "
             "4.3 TB/s measured (shared/NOTES.md); " + LATENCY_NOTE),
         Gpu("a100-80gb", "sm_80", 108, 1.41, 2039, None, 600,
             "A100 SXM4 80GB: 108 SMs, 1.41 GHz boost, HBM2e 2039 GB/s datasheet; copy not measured; "
@@ -109,10 +111,6 @@ class Occupancy:
     fraction: float  # of the arch's maximum resident warps
     limiter: str  # registers | shared | warps | ctas (the first of them that binds)
     ctas_allowed: dict  # resident CTAs per SM each resource alone allows
-
-
-def round_up(value: int, unit: int) -> int:
-    return -(-value // unit) * unit
 
 
 def occupancy(arch: Arch, threads_per_cta: int, registers_per_thread: int, shared_per_cta: int) -> Occupancy:
@@ -235,6 +233,7 @@ def _after_wait(ins, reads: set, state) -> frozenset:
 
 
 def _waits(ins, reads: set, state) -> bool:
+    """Whether `ins` stalls on a load in flight (cp.async.wait_group N is taken as waiting for all)."""
     if not state or ins.base in COPIES:
         return False
     if ins.base == "cp" and ins.mods[:2] in (["async", "wait_group"], ["async", "wait_all"]):
