@@ -19,9 +19,11 @@ class Arch:
     max_threads_per_cta: int = 1024
     registers_per_sm: int = 65536
     max_registers_per_thread: int = 255
-    # Allocation rules of CUDA's occupancy calculator (cuda_occupancy.h): registers go to a warp
-    # in units of 256 from one of the 4 schedulers' quarter of the register file; shared memory
-    # goes to a CTA in units of 128 bytes, plus 1 KB per CTA the driver reserves on sm_80+.
+    # Allocation rules of CUDA's occupancy calculator (cuda_occupancy.h, which spells them out
+    # for 8.x; taken to hold for 9.x-12.x, as Nsight Compute's block limits on sm_90 agree):
+    # registers go to a warp in units of 256 from one of the 4 schedulers' quarter of the
+    # register file; shared memory goes to a CTA in units of 128 bytes, plus the 1 KB per CTA
+    # the driver reserves on sm_80+.
     register_granularity: int = 256
     sub_partitions: int = 4
     shared_granularity: int = 128

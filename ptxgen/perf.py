@@ -330,7 +330,7 @@ def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str,
     if sass is not None:
         report["sass"] = {**sass, "ptx_loop_bodies": ptx_loop_bodies(ptx, entry)}
     if here.ctas_per_sm == 0:
-        return {**report, "verdict": f"cannot launch on {gpu.arch}: {here.limiter} exceed the SM's limit"}
+        return {**report, "verdict": f"cannot launch on {gpu.arch}: a CTA needs more {here.limiter} than an SM has"}
     # An SM holds at most its resident CTAs; a grid smaller than one wave spreads thinner.
     resident_ctas = min(here.ctas_per_sm, ctas / gpu.sms)
     in_flight = count.outstanding_bytes * threads * resident_ctas
@@ -339,8 +339,9 @@ def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str,
         "bandwidth": bandwidth_floor_us(traffic_bytes, gpu),
         "issue": issue_time_us(count.warp_instructions, gpu),
         "latency": generations * count.rounds_per_warp * gpu.latency_ns * 1e-3,
-        # Little's law: with too few bytes in flight, bandwidth <= in flight x SMs / latency.
-        "little": traffic_bytes * gpu.latency_ns * 1e-3 / (in_flight * gpu.sms) if in_flight else math.inf,
+        # Little's law: with too few bytes in flight, bandwidth <= in flight x SMs / latency (a
+        # kernel without global loads only stores, and no warp waits for a store).
+        "little": traffic_bytes * gpu.latency_ns * 1e-3 / (in_flight * gpu.sms) if in_flight else 0.0,
     }
     overlapped = max(times["bandwidth"], times["issue"], times["little"])
     serialized = times["bandwidth"] + times["issue"] + times["latency"]

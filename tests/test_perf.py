@@ -255,6 +255,14 @@ def test_evaluate_reports_the_model_of_the_stream_kernel():
     assert json.loads(json.dumps(report)) == report  # plain values, for `show --json`
 
 
+def test_a_cta_that_cannot_be_resident_gets_no_time():
+    x = np.ones(1024 * TRIPS * 16, np.float32)
+    report = perf.evaluate(STREAM, "stream", Launch((1, 1, 1), (1024, 1, 1)), [np.zeros(1024, np.float32), x, TRIPS],
+                           {"sm_90": {"registers": 255, "shared_bytes": 0}}, x.nbytes, TOY)
+    assert report["occupancy"] == {"sm_90": 0.0} and "estimate_us" not in report
+    assert report["verdict"] == "cannot launch on sm_90: a CTA needs more registers than an SM has"
+
+
 def test_evaluate_needs_a_cubin_for_the_gpus_arch():
     with pytest.raises(PtxgenError, match="sm_90"):
         perf.evaluate(STREAM, "stream", Launch((1, 1, 1), (BLOCK, 1, 1)), stream_args(1, np.random.default_rng(4)),
