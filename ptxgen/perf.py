@@ -14,9 +14,11 @@ The time model has three terms, all in microseconds:
   generations of CTAs one after another.
 If the warps of an SM overlap perfectly, the time is the largest term ("overlapped"); if they
 issue their loads together, wait together and compute together (a CTA barrier, or few rounds
-per warp, keeps them in step), the terms add ("serialized"). There is no term for launch and
-ramp-up, so kernels of a few microseconds measure slower than either (an H100 rmsnorm of one
-4096 row takes 4.7 us in a CUDA graph).
+per warp, keeps them in step), the terms add ("serialized"). Beside them, Little's law: the
+global-load bytes a thread has in flight when it waits x resident threads, against bandwidth x
+latency / SMs. There is no term for launch and ramp-up, so kernels of a few microseconds
+measure slower than either (an H100 rmsnorm of one 4096 row takes 4.7 us in a CUDA graph), nor
+for L2 hits or tensor-core pipes.
 """
 
 from __future__ import annotations
@@ -243,7 +245,9 @@ def _waits(ins, reads: set, state) -> bool:
 
 # --- executed instructions --------------------------------------------------------------------
 
-MAX_COUNTED_THREADS = 1 << 19  # larger grids are sampled (about 1 s per 2e8 thread-instructions)
+# Larger grids are sampled: the interpreter runs about 1e8 thread-instructions a second, and a
+# prefill attention CTA alone executes 3.5e6.
+MAX_COUNTED_THREADS = 1 << 14
 
 
 @dataclass(frozen=True)
@@ -339,12 +343,8 @@ def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str,
         "bandwidth": bandwidth_floor_us(traffic_bytes, gpu),
         "issue": issue_time_us(count.warp_instructions, gpu),
         "latency": generations * count.rounds_per_warp * gpu.latency_ns * 1e-3,
-        # Little's law: with too few bytes in flight, bandwidth <= in flight x SMs / latency (a
-        # kernel without global loads only stores, and no warp waits for a store).
-        "little": traffic_bytes * gpu.latency_ns * 1e-3 / (in_flight * gpu.sms) if in_flight else 0.0,
     }
-    overlapped = max(times["bandwidth"], times["issue"], times["little"])
-    serialized = times["bandwidth"] + times["issue"] + times["latency"]
+    overlapped, serialized = max(times.values()), sum(times.values())
     report.update({
         "bandwidth_floor_us": round(times["bandwidth"], 3),
         "issue_time_us": round(times["issue"], 3),
@@ -366,7 +366,7 @@ def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str,
 
 
 def evaluate_kernel(kernel, ptx: str, cubins: dict[str, dict], gpu: Gpu, *, cubin: bytes | None = None,
-                    seed: int = 0) -> dict:
+                    seed: int = 0, max_threads: int = MAX_COUNTED_THREADS) -> dict:
     """`evaluate` of a spec kernel at its kind's example scalars, on the kind's sample inputs
     (what `ptxgen show` reports)."""
     kind = kind_of(kernel)
@@ -376,24 +376,23 @@ def evaluate_kernel(kernel, ptx: str, cubins: dict[str, dict], gpu: Gpu, *, cubi
         return {"scalars": scalars, "verdict": "no CTAs at these scalars"}
     arrays = prepare_arrays(kind, kind.sample_inputs(np.random.default_rng(seed), scalars), scalars)
     return {"scalars": scalars, **evaluate(ptx, kernel.name, launch, launch_args(kind, arrays, scalars), cubins,
-                                           kind.traffic(scalars).bytes, gpu, cubin=cubin)}
+                                           kind.traffic(scalars).bytes, gpu, cubin=cubin, max_threads=max_threads)}
 
 
 def verdict(times: dict, count: Count, in_flight: float, gpu: Gpu) -> str:
     """One line naming the likely limiter and the range of bandwidth the model expects."""
-    serialized = times["bandwidth"] + times["issue"] + times["latency"]
-    overlapped = max(times["bandwidth"], times["issue"], times["little"])
+    overlapped, serialized = max(times.values()), sum(times.values())
     needed = gpu.bytes_in_flight_needed
     detail = (f"{100 * times['bandwidth'] / serialized:.0f}-{100 * times['bandwidth'] / overlapped:.0f}% of "
               f"{gpu.bandwidth_gbs:.0f} GB/s expected; bytes {times['bandwidth']:.1f} us + issue "
               f"{times['issue']:.1f} us + latency {times['latency']:.1f} us ({count.rounds_per_warp:.1f} rounds a "
               f"warp); {in_flight / 1024:.1f} KB in flight per SM vs {needed / 1024:.1f} KB needed")
-    if times["little"] > max(times["bandwidth"], times["issue"]):
-        return f"latency-bound, too few bytes in flight: {detail}"
     if times["bandwidth"] >= 0.75 * serialized:
         return f"bandwidth-bound: {detail}"
     if times["issue"] >= times["latency"]:
         return f"issue-bound, instructions per byte add to the bytes' time: {detail}"
+    if in_flight < needed:
+        return f"latency-bound, too few bytes in flight: {detail}"
     return f"latency-bound, dependent load rounds add to the bytes' time: {detail}"
 
 
