@@ -10,20 +10,36 @@ class Arch:
     name: str
     ptx_version: tuple[int, int]  # oldest PTX ISA that knows this target
     max_shared_per_cta: int  # opt-in dynamic shared memory limit, bytes
+    # Residency limits per SM, from the CUDA C++ Programming Guide, "Technical Specifications
+    # per Compute Capability" (Table 27 of the 12.x guide) and its per-architecture "Shared
+    # Memory" sections (shared_per_sm is the largest carve-out).
+    max_warps_per_sm: int = 64
+    max_ctas_per_sm: int = 32
+    shared_per_sm: int = 228 * 1024
     max_threads_per_cta: int = 1024
     registers_per_sm: int = 65536
+    max_registers_per_thread: int = 255
+    # Allocation rules of CUDA's occupancy calculator (cuda_occupancy.h, which spells them out
+    # for 8.x; taken to hold for 9.x-12.x, as Nsight Compute's block limits on sm_90 agree):
+    # registers go to a warp in units of 256 from one of the 4 schedulers' quarter of the
+    # register file; shared memory goes to a CTA in units of 128 bytes, plus the 1 KB per CTA
+    # the driver reserves on sm_80+.
+    register_granularity: int = 256
+    sub_partitions: int = 4
+    shared_granularity: int = 128
+    reserved_shared_per_cta: int = 1024
 
 
 ARCHS = {
     a.name: a
     for a in (
-        Arch("sm_80", (7, 0), 166912),
-        Arch("sm_86", (7, 1), 101376),
-        Arch("sm_87", (7, 4), 166912),
-        Arch("sm_89", (7, 8), 101376),
+        Arch("sm_80", (7, 0), 166912, shared_per_sm=164 * 1024),
+        Arch("sm_86", (7, 1), 101376, 48, 16, 100 * 1024),
+        Arch("sm_87", (7, 4), 166912, 48, 16, 164 * 1024),
+        Arch("sm_89", (7, 8), 101376, 48, 24, 100 * 1024),
         Arch("sm_90", (7, 8), 232448),
         Arch("sm_100", (8, 6), 232448),
-        Arch("sm_120", (8, 7), 101376),
+        Arch("sm_120", (8, 7), 101376, 48, 24, 100 * 1024),
     )
 }
 DEFAULT_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")

@@ -28,6 +28,13 @@ class LaunchStats:
     instructions: int = 0          # issued steps: one per group of threads run together
     thread_instructions: int = 0   # sum over steps of the threads that executed
     waves: int = 0
+    # Per instruction index: warps that reached it (a warp issues an instruction once however
+    # many of its lanes run it or are predicated off, so a partial warp counts whole).
+    warps_at: np.ndarray | None = None
+
+    @property
+    def warp_instructions(self) -> int:
+        return int(self.warps_at.sum())
 
 
 def _program(ptx, entry):
@@ -58,8 +65,10 @@ def _param_value(name, type_, arg, memory):
 
 def launch(ptx: str, entry: str, grid: tuple[int, int, int], block: tuple[int, int, int],
            args: list, *, dynamic_shared: int = 0, sanitize: bool = True,
-           kernel_name: str | None = None) -> LaunchStats:
-    """Execute `entry` over grid x block threads; arrays in args are updated in place."""
+           kernel_name: str | None = None, max_ctas: int | None = None) -> LaunchStats:
+    """Execute `entry` over grid x block threads; arrays in args are updated in place.
+    With `max_ctas`, only CTAs 0 .. max_ctas-1 (in x, y, z order) run: for counting
+    instructions of a large grid whose CTAs repeat each other's work."""
     prog, code = _program(ptx, entry)
     grid, block = tuple(int(v) for v in grid), tuple(int(v) for v in block)
     if len(grid) != 3 or len(block) != 3 or min(grid + block) < 1:
@@ -81,10 +90,12 @@ def launch(ptx: str, entry: str, grid: tuple[int, int, int], block: tuple[int, i
     if prog.dynamic_shared is not None:
         shared = prog.dynamic_shared.offset + int(dynamic_shared)
     num_ctas = grid[0] * grid[1] * grid[2]
+    if max_ctas is not None:
+        num_ctas = min(num_ctas, max_ctas)
     per_wave = max(1, min(num_ctas, MAX_WAVE_THREADS // cta_threads))
     if sanitize and shared:
         per_wave = max(1, min(per_wave, MAX_TRACKED_SHARED // shared))
-    stats = LaunchStats()
+    stats = LaunchStats(warps_at=np.zeros(len(code), np.int64))
     name = kernel_name or entry
     with np.errstate(all="ignore"):
         for first in range(0, num_ctas, per_wave):
@@ -104,6 +115,10 @@ def _report(finding, ins, st, name, first_cta):
              f"[CTA ({cta % gx},{cta // gx % gy},{cta // (gx * gy)}), "
              f"thread ({st.special['%tid.x'][t]},{st.special['%tid.y'][t]},{st.special['%tid.z'][t]})]")
     return SanitizerError(where) if finding.sanitizer else InterpError(where)
+
+
+def _distinct(sorted_ids):
+    return int(np.count_nonzero(sorted_ids[1:] != sorted_ids[:-1])) + 1 if len(sorted_ids) else 0
 
 
 def _union(st, *parts):
@@ -153,6 +168,8 @@ def _run_wave(st, code, stats, name, first_cta):
                     sel = active
             stats.instructions += 1
             stats.thread_instructions += len(active)
+            stats.warps_at[pc] += (st.num_ctas * st.warps_per_cta if len(threads) == n
+                                   else _distinct(st.warp[threads]))
             kind = ex.kind
             if kind == "alu":
                 if len(active):

@@ -1,0 +1,439 @@
+"""A performance model that needs no GPU: occupancy, instructions per byte, issue-bound time and
+bytes in flight against Little's law for one kernel launch on a chosen GPU, and a verdict.
+
+Everything is computed from plain values: the PTX text and launch geometry, the resources ptxas
+reported per arch (the manifest's `cubins`), the bytes the kind's traffic model moves, and a
+`Gpu`. Instructions are PTX instructions executed by the CPU interpreter; the SASS ptxas makes
+of them differs (`sass_counts` counts it offline when the optional nvdisasm wheel is installed).
+
+The time model has three terms, all in microseconds:
+- bandwidth: traffic bytes / the GPU's copy bandwidth (the floor);
+- issue: warp-instructions / (SMs x 4 schedulers x 1 instruction a cycle x clock);
+- latency: each warp waits `rounds` dependent DRAM round trips (a round: global loads issued
+  together and waited for together), and each SM runs ceil(CTAs / (SMs x resident CTAs))
+  generations of CTAs one after another.
+If the warps of an SM overlap perfectly, the time is the largest term ("overlapped"); if they
+issue their loads together, wait together and compute together (a CTA barrier, or few rounds
+per warp, keeps them in step), the terms add ("serialized"). Beside them, Little's law: the
+global-load bytes a thread has in flight when it waits x resident threads, against bandwidth x
+latency / SMs. There is no term for launch and ramp-up, so kernels of a few microseconds
+measure slower than either (an H100 rmsnorm of one 4096 row takes 4.7 us in a CUDA graph), nor
+for L2 hits or tensor-core pipes.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import math
+import re
+import subprocess
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .archs import ARCHS, Arch
+from .errors import PtxgenError
+from .interp import launch as interpret
+from .interp.parser import TYPES, Addr, Imm, Neg, Pair, Reg, Vec, parse
+from .kernels import kind_of
+from .kernels.base import Launch, round_up
+from .runner import launch_args, prepare_arrays
+
+
+# --- GPUs -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    arch: str
+    sms: int
+    clock_ghz: float  # SM clock the issue-bound time assumes
+    datasheet_gbs: float  # DRAM bandwidth, datasheet
+    copy_gbs: float | None  # measured device-to-device copy, (read + write) / time; None: not measured
+    latency_ns: float  # DRAM latency under load, for Little's law and each dependent round trip
+    sources: str
+
+    @property
+    def bandwidth_gbs(self) -> float:
+        """What a streaming kernel can reach: the measured copy rate where there is one."""
+        return self.copy_gbs or self.datasheet_gbs
+
+    @property
+    def bytes_in_flight_needed(self) -> float:
+        """Per SM, by Little's law: bandwidth x latency / SMs."""
+        return self.bandwidth_gbs * self.latency_ns / self.sms
+
+
+LATENCY_NOTE = ("latency 600 ns: assumed (issue 12's 600-800 ns under load, the low end); not measured "
+                "on this GPU")
+GPUS = {
+    gpu.name: gpu
+    for gpu in (
+        Gpu("h100-sxm", "sm_90", 132, 1.98, 3350, 2991, 600,
+            "H100 SXM5 80GB: 132 SMs; 1.98 GHz, NVIDIA's published maximum SM boost clock, which an "
+            "unlocked bench may reach (its clock was not recorded), while Nsight Compute locks the base "
+            "clock (1.56-1.58 GHz in shared/measurements/H100-2026-11-23); HBM3 3.35 TB/s datasheet; "
+            "copy 2991 GB/s measured there; " + LATENCY_NOTE),
+        Gpu("h200", "sm_90", 132, 1.98, 4800, 4300, 600,
+            "H200 SXM 141GB: 132 SMs, 1.98 GHz published maximum boost; HBM3e 4.8 TB/s datasheet; copy about "
+            "4.3 TB/s measured (shared/NOTES.md); " + LATENCY_NOTE),
+        Gpu("a100-80gb", "sm_80", 108, 1.41, 2039, None, 600,
+            "A100 SXM4 80GB: 108 SMs, 1.41 GHz boost, HBM2e 2039 GB/s datasheet; copy not measured; "
+            + LATENCY_NOTE),
+        Gpu("l40s", "sm_89", 142, 2.52, 864, None, 600,
+            "L40S: 142 SMs, 2.52 GHz boost, GDDR6 864 GB/s datasheet; copy not measured; " + LATENCY_NOTE),
+        Gpu("rtx4090", "sm_89", 128, 2.52, 1008, None, 600,
+            "GeForce RTX 4090: 128 SMs, 2.52 GHz boost, GDDR6X 1008 GB/s datasheet; copy not measured; "
+            + LATENCY_NOTE),
+    )
+}
+DEFAULT_GPU = "h100-sxm"
+SCHEDULERS_PER_SM = 4  # each issues at most one warp-instruction a cycle (sm_80 .. sm_120)
+
+
+def gpu_named(name: str) -> Gpu:
+    if name not in GPUS:
+        raise PtxgenError(f"--gpu: expected one of {', '.join(GPUS)}, got {name!r}")
+    return GPUS[name]
+
+
+def arch_limits(name: str) -> Arch:
+    """The residency limits of an arch; sm_90a (and other feature suffixes) share sm_90's."""
+    return ARCHS[name.rstrip("af")]
+
+
+# --- occupancy ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Occupancy:
+    ctas_per_sm: int
+    warps_per_sm: int
+    fraction: float  # of the arch's maximum resident warps
+    limiter: str  # registers | shared | warps | ctas (the first of them that binds)
+    ctas_allowed: dict  # resident CTAs per SM each resource alone allows
+
+
+def occupancy(arch: Arch, threads_per_cta: int, registers_per_thread: int, shared_per_cta: int) -> Occupancy:
+    """Resident CTAs per SM by the rules of CUDA's occupancy calculator. `shared_per_cta` is
+    static + dynamic bytes. Shared memory is counted against the largest carve-out (the driver
+    picks a smaller one when that loses no CTA, so Nsight Compute's "Block Limit Shared Mem" can
+    be lower than ours without lowering the occupancy)."""
+    warps = -(-threads_per_cta // 32)
+    warp_registers = round_up(max(registers_per_thread, 1) * 32, arch.register_granularity)
+    per_partition = arch.registers_per_sm // arch.sub_partitions // warp_registers
+    # The hardware checks a CTA's registers as if its warps filled every scheduler's quarter.
+    fits = (registers_per_thread <= arch.max_registers_per_thread
+            and warp_registers * round_up(warps, arch.sub_partitions) <= arch.registers_per_sm)
+    shared = round_up(shared_per_cta + arch.reserved_shared_per_cta, arch.shared_granularity)
+    allowed = {
+        "registers": per_partition * arch.sub_partitions // warps if fits else 0,
+        "shared": arch.shared_per_sm // shared
+        if shared <= arch.max_shared_per_cta + arch.reserved_shared_per_cta else 0,
+        "warps": arch.max_warps_per_sm // warps if threads_per_cta <= arch.max_threads_per_cta else 0,
+        "ctas": arch.max_ctas_per_sm,
+    }
+    ctas = min(allowed.values())
+    limiter = next(name for name, value in allowed.items() if value == ctas)
+    return Occupancy(ctas, ctas * warps, ctas * warps / arch.max_warps_per_sm, limiter, allowed)
+
+
+# --- global loads in the PTX: what a thread keeps in flight ------------------------------------
+
+# Unpacking a loaded vector (mov, cvt) is not a use: ptxas issues every load of a block first and
+# moves such copies to where their results are needed.
+COPIES = {"mov", "cvt"}
+NO_DESTINATION = {"st", "bar", "barrier", "bra", "ret", "exit", "red", "membar", "fence", "cp", "prefetch",
+                  "prefetchu", "trap", "nanosleep"}
+
+
+def _registers(operand) -> set[int]:
+    if isinstance(operand, Reg):
+        return {operand.id}
+    if isinstance(operand, Neg):
+        return {operand.reg.id}
+    if isinstance(operand, Pair):
+        return {operand.first.id, operand.second.id}
+    if isinstance(operand, Vec):
+        return set().union(*(_registers(item) for item in operand.items))
+    if isinstance(operand, Addr) and isinstance(operand.base, Reg):
+        return {operand.base.id}
+    return set()
+
+
+def _reads_writes(ins) -> tuple[set, set]:
+    operands = ins.operands
+    writes = set() if ins.base in NO_DESTINATION or not operands else _registers(operands[0])
+    if writes and not isinstance(operands[0], Addr):
+        operands = operands[1:]
+    reads = set().union(*(_registers(op) for op in operands)) if operands else set()
+    if ins.guard is not None:
+        reads.add(ins.guard[0])
+    return reads, writes
+
+
+def _loaded(ins) -> dict:
+    """Global-load bytes this instruction puts in flight, by what a later wait is on: each
+    destination register, or for cp.async (global to shared) a key of its own."""
+    if ins.base == "ld" and "global" in ins.mods:
+        size = next(TYPES[m][0] for m in reversed(ins.mods) if m in TYPES)
+        return {reg: size for reg in _registers(ins.operands[0])}
+    if ins.base == "cp" and ins.mods[:1] == ["async"] and "global" in ins.mods:
+        size = next((op.value for op in ins.operands[2:] if isinstance(op, Imm)), 16)
+        return {("cp.async", ins.index): size}
+    return {}
+
+
+def _successors(ins, count: int) -> list[int]:
+    if ins.base == "bra":
+        return [ins.target] if ins.guard is None else [ins.target, ins.index + 1]
+    if ins.base in ("ret", "exit") and ins.guard is None:
+        return []
+    return [ins.index + 1] if ins.index + 1 < count else []
+
+
+@dataclass(frozen=True)
+class LoadRounds:
+    starts: tuple[int, ...]  # global loads issued while nothing is in flight: each opens a round
+    waits: dict  # instruction index -> global-load bytes a thread has in flight when it waits there
+
+
+def load_rounds(program) -> LoadRounds:
+    """Static data flow over the PTX: which global loads are in flight at each instruction. The
+    first use of any of them waits, and by then the ones issued with it have arrived too (one
+    thread's requests see about the same latency), so a use empties the set."""
+    code = program.instructions
+    effects = [(*_reads_writes(ins), _loaded(ins)) for ins in code]
+    pending = [None] * len(code)  # keys in flight on entry (union over paths), None = unreached
+    pending[0] = frozenset()
+    sizes, work = {}, [0]
+    while work:
+        index = work.pop()
+        reads, writes, loaded = effects[index]
+        state = pending[index]
+        if code[index].base in COPIES and reads & state:
+            state = state | writes  # the copies are in flight with the loads they copy
+            sizes.update({reg: sizes.get(reg, 0) for reg in writes})
+        else:
+            state = (_after_wait(code[index], reads, state) - writes) | loaded.keys()
+        sizes.update(loaded)
+        for successor in _successors(code[index], len(code)):
+            merged = state if pending[successor] is None else pending[successor] | state
+            if merged != pending[successor]:
+                pending[successor] = merged
+                work.append(successor)
+    waits = {i: sum(sizes[k] for k in pending[i]) for i, ins in enumerate(code)
+             if pending[i] and _waits(ins, effects[i][0], pending[i])}
+    starts = tuple(i for i, (reads, _, loaded) in enumerate(effects)
+                   if loaded and pending[i] is not None and not _after_wait(code[i], reads, pending[i]))
+    return LoadRounds(starts, waits)
+
+
+def _after_wait(ins, reads: set, state) -> frozenset:
+    return frozenset() if _waits(ins, reads, state) else state
+
+
+def _waits(ins, reads: set, state) -> bool:
+    """Whether `ins` stalls on a load in flight (cp.async.wait_group N is taken as waiting for all)."""
+    if not state or ins.base in COPIES:
+        return False
+    if ins.base == "cp" and ins.mods[:2] in (["async", "wait_group"], ["async", "wait_all"]):
+        return any(isinstance(key, tuple) for key in state)
+    return bool(reads & state)
+
+
+# --- executed instructions --------------------------------------------------------------------
+
+# Larger grids are sampled: the interpreter runs about 1e8 thread-instructions a second, and a
+# prefill attention CTA alone executes 3.5e6.
+MAX_COUNTED_THREADS = 1 << 14
+
+
+@dataclass(frozen=True)
+class Count:
+    thread_instructions: int  # PTX, whole grid (scaled when sampled)
+    warp_instructions: int  # a warp issues once however many of its lanes take part
+    rounds_per_warp: float  # dependent global-load round trips a warp waits through
+    # Global-load bytes a thread has in flight at the wait it reaches most often (the main loop's).
+    outstanding_bytes: int
+    ctas_run: int
+    ctas: int
+
+    @property
+    def counted(self) -> str:
+        if self.ctas_run == self.ctas:
+            return f"all {self.ctas} CTAs executed"
+        return (f"CTAs 0..{self.ctas_run - 1} of {self.ctas} executed, counts scaled by {self.ctas}/{self.ctas_run} "
+                "(exact when the other CTAs repeat their work)")
+
+
+def count_instructions(ptx: str, entry: str, launch: Launch, args: list,
+                       max_threads: int = MAX_COUNTED_THREADS) -> Count:
+    """Run the launch in the interpreter (sanitizer off; arrays in args are written) and count.
+    A grid of more than `max_threads` threads runs only its first whole rows of CTAs (or first
+    CTAs) and scales the counts; a cooperative or any-grid launch always runs whole, since its
+    CTAs wait for each other."""
+    ctas = math.prod(launch.grid)
+    threads = launch.threads_per_cta
+    run = ctas
+    if ctas * threads > max_threads and not (launch.cooperative or launch.any_grid):
+        row = launch.grid[0]
+        run = row * (max_threads // (row * threads)) or max(1, max_threads // threads)
+    stats = interpret(ptx, entry, launch.grid, launch.block, args, dynamic_shared=launch.dynamic_shared,
+                      sanitize=False, max_ctas=run)
+    rounds = load_rounds(parse(ptx, entry))
+    warps_run = run * -(-threads // 32)
+    busiest = max(rounds.waits, key=lambda i: (stats.warps_at[i], rounds.waits[i]), default=None)
+    return Count(
+        thread_instructions=round(stats.thread_instructions * ctas / run),
+        warp_instructions=round(stats.warp_instructions * ctas / run),
+        rounds_per_warp=float(sum(stats.warps_at[i] for i in rounds.starts)) / warps_run,
+        outstanding_bytes=rounds.waits[busiest] if busiest is not None else 0,
+        ctas_run=run,
+        ctas=ctas,
+    )
+
+
+# --- the model ----------------------------------------------------------------------------------
+
+def issue_time_us(warp_instructions: int, gpu: Gpu) -> float:
+    return warp_instructions / (gpu.sms * SCHEDULERS_PER_SM * gpu.clock_ghz * 1e3)
+
+
+def bandwidth_floor_us(nbytes: int, gpu: Gpu) -> float:
+    return nbytes / (gpu.bandwidth_gbs * 1e3)
+
+
+def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str, dict], traffic_bytes: int,
+             gpu: Gpu, *, cubin: bytes | None = None, max_threads: int = MAX_COUNTED_THREADS) -> dict:
+    """The model's report for one launch. `cubins`: arch -> resources as in the manifest
+    (`registers`, `shared_bytes` = static shared); it must include the GPU's arch. With the
+    GPU arch's `cubin` and nvdisasm installed, the report adds its SASS counts."""
+    if gpu.arch not in cubins:
+        raise PtxgenError(f"--gpu {gpu.name} is {gpu.arch}, which the spec does not build "
+                          f"(archs: {', '.join(cubins)})")
+    threads = launch.threads_per_cta
+    occupancies = {arch: occupancy(arch_limits(arch), threads, res["registers"],
+                                   res["shared_bytes"] + launch.dynamic_shared)
+                   for arch, res in cubins.items()}
+    count = count_instructions(ptx, entry, launch, args, max_threads)
+    here = occupancies[gpu.arch]
+    ctas = math.prod(launch.grid)
+    report = {
+        "gpu": {**asdict(gpu), "bandwidth_gbs": gpu.bandwidth_gbs},
+        "occupancy": {arch: round(o.fraction, 4) for arch, o in occupancies.items()},
+        "occupancy_detail": {arch: asdict(o) for arch, o in occupancies.items()},
+        "thread_instructions": count.thread_instructions,
+        "warp_instructions": count.warp_instructions,
+        "counted": count.counted,
+        "bytes": traffic_bytes,
+        "thread_instructions_per_byte": round(count.thread_instructions / traffic_bytes, 3) if traffic_bytes else None,
+    }
+    sass = sass_counts(cubin) if cubin is not None else None
+    if sass is not None:
+        report["sass"] = {**sass, "ptx_loop_bodies": ptx_loop_bodies(ptx, entry)}
+    if here.ctas_per_sm == 0:
+        return {**report, "verdict": f"cannot launch on {gpu.arch}: a CTA needs more {here.limiter} than an SM has"}
+    # An SM holds at most its resident CTAs; a grid smaller than one wave spreads thinner.
+    resident_ctas = min(here.ctas_per_sm, ctas / gpu.sms)
+    in_flight = count.outstanding_bytes * threads * resident_ctas
+    generations = math.ceil(ctas / (gpu.sms * here.ctas_per_sm))
+    times = {
+        "bandwidth": bandwidth_floor_us(traffic_bytes, gpu),
+        "issue": issue_time_us(count.warp_instructions, gpu),
+        "latency": generations * count.rounds_per_warp * gpu.latency_ns * 1e-3,
+    }
+    overlapped, serialized = max(times.values()), sum(times.values())
+    report.update({
+        "bandwidth_floor_us": round(times["bandwidth"], 3),
+        "issue_time_us": round(times["issue"], 3),
+        "latency_time_us": round(times["latency"], 3),
+        "rounds_per_warp": round(count.rounds_per_warp, 3),
+        "generations": generations,
+        "bytes_in_flight": {
+            "per_thread": count.outstanding_bytes,
+            "resident_threads_per_sm": round(threads * resident_ctas, 1),
+            "per_sm": round(in_flight),
+            "needed_per_sm": round(gpu.bytes_in_flight_needed),
+        },
+        "estimate_us": {"overlapped": round(overlapped, 3), "serialized": round(serialized, 3)},
+        "percent_of_bandwidth": {"overlapped": round(100 * times["bandwidth"] / overlapped, 1),
+                                 "serialized": round(100 * times["bandwidth"] / serialized, 1)},
+        "verdict": verdict(times, count, in_flight, gpu),
+    })
+    return report
+
+
+def evaluate_kernel(kernel, ptx: str, cubins: dict[str, dict], gpu: Gpu, *, cubin: bytes | None = None,
+                    seed: int = 0, max_threads: int = MAX_COUNTED_THREADS) -> dict:
+    """`evaluate` of a spec kernel at its kind's example scalars, on the kind's sample inputs
+    (what `ptxgen show` reports)."""
+    kind = kind_of(kernel)
+    scalars = kind.example_scalars()
+    launch = kind.launch(scalars)
+    if launch.empty:
+        return {"scalars": scalars, "verdict": "no CTAs at these scalars"}
+    arrays = prepare_arrays(kind, kind.sample_inputs(np.random.default_rng(seed), scalars), scalars)
+    return {"scalars": scalars, **evaluate(ptx, kernel.name, launch, launch_args(kind, arrays, scalars), cubins,
+                                           kind.traffic(scalars).bytes, gpu, cubin=cubin, max_threads=max_threads)}
+
+
+def verdict(times: dict, count: Count, in_flight: float, gpu: Gpu) -> str:
+    """One line naming the likely limiter and the range of bandwidth the model expects."""
+    overlapped, serialized = max(times.values()), sum(times.values())
+    needed = gpu.bytes_in_flight_needed
+    detail = (f"{100 * times['bandwidth'] / serialized:.0f}-{100 * times['bandwidth'] / overlapped:.0f}% of "
+              f"{gpu.bandwidth_gbs:.0f} GB/s expected; bytes {times['bandwidth']:.1f} us + issue "
+              f"{times['issue']:.1f} us + latency {times['latency']:.1f} us ({count.rounds_per_warp:.1f} rounds a "
+              f"warp); {in_flight / 1024:.1f} KB in flight per SM vs {needed / 1024:.1f} KB needed")
+    if times["bandwidth"] >= 0.75 * serialized:
+        return f"bandwidth-bound: {detail}"
+    if times["issue"] >= times["latency"]:
+        return f"issue-bound, instructions per byte add to the bytes' time: {detail}"
+    if in_flight < needed:
+        return f"latency-bound, too few bytes in flight: {detail}"
+    return f"latency-bound, dependent load rounds add to the bytes' time: {detail}"
+
+
+# --- SASS, offline (optional: the nvidia-cuda-nvdisasm wheel, extra "sass") -----------------------
+
+_SASS_LINE = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)(.*);", re.M)
+_LABEL = re.compile(r"^(\.L_x_\d+):", re.M)
+
+
+def nvdisasm() -> Path | None:
+    """The nvdisasm binary of the nvidia-cuda-nvdisasm wheel, or None where it is not installed."""
+    try:
+        files = importlib.metadata.files("nvidia-cuda-nvdisasm") or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return next((Path(f.locate()) for f in files if f.name == "nvdisasm"), None)
+
+
+def sass_counts(cubin: bytes) -> dict | None:
+    """Static SASS instructions of a cubin (padding NOPs left out) and the body sizes of its
+    loops (a branch back to an earlier label), or None without nvdisasm."""
+    tool = nvdisasm()
+    if tool is None:
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
+        handle.write(cubin)
+        handle.flush()
+        text = subprocess.run([str(tool), "-c", handle.name], capture_output=True, text=True, check=True).stdout
+    instructions = [(m.start(), m.group(1), m.group(2)) for m in _SASS_LINE.finditer(text) if m.group(1) != "NOP"]
+    labels = {m.group(1): m.start() for m in _LABEL.finditer(text)}
+    loops = []
+    for at, opcode, rest in instructions:
+        target = re.search(r"\(\s*(\.L_x_\d+)\s*\)", rest) if opcode.startswith("BRA") else None
+        body = sum(labels[target.group(1)] < other <= at for other, _, _ in instructions) if target else 0
+        if body > 1:  # a branch to itself is the trap ptxas puts after the last EXIT
+            loops.append(body)
+    return {"instructions": len(instructions), "loop_bodies": loops}
+
+
+def ptx_loop_bodies(ptx: str, entry: str) -> list[int]:
+    """PTX instructions in each loop body (from a label to the branch back to it), for
+    comparison with `sass_counts`."""
+    code = parse(ptx, entry).instructions
+    return [ins.index - ins.target + 1 for ins in code if ins.base == "bra" and ins.target <= ins.index]

@@ -1,0 +1,297 @@
+"""The GPU-free performance model (ptxgen/perf.py): occupancy by CUDA's rules, instruction and
+round-trip counts from the interpreter, Little's law, and the report on small kernels whose
+every number is worked out by hand below."""
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+
+from ptxgen import perf
+from ptxgen.archs import ARCHS
+from ptxgen.errors import PtxgenError
+from ptxgen.interp import launch
+from ptxgen.interp.parser import parse
+from ptxgen.kernels.base import Launch
+from ptxgen.kernels.q4k_gemv import Q4kGemvConfig
+
+H100 = perf.GPUS["h100-sxm"]
+
+
+# --- occupancy: cases worked out from the occupancy calculator's rules ------------------------
+# registers: ceil(regs * 32 / 256) * 256 per warp, from each scheduler's 16384; shared: (bytes +
+# 1 KB reserved) rounded up to 128 against the largest carve-out.
+
+@pytest.mark.parametrize("arch, threads, registers, shared, ctas, limiter", [
+    # gate_up_proj today (ncu: 2 CTAs by registers, 25%): 92 regs -> 3072 a warp, 5 warps a
+    # quarter, 20 an SM, 2 CTAs of 8 warps.
+    ("sm_90", 256, 92, 17408, 2, "registers"),
+    # decode attention today (ncu: 3 CTAs by registers, 18.75%): 167 -> 5376, 3 a quarter, 12 warps.
+    ("sm_90", 128, 167, 11268, 3, "registers"),
+    # 255 registers: 8192 a warp, 2 a quarter, 8 warps an SM: one 256-thread CTA.
+    ("sm_90", 256, 255, 0, 1, "registers"),
+    # 1024 threads x 255 registers need 262144 registers: the CTA cannot launch at all.
+    ("sm_90", 1024, 255, 0, 0, "registers"),
+    # 96 registers: 3072 a warp, 5 a quarter: 20 one-warp CTAs, not the 21 of 65536 / 3072.
+    ("sm_90", 32, 96, 0, 20, "registers"),
+    # 100 KB each: 103424 with the reserve, two fit in 228 KB.
+    ("sm_90", 256, 32, 100 * 1024, 2, "shared"),
+    # 20000 B: 21120 with reserve and rounding, 4 in 100 KB (5 without them).
+    ("sm_86", 64, 32, 20000, 4, "shared"),
+    # 512 threads x 24 registers: registers allow 5 CTAs, warps 64 / 16 = 4.
+    ("sm_80", 512, 24, 0, 4, "warps"),
+    # one-warp CTAs: sm_86 holds 16 CTAs, sm_89 24, sm_90 32.
+    ("sm_86", 32, 16, 0, 16, "ctas"),
+    ("sm_89", 32, 16, 0, 24, "ctas"),
+    ("sm_90", 32, 16, 0, 32, "ctas"),
+])
+def test_occupancy_follows_the_cuda_rules(arch, threads, registers, shared, ctas, limiter):
+    result = perf.occupancy(ARCHS[arch], threads, registers, shared)
+    warps = ctas * math.ceil(threads / 32)
+    assert (result.ctas_per_sm, result.warps_per_sm, result.limiter) == (ctas, warps, limiter), result
+    assert result.fraction == pytest.approx(warps / ARCHS[arch].max_warps_per_sm)
+
+
+def test_occupancy_matches_nsight_compute_block_limits():
+    # ncu-decode-kernels.txt, gate_up_proj on the H100: Block Limit Registers 2, Warps 8, SM 32.
+    allowed = perf.occupancy(ARCHS["sm_90"], 256, 92, 17408).ctas_allowed
+    assert (allowed["registers"], allowed["warps"], allowed["ctas"]) == (2, 8, 32)
+    assert perf.occupancy(ARCHS["sm_90"], 128, 167, 11268).ctas_allowed["warps"] == 16
+    assert perf.arch_limits("sm_90a") is ARCHS["sm_90"]
+
+
+# --- GPU figures, Little's law, issue time ------------------------------------------------------
+
+def test_littles_law_and_issue_time_arithmetic():
+    # 2991 GB/s x 600 ns = 1.79 MB in flight on the GPU, 13.6 KB for each of 132 SMs.
+    assert H100.bandwidth_gbs == 2991
+    assert H100.bytes_in_flight_needed == pytest.approx(2991e9 * 600e-9 / 132)
+    # ncu's own count for gate_up_proj (6,836,352 issued warp-instructions in 19.07 us at
+    # 1.56 GHz) at one per scheduler per cycle is its measured 43.4% issue-slot utilisation.
+    at_ncu_clock = dataclasses.replace(H100, clock_ghz=1.56)
+    assert perf.issue_time_us(6_836_352, at_ncu_clock) / 19.07 == pytest.approx(0.4343, abs=0.002)
+    assert perf.bandwidth_floor_us(2991 * 1000, H100) == pytest.approx(1.0)
+
+
+def test_every_gpu_names_a_known_arch_and_a_sane_bandwidth():
+    for gpu in perf.GPUS.values():
+        assert gpu.arch in ARCHS and gpu.sources
+        assert gpu.copy_gbs is None or gpu.copy_gbs < gpu.datasheet_gbs
+    with pytest.raises(PtxgenError, match="--gpu"):
+        perf.gpu_named("h800")
+
+
+# --- a small streaming kernel: every count by hand ----------------------------------------------
+# Each thread sums its own `trips` x 64 bytes: per trip four 16-byte loads issued together, then
+# 16 adds and 4 loop instructions (24); 12 instructions before the loop and 4 after.
+
+STREAM = """
+.version 7.0
+.target sm_80
+.address_size 64
+.visible .entry stream(.param .u64 out, .param .u64 x, .param .u32 trips)
+{
+  .reg .pred %more;
+  .reg .b32 %t, %n, %w, %thread, %gid;
+  .reg .b64 %o, %p, %off;
+  .reg .f32 %a<16>, %acc;
+  ld.param.u64 %o, [out];
+  ld.param.u64 %p, [x];
+  ld.param.u32 %n, [trips];
+  mov.u32 %thread, %tid.x;
+  mov.u32 %gid, %ctaid.x;
+  mov.u32 %w, %ntid.x;
+  mad.lo.u32 %gid, %gid, %w, %thread;
+  mul.lo.u32 %w, %n, 64;
+  mul.wide.u32 %off, %gid, %w;
+  add.u64 %p, %p, %off;
+  mov.f32 %acc, 0f00000000;
+  mov.u32 %t, 0;
+LOOP:
+  ld.global.nc.v4.f32 {%a0, %a1, %a2, %a3}, [%p];
+  ld.global.nc.v4.f32 {%a4, %a5, %a6, %a7}, [%p+16];
+  ld.global.nc.v4.f32 {%a8, %a9, %a10, %a11}, [%p+32];
+  ld.global.nc.v4.f32 {%a12, %a13, %a14, %a15}, [%p+48];
+""" + "".join(f"  add.f32 %acc, %acc, %a{i};\n" for i in range(16)) + """
+  add.u64 %p, %p, 64;
+  add.u32 %t, %t, 1;
+  setp.lt.u32 %more, %t, %n;
+  @%more bra LOOP;
+  mul.wide.u32 %off, %gid, 4;
+  add.u64 %o, %o, %off;
+  st.global.f32 [%o], %acc;
+  ret;
+}
+"""
+TRIPS = 5
+PER_THREAD = 12 + 24 * TRIPS + 4  # issued; the last trip's branch is predicated off, so a thread
+EXECUTED = PER_THREAD - 1  # executes one fewer
+BLOCK = 48  # two warps, the second partial
+
+
+def stream_args(ctas: int, rng) -> list:
+    x = rng.standard_normal(ctas * BLOCK * TRIPS * 16).astype(np.float32)
+    return [np.full(ctas * BLOCK, np.nan, np.float32), x, TRIPS]
+
+
+def test_the_stream_kernel_sums_what_it_should():
+    args = stream_args(3, np.random.default_rng(0))
+    launch(STREAM, "stream", (3, 1, 1), (BLOCK, 1, 1), args)
+    expected = args[1].astype(np.float64).reshape(3 * BLOCK, -1).sum(axis=1)
+    assert np.allclose(args[0], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_load_rounds_of_the_stream_kernel():
+    rounds = perf.load_rounds(parse(STREAM, "stream"))
+    code = parse(STREAM, "stream").instructions
+    assert [code[i].text.split()[0] for i in rounds.starts] == ["ld.global.nc.v4.f32"]  # the loop's first load
+    assert list(rounds.waits.values()) == [64]  # four 16-byte loads in flight at the first add
+
+
+def test_count_instructions_counts_whole_warps_and_rounds():
+    count = perf.count_instructions(STREAM, "stream", Launch((3, 1, 1), (BLOCK, 1, 1)),
+                                    stream_args(3, np.random.default_rng(1)))
+    assert count.thread_instructions == 3 * BLOCK * EXECUTED
+    assert count.warp_instructions == 3 * 2 * PER_THREAD  # the 16-thread warp counts whole
+    assert count.rounds_per_warp == TRIPS and count.outstanding_bytes == 64
+    assert count.counted == "all 3 CTAs executed"
+
+
+@pytest.mark.parametrize("grid, max_threads, run", [((40, 1, 1), 8 * BLOCK, 8), ((4, 10, 1), 3 * 4 * BLOCK, 12)])
+def test_a_sampled_grid_scales_to_the_full_count(grid, max_threads, run):
+    ctas = math.prod(grid)
+    full = perf.count_instructions(STREAM, "stream", Launch(grid, (BLOCK, 1, 1)),
+                                   stream_args(ctas, np.random.default_rng(2)))
+    sampled = perf.count_instructions(STREAM, "stream", Launch(grid, (BLOCK, 1, 1)),
+                                      stream_args(ctas, np.random.default_rng(2)), max_threads=max_threads)
+    assert sampled.ctas_run == run and f"0..{run - 1} of {ctas}" in sampled.counted
+    assert (sampled.thread_instructions, sampled.warp_instructions, sampled.rounds_per_warp) == \
+        (full.thread_instructions, full.warp_instructions, full.rounds_per_warp) == \
+        (ctas * BLOCK * EXECUTED, ctas * 2 * PER_THREAD, TRIPS)
+
+
+def test_lanes_a_branch_skips_still_cost_their_warp_one_issue():
+    ptx = """
+.version 7.0
+.target sm_80
+.address_size 64
+.visible .entry lane0(.param .u64 out)
+{
+  .reg .pred %p;
+  .reg .b32 %l;
+  mov.u32 %l, %laneid;
+  setp.ne.u32 %p, %l, 0;
+  @%p bra SKIP;
+  add.u32 %l, %l, 1;
+  add.u32 %l, %l, 1;
+  add.u32 %l, %l, 1;
+SKIP:
+  ret;
+}
+"""
+    stats = launch(ptx, "lane0", (1, 1, 1), (64, 1, 1), [np.zeros(1, np.uint32)])
+    # mov, setp, bra, ret: 64 threads, 2 warps; the bra runs on the 62 lanes it sends to SKIP;
+    # each add: lane 0 of each warp, 2 threads and 2 warps.
+    assert stats.thread_instructions == 64 + 64 + 62 + 3 * 2 + 64
+    assert stats.warp_instructions == 4 * 2 + 3 * 2
+
+
+def test_unpacking_a_load_is_not_waiting_for_it():
+    ptx = """
+.version 7.0
+.target sm_80
+.address_size 64
+.visible .entry pair(.param .u64 out, .param .u64 x)
+{
+  .reg .b32 %u<2>;
+  .reg .b16 %h<2>;
+  .reg .f32 %f<2>;
+  .reg .b64 %o, %p;
+  ld.param.u64 %o, [out];
+  ld.param.u64 %p, [x];
+  ld.global.u32 %u0, [%p];
+  mov.b32 {%h0, %h1}, %u0;
+  cvt.f32.f16 %f0, %h0;
+  ld.global.u32 %u1, [%p+4];
+  cvt.rn.f32.u32 %f1, %u1;
+  add.f32 %f0, %f0, %f1;
+  st.global.f32 [%o], %f0;
+  ret;
+}
+"""
+    rounds = perf.load_rounds(parse(ptx, "pair"))
+    assert len(rounds.starts) == 1 and list(rounds.waits.values()) == [8]
+
+
+# --- the report -----------------------------------------------------------------------------------
+
+TOY = perf.Gpu("toy", "sm_90", sms=2, clock_ghz=1.0, datasheet_gbs=100, copy_gbs=None, latency_ns=500,
+               sources="test figures")
+
+
+def test_evaluate_reports_the_model_of_the_stream_kernel():
+    traffic = 3 * BLOCK * TRIPS * 64 + 3 * BLOCK * 4
+    cubins = {"sm_86": {"registers": 40, "shared_bytes": 0}, "sm_90": {"registers": 40, "shared_bytes": 0}}
+    report = perf.evaluate(STREAM, "stream", Launch((3, 1, 1), (BLOCK, 1, 1)),
+                           stream_args(3, np.random.default_rng(3)), cubins, traffic, TOY)
+    # 40 registers: 1280 a warp, 12 a quarter, 48 warps: 24 two-warp CTAs (sm_90, 75%); sm_86
+    # allows 48 warps too but 16 CTAs, 32 warps (2/3).
+    assert report["occupancy"] == {"sm_86": pytest.approx(2 / 3, abs=1e-4), "sm_90": 0.75}
+    assert report["thread_instructions_per_byte"] == pytest.approx(3 * BLOCK * EXECUTED / traffic, abs=1e-3)
+    assert report["bandwidth_floor_us"] == pytest.approx(traffic / 100e3, abs=1e-3)
+    assert report["issue_time_us"] == pytest.approx(3 * 2 * PER_THREAD / (2 * 4 * 1e3), abs=1e-3)
+    # 3 CTAs on 2 SMs fit in one generation: 5 rounds of 500 ns.
+    assert (report["generations"], report["latency_time_us"]) == (1, 2.5)
+    # 64 B a thread x 48 threads x 1.5 CTAs an SM = 4608 B, short of 100 GB/s x 500 ns / 2 SMs.
+    assert report["bytes_in_flight"] == {"per_thread": 64, "resident_threads_per_sm": 72.0, "per_sm": 4608,
+                                         "needed_per_sm": 25000}
+    serialized = traffic / 100e3 + 3 * 2 * PER_THREAD / 8e3 + 2.5
+    assert report["estimate_us"] == {"overlapped": 2.5, "serialized": pytest.approx(serialized, abs=1e-3)}
+    assert report["verdict"].startswith("latency-bound, too few bytes in flight")
+    assert json.loads(json.dumps(report)) == report  # plain values, for `show --json`
+
+
+def test_a_cta_that_cannot_be_resident_gets_no_time():
+    x = np.ones(1024 * TRIPS * 16, np.float32)
+    report = perf.evaluate(STREAM, "stream", Launch((1, 1, 1), (1024, 1, 1)), [np.zeros(1024, np.float32), x, TRIPS],
+                           {"sm_90": {"registers": 255, "shared_bytes": 0}}, x.nbytes, TOY)
+    assert report["occupancy"] == {"sm_90": 0.0} and "estimate_us" not in report
+    assert report["verdict"] == "cannot launch on sm_90: a CTA needs more registers than an SM has"
+
+
+def test_evaluate_needs_a_cubin_for_the_gpus_arch():
+    with pytest.raises(PtxgenError, match="sm_90"):
+        perf.evaluate(STREAM, "stream", Launch((1, 1, 1), (BLOCK, 1, 1)), stream_args(1, np.random.default_rng(4)),
+                      {"sm_80": {"registers": 40, "shared_bytes": 0}}, 1, TOY)
+
+
+def test_q4k_gemv_waits_once_per_main_trip():
+    # k = 8192 with 2 rows and 2 steps a trip: 4 trips, each 2 x 2 x (16 B quants + 16 B header)
+    # in flight; the first trip's loads go out before x is staged. 40 rows: 5 CTAs of 4 warps.
+    config = Q4kGemvConfig(name="g", kind="q4k_gemv", n=40, k=8192, rows_per_warp=2, unroll=2)
+    cubins = {"sm_90": {"registers": 92, "shared_bytes": 0}}
+    report = perf.evaluate_kernel(config, _ptx(config), cubins, H100)
+    assert report["rounds_per_warp"] == 4 and report["bytes_in_flight"]["per_thread"] == 128
+    assert report["counted"] == "all 5 CTAs executed"
+    assert report["occupancy"]["sm_90"] == 0.3125  # 92 registers: 20 warps an SM, 5 CTAs of 4
+
+
+def _ptx(config) -> str:
+    from ptxgen.spec import Spec
+
+    spec = Spec.model_validate({"kernels": [config.model_dump()]})
+    return spec.ptx(spec.kernels[0])
+
+
+# --- SASS, when the optional nvdisasm wheel is installed ------------------------------------------
+
+def test_sass_counts_find_the_loop():
+    if perf.nvdisasm() is None:
+        pytest.skip("nvidia-cuda-nvdisasm is not installed (pip install '.[sass]')")
+    from ptxgen.device import assemble_nvjitlink
+
+    sass = perf.sass_counts(assemble_nvjitlink(STREAM, "sm_90").cubin)
+    assert len(sass["loop_bodies"]) == 1 and sass["instructions"] > sass["loop_bodies"][0] > 1
+    assert perf.ptx_loop_bodies(STREAM, "stream") == [24]
