@@ -61,7 +61,7 @@ def verify_sm90a(kernel, seq_len, seed, inputs=None, **knobs):
 CASES = [
     (2, 2, 64, 1, True, "f16", "f32", {}),                     # one token: one tile, the rest zero-filled
     (2, 1, 128, 17, False, "bf16", "bf16", {}),                # MQA, prime length
-    (4, 1, 64, 65, True, "f16", "f16", {"block_n": 64}),       # key tiles narrower than the block: rows 0..63 see no key of the first tile
+    (4, 1, 64, 65, True, "f16", "f16", {"block_n": 64}),       # 64-key tiles: rows 0..63 see no key of the first
     (2, 2, 128, 130, False, "f16", "f32", {"overlap": True, "block_n": 64}),  # 3 key tiles, 2 keys in the last
     (4, 2, 64, 130, True, "bf16", "f32", {"overlap": True}),   # GQA 2:1, causal, softmax beside P V
     (2, 1, 128, 200, True, "bf16", "f16", {}),                 # 2 query blocks, the diagonal tile partly past seq_len

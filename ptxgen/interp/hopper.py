@@ -153,9 +153,7 @@ class Barrier:
 
 class Wgmma(NamedTuple):
     """An issued wgmma of one warpgroup: its results land when its group retires."""
-    line: int
-    warpgroup: int                 # index within the wave
-    threads: np.ndarray            # its 128 wave thread indices
+    threads: np.ndarray            # the warpgroup's 128 wave thread indices
     d_regs: tuple
     values: np.ndarray             # [128, len(d_regs)] float32 results
     a_regs: tuple                  # A-fragment registers (register form)
@@ -185,7 +183,8 @@ class Ordering:
         self.r_clock = np.zeros((granules, groups_per_cta, 2), np.int32)   # < 0: wgmma in flight
         self.fence = np.full(st.n, -1, np.int64)          # last fence.proxy.async per thread
         self.wg_stamp = np.zeros(st.num_ctas * groups_per_cta, np.int32)
-        self.tensor_reads = {}                            # read id -> (line, granules)
+        self.tensor_reads = {}                            # in-flight read id -> (line, granules)
+        self.read_ids = 0
         self.barrier_words = set()                        # CTA-relative offsets / 8
         self.now = 0
 
@@ -382,7 +381,8 @@ class Ordering:
                 raise Finding(f"wgmma.mma_async reads {self.where(generic[i])}, written through the "
                               f"generic proxy by {self._writer(generic[i])}, with no fence.proxy.async "
                               "in between", threads[0])
-        read_id = len(self.tensor_reads) + 1
+        self.read_ids += 1
+        read_id = self.read_ids
         self.tensor_reads[read_id] = (line, g)
         w = int(self.wg_local[threads[0]])
         self.r_agent[g, w, TENSOR] = self.T + w
@@ -391,7 +391,7 @@ class Ordering:
 
     def tensor_retired(self, read_id, threads, warpgroup):
         w = int(self.wg_local[threads[0]])
-        _, g = self.tensor_reads[read_id]
+        _, g = self.tensor_reads.pop(read_id)
         self.wg_stamp[warpgroup] += 1
         stamp = self.wg_stamp[warpgroup]
         mine = g[self.r_clock[g, w, TENSOR] == -read_id]
@@ -577,7 +577,13 @@ def _wgmma(c):
     action = c.mods[0]
     if action == "fence":
         c.need(0)
-        return c.alu(lambda st, sel: _fence_wgmma(st, st.indices(sel)))
+
+        def fence(st, sel):
+            s, threads = st.async_state, st.indices(sel)
+            warpgroups(st, threads, "wgmma.fence")
+            if s.ordering:
+                s.fenced_at[threads] = s.ordering.tick()
+        return c.alu(fence)
     if action == "commit_group":
         c.need(0)
 
@@ -599,13 +605,6 @@ def _wgmma(c):
     if action == "mma_async":
         return _mma_async(c)
     c.fail(f"unsupported wgmma.{action}")
-
-
-def _fence_wgmma(st, threads):
-    s = st.async_state
-    warpgroups(st, threads, "wgmma.fence")
-    if s.ordering:
-        s.fenced_at[threads] = s.ordering.tick()
 
 
 def _check_fenced(s, groups, regs):
@@ -721,7 +720,7 @@ def _mma_async(c):
                 s.lend(rid, group, line)
             for rid in a_regs:
                 s.lend(rid, group, line)
-            s.uncommitted[wg].append(Wgmma(line, wg, group, d_regs, out[i], a_regs, read_id))
+            s.uncommitted[wg].append(Wgmma(group, d_regs, out[i], a_regs, read_id))
     return c.alu(run)
 
 

@@ -256,7 +256,7 @@ def test_writing_an_in_flight_accumulator_is_caught():
 
 def test_missing_wgmma_fence_is_caught():
     ptx = wgmma_kernel(64, 1, "f16").replace("  wgmma.fence.sync.aligned;\n", "")
-    ptx = ptx.replace("  wgmma.mma_async", "  wgmma.mma_async", 1).replace(", 0, 1, 1, 0, 0;", ", 0, 1, 1, 0, 0;  // BUG")
+    ptx = ptx.replace(", 0, 1, 1, 0, 0;", ", 0, 1, 1, 0, 0;  // BUG")
     planted(ptx, wgmma_args(), "wgmma.mma_async with no wgmma.fence before it")
     # an accumulator set by an ordinary instruction after the last fence
     body = "  wgmma.fence.sync.aligned;\n  mov.f32 %d3, 0f3F800000;"
@@ -279,6 +279,22 @@ def test_missing_barrier_before_wgmma_reads_other_threads_stores_is_caught():
 
 
 # ---- a producer/consumer GEMM pipeline: bulk copies or cp.asyncs, mbarriers, wgmma -------
+def stage_wait(barriers, reg, label, producer):
+    """PTX: stage = round % 2, then wait on barriers[stage] for this round's phase (parity
+    round / 2 % 2); the producer waits for the phase before it (the other parity), so its first
+    round passes at once."""
+    flip = "  xor.b32 %par, %par, 1;\n" if producer else ""
+    return f"""  and.b32 %stage, %r, 1;
+  shr.u32 %par, %r, 1;
+  and.b32 %par, %par, 1;
+{flip}  mov.u32 {reg}, {barriers};
+  mad.lo.u32 {reg}, %stage, 8, {reg};
+{label}:
+  mbarrier.try_wait.parity.shared::cta.b64 %ok, [{reg}], %par;
+  @!%ok bra {label};
+"""
+
+
 PIPELINE = SM90A + """.visible .entry k(.param .u64 tiles, .param .u64 descs, .param .u64 out, .param .u32 rounds)
 .maxntid 256, 1, 1
 {
@@ -311,14 +327,7 @@ CONSUMER:
   ld.global.u64 %da, [%descs];
   ld.global.u64 %db, [%descs+8];
 CONSUME:
-  and.b32 %stage, %r, 1;
-  shr.u32 %par, %r, 1;
-  and.b32 %par, %par, 1;
-  mov.u32 %f, full;
-  mad.lo.u32 %f, %stage, 8, %f;
-WAIT_FULL:
-  mbarrier.try_wait.parity.shared::cta.b64 %ok, [%f], %par;
-  @!%ok bra WAIT_FULL;
+WAIT_FOR_FULL
   fence.proxy.async.shared::cta;
   mul.wide.u32 %off, %stage, 256;
   add.s64 %a, %da, %off;
@@ -342,19 +351,10 @@ DONE:
   ret;
 }
 """.replace("DREGS", ", ".join(f"%d{i}" for i in range(32))).replace(
-    "STORES", "\n".join(f"  st.global.f32 [%out+{4 * i}], %d{i};" for i in range(32)))
+    "STORES", "\n".join(f"  st.global.f32 [%out+{4 * i}], %d{i};" for i in range(32))).replace(
+    "WAIT_FOR_FULL\n", stage_wait("full", "%f", "WAIT_FULL", producer=False))
 
-WAIT_EMPTY = """PRODUCE:
-  and.b32 %stage, %r, 1;
-  shr.u32 %par, %r, 1;
-  and.b32 %par, %par, 1;
-  xor.b32 %par, %par, 1;
-  mov.u32 %e, empty;
-  mad.lo.u32 %e, %stage, 8, %e;
-WAIT_EMPTY:
-  mbarrier.try_wait.parity.shared::cta.b64 %ok, [%e], %par;
-  @!%ok bra WAIT_EMPTY;
-  mov.u32 %f, full;
+WAIT_EMPTY = "PRODUCE:\n" + stage_wait("empty", "%e", "WAIT_EMPTY", producer=True) + """  mov.u32 %f, full;
   mad.lo.u32 %f, %stage, 8, %f;
   mov.u32 %dst, buf;
   mad.lo.u32 %dst, %stage, 4096, %dst;
