@@ -104,23 +104,28 @@ class Sm90aPlan:
 
 
 def sm90a_plan(config: FlashAttentionConfig, *, block_n: int = 128, consumers: int = 2,
-               stages: int = 2, producer_warps: int = 1, overlap: bool = False) -> Sm90aPlan:
-    """The plan for a config and the tuning knobs (ValueError naming a knob that cannot work)."""
-    plan = Sm90aPlan(config.head_dim, block_n, consumers, stages, producer_warps, overlap)
+               stages: int = 2, producer_warps: int = 1, overlap: bool | None = None) -> Sm90aPlan:
+    """The plan for a config and the tuning knobs (ValueError naming a knob that cannot work);
+    overlap=None overlaps wherever the registers allow it."""
     if block_n not in (32, 64, 128, 256):
         raise ValueError(f"block_n={block_n}: 32, 64, 128 or 256 (a power of two: tile indices are shifts)")
     if producer_warps not in (1, 4) or block_n % (8 * producer_warps):
         raise ValueError(f"producer_warps={producer_warps}: 1 or 4, and block_n a multiple of 8 per warp")
     if consumers not in (1, 2, 3) or stages < 1:
         raise ValueError(f"consumers={consumers}, stages={stages}: 1..3 consumer warpgroups, >= 1 stage")
+    # accumulators per thread: S and O, and P beside them while S of the next tile is computed
+    in_order = block_n // 2 + config.head_dim // 2
+    registers = Sm90aPlan(config.head_dim, block_n, consumers, stages, producer_warps, False).registers
+    if overlap is None:
+        overlap = in_order + block_n // 4 + REGISTER_OVERHEAD <= registers
+    plan = Sm90aPlan(config.head_dim, block_n, consumers, stages, producer_warps, overlap)
     if plan.dynamic_shared + BARRIER_BYTES > MAX_SHARED:
         raise ValueError(f"{plan.dynamic_shared + BARRIER_BYTES} bytes of shared memory for "
                          f"block_n={block_n}, stages={stages}, consumers={consumers}: more than {MAX_SHARED}")
-    # accumulators per thread: S and O, and P beside them while S of the next tile is computed
-    live = block_n // 2 + config.head_dim // 2 + (block_n // 4 if overlap else 0)
-    if live + REGISTER_OVERHEAD > plan.registers:
-        raise ValueError(f"consumers would hold {live} accumulator registers of {plan.registers}: "
-                         "fewer consumers or a smaller block_n")
+    live = in_order + (block_n // 4 if overlap else 0)
+    if live + REGISTER_OVERHEAD > registers:
+        raise ValueError(f"consumers would hold {live} accumulator registers of {registers}: "
+                         "fewer consumers, a smaller block_n or no overlap")
     return plan
 
 
