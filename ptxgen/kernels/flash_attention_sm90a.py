@@ -46,7 +46,7 @@ from .flash_attention import FlashAttentionConfig
 WARPGROUP = 128
 REGISTER_FILE = 65536
 MAX_SHARED = 232448            # sm_90 opt-in dynamic shared memory per CTA
-BARRIER_BYTES = 1024           # the static mbarrier array, padded so smem[] starts 1024-aligned
+STATIC_BYTES = 2048            # static shared memory as ptxas 13.0 reports it: the mbarriers, smem[] 1024-aligned
 PRODUCER_REGISTERS = 40        # setmaxnreg of a producer warpgroup: addresses, counters, temporaries
 # Consumer registers beyond the accumulators (descriptors, row statistics, indices): with
 # ptxas 13.0, head_dim 128 / block_n 128 used 168 = 128 + 40 without spilling; head_dim 64 with
@@ -119,8 +119,8 @@ def sm90a_plan(config: FlashAttentionConfig, *, block_n: int = 128, consumers: i
     if overlap is None:
         overlap = in_order + block_n // 4 + REGISTER_OVERHEAD <= registers
     plan = Sm90aPlan(config.head_dim, block_n, consumers, stages, producer_warps, overlap)
-    if plan.dynamic_shared + BARRIER_BYTES > MAX_SHARED:
-        raise ValueError(f"{plan.dynamic_shared + BARRIER_BYTES} bytes of shared memory for "
+    if plan.dynamic_shared + STATIC_BYTES > MAX_SHARED:
+        raise ValueError(f"{plan.dynamic_shared + STATIC_BYTES} bytes of shared memory for "
                          f"block_n={block_n}, stages={stages}, consumers={consumers}: more than {MAX_SHARED}")
     live = in_order + (block_n // 4 if overlap else 0)
     if live + REGISTER_OVERHEAD > registers:
