@@ -38,6 +38,9 @@ ARCHS = {
         Arch("sm_87", (7, 4), 166912, 48, 16, 164 * 1024),
         Arch("sm_89", (7, 8), 101376, 48, 24, 100 * 1024),
         Arch("sm_90", (7, 8), 232448),
+        # Arch-specific Hopper target (wgmma, setmaxnreg: PTX ISA 8.0): PTX written for it
+        # assembles for sm_90 hardware only, never for later archs.
+        Arch("sm_90a", (8, 0), 232448),
         Arch("sm_100", (8, 6), 232448),
         Arch("sm_120", (8, 7), 101376, 48, 24, 100 * 1024),
     )
@@ -48,7 +51,7 @@ STATIC_SHARED_LIMIT = 48 * 1024
 
 
 def arch_number(name: str) -> int:
-    return int(name.removeprefix("sm_"))
+    return int(name.removeprefix("sm_").removesuffix("a"))
 
 
 def format_version(version: tuple[int, int]) -> str:

@@ -2,6 +2,8 @@
 
 Threads are grouped by program counter; each step runs the group with the lowest PC
 (lowest-PC-first reconvergence), so diverged threads rejoin where their paths meet.
+Threads whose mbarrier wait finds its phase incomplete park until nothing else can run, then
+retry (so a spinning consumer cannot starve its producer); if none can proceed, a deadlock.
 The grid runs in waves of whole CTAs (in CTA order) to bound memory; each wave is one
 vectorised machine."""
 import hashlib
@@ -143,8 +145,16 @@ def _run_wave(st, code, stats, name, first_cta):
     arrived = np.zeros(st.num_ctas, np.int64)      # threads waiting at a barrier, per CTA
     waiting_pc = np.full(st.num_ctas, -1)          # the barrier they wait at
     exited = np.zeros(st.num_ctas, np.int64)
+    parked, stalled = {}, False                    # pc -> threads at an incomplete mbarrier wait
     steps = 0
-    while groups:
+    while groups or parked:
+        if not groups:
+            if stalled:                            # a whole retry round parked again
+                pc = min(parked)
+                raise _report(Finding("deadlock: threads wait on an mbarrier phase that never "
+                                      "completes and no other thread can run", parked[pc][0]),
+                              code[pc].ins, st, name, first_cta)
+            groups, parked, stalled = parked, {}, True
         pc = min(groups)
         threads = groups.pop(pc)
         if pc >= end:
@@ -171,6 +181,7 @@ def _run_wave(st, code, stats, name, first_cta):
             stats.warps_at[pc] += (st.num_ctas * st.warps_per_cta if len(threads) == n
                                    else _distinct(st.warp[threads]))
             kind = ex.kind
+            stalled = stalled and kind == "wait"
             if kind == "alu":
                 if len(active):
                     ex.run(st, sel)
@@ -180,7 +191,14 @@ def _run_wave(st, code, stats, name, first_cta):
                 _merge(st, groups, pc + 1, rest)
             if not len(active):
                 continue
-            if kind == "bra":
+            if kind == "wait":
+                blocked = ex.run(st, sel)
+                if blocked.any():
+                    _merge(st, parked, pc, active[blocked])
+                if not blocked.all():
+                    stalled = False
+                    _merge(st, groups, pc + 1, active[~blocked])
+            elif kind == "bra":
                 _merge(st, groups, ex.target, active)
             elif kind == "exit":
                 ctas = st.cta[active]
@@ -235,4 +253,6 @@ def _barrier(st, ex, pc, active, sel, groups, waiting, arrived, waiting_pc, exit
     waiting_pc[released] = -1
     if st.races is not None:
         st.races.barrier(released)
+        if st.async_state is not None:
+            st.async_state.ordering.barrier(released)
     _merge(st, groups, pc + 1, _union(st, *(p[g] for p, g in zip(parked, go))))

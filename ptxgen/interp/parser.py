@@ -122,6 +122,8 @@ class Program:
     reqntid: tuple | None = None
     maxntid: tuple | None = None
     lines: list = field(default_factory=list)
+    async_registers: set = field(default_factory=set)   # wgmma register operands (hopper.py)
+    async_model: type | None = None                      # per-wave state of the async sm_90a ops
 
 
 def _tokenize(text):
@@ -501,7 +503,7 @@ class _Parser:
             return Imm(float(text), "float")
         if kind == "word":
             op = self.name_operand((kind, text, line), line)
-            if isinstance(op, Reg) and self.peek()[1] == "|":
+            if isinstance(op, (Reg, Sink)) and self.peek()[1] == "|":
                 self.next()
                 return Pair(op, self.register(self.next(), line))
             return op

@@ -226,6 +226,29 @@ class SharedRaces:
                                              copy.size, copy.line))
         self.copies = outstanding
 
+    def forget(self, granules):
+        """Drop the records of these 16-byte granules: accesses ordered by mbarriers, which
+        hopper.Ordering judges instead."""
+        byte = (np.asarray(granules)[:, None] * 16 + np.arange(16)).ravel()
+        self.reads[byte, R_THREAD] = NOBODY
+        self.writes[byte, W_THREAD] = NOBODY
+        self.writes[byte, W_PENDING] = 0
+
+    def take_copies(self, threads):
+        """cp.async.mbarrier.arrive: these threads' outstanding cp.asyncs leave commit-group
+        tracking (the mbarrier tracks them now); returns them."""
+        mine = np.zeros(self.st.n, bool)
+        mine[threads] = True
+        taken, kept = [], []
+        for copy in self.copies:
+            hit = mine[copy.threads]
+            for part, out in ((hit, taken), (~hit, kept)):
+                if part.any():
+                    out.append(AsyncCopy(copy.threads[part], copy.group[part], copy.rows[part],
+                                         copy.size, copy.line))
+        self.copies = kept
+        return taken
+
     def _check_pending(self, pending, rows, size, per, threads, access):
         if not pending.any():
             return

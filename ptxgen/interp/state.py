@@ -205,6 +205,11 @@ class WaveState:
         if sanitize:
             from .sanitizer import SharedRaces
             self.races = SharedRaces(self)
+        # sm_90a async instructions (hopper.py): their state, the registers they lend out, and
+        # why a lent register reads as unwritten
+        self.watched = program.async_registers if sanitize else frozenset()
+        self.unwritten_note = {}
+        self.async_state = program.async_model(self) if program.async_model else None
 
     # -- registers
     def read(self, rid, sel):
@@ -217,11 +222,13 @@ class WaveState:
         if self.sanitize and rid not in self.fully_written:
             ok = self.written[rid][sel]
             if not ok.all():
-                raise Finding(f"read of register {self.program.regs[rid].name} "
-                              "before this thread wrote it", first(sel, ~ok))
+                note = self.unwritten_note.get(rid, "before this thread wrote it")
+                raise Finding(f"read of register {self.program.regs[rid].name} {note}", first(sel, ~ok))
         return arr[sel]
 
     def write(self, rid, sel, value):
+        if rid in self.watched:
+            self.async_state.register_written(rid, sel)
         arr = self.regs[rid]
         if arr is None:
             arr = self.regs[rid] = np.zeros(self.n, self.storage[rid])
@@ -308,6 +315,8 @@ class WaveState:
         out = np.empty((len(threads), count), _UINT[esize])
         for region, off, pos in self.segments(space, addr, size, threads):
             if region == "shared" and self.races is not None:
+                if self.async_state is not None:
+                    self.async_state.ordering.shared_read(off, size, threads[pos])
                 self.races.read(off, size, threads[pos])
             out[pos] = np.take(self.typed(region, size), off // size).view(out.dtype).reshape(-1, count)
         return out
@@ -318,6 +327,8 @@ class WaveState:
         size = esize * values.shape[1]
         for region, off, pos in self.segments(space, addr, size, threads):
             if region == "shared" and self.races is not None:
+                if self.async_state is not None:
+                    self.async_state.ordering.shared_write(off, size, threads[pos], copy_line)
                 if copy_line is None:
                     self.races.write(off, size, threads[pos])
                 else:

@@ -1,0 +1,161 @@
+"""The Hopper (sm_90a) plan of flash_attention: FlashAttention-3's structure in our own PTX
+(templates/flash_attention_sm90a.ptx.j2). Same contract and parameters as flash_attention;
+this module defines no Kind (the kind registry would pick one up): it turns a
+FlashAttentionConfig and the tuning knobs into the template's variables and the launch.
+
+CTA = `consumers` consumer warpgroups of 64 query rows each, then `producer_warps` producer
+warps; block_m = 64 * consumers rows of one head; grid (ceil(seq_len / block_m), num_heads).
+- Producer: its threads load Q once and stream K and V tiles of block_n keys into a ring of
+  `stages` shared-memory stages with 16-byte cp.async, each chunk stored where the 128-byte
+  swizzle of the wgmma operand layout puts it, and hand each tile to an mbarrier with
+  cp.async.mbarrier.arrive.noinc (no thread waits for its own copies). A 1-D cp.async.bulk
+  cannot do that: it writes contiguous bytes, while every wgmma layout interleaves 16-byte
+  pieces of 8 rows; cp.async.bulk.tensor could, but needs a host-encoded tensor map, which
+  the kernel's parameters (q, k, v, o, seq_len) do not carry.
+- Consumers: S = Q K^T with both operands from shared memory (Q and K K-major, 128-byte
+  swizzle), O += P V with P from registers (the S accumulators converted in place) and V
+  N-major (its rows [key][dim] as they are in memory, imm-trans-b = 1). In order (the
+  default), a tile's S, softmax and P V follow each other, and the two consumer warpgroups,
+  scheduled independently, overlap one's softmax with the other's MMAs. With `overlap`
+  (FlashAttention-3's intra-warpgroup overlap) the softmax of tile j runs while the tensor
+  cores do P_{j-1} V_{j-1}: S_j and P_{j-1} V_{j-1} are issued back to back, wgmma.wait_group 1
+  retires S_j alone, and O is rescaled after wait_group 0; that keeps P beside S, block_n / 4
+  more registers per thread.
+- Shared memory, dynamic, 1024-aligned: [Q: block_m rows][K: stages x block_n rows][V: same];
+  a tile of r rows of head_dim is head_dim / 64 panels of r rows x 128 bytes (64 elements),
+  16-byte chunk c of row i stored at chunk c ^ (i % 8) (the 128-byte swizzle, applied to
+  address bits, so every panel starts on a 1024-byte boundary).
+- Registers: consumers hold S (block_n / 2) and O (head_dim / 2) floats per thread, and P
+  (block_n / 4) beside them with overlap. Two consumer warpgroups and a producer warp (288
+  threads, 9 warps: 3 on one of the four register banks) may use 168 registers each, which
+  head_dim 128 with 128-key tiles fills without spilling in order, and 64-key tiles with
+  overlap. A whole producer warpgroup (producer_warps=4) could hand its registers to the
+  consumers with setmaxnreg (232 each), but only whole-program compilation honours that:
+  nvJitLink compiles PTX as a separate compilation unit and ignores setmaxnreg (ptxas info
+  C7504, CUDA 13.0), so there it spills.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .base import Launch, ceil_div
+from .flash_attention import FlashAttentionConfig
+
+WARPGROUP = 128
+REGISTER_FILE = 65536
+MAX_SHARED = 232448            # sm_90 opt-in dynamic shared memory per CTA
+STATIC_BYTES = 2048            # static shared memory as ptxas 13.0 reports it: the mbarriers, smem[] 1024-aligned
+PRODUCER_REGISTERS = 40        # setmaxnreg of a producer warpgroup: addresses, counters, temporaries
+# Consumer registers beyond the accumulators (descriptors, row statistics, indices): with
+# ptxas 13.0, head_dim 128 / block_n 128 used 168 = 128 + 40 without spilling; head_dim 64 with
+# three consumers (cap 128, 96 + 32) spilled 24 bytes.
+REGISTER_OVERHEAD = 40
+
+
+@dataclass(frozen=True)
+class Sm90aPlan:
+    head_dim: int
+    block_n: int               # keys per K/V tile: N of S = Q K^T, K of O += P V
+    consumers: int             # consumer warpgroups, 64 query rows each
+    stages: int                # K/V tiles in flight
+    producer_warps: int        # 1, or 4 (a warpgroup that hands registers over with setmaxnreg)
+    overlap: bool              # softmax of tile j while P_{j-1} V_{j-1} runs (S and P both live)
+
+    @property
+    def block_m(self) -> int:
+        return 64 * self.consumers
+
+    @property
+    def threads(self) -> int:
+        return WARPGROUP * self.consumers + 32 * self.producer_warps
+
+    @property
+    def q_bytes(self) -> int:
+        return self.block_m * self.head_dim * 2
+
+    @property
+    def tile_bytes(self) -> int:
+        return self.block_n * self.head_dim * 2
+
+    @property
+    def dynamic_shared(self) -> int:
+        return self.q_bytes + 2 * self.stages * self.tile_bytes
+
+    @property
+    def consumer_registers(self) -> int | None:
+        """setmaxnreg count of the consumers (a producer warpgroup only)."""
+        if self.producer_warps != 4:
+            return None
+        spare = REGISTER_FILE - WARPGROUP * PRODUCER_REGISTERS
+        return min(256, spare // (WARPGROUP * self.consumers) // 8 * 8)
+
+    @property
+    def registers(self) -> int:
+        """Registers a consumer thread may use: its setmaxnreg count, else the entry cap. The
+        register file is four 16384-register banks, one per SM sub-partition, whose warps are
+        spread evenly: 9 warps (288 threads) put 3 on one bank, so 16384 / 96 -> 168 (ptxas
+        allocates in steps of 8), the same as 12 warps."""
+        if self.consumer_registers:
+            return self.consumer_registers
+        warps_per_bank = ceil_div(ceil_div(self.threads, 32), 4)
+        return min(255, REGISTER_FILE // 4 // (32 * warps_per_bank) // 8 * 8)
+
+
+def sm90a_plan(config: FlashAttentionConfig, *, block_n: int = 128, consumers: int = 2,
+               stages: int = 2, producer_warps: int = 1, overlap: bool | None = None) -> Sm90aPlan:
+    """The plan for a config and the tuning knobs (ValueError naming a knob that cannot work);
+    overlap=None overlaps wherever the registers allow it."""
+    if block_n not in (32, 64, 128, 256):
+        raise ValueError(f"block_n={block_n}: 32, 64, 128 or 256 (a power of two: tile indices are shifts)")
+    if producer_warps not in (1, 4) or block_n % (8 * producer_warps):
+        raise ValueError(f"producer_warps={producer_warps}: 1 or 4, and block_n a multiple of 8 per warp")
+    if consumers not in (1, 2, 3) or stages < 1:
+        raise ValueError(f"consumers={consumers}, stages={stages}: 1..3 consumer warpgroups, >= 1 stage")
+    # accumulators per thread: S and O, and P beside them while S of the next tile is computed
+    in_order = block_n // 2 + config.head_dim // 2
+    registers = Sm90aPlan(config.head_dim, block_n, consumers, stages, producer_warps, False).registers
+    if overlap is None:
+        overlap = in_order + block_n // 4 + REGISTER_OVERHEAD <= registers
+    plan = Sm90aPlan(config.head_dim, block_n, consumers, stages, producer_warps, overlap)
+    if plan.dynamic_shared + STATIC_BYTES > MAX_SHARED:
+        raise ValueError(f"{plan.dynamic_shared + STATIC_BYTES} bytes of shared memory for "
+                         f"block_n={block_n}, stages={stages}, consumers={consumers}: more than {MAX_SHARED}")
+    live = in_order + (block_n // 4 if overlap else 0)
+    if live + REGISTER_OVERHEAD > registers:
+        raise ValueError(f"consumers would hold {live} accumulator registers of {registers}: "
+                         "fewer consumers, a smaller block_n or no overlap")
+    return plan
+
+
+def sm90a_template_vars(config: FlashAttentionConfig, plan: Sm90aPlan) -> dict:
+    """Variables of templates/flash_attention_sm90a.ptx.j2."""
+    scale = config.scale if config.scale is not None else 1.0 / math.sqrt(config.head_dim)
+    return {
+        "head_dim": config.head_dim,
+        "dtype": config.dtype,
+        "out_dtype": config.out_dtype,
+        "causal": config.causal,
+        "group": config.num_heads // config.num_kv_heads,
+        "scale_log2": scale * math.log2(math.e),
+        "block_m": plan.block_m,
+        "block_n": plan.block_n,
+        "consumers": plan.consumers,
+        "stages": plan.stages,
+        "overlap": plan.overlap,
+        "threads": plan.threads,
+        "producer_warps": plan.producer_warps,
+        "q_bytes": plan.q_bytes,
+        "tile_bytes": plan.tile_bytes,
+        "producer_registers": PRODUCER_REGISTERS if plan.consumer_registers else None,
+        "consumer_registers": plan.consumer_registers,
+        # With causal masking, the first tile a CTA visits starts at key (tiles - 1) * block_n,
+        # past the first rows of the block when block_n does not divide into whole blocks.
+        "empty_rows": config.causal and plan.block_n % plan.block_m != 0,
+    }
+
+
+def sm90a_launch(config: FlashAttentionConfig, plan: Sm90aPlan, seq_len: int) -> Launch:
+    return Launch(grid=(ceil_div(seq_len, plan.block_m), config.num_heads, 1),
+                  block=(plan.threads, 1, 1), dynamic_shared=plan.dynamic_shared)

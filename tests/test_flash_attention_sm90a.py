@@ -1,0 +1,127 @@
+"""flash_attention for sm_90a (wgmma, mbarrier-fed producer/consumer warpgroups): the real PTX
+of templates/flash_attention_sm90a.ptx.j2, rendered directly, in the interpreter with the
+sanitizer on and outputs NaN-poisoned, against the float64 reference; and assembled for
+sm_90a by nvJitLink.
+
+Interpreter time is the budget: heads stay few and the shapes are a spread over seq_len 1,
+primes, lengths just past a tile, several key tiles (both ring stages reused), causal and not,
+MHA / GQA / MQA, head_dim 64 / 128, f16 / bf16 in, f32 / f16 / bf16 out, and the plan's knobs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from ptxgen import __version__
+from ptxgen.device import assemble_nvjitlink, parse_resources
+from ptxgen.dtypes import from_float
+from ptxgen.interp import launch
+from ptxgen.kernels import kind_of
+from ptxgen.kernels.flash_attention_sm90a import sm90a_launch, sm90a_plan, sm90a_template_vars
+from ptxgen.render import environment
+from ptxgen.runner import launch_args, prepare_arrays
+from ptxgen.verify import compare
+
+from helpers import assert_passes, make_kernel
+
+
+def attention_kernel(num_heads, num_kv_heads, head_dim, causal=True, dtype="f16", out_dtype="f32", **extra):
+    return make_kernel("flash_attention", name="attn", num_heads=num_heads, num_kv_heads=num_kv_heads,
+                       head_dim=head_dim, causal=causal, dtype=dtype, out_dtype=out_dtype, **extra)
+
+
+def render_sm90a(kernel, plan) -> str:
+    """The kernel's sm_90a PTX, rendered as render.render does for the kind's own template."""
+    text = environment().get_template("flash_attention_sm90a.ptx.j2").render(
+        tool_version=__version__, kind="flash_attention",
+        config_json=json.dumps(kernel.model_dump(mode="json"), sort_keys=True),
+        ptx_version="8.0", ptx_target="sm_90a", entry=kernel.name, **sm90a_template_vars(kernel, plan))
+    return "\n".join(line.rstrip() for line in text.splitlines()) + "\n"
+
+
+def verify_sm90a(kernel, seq_len, seed, inputs=None, **knobs):
+    """One sanitized interpreter launch on random (or given) inputs, compared to float64."""
+    kind = kind_of(kernel)
+    plan = sm90a_plan(kernel, **knobs)
+    scalars = {"seq_len": seq_len}
+    inputs = inputs or kind.sample_inputs(np.random.default_rng(seed), scalars)
+    arrays = prepare_arrays(kind, inputs, scalars)
+    geometry = sm90a_launch(kernel, plan, seq_len)
+    launch(render_sm90a(kernel, plan), kernel.name, geometry.grid, geometry.block,
+           launch_args(kind, arrays, scalars), dynamic_shared=geometry.dynamic_shared, kernel_name=kernel.name)
+    return compare(kernel, arrays, kind.reference(inputs, scalars), scalars)
+
+
+# (num_heads, num_kv_heads, head_dim, seq_len, causal, dtype, out_dtype, knobs); the default plan
+# is 2 consumer warpgroups (128 query rows), 1 producer warp, 128-key tiles, 2 stages, softmax
+# beside P V for head_dim 64 and in order for 128 (what the 168 registers allow).
+CASES = [
+    (2, 2, 64, 1, True, "f16", "f32", {}),                     # one token: one tile, the rest zero-filled
+    (2, 1, 128, 17, False, "bf16", "bf16", {}),                # MQA, prime length
+    (4, 1, 64, 65, True, "f16", "f16", {"block_n": 64}),       # 64-key tiles: rows 0..63 see no key of the first
+    (2, 2, 128, 130, False, "f16", "f32", {"overlap": True, "block_n": 64}),  # 3 key tiles, 2 keys in the last
+    (4, 2, 64, 130, True, "bf16", "f32", {"overlap": False}),  # GQA 2:1, causal, in order
+    (2, 1, 128, 200, True, "bf16", "f16", {}),                 # 2 query blocks, the diagonal tile partly past seq_len
+    (2, 2, 64, 300, False, "f16", "bf16", {"stages": 3}),      # 3 key tiles through a 3-stage ring
+    (2, 1, 64, 129, True, "f16", "f32", {"consumers": 1}),     # 64-row blocks: 3 query blocks, up to 2 key tiles
+    (2, 1, 128, 97, True, "f16", "f16", {"producer_warps": 4, "overlap": True}),  # producer warpgroup, setmaxnreg
+    (8, 1, 64, 40, False, "bf16", "bf16", {"block_n": 32}),    # MQA 8:1, 32-key tiles: the 2-stage ring wraps
+]
+
+
+@pytest.mark.parametrize("num_heads, num_kv_heads, head_dim, seq_len, causal, dtype, out_dtype, knobs", CASES)
+def test_matches_float64(num_heads, num_kv_heads, head_dim, seq_len, causal, dtype, out_dtype, knobs):
+    kernel = attention_kernel(num_heads, num_kv_heads, head_dim, causal, dtype, out_dtype)
+    assert_passes(verify_sm90a(kernel, seq_len, seed=seq_len + head_dim, **knobs))
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_large_scores_need_online_rescaling(overlap):
+    """Scores spanning about +-60 after scaling, the largest in the first keys, which the kernel
+    visits last: the running maximum grows on later tiles, so O and l must be rescaled (and,
+    with overlap, O only after the P V of the tile before has retired). A non-default scale
+    checks that scale * log2(e) is folded in."""
+    kernel = attention_kernel(2, 1, 64, causal=False, dtype="f16", out_dtype="f32", scale=0.3)
+    rng = np.random.default_rng(7)
+    seq_len = 150
+    q = rng.standard_normal((2, seq_len, 64)) * 2.0
+    k = rng.standard_normal((1, seq_len, 64)) * 2.0
+    k[:, :20] *= 3.0
+    v = rng.standard_normal((1, seq_len, 64))
+    inputs = {"q": from_float(q, "f16"), "k": from_float(k, "f16"), "v": from_float(v, "f16")}
+    assert_passes(verify_sm90a(kernel, seq_len, seed=0, inputs=inputs, overlap=overlap, block_n=64))
+
+
+@pytest.mark.parametrize("head_dim, knobs", [(128, {}), (128, {"overlap": True, "block_n": 64}),
+                                              (64, {}), (128, {"stages": 3})])
+def test_assembles_for_sm90a_without_spills(head_dim, knobs):
+    kernel = attention_kernel(32, 8, head_dim, True, "bf16", "bf16")
+    plan = sm90a_plan(kernel, **knobs)
+    assembled = assemble_nvjitlink(render_sm90a(kernel, plan), "sm_90a")
+    resources = parse_resources(assembled.info_log)
+    assert resources["spill_stores"] == resources["spill_loads"] == resources["stack_bytes"] == 0, assembled.info_log
+    assert resources["registers"] <= plan.registers, assembled.info_log
+    # ptxas serialises wgmmas it cannot keep asynchronous (C7509, C7510, C7519, ...): none here
+    assert "wgmma.mma_async instructions are serialized" not in assembled.info_log, assembled.info_log
+
+
+@pytest.mark.parametrize("knobs, message", [
+    ({"block_n": 96}, "block_n=96: 32, 64, 128 or 256"),
+    ({"consumers": 3}, "consumers would hold 96 accumulator registers of 128"),
+    ({"overlap": True}, "consumers would hold 160 accumulator registers of 168"),
+    ({"stages": 4}, "bytes of shared memory for block_n=128, stages=4"),
+    ({"producer_warps": 2}, "producer_warps=2: 1 or 4"),
+])
+def test_plan_rejects_knobs_that_cannot_work(knobs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        sm90a_plan(attention_kernel(4, 1, 64 if "consumers" in knobs else 128), **knobs)
+
+
+def test_plan_overlaps_where_registers_allow():
+    assert sm90a_plan(attention_kernel(4, 1, 64)).overlap
+    assert not sm90a_plan(attention_kernel(4, 1, 128)).overlap
+    assert sm90a_plan(attention_kernel(4, 1, 128), block_n=64).overlap
