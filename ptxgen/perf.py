@@ -37,9 +37,9 @@ from .archs import ARCHS, Arch
 from .errors import PtxgenError
 from .interp import launch as interpret
 from .interp.parser import TYPES, Addr, Imm, Neg, Pair, Reg, Vec, parse
-from .kernels import kind_of
-from .kernels.base import Launch, round_up
-from .runner import launch_args, prepare_arrays
+from .abi import Launch, round_up
+from .compiled import CompiledKernel
+from .runner import prepare_arrays
 
 
 # --- GPUs -----------------------------------------------------------------------------------
@@ -365,18 +365,24 @@ def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str,
     return report
 
 
-def evaluate_kernel(kernel, ptx: str, cubins: dict[str, dict], gpu: Gpu, *, cubin: bytes | None = None,
-                    seed: int = 0, max_threads: int = MAX_COUNTED_THREADS) -> dict:
-    """`evaluate` of a spec kernel at its kind's example scalars, on the kind's sample inputs
-    (what `ptxgen show` reports)."""
-    kind = kind_of(kernel)
+def evaluate_kernel(compiled: CompiledKernel, gpu: Gpu, *, resources: dict[str, dict] | None = None, seed: int = 0,
+                    max_threads: int = MAX_COUNTED_THREADS) -> dict:
+    """`evaluate` of a compiled kernel at its kind's example scalars, on the kind's sample inputs
+    (what `ptxgen show` reports). `resources` (arch -> registers / shared_bytes) defaults to what
+    the assembler reported for each cubin."""
+    kind = compiled.definition
     scalars = kind.example_scalars()
-    launch = kind.launch(scalars)
+    launch = compiled.launch(scalars, gpu.arch)
     if launch.empty:
         return {"scalars": scalars, "verdict": "no CTAs at these scalars"}
-    arrays = prepare_arrays(kind, kind.sample_inputs(np.random.default_rng(seed), scalars), scalars)
-    return {"scalars": scalars, **evaluate(ptx, kernel.name, launch, launch_args(kind, arrays, scalars), cubins,
-                                           kind.traffic(scalars).bytes, gpu, cubin=cubin, max_threads=max_threads)}
+    arrays = prepare_arrays(compiled, kind.sample_inputs(np.random.default_rng(seed), scalars), scalars)
+    if resources is None:
+        resources = {arch: dict(binary.resources) for arch, binary in compiled.binaries.items()}
+    binary = compiled.binaries.get(gpu.arch)
+    return {"scalars": scalars, **evaluate(compiled.variant(gpu.arch).ptx, compiled.name, launch,
+                                           compiled.args(arrays, scalars), resources, kind.traffic(scalars).bytes,
+                                           gpu, cubin=binary.cubin if binary is not None else None,
+                                           max_threads=max_threads)}
 
 
 def verdict(times: dict, count: Count, in_flight: float, gpu: Gpu) -> str:

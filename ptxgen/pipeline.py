@@ -21,7 +21,7 @@ from .assemble import OPTIONS, assemble, assembler_version, parse_resources, res
 from .cache import Cache, cache_key
 from .compiled import Binary, CompiledKernel, Variant
 from .errors import SpecError
-from .kernels import kind_of
+from .kernels import kind_of, own_targets
 from .render import render
 from .settings import SETTINGS
 from .spec import LoadedSpec, Spec, Target
@@ -57,8 +57,8 @@ def stage_ptx(spec: Spec, units: list[Unit], options: BuildOptions) -> None:
     """The portable PTX (`.target` the spec's oldest arch) and, for every arch-specific target the
     spec lists and the kind renders on its own (Kind.own_targets), that variant too."""
     for unit in units:
-        own_targets = [t for t in kind_of(unit.config).own_targets if t in spec.target.archs]
-        for own in [None, *own_targets]:
+        variants = [t for t in own_targets(unit.config.kind) if t in spec.target.archs]
+        for own in [None, *variants]:
             kind = kind_of(unit.config, own)
             version = spec.ptx_version(unit.config, own)
             target = own or spec.ptx_target

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 
 from .archs import ARCHS, DEFAULT_ARCHS, STATIC_SHARED_LIMIT, format_version
 from .errors import SpecError
-from .kernels import KernelEntry, kind_of
+from .kernels import KernelEntry, kind_of, own_targets
 
 
 class Target(BaseModel):
@@ -175,22 +175,30 @@ def check_against_archs(path: Path, spec: Spec) -> None:
     """Threads and shared memory of each chosen config must fit every target arch."""
     problems = []
     for index, kernel in enumerate(spec.kernels):
-        threads, shared = kind_of(kernel).resources()
-        static = kind_of(kernel).static_shared()
+        variants = own_targets(kernel.kind)
         for arch_name in spec.target.archs:
+            kind = kind_of(kernel, arch_name if arch_name in variants else None)
             arch = ARCHS[arch_name]
             where = f"{path}: kernel {kernel.name!r} (kernels[{index}])"
+            try:
+                threads, shared = kind.resources()
+            except ValueError as error:  # a variant's knobs that cannot work
+                problems.append(f"{where}: {arch_name}: {error}")
+                continue
+            static = kind.static_shared()
             if threads > arch.max_threads_per_cta:
                 problems.append(f"{where}: needs {threads} threads per CTA, {arch_name} allows {arch.max_threads_per_cta}")
             if shared > arch.max_shared_per_cta:
                 problems.append(f"{where}: needs {shared} bytes of shared memory, {arch_name} allows {arch.max_shared_per_cta}")
             if static > STATIC_SHARED_LIMIT:
                 problems.append(f"{where}: declares {static} bytes of static shared memory, the limit is {STATIC_SHARED_LIMIT}")
-        needed = max(kind_of(kernel).ptx_version, ARCHS[spec.ptx_target].ptx_version)
-        if spec.target.ptx_version and spec.ptx_version(kernel) < needed:
-            problems.append(
-                f"{path}: target.ptx_version: kernel {kernel.name!r} needs at least {format_version(needed)} "
-                f"for its instructions and archs (got {spec.target.ptx_version!r})"
-            )
+        for own in [None, *(t for t in variants if t in spec.target.archs)]:
+            needed = max(kind_of(kernel, own).ptx_version, ARCHS[own or spec.ptx_target].ptx_version)
+            if spec.target.ptx_version and spec.ptx_version(kernel, own) < needed:
+                problems.append(
+                    f"{path}: target.ptx_version: kernel {kernel.name!r} needs at least {format_version(needed)} "
+                    f"for its instructions and archs{' (' + own + ' PTX)' if own else ''} (got "
+                    f"{spec.target.ptx_version!r})"
+                )
     if problems:
         raise SpecError("\n".join(dict.fromkeys(problems)))

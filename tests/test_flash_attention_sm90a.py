@@ -10,50 +10,38 @@ MHA / GQA / MQA, head_dim 64 / 128, f16 / bf16 in, f32 / f16 / bf16 out, and the
 
 from __future__ import annotations
 
-import json
 import re
 
 import numpy as np
 import pytest
 
-from ptxgen import __version__
-from ptxgen.device import assemble_nvjitlink, parse_resources
 from ptxgen.dtypes import from_float
-from ptxgen.interp import launch
-from ptxgen.kernels import kind_of
-from ptxgen.kernels.flash_attention_sm90a import sm90a_launch, sm90a_plan, sm90a_template_vars
-from ptxgen.render import environment
-from ptxgen.runner import launch_args, prepare_arrays
-from ptxgen.verify import compare
+from ptxgen.kernels.flash_attention_sm90a import sm90a_plan
+from ptxgen.pipeline import compile_kernel
+from ptxgen.runner import run
+from ptxgen.verify import compare, verify_kernel
 
-from helpers import assert_passes, make_kernel
+from helpers import assert_passes, make_config
 
 
-def attention_kernel(num_heads, num_kv_heads, head_dim, causal=True, dtype="f16", out_dtype="f32", **extra):
-    return make_kernel("flash_attention", name="attn", num_heads=num_heads, num_kv_heads=num_kv_heads,
-                       head_dim=head_dim, causal=causal, dtype=dtype, out_dtype=out_dtype, **extra)
+def attention_config(num_heads, num_kv_heads, head_dim, causal=True, dtype="f16", out_dtype="f32", knobs=None,
+                     **extra):
+    return make_config("flash_attention", name="attn", num_heads=num_heads, num_kv_heads=num_kv_heads,
+                       head_dim=head_dim, causal=causal, dtype=dtype, out_dtype=out_dtype, sm90a=knobs or {}, **extra)
 
 
-def render_sm90a(kernel, plan) -> str:
-    """The kernel's sm_90a PTX, rendered as render.render does for the kind's own template."""
-    text = environment().get_template("flash_attention_sm90a.ptx.j2").render(
-        tool_version=__version__, kind="flash_attention",
-        config_json=json.dumps(kernel.model_dump(mode="json"), sort_keys=True),
-        ptx_version="8.0", ptx_target="sm_90a", entry=kernel.name, **sm90a_template_vars(kernel, plan))
-    return "\n".join(line.rstrip() for line in text.splitlines()) + "\n"
+def attention_kernel(*args, until="ptx", **kwargs):
+    """The kernel compiled for sm_80 (the portable PTX) and sm_90a (its own variant)."""
+    return compile_kernel(attention_config(*args, **kwargs), ("sm_80", "sm_90a"), until=until)
 
 
-def verify_sm90a(kernel, seq_len, seed, inputs=None, **knobs):
-    """One sanitized interpreter launch on random (or given) inputs, compared to float64."""
-    kind = kind_of(kernel)
-    plan = sm90a_plan(kernel, **knobs)
+def verify_sm90a(kernel, seq_len, seed, inputs=None):
+    """One sanitized interpreter launch of the sm_90a PTX on random (or given) inputs vs float64."""
     scalars = {"seq_len": seq_len}
-    inputs = inputs or kind.sample_inputs(np.random.default_rng(seed), scalars)
-    arrays = prepare_arrays(kind, inputs, scalars)
-    geometry = sm90a_launch(kernel, plan, seq_len)
-    launch(render_sm90a(kernel, plan), kernel.name, geometry.grid, geometry.block,
-           launch_args(kind, arrays, scalars), dynamic_shared=geometry.dynamic_shared, kernel_name=kernel.name)
-    return compare(kernel, arrays, kind.reference(inputs, scalars), scalars)
+    if inputs is None:
+        return verify_kernel(kernel, scalars, seed=seed, arch="sm_90a")
+    reference = kernel.definition.reference(inputs, scalars)
+    return compare(kernel, run(kernel, inputs, scalars, arch="sm_90a"), reference, scalars)
 
 
 # (num_heads, num_kv_heads, head_dim, seq_len, causal, dtype, out_dtype, knobs); the default plan
@@ -75,8 +63,9 @@ CASES = [
 
 @pytest.mark.parametrize("num_heads, num_kv_heads, head_dim, seq_len, causal, dtype, out_dtype, knobs", CASES)
 def test_matches_float64(num_heads, num_kv_heads, head_dim, seq_len, causal, dtype, out_dtype, knobs):
-    kernel = attention_kernel(num_heads, num_kv_heads, head_dim, causal, dtype, out_dtype)
-    assert_passes(verify_sm90a(kernel, seq_len, seed=seq_len + head_dim, **knobs))
+    kernel = attention_kernel(num_heads, num_kv_heads, head_dim, causal, dtype, out_dtype, knobs)
+    assert kernel.variant("sm_90a").target == "sm_90a" and ".target sm_90a" in kernel.variant("sm_90a").ptx
+    assert_passes(verify_sm90a(kernel, seq_len, seed=seq_len + head_dim))
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -85,7 +74,8 @@ def test_large_scores_need_online_rescaling(overlap):
     visits last: the running maximum grows on later tiles, so O and l must be rescaled (and,
     with overlap, O only after the P V of the tile before has retired). A non-default scale
     checks that scale * log2(e) is folded in."""
-    kernel = attention_kernel(2, 1, 64, causal=False, dtype="f16", out_dtype="f32", scale=0.3)
+    kernel = attention_kernel(2, 1, 64, causal=False, dtype="f16", out_dtype="f32",
+                              knobs={"overlap": overlap, "block_n": 64}, scale=0.3)
     rng = np.random.default_rng(7)
     seq_len = 150
     q = rng.standard_normal((2, seq_len, 64)) * 2.0
@@ -93,18 +83,19 @@ def test_large_scores_need_online_rescaling(overlap):
     k[:, :20] *= 3.0
     v = rng.standard_normal((1, seq_len, 64))
     inputs = {"q": from_float(q, "f16"), "k": from_float(k, "f16"), "v": from_float(v, "f16")}
-    assert_passes(verify_sm90a(kernel, seq_len, seed=0, inputs=inputs, overlap=overlap, block_n=64))
+    assert_passes(verify_sm90a(kernel, seq_len, seed=0, inputs=inputs))
 
 
 @pytest.mark.parametrize("head_dim, knobs", [(128, {}), (128, {"overlap": True, "block_n": 64}),
                                               (64, {}), (128, {"stages": 3})])
 def test_assembles_for_sm90a_without_spills(head_dim, knobs):
-    kernel = attention_kernel(32, 8, head_dim, True, "bf16", "bf16")
-    plan = sm90a_plan(kernel, **knobs)
-    assembled = assemble_nvjitlink(render_sm90a(kernel, plan), "sm_90a")
-    resources = parse_resources(assembled.info_log)
+    kernel = attention_kernel(32, 8, head_dim, True, "bf16", "bf16", knobs, until="cubin")
+    plan = kernel.definition.config.sm90a
+    assembled = kernel.binaries["sm_90a"]
+    resources = assembled.resources
+    assert assembled.target == "sm_90a", "the sm_90a cubin comes from the sm_90a PTX"
     assert resources["spill_stores"] == resources["spill_loads"] == resources["stack_bytes"] == 0, assembled.info_log
-    assert resources["registers"] <= plan.registers, assembled.info_log
+    assert resources["registers"] <= sm90a_plan(attention_config(32, 8, head_dim), **plan.model_dump()).registers
     # ptxas serialises wgmmas it cannot keep asynchronous (C7509, C7510, C7519, ...): none here
     assert "wgmma.mma_async instructions are serialized" not in assembled.info_log, assembled.info_log
 
@@ -118,10 +109,10 @@ def test_assembles_for_sm90a_without_spills(head_dim, knobs):
 ])
 def test_plan_rejects_knobs_that_cannot_work(knobs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        sm90a_plan(attention_kernel(4, 1, 64 if "consumers" in knobs else 128), **knobs)
+        sm90a_plan(attention_config(4, 1, 64 if "consumers" in knobs else 128), **knobs)
 
 
 def test_plan_overlaps_where_registers_allow():
-    assert sm90a_plan(attention_kernel(4, 1, 64)).overlap
-    assert not sm90a_plan(attention_kernel(4, 1, 128)).overlap
-    assert sm90a_plan(attention_kernel(4, 1, 128), block_n=64).overlap
+    assert sm90a_plan(attention_config(4, 1, 64)).overlap
+    assert not sm90a_plan(attention_config(4, 1, 128)).overlap
+    assert sm90a_plan(attention_config(4, 1, 128), block_n=64).overlap

@@ -14,8 +14,9 @@ from ptxgen.archs import ARCHS
 from ptxgen.errors import PtxgenError
 from ptxgen.interp import launch
 from ptxgen.interp.parser import parse
-from ptxgen.kernels.base import Launch
-from ptxgen.kernels.q4k_gemv import Q4kGemvConfig
+from ptxgen.abi import Launch
+
+from helpers import make_kernel
 
 H100 = perf.GPUS["h100-sxm"]
 
@@ -270,19 +271,12 @@ def test_evaluate_needs_a_cubin_for_the_gpus_arch():
 def test_q4k_gemv_waits_once_per_main_trip():
     # k = 8192 with 2 rows and 2 steps a trip: 4 trips, each 2 x 2 x (16 B quants + 16 B header)
     # in flight; the first trip's loads go out before x is staged. 40 rows: 5 CTAs of 4 warps.
-    config = Q4kGemvConfig(name="g", kind="q4k_gemv", n=40, k=8192, rows_per_warp=2, unroll=2)
-    cubins = {"sm_90": {"registers": 92, "shared_bytes": 0}}
-    report = perf.evaluate_kernel(config, _ptx(config), cubins, H100)
+    kernel = make_kernel("q4k_gemv", n=40, k=8192, rows_per_warp=2, unroll=2)
+    resources = {"sm_90": {"registers": 92, "shared_bytes": 0}}
+    report = perf.evaluate_kernel(kernel, H100, resources=resources)
     assert report["rounds_per_warp"] == 4 and report["bytes_in_flight"]["per_thread"] == 128
     assert report["counted"] == "all 5 CTAs executed"
     assert report["occupancy"]["sm_90"] == 0.3125  # 92 registers: 20 warps an SM, 5 CTAs of 4
-
-
-def _ptx(config) -> str:
-    from ptxgen.spec import Spec
-
-    spec = Spec.model_validate({"kernels": [config.model_dump()]})
-    return spec.ptx(spec.kernels[0])
 
 
 # --- SASS, when the optional nvdisasm wheel is installed ------------------------------------------
@@ -290,8 +284,8 @@ def _ptx(config) -> str:
 def test_sass_counts_find_the_loop():
     if perf.nvdisasm() is None:
         pytest.skip("nvidia-cuda-nvdisasm is not installed (pip install '.[sass]')")
-    from ptxgen.device import assemble_nvjitlink
+    from ptxgen.assemble import OPTIONS, assemble_nvjitlink
 
-    sass = perf.sass_counts(assemble_nvjitlink(STREAM, "sm_90").cubin)
+    sass = perf.sass_counts(assemble_nvjitlink(STREAM, "sm_90", OPTIONS).cubin)
     assert len(sass["loop_bodies"]) == 1 and sass["instructions"] > sass["loop_bodies"][0] > 1
     assert perf.ptx_loop_bodies(STREAM, "stream") == [24]

@@ -11,19 +11,23 @@ from pydantic import Field, TypeAdapter
 from .base import Kind
 
 
-def _discover() -> dict[str, type[Kind]]:
-    kinds = {}
+def _discover() -> tuple[dict[str, type[Kind]], dict[tuple[str, str], type[Kind]]]:
+    """The kinds (by name) and their arch-specific variants (by kind name and target)."""
+    kinds, variants = {}, {}
     for module in pkgutil.iter_modules(__path__):
         if module.name == "base" or module.ispkg:
             continue
         loaded = importlib.import_module(f"{__name__}.{module.name}")
         for value in vars(loaded).values():
             if isinstance(value, type) and issubclass(value, Kind) and value.__module__ == loaded.__name__:
-                kinds[value.name] = value
-    return dict(sorted(kinds.items()))
+                if value.target is None:
+                    kinds[value.name] = value
+                else:
+                    variants[value.name, value.target] = value
+    return dict(sorted(kinds.items())), variants
 
 
-KINDS: dict[str, type[Kind]] = _discover()
+KINDS, VARIANTS = _discover()
 
 # One spec entry: the config model of its `kind`.
 KernelEntry = Annotated[Union[tuple(kind.Config for kind in KINDS.values())], Field(discriminator="kind")]
@@ -31,9 +35,14 @@ _ENTRY = TypeAdapter(KernelEntry)
 
 
 def kind_of(config, target: str | None = None) -> Kind:
-    """The Kind instance for one validated kernel config (for `target`, an arch-specific PTX
-    target the kind renders on its own, or None for the portable PTX)."""
-    return KINDS[config.kind](config, target)
+    """The Kind instance for one validated kernel config: its variant for an arch-specific PTX
+    `target` (see own_targets), or the portable kind for None."""
+    return (VARIANTS[config.kind, target] if target else KINDS[config.kind])(config)
+
+
+def own_targets(kind: str) -> list[str]:
+    """The arch-specific targets for which `kind` renders a PTX of its own."""
+    return [target for name, target in VARIANTS if name == kind]
 
 
 def config_from_json(data: dict):

@@ -57,14 +57,14 @@ class Kind:
     # Oldest PTX ISA whose instructions the template uses.
     ptx_version: ClassVar[tuple[int, int]] = (7, 0)
 
-    # Arch-specific PTX targets (e.g. "sm_90a") for which this kind renders a PTX of its own when a
-    # spec lists them; `target` is then that arch, and template/geometry may differ. Every other
-    # arch is served by the portable PTX (`target` None).
-    own_targets: ClassVar[tuple[str, ...]] = ()
+    # None for a kind's portable PTX. A subclass that sets an arch-specific target (e.g. "sm_90a")
+    # is that kind's variant for it: when a spec lists the target, the pipeline renders the
+    # variant's own PTX (its template, geometry and resources) for that arch, and every other
+    # arch keeps the portable PTX. Parameters, reference and traffic are the kind's.
+    target: ClassVar[str | None] = None
 
-    def __init__(self, config: KernelConfig, target: str | None = None):
+    def __init__(self, config: KernelConfig):
         self.config = config
-        self.target = target
 
     @property
     def template(self) -> str:

@@ -14,7 +14,7 @@ import math
 from typing import Literal
 
 import numpy as np
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..dtypes import DTYPES, from_float, to_float64
 from ..abi import scalar
@@ -23,6 +23,18 @@ from .base import Geometry, Kind, KernelConfig, Param, Traffic, ceil_div
 BLOCK_N = 64  # keys per K/V tile
 MAX_SEQ_LEN = 1 << 24  # keeps every in-kernel u32 row index far from overflow
 SHARED_ALIGN = 1024  # the XOR swizzle is applied to absolute shared addresses (bits 4..7)
+
+
+class Sm90aTuning(BaseModel):
+    """Knobs of the Hopper (sm_90a) variant; see ptxgen/kernels/flash_attention_sm90a.py."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    block_n: Literal[32, 64, 128, 256] = 128
+    consumers: int = Field(default=2, ge=1, le=3)
+    stages: int = Field(default=2, ge=1, le=4)
+    producer_warps: Literal[1, 4] = 1
+    overlap: bool | None = None  # None: wherever the registers allow it
 
 
 class FlashAttentionConfig(KernelConfig):
@@ -37,6 +49,8 @@ class FlashAttentionConfig(KernelConfig):
     # Query rows per CTA, 16 per warp: 64 (4 warps, two CTAs per SM on sm_80/sm_90) or 128 (8
     # warps: half the K/V traffic from L2 per flop, one CTA per SM).
     block_m: Literal[64, 128] = 64
+    # Used only when the spec lists sm_90a (the Hopper variant's own PTX).
+    sm90a: Sm90aTuning = Sm90aTuning()
 
     @model_validator(mode="after")
     def kv_heads_divide_heads(self):

@@ -1,7 +1,7 @@
-"""The Hopper (sm_90a) plan of flash_attention: FlashAttention-3's structure in our own PTX
-(templates/flash_attention_sm90a.ptx.j2). Same contract and parameters as flash_attention;
-this module defines no Kind (the kind registry would pick one up): it turns a
-FlashAttentionConfig and the tuning knobs into the template's variables and the launch.
+"""flash_attention's Hopper (sm_90a) variant: FlashAttention-3's structure in our own PTX
+(templates/flash_attention_sm90a.ptx.j2), rendered when a spec lists sm_90a. Same contract,
+parameters, reference and traffic as flash_attention; the plan below turns a config and its
+`sm90a` knobs into the template's variables and the launch geometry.
 
 CTA = `consumers` consumer warpgroups of 64 query rows each, then `producer_warps` producer
 warps; block_m = 64 * consumers rows of one head; grid (ceil(seq_len / block_m), num_heads).
@@ -40,8 +40,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .base import Launch, ceil_div
-from .flash_attention import FlashAttentionConfig
+from ..abi import scalar
+from .base import Geometry, ceil_div
+from .flash_attention import FlashAttention, FlashAttentionConfig
 
 WARPGROUP = 128
 REGISTER_FILE = 65536
@@ -156,6 +157,35 @@ def sm90a_template_vars(config: FlashAttentionConfig, plan: Sm90aPlan) -> dict:
     }
 
 
-def sm90a_launch(config: FlashAttentionConfig, plan: Sm90aPlan, seq_len: int) -> Launch:
-    return Launch(grid=(ceil_div(seq_len, plan.block_m), config.num_heads, 1),
-                  block=(plan.threads, 1, 1), dynamic_shared=plan.dynamic_shared)
+def sm90a_geometry(config: FlashAttentionConfig, plan: Sm90aPlan) -> Geometry:
+    return Geometry(grid=(ceil_div(scalar("seq_len"), plan.block_m), config.num_heads, 1),
+                    block=(plan.threads, 1, 1), dynamic_shared=plan.dynamic_shared)
+
+
+class FlashAttentionSm90a(FlashAttention):
+    """The variant the pipeline renders for sm_90a (wgmma, mbarriers, warpgroups: PTX ISA 8.0)."""
+
+    target = "sm_90a"
+    ptx_version = (8, 0)
+
+    @property
+    def template(self) -> str:
+        return "flash_attention_sm90a.ptx.j2"
+
+    @property
+    def plan(self) -> Sm90aPlan:
+        return sm90a_plan(self.config, **self.config.sm90a.model_dump())
+
+    def geometry(self) -> Geometry:
+        return sm90a_geometry(self.config, self.plan)
+
+    def launch_note(self) -> str:
+        plan = self.plan
+        return (f"sm_90a: one CTA per {plan.block_m} query rows of one head, {plan.consumers} consumer warpgroups "
+                f"and {plan.producer_warps} producer warp(s), {plan.block_n}-key tiles in {plan.stages} stages")
+
+    def template_vars(self) -> dict:
+        return sm90a_template_vars(self.config, self.plan)
+
+    def static_shared(self) -> int:
+        return STATIC_BYTES
