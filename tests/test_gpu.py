@@ -191,3 +191,95 @@ def test_bench_end_to_end(tmp_path):
     assert 0 < row["p10_us"] <= row["median_us"] <= row["p90_us"]
     assert row["gbs"] > 0 and row["pct_copy_bw"] > 0 and row["graph"]["median_us"] > 0
     assert row["sets"] >= 2
+
+
+# --- the Python API on torch tensors ---------------------------------------------------------------
+def torch_or_skip():
+    try:
+        import torch as module
+    except ImportError:
+        pytest.skip("torch is not installed")
+    if not module.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    return module
+
+
+def test_api_launches_on_torch_tensors_on_the_callers_stream():
+    import ptxgen
+
+    tt = torch_or_skip()
+    kernels = ptxgen.load(SPEC)
+    norm = kernels.qwen3_8b_rmsnorm
+    kind = norm.compiled.definition
+    inputs = kind.sample_inputs(np.random.default_rng(3), {"rows": 5})
+    x, gamma = (tt.from_numpy(inputs[name]).cuda() for name in ("x", "gamma"))
+    y = tt.full((5, 4096), float("nan"), device="cuda")
+    stream = tt.cuda.Stream()
+    with tt.cuda.stream(stream):
+        norm(x, gamma, y, rows=5)  # the current (torch) stream
+    norm(x, gamma, y, rows=5, stream=stream)  # an explicit one
+    stream.synchronize()
+    error = relative_l2(y.double().cpu().numpy(), kind.reference(inputs, {"rows": 5})["y"])
+    assert error <= kind.tolerance(kind.param("y")), f"rmsnorm through the API on torch tensors: {error:.3e}"
+    with pytest.raises(LaunchError, match=r"x: expected shape \[4, 4096\]"):
+        norm(x, gamma, y, rows=4)
+    with pytest.raises(LaunchError, match="x: expected dtype f32 .* got f16"):
+        norm(x.half(), gamma, y, rows=5)
+    with pytest.raises(LaunchError, match="y: expected a contiguous"):
+        norm(x, gamma, tt.empty((4096, 5), device="cuda").t(), rows=5)
+    with pytest.raises(LaunchError, match="all be on the GPU or all on the host"):
+        norm(x, gamma.cpu(), y, rows=5)
+
+
+def test_api_calls_are_captured_in_a_cuda_graph_and_replayed():
+    """A graph of decode attention (indirect length, workspaces) and a GEMV, captured with
+    torch.cuda.graph and replayed as the length on the device grows: nothing allocates or
+    synchronises inside the capture."""
+    import ptxgen
+
+    tt = torch_or_skip()
+    kernels = ptxgen.load(SPEC)
+    attention, gemv = kernels.qwen3_8b_decode_attention_graph, kernels.qwen3_8b_q_proj
+    kind = attention.compiled.definition
+    longest = 3000
+    inputs = kind.sample_inputs(np.random.default_rng(5), {"seq_len": longest})
+    tensors = {name: tt.from_numpy(array.view(np.int32) if array.dtype == np.uint32 else array).cuda()
+               for name, array in inputs.items()}
+    out = tt.empty((32, 128), device="cuda")
+    g_inputs = gemv.compiled.definition.sample_inputs(np.random.default_rng(6), {})
+    w, x = (tt.from_numpy(g_inputs[name]).cuda() for name in ("w", "x"))
+    y = tt.empty(gemv.compiled.param("y").shape, device="cuda")
+    kernels.prepare()  # load every kernel and its workspaces before capturing
+    stream = tt.cuda.Stream()
+    graph = tt.cuda.CUDAGraph()
+    with tt.cuda.graph(graph, stream=stream):
+        attention(tensors["q"], tensors["k_cache"], tensors["v_cache"], out, tensors["seq_len_ptr"])
+        gemv(y, w, x)
+    for length in (1, 77, 1024, longest):
+        tensors["seq_len_ptr"].fill_(length)
+        out.fill_(float("nan"))
+        graph.replay()
+        tt.cuda.synchronize()
+        expected = kind.reference({**inputs, "seq_len_ptr": np.array([length], np.uint32)}, {"seq_len": length})
+        error = relative_l2(out.double().cpu().numpy(), expected["out"])
+        assert error <= kind.tolerance(kind.param("out")), f"replay at seq_len {length}: {error:.3e}"
+    reference = gemv.compiled.definition.reference(g_inputs, {})["y"]
+    assert relative_l2(y.double().cpu().numpy(), reference) <= gemv.compiled.definition.tolerance(
+        gemv.compiled.param("y"))
+
+
+def test_api_loads_an_artifact_folder_and_runs_its_cubins(tmp_path):
+    import ptxgen
+
+    tt = torch_or_skip()
+    out = tmp_path / "artifacts"
+    assert run_cli("build", str(SPEC), "-o", str(out), "-q").returncode == 0
+    kernels = ptxgen.load(out)
+    swiglu = kernels.qwen3_8b_swiglu
+    n = swiglu.compiled.param("out").shape[0]
+    gate, up = tt.randn(n, device="cuda"), tt.randn(n, device="cuda")
+    result = tt.empty(n, device="cuda")
+    swiglu(gate, up, result)
+    tt.cuda.synchronize()
+    expected = (gate * tt.sigmoid(gate) * up).double()
+    assert relative_l2(result.double().cpu().numpy(), expected.cpu().numpy()) < 1e-6
