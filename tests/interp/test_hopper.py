@@ -85,6 +85,8 @@ def wgmma_kernel(n, steps, kind, trans_a=0, trans_b=0, registers_a=False, size=1
     for s in range(steps):
         loads.append(f"  ld.global.u64 %da{s}, [%descs+{16 * s}];")
         loads.append(f"  ld.global.u64 %db{s}, [%descs+{16 * s + 8}];")
+        loads.append(f"  add.u64 %da{s}, %da{s}, %base;")  # the host encoded offsets from smem
+        loads.append(f"  add.u64 %db{s}, %db{s}, %base;")
         a_regs = ", ".join(f"%a{4 * s + j}" for j in range(4))
         if registers_a:
             loads.append(f"  ld.global.v4.b32 {{{a_regs}}}, [%frag+{2048 * s}];")
@@ -100,7 +102,7 @@ def wgmma_kernel(n, steps, kind, trans_a=0, trans_b=0, registers_a=False, size=1
 {{
   .shared .align 1024 .b8 smem[{size}];
   .reg .b32 %t, %i, %n, %s, %w<4>, %a<{4 * steps}>;
-  .reg .b64 %img, %descs, %frag, %out, %p, %da<{steps}>, %db<{steps}>;
+  .reg .b64 %img, %descs, %frag, %out, %p, %base, %da<{steps}>, %db<{steps}>;
   .reg .f32 %d<{n // 2}>;
   .reg .pred %done;
   ld.param.u64 %img, [img];
@@ -108,6 +110,9 @@ def wgmma_kernel(n, steps, kind, trans_a=0, trans_b=0, registers_a=False, size=1
   ld.param.u64 %frag, [frags];
   ld.param.u64 %out, [out];
   ld.param.u32 %n, [nbytes];
+  mov.u32 %s, smem;
+  cvt.u64.u32 %base, %s;
+  shr.u64 %base, %base, 4;  // descriptor start addresses are shared addresses / 16
   mov.u32 %t, %tid.x;
   shl.b32 %i, %t, 4;
 COPY:
@@ -302,7 +307,7 @@ PIPELINE = SM90A + """.visible .entry k(.param .u64 tiles, .param .u64 descs, .p
   .shared .align 8 .b64 full[2];
   .shared .align 8 .b64 empty[2];
   .reg .b32 %t, %r, %n, %stage, %par, %f, %e, %dst;
-  .reg .b64 %tiles, %descs, %out, %src, %off, %da, %db, %a, %b;
+  .reg .b64 %tiles, %descs, %out, %src, %off, %da, %db, %a, %b, %base;
   .reg .f32 %d<32>;
   .reg .pred %p, %ok, %acc;
   ld.param.u64 %tiles, [tiles];
@@ -326,6 +331,11 @@ PRODUCER
 CONSUMER:
   ld.global.u64 %da, [%descs];
   ld.global.u64 %db, [%descs+8];
+  mov.u32 %f, buf;
+  cvt.u64.u32 %base, %f;
+  shr.u64 %base, %base, 4;  // descriptor start addresses are shared addresses / 16
+  add.u64 %da, %da, %base;
+  add.u64 %db, %db, %base;
 CONSUME:
 WAIT_FOR_FULL
   fence.proxy.async.shared::cta;
