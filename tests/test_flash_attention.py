@@ -1,9 +1,13 @@
 """flash_attention: the real PTX in the interpreter (sanitizer on, outputs poisoned) vs float64.
 
-Interpreter time is the budget here: head counts stay small and the shapes are a spread, not a
-product. Every case covers one or more of: MHA / GQA 4:1 / GQA 8:1 / MQA, head_dim 64 / 128,
-seq_len 1, primes, lengths that are no multiple of the 64-row tiles, several key tiles, causal and
-not, f16 / bf16 inputs, f32 / f16 / bf16 outputs.
+Every case checks the relative L2 error against the kind's tolerance and every element against
+attention_error_bound (the kernel's error analysis, per element). Interpreter time is the budget
+here: head counts stay small and the shapes are a spread, not a product. The cases cover MHA / GQA
+4:1 / GQA 8:1 / MQA, head_dim 64 / 128, seq_len 1, odd lengths and no multiple of any tile, one
+to several key tiles, causal and not, f16 / bf16 inputs, f32 / f16 / bf16 outputs, and each tile
+shape the config offers: 16-row warps with Q in registers, 32-row warps (Q re-read from shared
+memory at d128), 32- to 128-key tiles (also wider than the query block), 2- to 4-stage rings
+(more stages than tiles), and the software-pipelined `overlap` loop.
 """
 
 from __future__ import annotations
@@ -14,35 +18,42 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from ptxgen.dtypes import from_float
+from ptxgen.dtypes import from_float, to_float64
 from ptxgen.errors import LaunchError
-from ptxgen.kernels.flash_attention import attention_reference
+from ptxgen.kernels.flash_attention import attention_error_bound, attention_reference
 from ptxgen.runner import run
 from ptxgen.spec import load_spec
-from ptxgen.verify import compare, verify_kernel
+from ptxgen.verify import compare
 
 from helpers import ROOT, assert_passes, make_kernel, resources
 
+# sm_86 and sm_89 assemble every config here to sm_80's register count; the spec test covers all four.
+VARIANT_ARCHS = ("sm_80", "sm_90")
+WIDE = {"block_m": 128, "warp_rows": 32}  # FlashAttention-2's shape: 4 warps x 32 rows
+OVERLAP = {"stages": 3, "overlap": True}
 
-# (num_heads, num_kv_heads, head_dim, seq_len, causal, dtype, out_dtype, block_m)
+# (num_heads, num_kv_heads, head_dim, seq_len, causal, dtype, out_dtype, tile config)
 CASES = [
-    (2, 2, 64, 1, True, "f16", "f32", 64),  # MHA, a single token: one tile, 63 zero-filled rows/keys
-    (2, 2, 128, 1, False, "bf16", "bf16", 64),
-    (8, 8, 64, 1, True, "f16", "f16", 128),
-    (4, 1, 64, 7, False, "bf16", "f16", 64),  # MQA, prime length
-    (4, 1, 128, 13, True, "f16", "bf16", 64),  # MQA, prime length, causal
-    (2, 2, 64, 13, False, "f16", "f32", 128),
-    (8, 2, 128, 65, True, "f16", "f32", 64),  # GQA 4:1, one row past a tile: 2 query blocks, 2 key tiles
-    (8, 1, 64, 100, False, "bf16", "f32", 64),  # GQA 8:1
-    (2, 2, 128, 130, False, "f16", "f16", 64),  # three key tiles, 2 keys in the last
-    (8, 1, 64, 130, True, "bf16", "bf16", 64),  # GQA 8:1, causal, tail in the diagonal tile
-    (4, 1, 64, 129, True, "bf16", "f32", 128),  # 128-row blocks: rows 0..63 see nothing of key tile 1
-    (4, 1, 64, 200, True, "f16", "f16", 64),  # multi-tile causal: query block 3 walks 4 key tiles
-    (2, 1, 128, 200, False, "bf16", "f32", 64),  # multi-tile, both stages of the ring reused
-    (8, 2, 128, 200, True, "f16", "f16", 128),  # Qwen3-like GQA 4:1, 2 query blocks of 128
-    (2, 2, 128, 257, False, "f16", "bf16", 128),  # 5 key tiles, 1 key in the last
-    (4, 1, 128, 300, True, "bf16", "f16", 64),  # 5 query blocks, up to 5 key tiles
-    (2, 2, 64, 128, True, "f16", "f32", 64),  # exact tiles, no tail at all
+    (2, 2, 64, 1, True, "f16", "f32", {}),  # MHA, a single token: one tile, 63 zero-filled rows/keys
+    (4, 1, 128, 15, True, "bf16", "bf16", {}),  # MQA
+    (8, 2, 128, 65, True, "f16", "f32", {}),  # GQA 4:1, one row past a tile: 2 query blocks, 2 key tiles
+    (8, 1, 64, 130, False, "bf16", "f16", {}),  # GQA 8:1, three key tiles, 2 keys in the last
+    (2, 2, 128, 257, False, "f16", "bf16", {}),  # 5 key tiles, 1 key in the last
+    (2, 2, 64, 128, True, "f16", "f32", {}),  # exact tiles, no tail at all
+    (2, 2, 128, 64, True, "f16", "f32", {"stages": 4}),  # one tile, a ring of four
+    (4, 1, 128, 17, True, "f16", "f16", WIDE),  # Q re-read from shared memory, two m-tiles per warp
+    (8, 2, 128, 200, True, "bf16", "f32", WIDE),
+    (2, 2, 128, 127, False, "f16", "f32", WIDE),
+    (4, 2, 64, 63, True, "bf16", "bf16", WIDE),  # two m-tiles per warp with Q in registers
+    (4, 1, 64, 129, True, "bf16", "f32", {"block_m": 128}),  # 8 warps: rows 0..63 see nothing of key tile 1
+    (8, 2, 128, 200, True, "f16", "f16", {"block_m": 128, "block_n": 32, "stages": 3}),
+    (2, 1, 64, 300, False, "f16", "f16", {"block_m": 128, "block_n": 128}),
+    (4, 1, 64, 200, True, "f16", "f32", {"block_n": 128}),  # key tiles wider than the query blocks
+    (2, 2, 128, 130, True, "bf16", "bf16", {"block_n": 128, "stages": 3}),
+    (4, 1, 128, 300, True, "bf16", "f16", OVERLAP),  # 5 query blocks, up to 5 key tiles
+    (2, 2, 64, 1, False, "f16", "bf16", OVERLAP),  # the last visit is also the first
+    (4, 2, 128, 65, False, "f16", "f32", {"block_m": 128, "block_n": 32, "stages": 4, "overlap": True}),
+    (8, 8, 64, 97, True, "bf16", "f32", {"block_n": 32, "stages": 3, "overlap": True}),
 ]
 
 
@@ -51,35 +62,59 @@ def attention_kernel(num_heads, num_kv_heads, head_dim, causal=True, dtype="f16"
                        head_dim=head_dim, causal=causal, dtype=dtype, out_dtype=out_dtype, **extra)
 
 
+def check(kernel, inputs, seq_len):
+    """One interpreter run: relative L2 within the kind's tolerance, every element within its bound."""
+    kind, scalars = kernel.definition, {"seq_len": seq_len}
+    arrays = run(kernel, inputs, scalars)
+    reference = kind.reference(inputs, scalars)["o"]
+    assert_passes(compare(kernel, arrays, {"o": reference}, scalars))
+    c = kind.config
+    q, k, v = (to_float64(inputs[name], c.dtype) for name in ("q", "k", "v"))
+    bound = attention_error_bound(q, k, v, kind.scale, c.causal, c.dtype, c.out_dtype, c.block_n)
+    error = np.abs(to_float64(arrays["o"], c.out_dtype) - reference)
+    worst = np.unravel_index(np.argmax(error / bound), error.shape)
+    assert (error <= bound).all(), (
+        f"o{list(worst)}: error {error[worst]:.3e} > bound {bound[worst]:.3e} (reference {reference[worst]:.4f})")
 
-@pytest.mark.parametrize("num_heads, num_kv_heads, head_dim, seq_len, causal, dtype, out_dtype, block_m", CASES)
-def test_matches_float64(num_heads, num_kv_heads, head_dim, seq_len, causal, dtype, out_dtype, block_m):
-    kernel = attention_kernel(num_heads, num_kv_heads, head_dim, causal, dtype, out_dtype, block_m=block_m)
-    assert_passes(verify_kernel(kernel, {"seq_len": seq_len}, seed=seq_len + head_dim))
+
+@pytest.mark.parametrize("num_heads, num_kv_heads, head_dim, seq_len, causal, dtype, out_dtype, tiles", CASES)
+def test_matches_float64(num_heads, num_kv_heads, head_dim, seq_len, causal, dtype, out_dtype, tiles):
+    kernel = attention_kernel(num_heads, num_kv_heads, head_dim, causal, dtype, out_dtype, **tiles)
+    inputs = kernel.definition.sample_inputs(np.random.default_rng(seq_len + head_dim), {"seq_len": seq_len})
+    check(kernel, inputs, seq_len)
 
 
-@pytest.mark.parametrize("block_m", [64, 128])
-def test_large_scores_need_online_rescaling(block_m):
+@pytest.mark.parametrize("tiles", [{}, WIDE, OVERLAP], ids=["default", "wide", "overlap"])
+def test_large_scores_need_online_rescaling(tiles):
     """Scores spanning about +-60 (after scaling), the largest ones in the earliest keys: the kernel
-    visits key tiles last to first, so the running max grows on later tiles and O and l must be
-    rescaled. A non-default scale checks that scale*log2(e) is folded in correctly."""
-    kernel = attention_kernel(2, 1, 64, causal=False, dtype="f16", out_dtype="f32", scale=0.3, block_m=block_m)
+    visits key tiles last to first, so the running max grows on later tiles by more than the
+    rescale threshold and O and l must be rescaled. A non-default scale checks that scale*log2(e)
+    is folded in correctly."""
+    kernel = attention_kernel(2, 1, 128, causal=False, dtype="f16", out_dtype="f32", scale=0.3, **tiles)
     rng = np.random.default_rng(7)
     seq_len = 150
-    q = rng.standard_normal((2, seq_len, 64)) * 2.0
-    k = rng.standard_normal((1, seq_len, 64)) * 2.0
+    q = rng.standard_normal((2, seq_len, 128)) * 1.4
+    k = rng.standard_normal((1, seq_len, 128)) * 1.4
     k[:, :20] *= 3.0  # the biggest scores sit in the first key tile, visited last
-    v = rng.standard_normal((1, seq_len, 64))
-    inputs = {"q": from_float(q, "f16"), "k": from_float(k, "f16"), "v": from_float(v, "f16")}
-    scalars = {"seq_len": seq_len}
-    arrays = run(kernel, inputs, scalars)
-    assert_passes(compare(kernel, arrays, kernel.definition.reference(inputs, scalars), scalars))
+    v = rng.standard_normal((1, seq_len, 128))
+    check(kernel, {"q": from_float(q, "f16"), "k": from_float(k, "f16"), "v": from_float(v, "f16")}, seq_len)
 
 
-@pytest.mark.parametrize("block_m", [64, 128])
-def test_causal_query_sees_only_past_keys(block_m):
+@pytest.mark.parametrize("tiles", [{"block_m": 128, "block_n": 32}, {"block_m": 128, "block_n": 32, **OVERLAP}],
+                         ids=["plain", "overlap"])
+def test_rows_that_see_no_key_yet_with_a_large_scale(tiles):
+    """scale*log2(e) > 1 (here 2.2): the first tile visited lies above the diagonal for rows
+    0..95 of a 128-row block, whose reference max is still the initial one; its -m*c must stay
+    finite (2^-inf stays 0, no inf - inf)."""
+    kernel = attention_kernel(2, 1, 64, causal=True, dtype="bf16", out_dtype="f32", scale=1.5, **tiles)
+    inputs = kernel.definition.sample_inputs(np.random.default_rng(11), {"seq_len": 160})
+    check(kernel, inputs, 160)
+
+
+@pytest.mark.parametrize("tiles", [{}, {"block_m": 128}, OVERLAP], ids=["default", "block_m128", "overlap"])
+def test_causal_query_sees_only_past_keys(tiles):
     """Changing the keys and values of later positions must not change earlier rows' outputs."""
-    kernel = attention_kernel(2, 2, 64, causal=True, block_m=block_m)
+    kernel = attention_kernel(2, 2, 64, causal=True, **tiles)
     kind = kernel.definition
     seq_len = 90
     inputs = kind.sample_inputs(np.random.default_rng(3), {"seq_len": seq_len})
@@ -90,6 +125,22 @@ def test_causal_query_sees_only_past_keys(block_m):
     after = run(kernel, changed, {"seq_len": seq_len})["o"]
     np.testing.assert_array_equal(after[:, :70], before[:, :70], err_msg="rows < 70 depend on keys >= 70")
     assert not np.array_equal(after[:, 70:], before[:, 70:]), "rows >= 70 ignored their own keys"
+
+
+def test_error_bound_is_tight_enough_to_catch_a_coarser_p():
+    """The per-element bound is no blanket: attention with P rounded to 8 significant bits (bf16's
+    precision where f16's is promised) breaks it; with 11 bits (f16's) it holds."""
+    rng = np.random.default_rng(5)
+    shapes = ((2, 40, 64), (1, 40, 64), (1, 40, 64))
+    q, k, v = (to_float64(from_float(rng.standard_normal(shape), "f16"), "f16") for shape in shapes)
+    exact = attention_reference(q, k, v, 0.125, causal=True)
+    bound = attention_error_bound(q, k, v, 0.125, True, "f16", "f32", 64)
+    scores = np.where(np.tril(np.ones((40, 40), bool)), np.einsum("hid,jd->hij", q, k[0]), -np.inf)
+    mantissa, exponent = np.frexp(np.exp(0.125 * (scores - scores.max(axis=2, keepdims=True))))
+    for bits, inside in ((11, True), (8, False)):
+        p = np.ldexp(np.round(mantissa * 2.0**bits) / 2.0**bits, exponent)
+        model = np.einsum("hij,jd->hid", p, v[0]) / p.sum(axis=2, keepdims=True)
+        assert (np.abs(model - exact) <= bound).all() == inside, f"P rounded to {bits} bits"
 
 
 def test_reference_is_softmax_attention():
@@ -116,6 +167,12 @@ def test_out_of_range_seq_len_is_rejected(bad):
     ({"num_heads": 8, "num_kv_heads": 8, "head_dim": 96}, "head_dim"),
     ({"num_heads": 8, "num_kv_heads": 8, "head_dim": 64, "dtype": "f32"}, "dtype"),
     ({"num_heads": 8, "num_kv_heads": 8, "head_dim": 64, "scale": 0.0}, "scale"),
+    ({"num_heads": 8, "num_kv_heads": 8, "head_dim": 64, "scale": 1e-40}, "scale"),
+    ({"num_heads": 8, "num_kv_heads": 8, "head_dim": 64, "scale": float("inf")}, "scale"),
+    ({"num_heads": 8, "num_kv_heads": 8, "head_dim": 64, "stages": 2, "overlap": True}, "overlap needs stages >= 3"),
+    ({"num_heads": 8, "num_kv_heads": 8, "head_dim": 128, "warp_rows": 32}, "2 warps cannot load head_dim=128"),
+    ({"num_heads": 8, "num_kv_heads": 8, "head_dim": 64, "block_n": 48}, "block_n"),
+    ({"num_heads": 8, "num_kv_heads": 8, "head_dim": 64, "max_registers": 300}, "max_registers"),
 ])
 def test_bad_configs_are_rejected(config, message):
     config = {"name": "attn", **config}
@@ -123,7 +180,7 @@ def test_bad_configs_are_rejected(config, message):
         make_kernel("flash_attention", **config)
 
 
-def test_flops_and_bytes_model():
+def test_flops_bytes_and_launch_model():
     kind = attention_kernel(32, 8, 128, causal=True, out_dtype="f16").definition
     traffic = kind.traffic({"seq_len": 4096})
     assert traffic.flops == 4 * 32 * 128 * 4096 * 4097 // 2
@@ -134,11 +191,25 @@ def test_flops_and_bytes_model():
     assert math.isclose(kind.scale, 1 / math.sqrt(128))
     launch = kind.launch({"seq_len": 4096})
     assert launch.grid == (64, 32, 1) and launch.block == (128, 1, 1)
-    assert launch.dynamic_shared == 5 * 64 * 128 * 2 <= 99 * 1024, "must fit sm_86/sm_89 (99 KB per CTA)"
-    wide = attention_kernel(32, 8, 128, block_m=128).definition
-    launch = wide.launch({"seq_len": 4096})
-    assert launch.grid == (32, 32, 1) and launch.block == (256, 1, 1)
-    assert launch.dynamic_shared == (128 + 4 * 64) * 128 * 2 <= 99 * 1024
+    # Two buffers of K+V (64 keys); Q, kept in registers, is staged in the second buffer.
+    assert launch.dynamic_shared == 2 * 2 * 64 * 128 * 2 <= 99 * 1024, "must fit sm_86/sm_89 (99 KB per CTA)"
+    wide = attention_kernel(32, 8, 128, **WIDE).definition.launch({"seq_len": 4096})
+    assert wide.grid == (32, 32, 1) and wide.block == (128, 1, 1)
+    assert wide.dynamic_shared == (2 * 2 * 64 + 128) * 128 * 2 <= 99 * 1024, "Q re-read: its own region"
+    deep = attention_kernel(32, 8, 128, block_n=32, stages=4, overlap=True).definition.launch({"seq_len": 4096})
+    assert deep.dynamic_shared == 4 * 2 * 32 * 128 * 2
+
+
+# The configurations worth timing on a GPU (see the module docstring), plus d64 shapes.
+SWEEP = [
+    {},
+    {"max_registers": 168},
+    WIDE,
+    {"block_m": 128, "warp_rows": 32, "block_n": 32, "stages": 3},
+    {"stages": 3, "overlap": True},
+    {"block_n": 32, "stages": 4, "overlap": True, "max_registers": 168},
+    {"block_m": 128},
+]
 
 
 def test_spec_instances_assemble_for_every_arch_without_spills():
@@ -151,21 +222,26 @@ def test_spec_instances_assemble_for_every_arch_without_spills():
             assert 0 < used["registers"] <= 255, f"{kernel.name} {arch}: {used}"
 
 
-@pytest.mark.parametrize("head_dim, dtype, causal, block_m",
-                         [(64, "bf16", False, 64), (128, "f16", False, 64), (64, "f16", True, 128), (128, "bf16", False, 128)])
-def test_other_variants_assemble_without_spills(head_dim, dtype, causal, block_m):
-    kernel = attention_kernel(8, 2, head_dim, causal, dtype, "bf16", block_m=block_m)
-    for arch, used in resources(kernel).items():
+@pytest.mark.parametrize("head_dim, dtype, causal, tiles",
+                         [(128, "f16", True, tiles) for tiles in SWEEP]
+                         + [(64, "bf16", False, {}), (64, "f16", True, WIDE), (64, "bf16", True, {"block_m": 128, "block_n": 128})])
+def test_variants_assemble_without_spills(head_dim, dtype, causal, tiles):
+    kernel = attention_kernel(8, 2, head_dim, causal, dtype, "bf16", **tiles)
+    for arch, used in resources(kernel, VARIANT_ARCHS).items():
         assert used["spill_stores"] == used["spill_loads"] == used["local_bytes"] == 0, f"{arch}: {used}"
+        if "max_registers" in tiles:
+            assert used["registers"] <= tiles["max_registers"], f"{arch}: {used}"
 
 
 def test_performance_properties_of_the_ptx():
-    """Tensor-core mma for both products, ldmatrix (.trans for V), 16-byte cp.async into a double
-    buffer, and no guarded (src-size) cp.async inside the tile loop: only the prologue's tile can be
-    partial."""
+    """Per 64-key tile and warp at d128: 64 mma for S, 64 for P.V, 4 for the row sums (P times
+    ones); ldmatrix (.trans for V); one barrier; 16-byte cp.async, unguarded inside the loop (only
+    the prologue's tile can be partial); the O rescale behind a warp-uniform branch."""
     ptx = attention_kernel(32, 8, 128, dtype="bf16").ptx
-    assert ptx.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") == 2 * (128 // 16) * 4 * 2
-    assert ptx.count("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16") == (128 // 16) * 4
-    assert "cp.async.cg.shared.global" in ptx and "cp.async.wait_group 2;" in ptx
-    loop = ptx[ptx.index("TILE_LOOP:"):]
+    loop = ptx[ptx.index("TILE_LOOP:"):ptx.index("@%more bra TILE_LOOP;")]
+    assert loop.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32") == 64 + 64 + 4
+    assert loop.count("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16") == (128 // 16) * 4
+    assert loop.count("bar.sync") == 1 and loop.count("cp.async.wait_group 0;") == 1
+    assert loop.count("cp.async.cg.shared.global") == 2 * 64 * 128 * 2 // 16 // 128
     assert ", %lsize;" not in loop, "the loop's prefetches must be unguarded full-tile copies"
+    assert "vote.sync.any.pred %any, %any, 0xffffffff;\n\t@!%any bra.uni RESCALED;" in loop

@@ -3,9 +3,18 @@
 o[h] = softmax(scale * q[h] @ k[g].T + mask) @ v[g], g = h // (num_heads / num_kv_heads);
 with `causal`, query i sees keys j <= i. Any seq_len >= 1.
 
-Geometry: one CTA of block_m/16 warps owns block_m query rows (16 per warp) of one head; grid
-is (ceil(seq_len/block_m), num_heads). Q is loaded once into registers (ldmatrix); K/V tiles of 64 keys
-stream through a double-buffered, XOR-swizzled shared memory ring filled by cp.async.
+Geometry: a CTA of block_m / warp_rows warps owns block_m query rows of one head (warp_rows per
+warp: one or two m16 tiles); grid (ceil(seq_len/block_m), num_heads). K/V tiles of block_n keys
+stream through a ring of `stages` XOR-swizzled shared-memory buffers filled by cp.async, one
+barrier per tile. The tile shape, warp shape, ring depth, softmax/MMA overlap and register cap are
+config fields so a GPU sweep can pick them. One PTX serves every arch of a spec, so the defaults
+(64x64 tiles, 16-row warps, 2 stages: 64 KB at d128) fit them all; occupancy at d128 from ptxas's
+registers and the shared memory (warps per SM):
+    defaults                                  sm_80 8, sm_86/89 4, sm_90 8
+    max_registers=168                         sm_80 8, sm_86/89 4, sm_90 12
+    block_n=32, stages=3, max_registers=168   sm_80 12, sm_86/89 8, sm_90 12
+    block_m=128, warp_rows=32 (FA2's shape)   sm_80 4, sm_86/89 4, sm_90 8 (half the ldmatrix per MMA)
+    stages=3, overlap                         sm_80 4, sm_86/89 4, sm_90 8
 """
 
 from __future__ import annotations
@@ -16,13 +25,18 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..dtypes import DTYPES, from_float, to_float64
 from ..abi import scalar
+from ..dtypes import DTYPES, from_float, to_float64
 from .base import Geometry, Kind, KernelConfig, Param, Traffic, ceil_div
 
-BLOCK_N = 64  # keys per K/V tile
 MAX_SEQ_LEN = 1 << 24  # keeps every in-kernel u32 row index far from overflow
 SHARED_ALIGN = 1024  # the XOR swizzle is applied to absolute shared addresses (bits 4..7)
+# Q fragments stay in registers when they take at most this many per thread (warp_rows*head_dim/64);
+# more (32 rows of d128: 64 registers next to 128 of O) would spill, so Q is re-read from shared.
+Q_REGISTERS_MAX = 32
+# The running row max is only moved when a tile's max exceeds it by more than 2^8 (in exp2
+# units): p <= 256 then, exact in f16/bf16 and far from overflow, and O is rescaled rarely.
+RESCALE_THRESHOLD = 8.0
 
 
 class Sm90aTuning(BaseModel):
@@ -45,18 +59,35 @@ class FlashAttentionConfig(KernelConfig):
     dtype: Literal["f16", "bf16"] = "f16"
     out_dtype: Literal["f32", "f16", "bf16"] = "f32"
     causal: bool = True
-    scale: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    # Query rows per CTA, 16 per warp: 64 (4 warps, two CTAs per SM on sm_80/sm_90) or 128 (8
-    # warps: half the K/V traffic from L2 per flop, one CTA per SM).
+    # Bounded so that scale*log2(e) and the rescale threshold over it are normal f32 numbers.
+    scale: float | None = Field(default=None, ge=1e-6, le=1e6)
+    # Query rows per CTA and per warp (16: one m16 tile, Q in registers; 32: two m16 tiles share
+    # every K/V fragment read from shared memory, half the ldmatrix traffic per MMA).
     block_m: Literal[64, 128] = 64
+    warp_rows: Literal[16, 32] = 16
+    # Keys per K/V tile and buffers in the cp.async ring (prefetch distance stages-1 tiles).
+    block_n: Literal[32, 64, 128] = 64
+    stages: Literal[2, 3, 4] = 2
+    # Software-pipeline each warp: S = Q K^T of the next tile is issued in the same basic block as
+    # the softmax of this one, so the tensor and FP32/MUFU pipes work at once (needs stages >= 3).
+    overlap: bool = False
+    # .maxnreg: cap registers per thread to fit more CTAs per SM (None: ptxas decides).
+    max_registers: int | None = Field(default=None, ge=64, le=255)
     # Used only when the spec lists sm_90a (the Hopper variant's own PTX).
     sm90a: Sm90aTuning = Sm90aTuning()
 
     @model_validator(mode="after")
-    def kv_heads_divide_heads(self):
+    def consistent(self):
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_kv_heads must divide num_heads, got num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}")
+        if self.block_m // self.warp_rows * 32 < self.head_dim:
+            # One cp.async pass must cover 8 whole rows (head_dim/8 threads per row) so that every
+            # pass has the same XOR swizzle and its offset is an immediate.
+            raise ValueError(f"block_m / warp_rows = {self.block_m // self.warp_rows} warps cannot load "
+                             f"head_dim={self.head_dim} rows; use at least {self.head_dim // 32} warps")
+        if self.overlap and self.stages < 3:
+            raise ValueError(f"overlap needs stages >= 3 (three tiles are live at once), got stages={self.stages}")
         return self
 
 
@@ -74,6 +105,61 @@ def attention_reference(q, k, v, scale: float, causal: bool) -> np.ndarray:
         weights = np.exp(scores)
         out[h] = (weights / weights.sum(axis=1, keepdims=True)) @ v[h // group]
     return out
+
+
+UNIT_ROUNDOFF = {"f32": 0.0, "f16": 2.0**-11, "bf16": 2.0**-8}
+# Largest rounding error of a P below the smallest normal number of the input dtype.
+SUBNORMAL_ERROR = {"f16": 2.0**-25, "bf16": 2.0**-134}
+F32_ROUNDOFF = 2.0**-24
+MMA_ERROR = 3.6 * F32_ROUNDOFF  # per mma.sync: this times (sum |a*b| + |c|) (NOTES.md, measured)
+EX2_ERROR = 2.0**-21  # ex2.approx.ftz.f32: 2^-22 relative (PTX ISA), doubled
+ERROR_ROWS = 64  # rows per step of the bound's [rows, keys, head_dim] temporary
+
+
+def attention_error_bound(q, k, v, scale: float, causal: bool, dtype: str, out_dtype: str, block_n: int) -> np.ndarray:
+    """Per-element bound on |kernel o - exact o| (float64 q [H, S, D], k/v [G, S, D] of the stored inputs).
+
+    In row i the kernel weighs key j by P_j = p_j (1 + d_j) + a_j, p_j = 2^(c (s_j - m)) for its
+    reference max m (at most the row max, so sum p >= 1): |d_j| <= u + eta (P rounded to 16 bits,
+    plus the f32 errors of the scores, of the folded exponent and of ex2.approx: eta), |a_j| <= the
+    subnormal rounding error. With sum_j p_j (v_j - o) = 0,
+        o_kernel - o = sum_j (p_j d_j + a_j) (v_j - o) / sum_j P_j,
+        |o_kernel - o| <= ((u + eta) sum_j w_j |v_j - o| + a sum_j |v_j - o|) / (1 - u - eta - n a).
+    On top: the f32 mma chains summing P V and l (MMA_ERROR per mma, one per 16 keys), the O/l
+    rescales (one rounding per tile), rcp and the final multiply, and the output rounding.
+    """
+    heads, seq_len, head_dim = q.shape
+    group = heads // k.shape[0]
+    c = scale * math.log2(math.e)
+    unit, tiny = UNIT_ROUNDOFF[dtype], SUBNORMAL_ERROR[dtype]
+    tiles = ceil_div(seq_len, block_n)
+    accumulate = MMA_ERROR * (ceil_div(seq_len, 16) + 2) + F32_ROUNDOFF * (tiles + 4)
+    visible = np.tril(np.ones((seq_len, seq_len), bool)) if causal else np.ones((seq_len, seq_len), bool)
+    keys = visible.sum(axis=1)[:, None]
+    bound = np.empty_like(q)
+    for h in range(heads):
+        kh, vh = k[h // group], v[h // group]
+        scores = np.where(visible, q[h] @ kh.T, -np.inf)
+        weights = np.exp(scale * (scores - scores.max(axis=1, keepdims=True)))
+        weights /= weights.sum(axis=1, keepdims=True)
+        out = weights @ vh
+        score_error = MMA_ERROR * (head_dim // 16 + 1) * np.where(visible, np.abs(q[h]) @ np.abs(kh).T, 0).max(axis=1)
+        exponent = c * np.where(visible, np.abs(scores), 0).max(axis=1)
+        eta = (math.log(2) * (c * score_error + F32_ROUNDOFF * (5 + 6 * tiles) * exponent) + EX2_ERROR)[:, None]
+        # sum_j w_ij |v_j - o_i| in f32 (6x faster), enlarged by its own worst rounding error.
+        spread = np.empty(out.shape, np.float32)
+        weights32, v32, out32 = weights.astype(np.float32), vh.astype(np.float32), out.astype(np.float32)
+        for rows in range(0, seq_len, ERROR_ROWS):
+            part = slice(rows, rows + ERROR_ROWS)
+            deviation = np.abs(v32[None, :, :] - out32[part, None, :])
+            spread[part] = (weights32[part, None, :] @ deviation)[:, 0, :]
+        spread = spread * (1 + (seq_len + 3) * 2.0**-23)
+        below_normal = tiny * (visible @ np.abs(vh) + keys * np.abs(out))  # >= tiny sum_j |v_j - o_i|
+        softmax = ((unit + eta) * spread + below_normal) / (1 - unit - eta - keys * tiny)
+        absolute = (weights @ np.abs(vh)) * (1 + unit + eta) / (1 - unit - eta)
+        total = softmax + accumulate * (absolute + np.abs(out) + softmax) / (1 - accumulate)
+        bound[h] = total + UNIT_ROUNDOFF[out_dtype] * (np.abs(out) + total)
+    return bound
 
 
 class FlashAttention(Kind):
@@ -102,24 +188,47 @@ class FlashAttention(Kind):
 
     # --- geometry --------------------------------------------------------------------------
     @property
-    def threads(self) -> int:
-        return 32 * (self.config.block_m // 16)
+    def warps(self) -> int:
+        return self.config.block_m // self.config.warp_rows
 
     @property
-    def tile_bytes(self) -> int:
-        return BLOCK_N * self.config.head_dim * 2
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    @property
+    def q_in_registers(self) -> bool:
+        return self.config.warp_rows * self.config.head_dim // 64 <= Q_REGISTERS_MAX
+
+    @property
+    def row_bytes(self) -> int:
+        return 2 * self.config.head_dim
+
+    @property
+    def stage_bytes(self) -> int:
+        """One ring buffer: a K tile then a V tile of block_n rows."""
+        return 2 * self.config.block_n * self.row_bytes
+
+    @property
+    def q_offset(self) -> int:
+        # Q kept in registers is staged in the last ring buffer: the prologue fills only the
+        # first stages-1 buffers, and the first tile's barrier orders every warp's Q reads
+        # before the first prefetch overwrites it.
+        c = self.config
+        return (c.stages - 1 if self.q_in_registers else c.stages) * self.stage_bytes
 
     def dynamic_shared(self) -> int:
-        # Q tile + 2 stages of K + 2 stages of V (rows of head_dim f16/bf16).
-        return self.config.block_m * self.config.head_dim * 2 + 4 * self.tile_bytes
+        c = self.config
+        return max(c.stages * self.stage_bytes, self.q_offset + c.block_m * self.row_bytes)
 
     def geometry(self) -> Geometry:
         return Geometry(grid=(ceil_div(scalar("seq_len"), self.config.block_m), self.config.num_heads, 1),
                         block=(self.threads, 1, 1), dynamic_shared=self.dynamic_shared())
 
     def launch_note(self) -> str:
-        order = ", query blocks in reverse (longest causal rows first)" if self.config.causal else ""
-        return f"one CTA per {self.config.block_m} query rows of one head{order}"
+        c = self.config
+        order = ", query blocks in reverse (longest causal rows first)" if c.causal else ""
+        return (f"one CTA per {c.block_m} query rows of one head, {c.warp_rows} per warp, "
+                f"{c.block_n}-key tiles in a {c.stages}-stage ring{order}")
 
     def template_vars(self) -> dict:
         c = self.config
@@ -130,10 +239,17 @@ class FlashAttention(Kind):
             "causal": c.causal,
             "group": self.group,
             "scale_log2": self.scale * math.log2(math.e),
+            "rescale_threshold": RESCALE_THRESHOLD,
             "block_m": c.block_m,
-            "block_n": BLOCK_N,
+            "block_n": c.block_n,
+            "warp_rows": c.warp_rows,
+            "stages": c.stages,
+            "overlap": c.overlap,
+            "max_registers": c.max_registers,
             "threads": self.threads,
-            "tile_bytes": self.tile_bytes,
+            "q_in_registers": self.q_in_registers,
+            "stage_bytes": self.stage_bytes,
+            "q_offset": self.q_offset,
             "shared_align": SHARED_ALIGN,
         }
 
@@ -161,13 +277,13 @@ class FlashAttention(Kind):
         return {"o": attention_reference(q, k, v, self.scale, c.causal)}
 
     def tolerance(self, param: Param) -> float:
-        # Relative L2 error allowed. u = unit roundoff: 2^-11 for f16, 2^-8 for bf16 (8 significant
-        # bits). (1) P is rounded to the input dtype before the P.V mma (the row sum l is not), an
-        # error that averages over the keys: measured about 0.25 u_in; allowed 0.8 u_in. (2) An
-        # f16/bf16 output is rounded once on store: measured about u_out/sqrt(3) (uniform rounding
-        # error); allowed u_out. f32 accumulation and ex2.approx add ~1e-6.
-        unit = {"f32": 0.0, "f16": 2.0**-11, "bf16": 2.0**-8}
-        return 0.8 * unit[self.config.dtype] + unit[param.dtype]
+        # Relative L2 error expected for sample_inputs (attention_error_bound is the per-element
+        # bound). u = unit roundoff: 2^-11 for f16, 2^-8 for bf16. (1) P rounded to 16 bits: the
+        # error of row i is sum_j w_ij d_j (v_j - o_i) with independent |d_j| <= u (RMS u/sqrt(3)),
+        # at most about u/sqrt(3) relative when a row has a few keys and less with many; allowed
+        # 0.8 u_in. (2) An f16/bf16 output is rounded once on store: RMS u_out/sqrt(3); allowed
+        # u_out. f32 accumulation and ex2.approx add ~1e-6.
+        return 0.8 * UNIT_ROUNDOFF[self.config.dtype] + UNIT_ROUNDOFF[param.dtype]
 
     def traffic(self, scalars) -> Traffic:
         c = self.config
