@@ -15,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from . import __version__
+from .abi import Param
 from .errors import LaunchError, PtxgenError
 from .spec import LoadedSpec, load_spec, with_archs
 
@@ -22,11 +23,10 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   rich_markup_mode=None, help="Declarative kernel specs -> PTX -> cubins, checked on CPU and GPU.")
 cache_app = typer.Typer(no_args_is_help=True, help="The assembled-cubin cache ($PTXGEN_CACHE_DIR).")
 app.add_typer(cache_app, name="cache")
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 DEFAULT_SPEC = Path("specs/qwen3.toml")
-H100_BANDWIDTH_TBS = 3.35
 H100_TENSOR_TFLOPS = 989.0  # dense f16/bf16
 
 SpecArg = Annotated[Path, typer.Argument(help="Spec file (.toml, .yaml).")]
@@ -186,10 +186,19 @@ def show(
     spec_path: SpecOption = DEFAULT_SPEC,
     ptx: Annotated[bool, typer.Option("--ptx", help="Print the PTX text.")] = False,
     arch: ArchOption = None,
-    bandwidth: Annotated[float, typer.Option(min=1e-6, help="Memory bandwidth for the roofline, TB/s.")] = H100_BANDWIDTH_TBS,
-    tensor_tflops: Annotated[float, typer.Option(min=1e-6, help="Tensor throughput for the roofline, TFLOP/s.")] = H100_TENSOR_TFLOPS,
+    gpu: Annotated[str, typer.Option(help="GPU of the performance model (h100-sxm, h200, a100-80gb, l40s, "
+                                          "rtx4090).")] = "h100-sxm",
+    model: Annotated[bool, typer.Option("--model/--no-model", help="Run the performance model (it counts "
+                                                                   "instructions in the interpreter).")] = True,
+    as_json: JsonOption = False,
+    tensor_tflops: Annotated[float, typer.Option(min=1e-6, help="Tensor throughput for the roofline, "
+                                                                "TFLOP/s.")] = H100_TENSOR_TFLOPS,
 ):
-    """Config, parameters, launch geometry, resources per arch and bytes moved per call."""
+    """Config, parameters, launch, resources per arch, bytes moved, and the performance model: occupancy,
+    instructions per byte, issue-bound time and bytes in flight on a chosen GPU."""
+    from .perf import evaluate_kernel, gpu_named
+
+    chosen = gpu_named(gpu)
     spec = load_spec(spec_path)
     compiled = compile_one(spec, spec.spec.find(name))
     variant = compiled.variant(arch)
@@ -200,26 +209,74 @@ def show(
     scalars = kind.example_scalars()
     launch = compiled.launch(scalars, arch)
     traffic = kind.traffic(scalars)
-    out.print(f"{compiled.name}  kind {compiled.kind}", markup=False)
-    config = {k: v for k, v in compiled.config.items() if k not in ("name", "kind")}
-    out.print("config: " + json.dumps(config, sort_keys=True), markup=False)
+    bandwidth_us = traffic.bytes / (chosen.bandwidth_gbs * 1e3)
+    compute_us = traffic.flops / (tensor_tflops * 1e6)
+    report = {
+        "name": compiled.name, "kind": compiled.kind,
+        "config": {k: v for k, v in compiled.config.items() if k not in ("name", "kind")},
+        "params": [p.to_json() for p in compiled.params],
+        "launch": {"rule": variant.geometry.describe(), "note": variant.note, "ptx_target": variant.target,
+                   "scalars": scalars, "grid": list(launch.grid), "block": list(launch.block),
+                   "dynamic_shared": launch.dynamic_shared},
+        "resources": {a: {"ptx": b.target, **b.resources} for a, b in compiled.binaries.items()},
+        "traffic": {"bytes": traffic.bytes, "flops": traffic.flops},
+        "roofline_us": {"memory": bandwidth_us, "compute": compute_us, "floor": max(bandwidth_us, compute_us),
+                        "bandwidth_gbs": chosen.bandwidth_gbs, "tensor_tflops": tensor_tflops},
+    }
+    if model and chosen.arch not in compiled.binaries:
+        report["model"] = {"skipped": f"{chosen.name} is {chosen.arch}, which {spec.path} does not build"}
+    elif model and not kind.verify_scalars():
+        report["model"] = {"skipped": "too large to interpret: instructions not counted"}
+    elif model:
+        report["model"] = evaluate_kernel(compiled, chosen)
+        report["occupancy"] = report["model"]["occupancy"]
+        report["thread_instructions_per_byte"] = report["model"].get("thread_instructions_per_byte")
+    if as_json:
+        sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n")
+        return
+    print_show(report, chosen)
+
+
+def print_show(report: dict, gpu) -> None:
+    launch = report["launch"]
+    example = ", ".join(f"{k}={v}" for k, v in launch["scalars"].items()) or "(no runtime scalars)"
+    out.print(f"{report['name']}  kind {report['kind']}", markup=False)
+    out.print("config: " + json.dumps(report["config"], sort_keys=True), markup=False)
     print_table("parameters (PTX order)", ["param", "role", "type / shape"],
-                [[p.name, p.role, p.describe()] for p in compiled.params])
-    out.print(f"launch ({variant.target} PTX): {variant.geometry.describe()}", markup=False)
-    if variant.note:
-        out.print(f"  {variant.note}", markup=False)
-    example = ", ".join(f"{k}={v}" for k, v in scalars.items()) or "(no runtime scalars)"
-    out.print(f"  at {example}: grid={launch.grid} block={launch.block} dynamic shared={launch.dynamic_shared} B",
-              markup=False)
-    print_table("", ["arch", "PTX", "registers", "shared B", "local B", "spill st/ld B"],
-                [[a, b.target, str(b.resources["registers"]), str(b.resources["shared_bytes"]),
-                  str(b.resources["local_bytes"]), f"{b.resources['spill_stores']}/{b.resources['spill_loads']}"]
-                 for a, b in compiled.binaries.items()])
-    memory_us = traffic.bytes / (bandwidth * 1e12) * 1e6
-    compute_us = traffic.flops / (tensor_tflops * 1e12) * 1e6
-    out.print(f"per call at {example}: {traffic.bytes:,} bytes, {traffic.flops:,} flops", markup=False)
-    out.print(f"roofline floor: {max(memory_us, compute_us):.2f} us (memory {memory_us:.2f} us at {bandwidth} TB/s, "
-              f"compute {compute_us:.2f} us at {tensor_tflops} TFLOP/s)", markup=False)
+                [[p["name"], p["role"], Param.from_json(p).describe()] for p in report["params"]])
+    out.print(f"launch ({launch['ptx_target']} PTX): {launch['rule']}", markup=False)
+    if launch["note"]:
+        out.print(f"  {launch['note']}", markup=False)
+    out.print(f"  at {example}: grid={tuple(launch['grid'])} block={tuple(launch['block'])} dynamic shared="
+              f"{launch['dynamic_shared']} B", markup=False)
+    model = report.get("model", {})
+    occupancy = model.get("occupancy_detail", {})
+    rows = []
+    for arch, used in report["resources"].items():
+        fit = occupancy.get(arch)
+        rows.append([arch, used["ptx"], str(used["registers"]), str(used["shared_bytes"]), str(used["local_bytes"]),
+                     f"{used['spill_stores']}/{used['spill_loads']}",
+                     f"{fit['ctas_per_sm']} CTAs, {fit['warps_per_sm']} warps ({100 * fit['fraction']:.0f}%, "
+                     f"{fit['limiter']})" if fit else "-"])
+    print_table("", ["arch", "PTX", "registers", "shared B", "local B", "spill st/ld B", "occupancy"], rows)
+    traffic, roof = report["traffic"], report["roofline_us"]
+    out.print(f"per call at {example}: {traffic['bytes']:,} bytes, {traffic['flops']:,} flops", markup=False)
+    out.print(f"roofline floor on {gpu.name}: {roof['floor']:.2f} us (memory {roof['memory']:.2f} us at "
+              f"{roof['bandwidth_gbs']:.0f} GB/s, compute {roof['compute']:.2f} us at {roof['tensor_tflops']} "
+              "TFLOP/s)", markup=False)
+    if "skipped" in model:
+        out.print(f"performance model: {model['skipped']}", markup=False)
+    elif model.get("thread_instructions"):
+        flight = model["bytes_in_flight"]
+        out.print(f"performance model on {gpu.name} ({model['counted']}):", markup=False)
+        out.print(f"  {model['thread_instructions']:,} thread-instructions = {model['thread_instructions_per_byte']} "
+                  f"per byte; issue-bound {model['issue_time_us']:.2f} us at {gpu.clock_ghz} GHz", markup=False)
+        out.print(f"  bytes in flight per SM {flight['per_sm']:,} (Little's law needs {flight['needed_per_sm']:,} "
+                  f"at {gpu.latency_ns:.0f} ns); {model['rounds_per_warp']} dependent load rounds a warp, "
+                  f"{model['generations']} CTA generation(s)", markup=False)
+        out.print(f"  {model['verdict']}", markup=False)
+    elif model:
+        out.print(f"performance model: {model.get('verdict')}", markup=False)
 
 
 # --- run and verify ------------------------------------------------------------------------------

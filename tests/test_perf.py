@@ -289,3 +289,27 @@ def test_sass_counts_find_the_loop():
     sass = perf.sass_counts(assemble_nvjitlink(STREAM, "sm_90", OPTIONS).cubin)
     assert len(sass["loop_bodies"]) == 1 and sass["instructions"] > sass["loop_bodies"][0] > 1
     assert perf.ptx_loop_bodies(STREAM, "stream") == [24]
+
+
+# --- `ptxgen show`: the model per kernel, table and JSON ----------------------------------------------
+
+def test_show_reports_the_model_as_json_and_as_a_table():
+    from helpers import ROOT, run_cli
+
+    spec = str(ROOT / "specs" / "qwen3.toml")
+    shown = run_cli("show", "qwen3_8b_decode_attention", "--spec", spec, "--json")
+    assert shown.returncode == 0, shown.stderr
+    report = json.loads(shown.stdout)
+    assert set(report["occupancy"]) == {"sm_80", "sm_86", "sm_89", "sm_90"}
+    registers = report["resources"]["sm_90"]["registers"]
+    expected = perf.occupancy(perf.arch_limits("sm_90"), report["launch"]["block"][0], registers,
+                              report["resources"]["sm_90"]["shared_bytes"] + report["launch"]["dynamic_shared"])
+    assert report["occupancy"]["sm_90"] == round(expected.fraction, 4)
+    model = report["model"]
+    assert report["thread_instructions_per_byte"] == round(model["thread_instructions"] / report["traffic"]["bytes"], 3)
+    assert model["gpu"]["name"] == "h100-sxm" and model["bytes_in_flight"]["needed_per_sm"] > 0
+    table = run_cli("show", "qwen3_8b_decode_attention", "--spec", spec, "--gpu", "h200")
+    assert table.returncode == 0 and "performance model on h200" in table.stdout
+    assert "thread-instructions" in table.stdout and "bytes in flight per SM" in table.stdout
+    bad = run_cli("show", "qwen3_8b_decode_attention", "--spec", spec, "--gpu", "h300")
+    assert bad.returncode == 2 and "--gpu: expected one of" in bad.stderr
