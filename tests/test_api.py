@@ -142,3 +142,11 @@ def test_a_changed_artifact_is_refused_when_loading(folder, tmp_path):
         ptxgen.load(copy)
     with pytest.raises(PtxgenError, match="cannot read"):
         ptxgen.load(tmp_path)
+
+
+def test_the_readme_example_runs():
+    result = subprocess.run([sys.executable, str(ROOT / "examples" / "api_example.py"), str(SPEC)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    error = float(result.stdout.split("max |y - float64| = ")[1])
+    assert error < 1e-4, result.stdout
