@@ -23,6 +23,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   rich_markup_mode=None, help="Declarative kernel specs -> PTX -> cubins, checked on CPU and GPU.")
 cache_app = typer.Typer(no_args_is_help=True, help="The assembled-cubin cache ($PTXGEN_CACHE_DIR).")
 app.add_typer(cache_app, name="cache")
+spec_app = typer.Typer(no_args_is_help=True, help="Write a spec for a model (from a GGUF file or a Hugging Face config).")
+app.add_typer(spec_app, name="spec")
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -447,6 +449,44 @@ def bench(
         err.print(f"FAIL {line}", markup=False)
     if problems:
         raise typer.Exit(1)
+
+
+# --- specs for models ------------------------------------------------------------------------------
+OutputSpec = Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the spec here (default: print it).")]
+ForceOption = Annotated[bool, typer.Option("--force", help="Replace an existing --output file.")]
+MaxSeqLen = Annotated[Optional[int], typer.Option("--max-seq-len", min=1, help="KV-cache length (default: the "
+                                                                               "model's context length).")]
+Prefix = Annotated[Optional[str], typer.Option("--prefix", help="Kernel name prefix (default: from the model).")]
+
+
+def emit_spec(text: str, output: Path | None, force: bool) -> None:
+    from .specgen import write_spec
+
+    if output is None:
+        sys.stdout.write(text)
+        return
+    write_spec(text, output, overwrite=force)
+    err.print(f"wrote {output}", markup=False)
+
+
+@spec_app.command("from-gguf")
+def spec_from_gguf_command(model: Annotated[Path, typer.Argument(help="A .gguf model file.")], output: OutputSpec = None,
+                           max_seq_len: MaxSeqLen = None, prefix: Prefix = None, force: ForceOption = False):
+    """Every kernel a GGUF model needs (its shapes, its tensors' quant types, its rope convention)."""
+    from .specgen import spec_from_gguf
+
+    emit_spec(spec_from_gguf(model, max_seq_len, prefix), output, force)
+
+
+@spec_app.command("from-hf")
+def spec_from_hf_command(config: Annotated[Path, typer.Argument(help="A Hugging Face config.json.")],
+                         quant: Annotated[str, typer.Option("--quant", help="Weight type: q4_k, q6_k or q8_0.")],
+                         output: OutputSpec = None, max_seq_len: MaxSeqLen = None, prefix: Prefix = None,
+                         force: ForceOption = False):
+    """Every kernel a Hugging Face model needs, with every matrix of the given quant type."""
+    from .specgen import spec_from_hf_config
+
+    emit_spec(spec_from_hf_config(config, quant, max_seq_len, prefix), output, force)
 
 
 # --- the cache ----------------------------------------------------------------------------------------

@@ -159,3 +159,21 @@ def test_hf_config_defaults_and_rope_parameters(tmp_path):
     assert (config.head_dim, config.num_kv_heads, config.rope_theta) == (128, 32, 5e5)
     assert config.tied_embeddings and config.lm_head.name == "token_embd.weight" and config.name == "Qwen3-8B"
     assert set(config.quants.values()) == {"q6_k"} and len(config.quants) == 1 + 36 * 7
+
+
+def test_spec_commands_write_a_spec_that_builds(tmp_path):
+    from helpers import run_cli
+
+    model = tmp_path / "tiny.gguf"
+    write_tiny_gguf(model, quant="q4_k")
+    printed = run_cli("spec", "from-gguf", str(model))
+    assert printed.returncode == 0, printed.stderr
+    spec = tmp_path / "tiny.toml"
+    written = run_cli("spec", "from-gguf", str(model), "-o", str(spec))
+    assert written.returncode == 0 and spec.read_text() == printed.stdout
+    again = run_cli("spec", "from-gguf", str(model), "-o", str(spec))
+    assert again.returncode == 2 and "already exists" in again.stderr
+    built = run_cli("build", str(spec), "-o", str(tmp_path / "out"), "--arch", "sm_90", "-q")
+    assert built.returncode == 0, built.stderr
+    missing = run_cli("spec", "from-gguf", str(tmp_path / "none.gguf"))
+    assert missing.returncode == 2 and "none.gguf" in missing.stderr and "Traceback" not in missing.stderr
