@@ -34,7 +34,7 @@ import numpy as np
 
 from ..errors import InterpError
 from .ops import COMPILERS, Exec, _halves_to_f64, opcode
-from .parser import Imm, Pair, Reg, Vec
+from .parser import SHARED_BASE, Imm, Pair, Reg, Vec
 from .sanitizer import full_warps, warp_members
 from .state import Finding
 
@@ -644,11 +644,12 @@ def _shared_operand(st, s, groups, desc, rows, mn_major, kind, what):
         raise Finding("matrix descriptors with a non-zero base offset are not supported",
                       groups[int(np.flatnonzero(base.ravel())[0])][0], sanitizer=False)
     addr = operand_addresses(start, lbo, sbo, width, rows, mn_major)
-    bad = (addr + 2 > st.shared_size).any(axis=(1, 2))
+    bad = ((addr < SHARED_BASE) | (addr + 2 > st.shared_size)).any(axis=(1, 2))
     if bad.any():
         wg = int(np.flatnonzero(bad)[0])
-        raise Finding(f"the {what} operand of wgmma.mma_async reaches shared byte {int(addr[wg].max())}, "
-                      f"beyond the {st.shared_size} bytes of shared memory", groups[wg][0])
+        raise Finding(f"the {what} operand of wgmma.mma_async reaches shared bytes [{int(addr[wg].min()):#x}, "
+                      f"{int(addr[wg].max()) + 2:#x}), outside the CTA's shared memory [{SHARED_BASE:#x}, "
+                      f"{st.shared_size:#x})", groups[wg][0])
     wave = addr + (st.cta[groups[:, 0]] * st.shared_stride)[:, None, None]
     granules = [np.unique(w // 16) for w in wave] if s.ordering else None
     return _halves_to_f64(np.take(st.shared.view(np.uint16), wave // 2), kind), granules

@@ -100,6 +100,14 @@ class Instruction:
         self.base, *self.mods = self.opcode.split(".")
 
 
+# Shared-memory layout as the GPU makes it (measured on an H100, nvJitLink 13.0): the first 1 KB of
+# a CTA's shared window is the system's (sm_80+), so static shared data starts at address 0x400;
+# the .extern array starts where static data ends, rounded up to 16 bytes only: a larger .align on
+# it is not honoured by every toolchain (nvJitLink 13.0 put an `.align 1024` array at 0x450).
+SHARED_BASE = 0x400
+DYNAMIC_SHARED_ALIGN = 16
+
+
 @dataclass
 class Variable:
     name: str
@@ -115,7 +123,7 @@ class Program:
     regs: list = field(default_factory=list)            # [RegDecl]
     instructions: list = field(default_factory=list)
     shared: dict = field(default_factory=dict)          # name -> Variable
-    shared_size: int = 0                                # static bytes
+    shared_size: int = SHARED_BASE                      # end of the static shared data
     dynamic_shared: Variable | None = None              # the .extern .shared array
     local: dict = field(default_factory=dict)
     local_size: int = 0
@@ -296,7 +304,7 @@ class _Parser:
         self.pos = saved
         self.parse_body(prog)
         if prog.dynamic_shared is not None:
-            prog.dynamic_shared.offset = _align(prog.shared_size, max(16, prog.dynamic_shared.align))
+            prog.dynamic_shared.offset = _align(prog.shared_size, DYNAMIC_SHARED_ALIGN)
         for ins in prog.instructions:
             if ins.base == "bra":
                 ins.target = self.resolve_label(ins)

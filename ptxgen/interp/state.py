@@ -6,7 +6,7 @@ from functools import cache
 import numpy as np
 
 from ..errors import LaunchError
-from .parser import TYPES
+from .parser import SHARED_BASE, TYPES
 
 FULL = slice(None)              # "every thread of the wave", cheaper than an index array
 SHARED_WINDOW = 1 << 32         # generic addresses [2^32, 2^33) are the CTA's shared memory
@@ -290,18 +290,18 @@ class WaveState:
             return [(int(r), addr[p] - bases[r], p)
                     for r in np.unique(region) for p in [np.flatnonzero(region == r)]]
         if space == "shared":
-            limit, stride, owner = self.shared_size, self.shared_stride, self.cta[threads]
+            low, limit, stride, owner = SHARED_BASE, self.shared_size, self.shared_stride, self.cta[threads]
         elif space == "local":
             if self.local is None:
                 self.local = np.zeros(self.n * self.local_stride, np.uint8)
-            limit, stride, owner = self.local_size, self.local_stride, threads
+            low, limit, stride, owner = 0, self.local_size, self.local_stride, threads
         else:
             raise Finding(f"unsupported state space {space}", threads[0], sanitizer=False)
-        bad = (addr < 0) | (addr + size > limit)
+        bad = (addr < low) | (addr + size > limit)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise Finding(f"out-of-bounds {size}-byte {space} access at offset {int(addr[i])} "
-                          f"({space} memory holds {limit} bytes)", threads[i])
+            raise Finding(f"out-of-bounds {size}-byte {space} access at address {int(addr[i]):#x} "
+                          f"({space} memory is [{low:#x}, {limit:#x}))", threads[i])
         return [(space, owner * stride + addr, FULL)]
 
     def typed(self, region, size):

@@ -21,7 +21,10 @@ warps; block_m = 64 * consumers rows of one head; grid (ceil(seq_len / block_m),
   cores do P_{j-1} V_{j-1}: S_j and P_{j-1} V_{j-1} are issued back to back, wgmma.wait_group 1
   retires S_j alone, and O is rescaled after wait_group 0; that keeps P beside S, block_n / 4
   more registers per thread.
-- Shared memory, dynamic, 1024-aligned: [Q: block_m rows][K: stages x block_n rows][V: same];
+- Shared memory, dynamic, from smem[] rounded up to 1024 bytes at run time (ALIGN_SLACK: the
+  toolchain aligns an .extern array to 16 bytes only, whatever its .align; nvJitLink 13.0 put it
+  at 0x450 on an H100, which broke every swizzled read): [Q: block_m rows][K: stages x block_n
+  rows][V: same];
   a tile of r rows of head_dim is head_dim / 64 panels of r rows x 128 bytes (64 elements),
   16-byte chunk c of row i stored at chunk c ^ (i % 8) (the 128-byte swizzle, applied to
   address bits, so every panel starts on a 1024-byte boundary).
@@ -47,7 +50,7 @@ from .flash_attention import FlashAttention, FlashAttentionConfig
 WARPGROUP = 128
 REGISTER_FILE = 65536
 MAX_SHARED = 232448            # sm_90 opt-in dynamic shared memory per CTA
-STATIC_BYTES = 2048            # static shared memory as ptxas 13.0 reports it: the mbarriers, smem[] 1024-aligned
+ALIGN_SLACK = 1024 - 16        # rounding a 16-byte-aligned smem[] up to 1024 skips at most this
 PRODUCER_REGISTERS = 40        # setmaxnreg of a producer warpgroup: addresses, counters, temporaries
 # Consumer registers beyond the accumulators (descriptors, row statistics, indices): with
 # ptxas 13.0, head_dim 128 / block_n 128 used 168 = 128 + 40 without spilling; head_dim 64 with
@@ -82,7 +85,12 @@ class Sm90aPlan:
 
     @property
     def dynamic_shared(self) -> int:
-        return self.q_bytes + 2 * self.stages * self.tile_bytes
+        return ALIGN_SLACK + self.q_bytes + 2 * self.stages * self.tile_bytes
+
+    @property
+    def static_shared(self) -> int:
+        """The mbarriers: Q's, and full/empty of K and V per stage."""
+        return 8 * (1 + 4 * self.stages)
 
     @property
     def consumer_registers(self) -> int | None:
@@ -120,8 +128,8 @@ def sm90a_plan(config: FlashAttentionConfig, *, block_n: int = 128, consumers: i
     if overlap is None:
         overlap = in_order + block_n // 4 + REGISTER_OVERHEAD <= registers
     plan = Sm90aPlan(config.head_dim, block_n, consumers, stages, producer_warps, overlap)
-    if plan.dynamic_shared + STATIC_BYTES > MAX_SHARED:
-        raise ValueError(f"{plan.dynamic_shared + STATIC_BYTES} bytes of shared memory for "
+    if plan.dynamic_shared + plan.static_shared > MAX_SHARED:
+        raise ValueError(f"{plan.dynamic_shared + plan.static_shared} bytes of shared memory for "
                          f"block_n={block_n}, stages={stages}, consumers={consumers}: more than {MAX_SHARED}")
     live = in_order + (block_n // 4 if overlap else 0)
     if live + REGISTER_OVERHEAD > registers:
@@ -188,4 +196,4 @@ class FlashAttentionSm90a(FlashAttention):
         return sm90a_template_vars(self.config, self.plan)
 
     def static_shared(self) -> int:
-        return STATIC_BYTES
+        return self.plan.static_shared

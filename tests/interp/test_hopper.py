@@ -77,9 +77,24 @@ def a_fragments(a):
     return np.ascontiguousarray(a.view(np.uint16)[row, col]).view(np.uint32)
 
 
-def wgmma_kernel(n, steps, kind, trans_a=0, trans_b=0, registers_a=False, size=16384, scale_a=1, body=""):
+# Where a kernel keeps its tiles (SHARED_LAYOUTS[name]): a static array, or the .extern array
+# behind a static mbarrier word, its base used as is or rounded up to 1024 bytes at run time.
+ROUND_UP = "\n  add.u32 %s, %s, 1023;\n  and.b32 %s, %s, -1024;"
+SHARED_LAYOUTS = {
+    "static": ("", "  .shared .align 1024 .b8 smem[SIZE];", ""),
+    "extern": (".shared .align 8 .b64 bar;\n.extern .shared .align 1024 .b8 smem[];\n", "", ""),
+    "extern rounded up": (".shared .align 8 .b64 bar;\n.extern .shared .align 16 .b8 smem[];\n", "", ROUND_UP),
+}
+EXTERN_SLACK = 1024 - 16         # what rounding a 16-byte-aligned base up to 1024 may skip
+
+
+def wgmma_kernel(n, steps, kind, trans_a=0, trans_b=0, registers_a=False, size=16384, scale_a=1, body="",
+                 layout="static"):
     """One warpgroup copies a shared-memory image in, then accumulates `steps` wgmmas whose
     descriptors come from a global array (A from registers: per step, from `frags`)."""
+    module, declaration, round_up = SHARED_LAYOUTS[layout]
+    # the static mbarrier in front of smem[] is used, so that it is laid out there
+    init = "\n  setp.eq.u32 %done, %t, 0;\n  @%done mbarrier.init.shared::cta.b64 [bar], 1;" if module else ""
     d = ", ".join(f"%d{i}" for i in range(n // 2))
     loads, mmas = [], []
     for s in range(steps):
@@ -96,11 +111,11 @@ def wgmma_kernel(n, steps, kind, trans_a=0, trans_b=0, registers_a=False, size=1
         mmas.append(f"  wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{kind}.{kind} {{{d}}}, {a}, %db{s}, "
                     f"{int(s > 0)}, {scale_a}, 1, {trans};")
     stores = "\n".join(f"  st.global.f32 [%out+{4 * i}], %d{i};" for i in range(n // 2))
-    return SM90A + f""".visible .entry k(.param .u64 img, .param .u64 descs, .param .u64 frags,
+    return SM90A + module + f""".visible .entry k(.param .u64 img, .param .u64 descs, .param .u64 frags,
                           .param .u64 out, .param .u32 nbytes)
 .maxntid 128, 1, 1
 {{
-  .shared .align 1024 .b8 smem[{size}];
+{declaration.replace("SIZE", str(size))}
   .reg .b32 %t, %i, %n, %s, %w<4>, %a<{4 * steps}>;
   .reg .b64 %img, %descs, %frag, %out, %p, %base, %da<{steps}>, %db<{steps}>;
   .reg .f32 %d<{n // 2}>;
@@ -110,10 +125,10 @@ def wgmma_kernel(n, steps, kind, trans_a=0, trans_b=0, registers_a=False, size=1
   ld.param.u64 %frag, [frags];
   ld.param.u64 %out, [out];
   ld.param.u32 %n, [nbytes];
-  mov.u32 %s, smem;
+  mov.u32 %s, smem;{round_up}
   cvt.u64.u32 %base, %s;
   shr.u64 %base, %base, 4;  // descriptor start addresses are shared addresses / 16
-  mov.u32 %t, %tid.x;
+  mov.u32 %t, %tid.x;{init}
   shl.b32 %i, %t, 4;
 COPY:
   setp.ge.u32 %done, %i, %n;
@@ -121,7 +136,7 @@ COPY:
   cvt.u64.u32 %p, %i;
   add.u64 %p, %img, %p;
   ld.global.v4.b32 {{%w0, %w1, %w2, %w3}}, [%p];
-  mov.u32 %s, smem;
+  mov.u32 %s, smem;{round_up}
   add.u32 %s, %s, %i;
   st.shared.v4.b32 [%s], {{%w0, %w1, %w2, %w3}};
   add.u32 %i, %i, 2048;
@@ -156,7 +171,7 @@ def as_kind(values, kind):
     return (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
 
 
-def run_wgmma(kind, n, steps, a_layout, b_layout, registers_a=False, size=16384, scale_a=1):
+def run_wgmma(kind, n, steps, a_layout, b_layout, registers_a=False, size=16384, scale_a=1, layout="static"):
     """a_layout/b_layout: (mn_major, swizzle width, lbo, sbo, step advance in bytes) of A
     [64, 16 steps] at byte 0 and B [n, 16 steps] in the upper half of shared memory."""
     rng = np.random.default_rng(n * 7 + steps)
@@ -174,8 +189,9 @@ def run_wgmma(kind, n, steps, a_layout, b_layout, registers_a=False, size=16384,
         frags[s] = a_fragments(as_kind(a[:, 16 * s:16 * s + 16], kind))
     out = np.full((128, n // 2), np.nan, np.float32)
     ptx = wgmma_kernel(n, steps, kind, trans_a=a_layout[0], trans_b=b_layout[0], registers_a=registers_a,
-                       size=size, scale_a=scale_a)
-    launch(ptx, "k", (1, 1, 1), (128, 1, 1), [image, descs, frags, out, image.nbytes])
+                       size=size, scale_a=scale_a, layout=layout)
+    dynamic = 0 if layout == "static" else size + EXTERN_SLACK
+    launch(ptx, "k", (1, 1, 1), (128, 1, 1), [image, descs, frags, out, image.nbytes], dynamic_shared=dynamic)
     row, col = accumulator_layout(n)
     want = scale_a * (a @ b.T)[row, col]
     np.testing.assert_array_equal(out, want.astype(np.float32))
@@ -212,6 +228,25 @@ def test_wgmma_register_a_and_n_major_b(kind):
     # P @ V of attention: A from registers, B = V rows [key][dim] (N-major), 128B swizzle,
     # N = 128 spans two 64-element swizzle atoms (LBO apart)
     run_wgmma(kind, 128, 2, K_MAJOR[128], (1, 128, 8192, 1024, 2048), registers_a=True, size=32768)
+
+
+@pytest.mark.parametrize("layout", ["extern", "extern rounded up"])
+def test_swizzled_tiles_in_the_extern_array_need_its_base_rounded_up(layout):
+    """flash_attention_sm90a's bug on an H100: its tiles, 128-byte swizzled, sat in an
+    `.extern .shared .align 1024` array behind the mbarriers, which nvJitLink 13.0 placed at 0x450
+    (16-byte aligned: the .align was ignored); wgmma swizzles by address bits 7-9 and its
+    descriptors carry no base offset, so every row was read with the wrong chunk order. The
+    interpreter lays shared memory out the same way (static data from 0x400, the .extern array
+    16-byte aligned), so the unrounded form fails here too; rounding the base up to 1024 at run
+    time (with the slack in the launch's dynamic shared memory) works on any toolchain."""
+    def p_v():  # P V's operands as the kernel has them: P from registers, V rows [key][dim]
+        run_wgmma("f16", 64, 2, K_MAJOR[128], (1, 128, 8192, 1024, 2048), registers_a=True, size=8192 * 2,
+                  layout=layout)
+    if layout == "extern rounded up":
+        p_v()
+    else:
+        with pytest.raises(AssertionError, match="Mismatched elements"):
+            p_v()
 
 
 def test_wgmma_n8_with_negated_a():
@@ -552,7 +587,7 @@ def test_more_arrivals_than_expected_is_caught():
     ptx = mark(MBARRIER, "  @%p mbarrier.arrive.shared::cta.b64 _, [bar], 2;",
                "  mbarrier.arrive.shared::cta.b64 _, [bar], 2;")
     planted(ptx, [np.zeros(16, np.uint32), np.zeros((32, 4), np.uint32)],
-            r"more arrivals on the mbarrier at shared byte 0 than its phase expects \(32\)", block=(32, 1, 1))
+            r"more arrivals on the mbarrier at shared byte 1024 than its phase expects \(32\)", block=(32, 1, 1))
 
 
 def test_reading_a_bulk_copy_destination_in_flight_is_caught():
@@ -569,7 +604,7 @@ def test_ordinary_access_to_an_mbarrier_is_caught():
     ptx = ptx.replace("  st.global.u32 [%out], %v;  // BUG\n  st.shared.u32 [bar], %v;",
                       "  st.global.u32 [%out], %v;\n  st.shared.u32 [bar], %v;  // BUG")
     planted(ptx, [np.zeros(16, np.uint32), np.zeros((32, 4), np.uint32)],
-            r"ordinary store to the mbarrier object at shared byte 0 \(bar\+0\)", block=(32, 1, 1))
+            r"ordinary store to the mbarrier object at shared byte 1024 \(bar\+0\)", block=(32, 1, 1))
 
 
 # ---- setmaxnreg --------------------------------------------------------------------------

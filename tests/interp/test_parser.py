@@ -48,7 +48,7 @@ def test_scopes_labels_comments_and_layout():
     ptx = ptx.replace(".reg .b64 %out;", ".reg .b64 %out;\n  .reg .pred %p;")
     out = np.zeros(4, np.uint32)
     launch(ptx, "k", (1, 1, 1), (1, 1, 1), [out])
-    assert list(out[:3]) == [26, 0, 16]          # big is aligned up past small
+    assert list(out[:3]) == [26, 0x400, 0x410]  # shared data starts at 0x400; big is aligned up past small
     prog = parse(ptx, "k")
     assert [r.name for r in prog.regs][:4] == ["%r0", "%r1", "%r2", "%acc"]
     assert "%i@1" in [r.name for r in prog.regs]  # scoped registers get unique names

@@ -63,7 +63,7 @@ SHARED_NEIGHBOUR = """
 def test_missing_barrier_between_write_and_other_threads_read():
     bug = SHARED_NEIGHBOUR.replace("{barrier}", "").replace("ld.shared.u32 %v, [%next];",
                                                               "ld.shared.u32 %v, [%next];  // BUG")
-    msg = expect(bug, r"shared-memory race: reads shared byte 4 \(slots\+4\) written by thread "
+    msg = expect(bug, r"shared-memory race: reads shared byte 1028 \(slots\+4\) written by thread "
                       r"\(1,0,0\)", (0, 0, 0), (0, 0, 0))
     assert "no barrier" in msg
     clean(SHARED_NEIGHBOUR.replace("{barrier}", "bar.sync 0;"))
@@ -87,7 +87,7 @@ BYTES_OF_A_WORD = """
 
 
 def test_races_are_tracked_per_byte():
-    expect(BYTES_OF_A_WORD.replace("{barrier}", ""), r"reads shared byte 1 \(word\+1\) written by "
+    expect(BYTES_OF_A_WORD.replace("{barrier}", ""), r"reads shared byte 1025 \(word\+1\) written by "
            r"thread \(1,0,0\)", (0, 0, 0), (0, 0, 0), grid=(1, 1, 1))
     clean(BYTES_OF_A_WORD.replace("{barrier}", "bar.sync 0;"), grid=(1, 1, 1))
 
@@ -102,7 +102,7 @@ CLOBBER = SHARED_NEIGHBOUR.replace("{barrier}", "bar.sync 0;") + """
 
 def test_write_after_read_clobber():
     expect(CLOBBER.replace("{barrier}", ""),
-           r"overwrites shared byte 0 \(slots\+0\) which thread \(63,0,0\) read .*write-after-read",
+           r"overwrites shared byte 1024 \(slots\+0\) which thread \(63,0,0\) read .*write-after-read",
            (0, 0, 0), (0, 0, 0))
     clean(CLOBBER.replace("{barrier}", "bar.sync 0;"))
 
@@ -155,7 +155,7 @@ def test_shared_out_of_range_and_misaligned():
   add.u32 %r0, %s, %r0;
   st.shared.u32 [%r0], %lin;  // BUG
 """
-    expect(body, r"out-of-bounds 4-byte shared access at offset 64 \(shared memory holds 64 bytes\)",
+    expect(body, r"out-of-bounds 4-byte shared access at address 0x440 \(shared memory is \[0x400, 0x440\)\)",
            (0, 0, 0), (16, 0, 0))
     clean(body, block=(16, 1, 1))
     expect(body.replace("[%r0]", "[%r0+2]"), "misaligned 4-byte shared access", (0, 0, 0), (0, 0, 0),
@@ -313,7 +313,7 @@ WAIT:
 """
 NEIGHBOUR_READ = "ld.shared.u32 %v, [%r3];"
 PENDING = (r"read of shared memory whose cp.async \(line {line}\) has not been waited for: shared "
-           r"byte 16 \(stage\+16\) is copied by thread \(1,0,0\) in its commit group 0, and its "
+           r"byte 1040 \(stage\+16\) is copied by thread \(1,0,0\) in its commit group 0, and its "
            r"cp.async waits have completed 0 group\(s\)")
 
 
@@ -342,14 +342,14 @@ def test_cp_async_never_waited_for():
 def test_cp_async_waited_for_but_no_barrier_before_other_threads_read():
     bug = DOUBLE_BUFFER.replace("bar.sync 0;                          // and so", "// and so").replace(
         NEIGHBOUR_READ, NEIGHBOUR_READ + "  // BUG")
-    expect(bug, r"shared-memory race: reads shared byte 16 \(stage\+16\) written by thread \(1,0,0\) "
+    expect(bug, r"shared-memory race: reads shared byte 1040 \(stage\+16\) written by thread \(1,0,0\) "
                 r"with no barrier in between", (0, 0, 0), (0, 0, 0))
 
 
 def test_cp_async_refill_races_with_earlier_readers():
     bug = DOUBLE_BUFFER.replace("bar.sync 0;                          // all reads", "// all reads").replace(
         "[%r3], [%a], 16;", "[%r3], [%a], 16;  // BUG")
-    expect(bug, r"overwrites shared byte 0 \(stage\+0\) which thread \(63,0,0\) read with no "
+    expect(bug, r"overwrites shared byte 1024 \(stage\+0\) which thread \(63,0,0\) read with no "
                 r"barrier in between \(write-after-read\)", (0, 0, 0), (0, 0, 0))
 
 
@@ -371,7 +371,7 @@ OVERWRITE_PENDING = """
 def test_store_over_pending_cp_async():
     bug = OVERWRITE_PENDING.replace("{wait}", "")
     expect(bug, r"overwrite of shared memory whose cp.async \(line {}\) has not been waited for: "
-                r"shared byte 12 \(stage\+12\) is copied by thread \(0,0,0\) in its commit group 0"
+                r"shared byte 1036 \(stage\+12\) is copied by thread \(0,0,0\) in its commit group 0"
                 .format(first_line("cp.async.ca", bug)), (0, 0, 0), (0, 0, 0))
     clean(OVERWRITE_PENDING.replace("{wait}", "cp.async.wait_group 0;"))
     clean(OVERWRITE_PENDING.replace("{wait}", "cp.async.wait_all;").replace(
