@@ -645,3 +645,118 @@ def test_verify_on_the_device_reports_the_faulting_kernel_and_goes_on(worker_gpu
     worker_gpu()
     result = CliRunner().invoke(app, ["verify", str(small_spec), "--backend", "device"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
+
+
+# --- verify --sanitize against a fake compute-sanitizer --------------------------------------------------
+FAKE_SANITIZER = """#!{python}
+# Plays compute-sanitizer: records its options, runs the command after them, and reports one memcheck
+# error for each launch (in the simulated GPU's launch log) of a kernel named in FAKE_SANITIZER_FAULTY.
+import json, os, subprocess, sys
+args, options = sys.argv[1:], {{}}
+while args[0].startswith("--"):
+    options[args[0]], args = args[1], args[2:]
+with open(os.environ["FAKE_SANITIZER_CALLS"], "a") as calls:
+    calls.write(json.dumps(options) + "\\n")
+launches = os.environ["FAKE_SANITIZER_LAUNCHES"]
+before = os.path.getsize(launches) if os.path.exists(launches) else 0
+status = subprocess.call(args)
+with open(launches) as log:
+    log.seek(before)
+    launched = log.read().split()
+faulty = [entry for entry in launched if entry in os.environ["FAKE_SANITIZER_FAULTY"].split(",")]
+lines = ["========= COMPUTE-SANITIZER"]
+for entry in faulty:
+    lines += ["========= Invalid __global__ write of size 4 bytes", f"=========     at {{entry}}+0x70",
+              "=========     by thread (3,0,0) in block (1,0,0)", "=========     Address 0x7f0000 is out of bounds",
+              "=========     Saved host backtrace up to driver entry point at kernel launch time",
+              "=========         Host Frame: cuLaunchKernel [0x2f3b1] in libcuda.so.1", "========="]
+lines.append(f"========= ERROR SUMMARY: {{len(faulty)}} error{{'' if len(faulty) == 1 else 's'}}")
+with open(options["--log-file"], "w") as report:
+    report.write("\\n".join(lines) + "\\n")
+sys.exit(status)
+"""
+
+
+@pytest.fixture
+def fake_sanitizer(worker_gpu, tmp_path, monkeypatch):
+    """A compute-sanitizer on PATH that reports a memcheck error for each launch of the kernels in
+    FAKE_SANITIZER_FAULTY; returns the file its options are recorded in (a JSON line a run)."""
+    import os
+
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    script = folder / "compute-sanitizer"
+    script.write_text(FAKE_SANITIZER.format(python=sys.executable))
+    script.chmod(0o755)
+    calls = tmp_path / "sanitizer-calls.txt"
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SANITIZER_CALLS", str(calls))
+    monkeypatch.setenv("FAKE_SANITIZER_LAUNCHES", str(worker_gpu()))
+    monkeypatch.setenv("FAKE_SANITIZER_FAULTY", "qwen3_8b_swiglu")
+    return calls
+
+
+def test_verify_sanitize_names_each_kernels_findings(fake_sanitizer, small_spec):
+    from ptxgen.cli import app
+
+    result = CliRunner().invoke(app, ["verify", str(small_spec), "--backend", "device", "--sanitize",
+                                      "memcheck,racecheck", "--launch-timeout", "300"], catch_exceptions=False)
+    assert result.exit_code == 1, result.output
+    table = {tuple(line.split()[:2]): " ".join(line.split()[2:]) for line in result.output.splitlines()
+             if line.startswith("qwen3_8b_") and line.split()[1] in ("memcheck", "racecheck")}
+    assert table[("qwen3_8b_swiglu", "memcheck")] == ("1 Invalid __global__ write of size 4 bytes at qwen3_8b_swiglu+0x70 "
+                                                     "by thread (3,0,0) in block (1,0,0)"), result.output
+    for kernel in ("qwen3_8b_rmsnorm", "qwen3_8b_residual_add"):
+        assert table[(kernel, "memcheck")] == table[(kernel, "racecheck")] == "0 none", result.output
+    calls = [json.loads(line) for line in fake_sanitizer.read_text().splitlines()]
+    assert [call["--tool"] for call in calls] == ["memcheck", "racecheck"] * 3, "each kernel, each tool, its own run"
+    assert all(call["--launch-timeout"] == "300" for call in calls)
+    passes = [line for line in result.output.splitlines() if line.rstrip().endswith("pass [memcheck]")]
+    assert len(passes) == 4, "the checks ran under the sanitizer too (rmsnorm at 2 sizes, swiglu, residual_add)"
+
+
+def test_verify_sanitize_refuses_what_it_cannot_do(fake_sanitizer, small_spec, monkeypatch):
+    from ptxgen.cli import app
+
+    for args, message in ((["--sanitize", "memcheck"], "add --backend device"),
+                          (["--backend", "device", "--sanitize", "memcheck,leakcheck"], "expected tools among")):
+        result = CliRunner().invoke(app, ["verify", str(small_spec), *args])
+        assert isinstance(result.exception, LaunchError) and message in str(result.exception), result.output
+    monkeypatch.setenv("PATH", str(fake_sanitizer.parent))  # no compute-sanitizer there
+    result = CliRunner().invoke(app, ["verify", str(small_spec), "--backend", "device", "--sanitize", "all"])
+    assert isinstance(result.exception, PtxgenError) and "compute-sanitizer is not on PATH" in str(result.exception)
+
+
+def test_sanitizer_reports_are_parsed_into_findings():
+    from ptxgen.device_verify import Finding, parse_report
+
+    report = """========= COMPUTE-SANITIZER
+========= Error: Race reported between Write access at attention+0x1a0
+=========     and Read access at attention+0x1c0 [16 hazards]
+=========
+========= Invalid __shared__ read of size 4 bytes
+=========     at attention+0x90
+=========     by thread (0,0,0) in block (2,0,0)
+=========     Address 0x400 is out of bounds
+=========     Saved host backtrace up to driver entry point at kernel launch time
+=========         Host Frame: cuLaunchKernel [0x2f3b1] in libcuda.so.1
+=========
+========= Invalid __shared__ read of size 4 bytes
+=========     at attention+0x90
+=========     by thread (0,0,0) in block (2,0,0)
+=========     Address 0x404 is out of bounds
+=========
+========= Program hit CUDA_ERROR_LAUNCH_FAILED (error 719) due to "unspecified launch failure" on CUDA API call to cuStreamSynchronize.
+=========     Saved host backtrace up to driver entry point at error
+=========
+========= ERROR SUMMARY: 4 errors
+"""
+    findings, errors = parse_report(report)
+    assert errors == 4
+    assert findings == [
+        Finding("Error: Race reported between Write access at attention+0x1a0", ""),
+        Finding("Invalid __shared__ read of size 4 bytes", "at attention+0x90 by thread (0,0,0) in block (2,0,0)", 2),
+        Finding('Program hit CUDA_ERROR_LAUNCH_FAILED (error 719) due to "unspecified launch failure" on CUDA API '
+                "call to cuStreamSynchronize.", "")]
+    assert parse_report("========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 0 errors\n") == ([], 0)
+    assert parse_report("") == ([], None)
