@@ -422,16 +422,22 @@ def bench_row(compiled: CompiledKernel, scalars: dict, iters: int, graph: bool, 
     return row, verified
 
 
+def device_info() -> dict:
+    """The GPU's name, arch, SMs, L2 bytes and driver version (in a device worker)."""
+    from .device import session
+
+    gpu = session()
+    return {"name": gpu.name, "arch": gpu.arch, "sm_count": gpu.sm_count, "l2_bytes": gpu.l2_bytes,
+            "driver": gpu.driver_version}
+
+
 def measure_device() -> dict:
     """The GPU, its device-to-device copy bandwidth and the torch version (in a device worker)."""
     from .device import session
 
-    gpu = session()
-    copy_bytes, copy_seconds = gpu.copy_bandwidth()
-    torch, torch_note = load_torch()
-    return {"device": {"name": gpu.name, "arch": gpu.arch, "sm_count": gpu.sm_count, "l2_bytes": gpu.l2_bytes,
-                       "driver": gpu.driver_version},
-            "torch": torch.__version__ if torch is not None else None,
+    copy_bytes, copy_seconds = session().copy_bandwidth()
+    torch, _ = load_torch()
+    return {"device": device_info(), "torch": torch.__version__ if torch is not None else None,
             "copy_bandwidth": {"bytes": copy_bytes, "median_us": copy_seconds * 1e6,
                                "gbs": 2 * copy_bytes / copy_seconds / 1e9}}
 
