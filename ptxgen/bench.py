@@ -42,6 +42,7 @@ from . import __version__
 from .compiled import CompiledKernel
 from .dtypes import DTYPES, to_float64
 from .errors import LaunchError, PtxgenError
+from .peers import Skipped
 from .worker import DeviceWorker
 
 MIN_ITERS = 100
@@ -250,7 +251,7 @@ class DeviceStep:
 def load_torch():
     """(torch, None) when torch can use this GPU, else (None, why not)."""
     if importlib.util.find_spec("torch") is None:
-        return None, "torch is not installed: no peer figures"
+        return None, "torch is not installed: no peer figures (pip install 'ptxgen[peers]')"
     try:
         import torch
     except Exception as error:  # a broken torch install must not stop the bench
@@ -296,6 +297,9 @@ def time_peers(gpu, torch, kind, inputs: dict, scalars: dict, sets: int, iters: 
     stream = torch.cuda.ExternalStream(int(gpu.stream))
     peers, notes = [], []
     for label in per_set[0]:
+        if isinstance(per_set[0][label], Skipped):  # e.g. an optional peer library that is not installed
+            notes.append(f"peer {label} skipped: {per_set[0][label].reason}")
+            continue
         calls = [made[label] for made in per_set]
         entry = {"name": label, "error": None}
         try:

@@ -514,6 +514,7 @@ class FakeTorch:
 def test_bench_times_a_kind_peer_on_the_same_stream(sim, monkeypatch):
     import ptxgen.bench
     from ptxgen.kernels import KINDS
+    from ptxgen.peers import Skipped
 
     made = []
 
@@ -529,7 +530,7 @@ def test_bench_times_a_kind_peer_on_the_same_stream(sim, monkeypatch):
             sim.occupy(3e-6)
             return gate / (1 + np.exp(-gate)) * up
 
-        return {"fake torch": peer, "slower": slower}
+        return {"fake torch": peer, "slower": slower, "absent": Skipped("absentlib is not installed")}
 
     monkeypatch.setattr(KINDS["swiglu"], "torch_peer", torch_peer, raising=False)
     monkeypatch.setattr(ptxgen.bench, "load_torch", lambda: (FakeTorch, None))
@@ -539,6 +540,7 @@ def test_bench_times_a_kind_peer_on_the_same_stream(sim, monkeypatch):
     assert peer["name"] == "fake torch" and peer["median_us"] == pytest.approx(2.0)
     assert slower["median_us"] == pytest.approx(3.0)
     assert row["best_peer"] == {"name": "fake torch", "median_us": pytest.approx(2.0)}
+    assert "peer absent skipped: absentlib is not installed" in row["notes"], "an absent peer is a note"
     assert peer["error"] < 1e-6, "the peer's result is compared with the float64 reference"
     assert peer["pct_copy_bw"] == pytest.approx(100 * row["bytes"] / 2e-6 / 1e9 / 3000)
     assert len(made) == row["sets"] > 1 and made[0]["gate"] is not made[1]["gate"], "each set has its own inputs"
