@@ -1,11 +1,13 @@
 """`make bench`: check and time every kernel of specs/qwen3.toml on this machine's GPU.
 
 Every kernel is checked on the device against its float64 reference first, then timed as
-`ptxgen bench --graph` does (CUDA events, rotated buffers, copy bandwidth measured in the
-same run, torch peers where the kind names one), with seq_len sweeps for the attention
-kernels. Then the Qwen3-8B decode step (specs/qwen3_decoder.toml, 36 layers, random Q4_K
-weights, at pos 4095): the persistent decoder in one launch (and as a CUDA-graph replay)
-against the same step as 648 separate kernels launched one by one and as one CUDA graph,
+`ptxgen bench --graph` does (CUDA events in chunks below the launch queue's depth, rotated
+buffers, copy bandwidth measured in the same run, peers where the kind names them), with
+seq_len sweeps for the attention kernels, all in one device worker process (a kernel that
+faults fails its row; the rest go on in a fresh one). Then the Qwen3-8B decode step
+(specs/qwen3_decoder.toml, 36 layers, random Q4_K weights, at pos 4095): the persistent decoder
+in one launch (and as a CUDA-graph replay) against the same step as 576 separate kernels
+(the best there are: fused norm + GEMV) launched one by one and as one CUDA graph,
 checked against each other first, in tokens/s; its one-layer twin at the same shapes is also
 checked against the float64 reference. Writes bench/results/<device>-<date>.json
 (every figure) and a Markdown table next to it, including the performance targets and
