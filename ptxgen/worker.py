@@ -27,7 +27,6 @@ import tempfile
 import time
 import traceback
 from multiprocessing.connection import Client, Connection
-from pathlib import Path
 from typing import Callable, Sequence
 
 from .errors import LaunchError, PtxgenError
@@ -168,4 +167,4 @@ def main(address: str) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]).as_posix())
+    main(sys.argv[1])

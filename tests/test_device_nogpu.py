@@ -13,7 +13,6 @@ This proves the plumbing, not the GPU: tests/test_gpu.py does that.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import json
 import sys
@@ -25,10 +24,9 @@ from typer.testing import CliRunner
 
 from ptxgen import device
 from ptxgen.device import NO_DEVICE
-from ptxgen.dtypes import DTYPES, from_float, to_float64
-from ptxgen.errors import AssemblerError, DeviceUnavailable, LaunchError, PtxgenError
+from ptxgen.dtypes import to_float64
+from ptxgen.errors import DeviceUnavailable, LaunchError, PtxgenError
 from ptxgen.abi import Launch
-from ptxgen.kernels import kind_of
 from ptxgen.pipeline import compile_kernel
 from ptxgen.runner import prepare_arrays, run
 from ptxgen.spec import load_spec
@@ -67,6 +65,13 @@ def test_run_on_device_without_a_driver_raises_the_clear_message():
 def test_bench_without_a_gpu_exits_2_with_the_message(args):
     result = run_cli(*args)
     assert result.returncode == 2, f"exit {result.returncode}\nstdout: {result.stdout}\nstderr: {result.stderr}"
+    assert NO_DEVICE in one_line(result.stderr), result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_verify_on_the_device_without_a_gpu_exits_2():
+    result = run_cli("verify", str(SPEC), "--backend", "device", "--kernel", "qwen3_8b_rmsnorm")
+    assert result.returncode == 2, f"exit {result.returncode}\nstderr: {result.stderr}"
     assert NO_DEVICE in one_line(result.stderr), result.stderr
     assert "Traceback" not in result.stderr + result.stdout
 
@@ -763,3 +768,15 @@ def test_sanitizer_reports_are_parsed_into_findings():
                 "call to cuStreamSynchronize.", "")]
     assert parse_report("========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 0 errors\n") == ([], 0)
     assert parse_report("") == ([], None)
+
+
+def test_a_worker_that_cannot_start_is_one_clear_error():
+    from ptxgen.worker import DeviceWorker
+
+    with DeviceWorker(["false"]) as worker:  # a wrapper that exits at once (as a broken sanitizer would)
+        with pytest.raises(LaunchError, match=r"the device worker \(false .* -m ptxgen.worker\) exited with status 1 "
+                                              "before it started"):
+            worker.call(len, [])
+    with DeviceWorker(["/nonexistent/wrapper"]) as worker:
+        with pytest.raises(PtxgenError, match="cannot start the device worker"):
+            worker.call(len, [])
