@@ -1,11 +1,13 @@
 """`make bench`: check and time every kernel of specs/qwen3.toml on this machine's GPU.
 
 Every kernel is checked on the device against its float64 reference first, then timed as
-`ptxgen bench --graph` does (CUDA events, rotated buffers, copy bandwidth measured in the
-same run, torch peers where the kind names one), with seq_len sweeps for the attention
-kernels. Then the Qwen3-8B decode step (specs/qwen3_decoder.toml, 36 layers, random Q4_K
-weights, at pos 4095): the persistent decoder in one launch (and as a CUDA-graph replay)
-against the same step as 648 separate kernels launched one by one and as one CUDA graph,
+`ptxgen bench --graph` does (CUDA events in chunks below the launch queue's depth, rotated
+buffers, copy bandwidth measured in the same run, peers where the kind names them), with
+seq_len sweeps for the attention kernels, all in one device worker process (a kernel that
+faults fails its row; the rest go on in a fresh one). Then the Qwen3-8B decode step
+(specs/qwen3_decoder.toml, 36 layers, random Q4_K weights, at pos 4095): the persistent decoder
+in one launch (and as a CUDA-graph replay) against the same step as 576 separate kernels
+(the best there are: fused norm + GEMV) launched one by one and as one CUDA graph,
 checked against each other first, in tokens/s; its one-layer twin at the same shapes is also
 checked against the float64 reference. Writes bench/results/<device>-<date>.json
 (every figure) and a Markdown table next to it, including the performance targets and
@@ -86,18 +88,17 @@ def target_kernels(spec, notes: list[str]) -> list:
     return extra
 
 
-def plan(spec, kernels, notes: list[str]) -> list[tuple[object, dict]]:
-    from ptxgen.kernels import kind_of
-
+def plan(kernels, notes: list[str]) -> list[tuple[object, dict]]:
+    """(compiled kernel, scalars) rows: each kernel at its example scalars, and its kind's sweep."""
     rows = []
     for kernel in kernels:
-        kind = kind_of(kernel)
+        kind = kernel.definition
         base = kind.example_scalars()
         rows.append((kernel, base))
         if kernel.kind not in SWEEPS:
             continue
         scalar, values = SWEEPS[kernel.kind]
-        low, high = kind.scalar_limits().get(scalar, (0, -1))
+        low, high = kernel.scalar_limits.get(scalar, (0, -1))
         for value in values:
             if not low <= value <= high:
                 notes.append(f"{kernel.name}: {scalar}={value} skipped (outside {low}..{high})")
@@ -130,29 +131,34 @@ def describe(scalars: dict) -> str:
 
 def decoder_table(rows: list[dict]) -> list[str]:
     """Tokens/s of each way to run a decode step (rows whose kind has separate kernels)."""
+    from ptxgen.bench import microseconds
+
     lines = []
     for row in rows:
         step = row.get("step")
         if not step or row["median_us"] is None:
             continue
         wall = step["wall_us"]
-        ways = [("one launch (persistent kernel)", row["median_us"], wall["kernel"]),
-                ("one launch, CUDA-graph replay", row["graph"]["median_us"] if row["graph"] else None, None),
-                (f"separate kernels, {step['launches']} launches one by one", step["one_by_one"]["median_us"],
-                 wall["one_by_one"]),
-                ("separate kernels, one CUDA graph", step["graph"]["median_us"], wall["graph"])]
+        ways = [("one launch (persistent kernel)", row, wall["kernel"]),
+                ("one launch, CUDA-graph replay", row["graph"], None),
+                (f"separate kernels, {step['launches']} launches one by one", step["one_by_one"], wall["one_by_one"]),
+                ("separate kernels, one CUDA graph", step["graph"], wall["graph"])]
         lines += ["", f"## Decode step: {row['kernel']} ({describe(row['scalars'])})", "",
-                  "GPU µs: CUDA events over back-to-back calls (queue kept full). Wall µs: one call at a time, "
-                  "queued from Python and synchronized (what a batch-1 decode loop sees).", "",
+                  "GPU µs: CUDA events over back-to-back calls, in chunks below the launch queue's depth, each "
+                  "behind a spin kernel that holds the GPU while the host queues it (* host-bound: the host could "
+                  "not). Wall µs: one call at a time, queued from Python and synchronized (what a batch-1 decode "
+                  "loop sees).", "",
                   "| way | GPU µs a token | tokens/s | wall µs a token | tokens/s (wall) |", "|---|---|---|---|---|"]
-        for label, gpu_us, wall_us in ways:
-            cells = [f"{gpu_us:.1f}", f"{1e6 / gpu_us:.1f}"] if gpu_us else ["", ""]
+        for label, figure, wall_us in ways:
+            cells = [microseconds(figure, 1), f"{1e6 / figure['median_us']:.1f}"] if figure else ["", ""]
             cells += [f"{wall_us:.1f}", f"{1e6 / wall_us:.1f}"] if wall_us else ["", ""]
             lines.append("| " + " | ".join([label, *cells]) + " |")
     return lines
 
 
 def markdown(results: dict, notes: list[str]) -> str:
+    from ptxgen.bench import HOST_BOUND_NOTE, microseconds, timed_figures
+
     device, copy = results["device"], results["copy_bandwidth"]
     lines = [
         f"# ptxgen bench on {device['name']}",
@@ -173,16 +179,19 @@ def markdown(results: dict, notes: list[str]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in results["rows"]:
-        if not row["passed"]:
+        if row.get("failure"):
+            cells = ["FAILED (see the notes)", "", "", "", ""]
+        elif not row["passed"]:
             cells = ["FAILED its check", "", "", "", ""]
         elif row["median_us"] is None:
             cells = ["not timed", "", "", "", ""]
         else:
-            cells = [f"{row['median_us']:.2f} ({row['p10_us']:.2f}-{row['p90_us']:.2f})", f"{row['gbs']:.1f}",
-                     f"{row['tflops']:.3g}", f"{row['pct_copy_bw']:.1f}%",
-                     f"{row['graph']['median_us']:.2f}" if row["graph"] else ""]
+            cells = [f"{microseconds(row)} ({row['p10_us']:.2f}-{row['p90_us']:.2f})", f"{row['gbs']:.1f}",
+                     f"{row['tflops']:.3g}", f"{row['pct_copy_bw']:.1f}%", microseconds(row["graph"]) if row["graph"] else ""]
         peers = [p for p in row["peers"] if "median_us" in p]
-        peer_cells = ["<br>".join(p["name"] for p in peers), "<br>".join(f"{p['median_us']:.2f}" for p in peers),
+        best = (row.get("best_peer") or {}).get("name")
+        peer_cells = ["<br>".join(p["name"] + (" (best)" if p["name"] == best and len(peers) > 1 else "") for p in peers),
+                      "<br>".join(microseconds(p) for p in peers),
                       "<br>".join(f"{p['pct_copy_bw']:.1f}%" for p in peers),
                       "<br>".join(f"{p['tflops']:.3g}" for p in peers)]
         lines.append("| " + " | ".join([row["kernel"], describe(row["scalars"]), *cells, *peer_cells]) + " |")
@@ -191,29 +200,40 @@ def markdown(results: dict, notes: list[str]) -> str:
     for target in TARGETS:
         measured, met = evaluate(target, results["rows"])
         lines.append(f"| {target.label} | {measured} | {met} |")
-    all_notes = sorted(set(notes) | {note for row in results["rows"] for note in row["notes"]})
+    all_notes = sorted(set(notes) | {note for row in results["rows"] for note in row["notes"]}
+                       | {f"{row['kernel']} ({describe(row['scalars'])}) failed: {row['failure']}"
+                          for row in results["rows"] if row.get("failure")})
+    if any(figure.get("host_bound") for figure in timed_figures(results)):
+        all_notes.append(HOST_BOUND_NOTE)
     if all_notes:
         lines += ["", "## Notes", ""] + [f"- {note}" for note in all_notes]
     return "\n".join(lines) + "\n"
 
 
 def main() -> int:
-    from ptxgen.bench import failures, print_results, run_bench, write_json
-    from ptxgen.device import driver, session
+    from rich.console import Console
+
+    from ptxgen.bench import device_info, failures, print_results, run_bench, write_json
+    from ptxgen.device import driver
+    from ptxgen.pipeline import compile_spec
     from ptxgen.spec import load_spec
+    from ptxgen.worker import DeviceWorker
 
     driver()  # no GPU: DeviceUnavailable, before anything costly
     spec = load_spec(SPEC)
     notes: list[str] = []
-    decoder = load_spec(DECODER_SPEC).spec.kernel(DECODER)
-    decoder = decoder.model_copy(update={"sm_count": session().sm_count})  # one CTA an SM of this GPU
-    # One layer at the same shapes: small enough for the float64 reference, so the full-size grid
-    # (barriers included) is checked against it, not only against the separate kernels.
-    one_layer = decoder.model_copy(update={"num_layers": 1, "name": f"{DECODER}_1layer"})
-    kernels = list(spec.spec.kernels) + target_kernels(spec, notes) + [one_layer, decoder]
-    results = run_bench(spec, plan(spec, kernels, notes), ITERS, graph=True, show_progress=sys.stderr.isatty())
+    with DeviceWorker() as worker:  # the device work, in a process a faulting kernel cannot take down
+        decoder = load_spec(DECODER_SPEC).spec.kernel(DECODER)
+        decoder = decoder.model_copy(update={"sm_count": worker.call(device_info)["sm_count"]})  # one CTA an SM
+        # One layer at the same shapes: small enough for the float64 reference, so the full-size grid
+        # (barriers included) is checked against it, not only against the separate kernels.
+        one_layer = decoder.model_copy(update={"num_layers": 1, "name": f"{DECODER}_1layer"})
+        configs = list(spec.spec.kernels) + target_kernels(spec, notes) + [one_layer, decoder]
+        kernels = compile_spec(spec.spec.model_copy(update={"kernels": tuple(configs)})).kernels
+        results = run_bench({"file": str(spec.path), "sha256": spec.sha256}, plan(kernels, notes), ITERS, graph=True,
+                            progress=lambda label: print(f"bench: {label}", file=sys.stderr), worker=worker)
     results["notes"] = notes
-    print_results(results)
+    print_results(results, Console(), Console(stderr=True))
     slug = re.sub(r"[^A-Za-z0-9]+", "-", results["device"]["name"]).strip("-")
     stem = RESULTS / f"{slug}-{datetime.date.today().isoformat()}"
     write_json(stem.with_suffix(".json"), results)

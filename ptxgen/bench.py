@@ -3,9 +3,14 @@
 Each kernel is first checked on the device against its float64 reference (as `ptxgen verify
 --backend device` does); a kernel that fails is not timed. Timing: warm-up, then at least 100
 back-to-back runs between CUDA events (median, p10, p90), each run on the next of enough
-rotating copies of the kernel's buffers that a memory-bound kernel is not served from L2.
-Bytes and flops come from the kind's traffic() model; the copy bandwidth they are compared
-with is a device-to-device copy measured in the same run (read + write bytes).
+rotating copies of the kernel's buffers that a memory-bound kernel is not served from L2. The
+runs go in chunks that fit the launch queue, each behind a spin kernel that holds the GPU while
+the host queues it (DeviceSession.time); a figure the host could not keep up with is marked
+host-bound. Bytes and flops come from the kind's traffic() model; the copy bandwidth they are
+compared with is a device-to-device copy measured in the same run (read + write bytes).
+
+Every row runs in a device worker (ptxgen.worker): a kernel that faults fails its row with the
+CUDA error, and the next row runs in a fresh process.
 
 Peers come from the kind's optional `torch_peer` hook and fused kinds are compared with their
 `separate_step` (both declared, with their contracts, on ptxgen.kernels.base.Kind): bench runs
@@ -19,6 +24,7 @@ decode loop that must read each token before the next step).
 from __future__ import annotations
 
 import datetime
+import functools
 import importlib.util
 import json
 import math
@@ -36,6 +42,8 @@ from . import __version__
 from .compiled import CompiledKernel
 from .dtypes import DTYPES, to_float64
 from .errors import LaunchError, PtxgenError
+from .peers import Skipped
+from .worker import DeviceWorker
 
 MIN_ITERS = 100
 WARMUP = 10
@@ -46,13 +54,16 @@ ALIGN = 256
 
 
 # --- figures -----------------------------------------------------------------------------------------
-def figures(times_us: list[float], traffic, copy_gbs: float) -> dict:
-    """Median/p10/p90 microseconds and the median's GB/s, TFLOP/s and % of the copy bandwidth."""
-    p10, median, p90 = (float(v) for v in np.percentile(times_us, [10, 50, 90]))
+def figures(timing, traffic, copy_gbs: float) -> dict:
+    """Median/p10/p90 microseconds of a device.Timing, the median's GB/s, TFLOP/s and % of the copy
+    bandwidth, and whether the host could not keep the GPU fed (host_bound: the figures include
+    host time)."""
+    p10, median, p90 = (float(v) for v in np.percentile(timing.times, [10, 50, 90]))
     seconds = median * 1e-6
     gbs = traffic.bytes / seconds / 1e9
     return {"median_us": median, "p10_us": p10, "p90_us": p90, "gbs": gbs,
-            "tflops": traffic.flops / seconds / 1e12, "pct_copy_bw": 100.0 * gbs / copy_gbs}
+            "tflops": traffic.flops / seconds / 1e12, "pct_copy_bw": 100.0 * gbs / copy_gbs,
+            "host_bound": timing.host_bound, "calls_per_chunk": timing.calls_per_chunk}
 
 
 def rotation_sets(touched_bytes: int, set_bytes: int, l2_bytes: int, free_bytes: int) -> int:
@@ -99,8 +110,8 @@ def time_kernel(gpu, compiled: CompiledKernel, arrays: dict, scalars: dict, iter
         args = [compiled.args({name: slab.view(s * stride[name], arrays[name].nbytes) for name, slab in slabs.items()},
                               scalars) for s in range(sets)]
         device_kernel = gpu.kernel(compiled)
-        times = gpu.time(lambda i: gpu.launch(device_kernel, launch, args[i % sets]), iters, WARMUP)
-        result = {"sets": sets, "set_bytes": sum(stride.values()), "times": times, "graph_times": None,
+        timing = gpu.time(lambda i: gpu.launch(device_kernel, launch, args[i % sets]), iters, WARMUP)
+        result = {"sets": sets, "set_bytes": sum(stride.values()), "timing": timing, "graph_timing": None,
                   "graph_note": None}
         if graph:
             try:
@@ -111,7 +122,7 @@ def time_kernel(gpu, compiled: CompiledKernel, arrays: dict, scalars: dict, iter
                     raise
                 result["graph_note"] = f"{compiled.name}: not timed as a CUDA graph: {error}"
             else:
-                result["graph_times"] = gpu.time(lambda i: gpu.replay(graphs[i % sets]), iters, WARMUP)
+                result["graph_timing"] = gpu.time(lambda i: gpu.replay(graphs[i % sets]), iters, WARMUP)
         return result
     finally:
         if not gpu.broken:  # after a fault the context is gone with everything in it
@@ -123,7 +134,7 @@ def time_kernel(gpu, compiled: CompiledKernel, arrays: dict, scalars: dict, iter
 
 
 def wall_times(gpu, enqueue, iters: int, warmup: int = WARMUP) -> list[float]:
-    """Microseconds from queueing one call to its completion, one call at a time."""
+    """Microseconds from queueing one call to its completion, one call at a time (host included)."""
     times = []
     for i in range(warmup + iters):
         start = time.perf_counter()
@@ -240,7 +251,7 @@ class DeviceStep:
 def load_torch():
     """(torch, None) when torch can use this GPU, else (None, why not)."""
     if importlib.util.find_spec("torch") is None:
-        return None, "torch is not installed: no peer figures"
+        return None, "torch is not installed: no peer figures (pip install 'ptxgen[peers]')"
     try:
         import torch
     except Exception as error:  # a broken torch install must not stop the bench
@@ -286,6 +297,9 @@ def time_peers(gpu, torch, kind, inputs: dict, scalars: dict, sets: int, iters: 
     stream = torch.cuda.ExternalStream(int(gpu.stream))
     peers, notes = [], []
     for label in per_set[0]:
+        if isinstance(per_set[0][label], Skipped):  # e.g. an optional peer library that is not installed
+            notes.append(f"peer {label} skipped: {per_set[0][label].reason}")
+            continue
         calls = [made[label] for made in per_set]
         entry = {"name": label, "error": None}
         try:
@@ -299,8 +313,8 @@ def time_peers(gpu, torch, kind, inputs: dict, scalars: dict, sets: int, iters: 
                         entry["error"] = relative_l2(value.reshape(expected.shape), expected)
                     else:
                         notes.append(f"peer {label}: {value.size} elements, {written.name} has {expected.size}")
-                times = gpu.time(lambda i: calls[i % sets](), iters, WARMUP)
-            entry.update(figures(times, traffic, copy_gbs))
+                timing = gpu.time(lambda i: calls[i % sets](), iters, WARMUP)
+            entry.update(figures(timing, traffic, copy_gbs))
         except PtxgenError:
             raise
         except Exception as error:  # a peer library that fails is reported, not fatal
@@ -314,29 +328,54 @@ def time_peers(gpu, torch, kind, inputs: dict, scalars: dict, sets: int, iters: 
     return peers, notes
 
 
+def best_peer(peers: list[dict]) -> dict | None:
+    """The fastest timed peer (name and median µs), or None."""
+    timed = [p for p in peers if "median_us" in p]
+    fastest = min(timed, key=lambda p: p["median_us"], default=None)
+    return None if fastest is None else {"name": fastest["name"], "median_us": fastest["median_us"]}
+
+
 # --- one row, all rows -------------------------------------------------------------------------------
 def check_rows(checks) -> list[dict]:
     return [{"scalars": dict(c.scalars), "param": c.param, "error": float(c.error), "tolerance": float(c.tolerance),
              "unwritten": int(c.unwritten), "passed": bool(c.passed)} for c in checks]
 
 
-def bench_row(gpu, compiled: CompiledKernel, scalars: dict, iters: int, graph: bool, copy_gbs: float,
-              torch, torch_note: str | None, verified: dict, compiled_of: Callable[[object], CompiledKernel]) -> dict:
-    """Check one (kernel, scalars) on the device, then time it and its peers."""
+def new_row(compiled: CompiledKernel, scalars: dict) -> dict:
+    """A row with nothing measured yet."""
+    traffic = compiled.definition.traffic(scalars)
+    config = {k: v for k, v in compiled.config.items() if k not in ("name", "kind")}
+    return {"kernel": compiled.name, "kind": compiled.kind, "config": config, "scalars": dict(scalars),
+            "bytes": int(traffic.bytes), "flops": int(traffic.flops), "checks": [], "passed": True, "failure": None,
+            "sets": 0, "set_bytes": 0, "median_us": None, "p10_us": None, "p90_us": None, "gbs": None, "tflops": None,
+            "pct_copy_bw": None, "host_bound": False, "calls_per_chunk": None, "graph": None, "peers": [],
+            "best_peer": None, "step": None, "notes": []}
+
+
+@functools.cache
+def separate_kernels(archs: tuple[str, ...]) -> Callable[[object], CompiledKernel]:
+    """The compiler of fused kernels' separate kernels, one per process and arch list."""
+    from .pipeline import compiler
+
+    return compiler(archs)
+
+
+def bench_row(compiled: CompiledKernel, scalars: dict, iters: int, graph: bool, copy_gbs: float,
+              verified: list | None) -> tuple[dict, list]:
+    """Check one (kernel, scalars) on the device, then time it and its peers (in a device worker).
+    `verified`: the kernel's checks at its kind's verify sizes, if an earlier row made them.
+    Returns the row and those checks."""
+    from .device import session
     from .runner import prepare_arrays, run
     from .verify import compare, verify_kernel
 
+    gpu = session()
     kind = compiled.definition
     traffic = kind.traffic(scalars)
-    config = {k: v for k, v in compiled.config.items() if k not in ("name", "kind")}
-    row = {"kernel": compiled.name, "kind": compiled.kind, "config": config, "scalars": dict(scalars),
-           "bytes": int(traffic.bytes), "flops": int(traffic.flops), "checks": [], "passed": True, "sets": 0,
-           "set_bytes": 0, "median_us": None, "p10_us": None, "p90_us": None, "gbs": None, "tflops": None,
-           "pct_copy_bw": None, "graph": None, "peers": [], "step": None, "notes": []}
-    if compiled.name not in verified:  # the kind's own small sizes, once per kernel
-        verified[compiled.name] = [check for sizes in kind.verify_scalars()
-                                   for check in verify_kernel(compiled, sizes, backend="device")]
-    checks = list(verified[compiled.name])
+    row = new_row(compiled, scalars)
+    if verified is None:  # the kind's own small sizes, once per kernel
+        verified = [check for sizes in kind.verify_scalars() for check in verify_kernel(compiled, sizes, backend="device")]
+    checks = list(verified)
     inputs = kind.sample_inputs(np.random.default_rng(0), scalars)
     reference = None
     if traffic.flops <= REFERENCE_FLOPS:  # and at the timed sizes, as verify_kernel does
@@ -350,17 +389,17 @@ def bench_row(gpu, compiled: CompiledKernel, scalars: dict, iters: int, graph: b
     step = None
     try:
         if not empty and kind.separate_step(dict(scalars)) is not None:
-            step = DeviceStep(gpu, compiled, arrays, scalars, compiled_of)
+            step = DeviceStep(gpu, compiled, arrays, scalars, separate_kernels(tuple(compiled.binaries) or ("sm_80",)))
             checks.append(step.check())
         row["checks"] = check_rows(checks)
         row["passed"] = bool(checks) and all(check.passed for check in checks)
         if not checks:
             row["notes"].append(f"{compiled.name}: nothing to check it against at this size: not timed")
         if not row["passed"]:
-            return row
+            return row, verified
         if empty:
             row["notes"].append("empty launch: nothing to time")
-            return row
+            return row, verified
         if step is not None:
             row["step"] = step.time(iters, traffic, copy_gbs)
     finally:
@@ -371,70 +410,118 @@ def bench_row(gpu, compiled: CompiledKernel, scalars: dict, iters: int, graph: b
     row["sets"], row["set_bytes"] = timed["sets"], timed["set_bytes"]
     if timed["sets"] * min(timed["set_bytes"], traffic.bytes) < L2_MULTIPLE * gpu.l2_bytes:
         row["notes"].append(f"only {timed['sets']} buffer set(s) fit in memory: runs may hit L2")
-    row.update(figures(timed["times"], traffic, copy_gbs))
-    if timed["graph_times"] is not None:
-        row["graph"] = figures(timed["graph_times"], traffic, copy_gbs)
+    row.update(figures(timed["timing"], traffic, copy_gbs))
+    if timed["graph_timing"] is not None:
+        row["graph"] = figures(timed["graph_timing"], traffic, copy_gbs)
     if timed["graph_note"]:
         row["notes"].append(timed["graph_note"])
+    torch, torch_note = load_torch()
     if torch is None:
         row["notes"].append(torch_note)
     else:
         row["peers"], notes = time_peers(gpu, torch, kind, inputs, scalars, timed["sets"], iters, traffic, copy_gbs,
                                          reference)
+        row["best_peer"] = best_peer(row["peers"])
         row["notes"] += notes
-    return row
+    return row, verified
+
+
+def device_info() -> dict:
+    """The GPU's name, arch, SMs, L2 bytes and driver version (in a device worker)."""
+    from .device import session
+
+    gpu = session()
+    return {"name": gpu.name, "arch": gpu.arch, "sm_count": gpu.sm_count, "l2_bytes": gpu.l2_bytes,
+            "driver": gpu.driver_version}
+
+
+def measure_device() -> dict:
+    """The GPU, its device-to-device copy bandwidth and the torch version (in a device worker)."""
+    from .device import session
+
+    copy_bytes, copy_seconds = session().copy_bandwidth()
+    torch, _ = load_torch()
+    return {"device": device_info(), "torch": torch.__version__ if torch is not None else None,
+            "copy_bandwidth": {"bytes": copy_bytes, "median_us": copy_seconds * 1e6,
+                               "gbs": 2 * copy_bytes / copy_seconds / 1e9}}
 
 
 def run_bench(spec_file: dict, plan: list[tuple[CompiledKernel, dict]], iters: int = MIN_ITERS, graph: bool = False,
-              progress: Callable[[str], None] = lambda label: None) -> dict:
+              progress: Callable[[str], None] = lambda label: None, worker=None) -> dict:
     """Every figure of a bench run, as written to --json. `spec_file` is {"file", "sha256"} of the
-    spec the kernels came from; `progress(label)` is called before each row."""
-    from .device import session
-    from .pipeline import compiler
-
+    spec the kernels came from; `progress(label)` is called before each row; `worker` runs the
+    device work (default: a DeviceWorker of its own). A row whose kernel faults (or whose device
+    work fails) is a failed row naming the error; the rest go on."""
     if iters < MIN_ITERS:
         raise LaunchError(f"--iters: expected at least {MIN_ITERS} timed runs, got {iters}")
-    gpu = session()
-    copy_bytes, copy_seconds = gpu.copy_bandwidth()
-    copy_gbs = 2 * copy_bytes / copy_seconds / 1e9
-    torch, torch_note = load_torch()
-    results = {
-        "ptxgen_version": __version__,
-        "git_commit": git_commit(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": {"name": gpu.name, "arch": gpu.arch, "sm_count": gpu.sm_count, "l2_bytes": gpu.l2_bytes,
-                   "driver": gpu.driver_version},
-        "torch": torch.__version__ if torch is not None else None,
-        "spec": dict(spec_file),
-        "iters": iters,
-        "copy_bandwidth": {"bytes": copy_bytes, "median_us": copy_seconds * 1e6, "gbs": copy_gbs},
-        "rows": [],
-    }
-    verified: dict = {}
-    compiled_of = {}
-    for compiled, scalars in plan:
-        progress(f"{compiled.name} {describe_scalars(scalars)}")
-        archs = tuple(compiled.binaries) or ("sm_80",)
-        compile_separate = compiled_of.setdefault(archs, compiler(archs))
-        results["rows"].append(bench_row(gpu, compiled, scalars, iters, graph, copy_gbs, torch, torch_note, verified,
-                                         compile_separate))
-    return results
+    owned = worker is None
+    worker = DeviceWorker() if owned else worker
+    try:
+        measured = worker.call(measure_device)
+        results = {"ptxgen_version": __version__, "git_commit": git_commit(),
+                   "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                   "device": measured["device"], "torch": measured["torch"], "spec": dict(spec_file), "iters": iters,
+                   "copy_bandwidth": measured["copy_bandwidth"], "rows": []}
+        verified: dict = {}
+        for compiled, scalars in plan:
+            progress(f"{compiled.name} {describe_scalars(scalars)}")
+            try:
+                row, verified[compiled.name] = worker.call(bench_row, compiled, scalars, iters, graph,
+                                                           measured["copy_bandwidth"]["gbs"], verified.get(compiled.name))
+            except LaunchError as error:  # a fault (the worker is replaced) or a launch the GPU refused
+                row = new_row(compiled, scalars)
+                row.update(passed=False, failure=str(error))
+            results["rows"].append(row)
+        return results
+    finally:
+        if owned:
+            worker.stop()
 
 
 # --- output ----------------------------------------------------------------------------------------
+HOST_BOUND_NOTE = ("* host-bound: the host could not queue a chunk of calls within the time a spin kernel held the "
+                   "GPU (a full launch queue or a slow host), so the GPU may have waited for it: the figure may "
+                   "include host time")
+
+
 def describe_scalars(scalars: dict) -> str:
     return ", ".join(f"{name}={value}" for name, value in scalars.items())
+
+
+def microseconds(figure: dict, digits: int = 2) -> str:
+    """A figure's median µs, marked * when host-bound."""
+    return f"{figure['median_us']:.{digits}f}" + ("*" if figure.get("host_bound") else "")
+
+
+def timed_figures(results: dict) -> list[dict]:
+    """Every figure dict of the rows (kernel, graph, peers, separate kernels)."""
+    found = []
+    for row in results["rows"]:
+        if row["median_us"] is not None:
+            found.append(row)
+        found += [f for f in (row["graph"], *(row["step"] or {}).values()) if isinstance(f, dict) and "median_us" in f]
+        found += [p for p in row["peers"] if "median_us" in p]
+    return found
 
 
 def failures(results: dict) -> list[str]:
     lines = []
     for row in results["rows"]:
+        if row.get("failure"):
+            lines.append(f"{row['kernel']} ({describe_scalars(row['scalars'])}): {row['failure']}")
         for check in row["checks"]:
             if not check["passed"]:
                 unwritten = f", {check['unwritten']} elements not written" if check["unwritten"] else ""
                 lines.append(f"{row['kernel']} ({describe_scalars(check['scalars'])}): {check['param']} differs from "
                              f"the float64 reference by {check['error']:.3e} > {check['tolerance']:.0e}{unwritten}")
     return lines
+
+
+def peer_lines(row: dict) -> list[str]:
+    """One line per timed peer: name, median µs, % copy bw, TFLOP/s; the fastest marked (best)."""
+    best = (row.get("best_peer") or {}).get("name")
+    return [f"{p['name']}{' (best)' if p['name'] == best and len(row['peers']) > 1 else ''}: {microseconds(p)}, "
+            f"{p['pct_copy_bw']:.1f}%, {p['tflops']:.3g}" for p in row["peers"] if "median_us" in p]
 
 
 def print_results(results: dict, out: Console, err: Console) -> None:
@@ -450,12 +537,9 @@ def print_results(results: dict, out: Console, err: Console) -> None:
         elif row["median_us"] is None:
             timing = ["-"] + [""] * 5
         else:
-            graph = f"{row['graph']['median_us']:.2f}" if row["graph"] else ""
-            timing = [f"{row['median_us']:.2f}", f"{row['p10_us']:.2f}-{row['p90_us']:.2f}", f"{row['gbs']:.1f}",
-                      f"{row['tflops']:.3g}", f"{row['pct_copy_bw']:.1f}%", graph]
-        peers = "\n".join(f"{escape(p['name'])}: {p['median_us']:.2f}, {p['pct_copy_bw']:.1f}%, {p['tflops']:.3g}"
-                           for p in row["peers"] if "median_us" in p)
-        table.add_row(row["kernel"], describe_scalars(row["scalars"]), *timing, peers)
+            timing = [microseconds(row), f"{row['p10_us']:.2f}-{row['p90_us']:.2f}", f"{row['gbs']:.1f}",
+                      f"{row['tflops']:.3g}", f"{row['pct_copy_bw']:.1f}%", microseconds(row["graph"]) if row["graph"] else ""]
+        table.add_row(row["kernel"], describe_scalars(row["scalars"]), *timing, escape("\n".join(peer_lines(row))))
     console.print(table)
     steps = [row for row in results["rows"] if row.get("step") and row["median_us"] is not None]
     if steps:
@@ -465,12 +549,13 @@ def print_results(results: dict, out: Console, err: Console) -> None:
         for row in steps:
             step, wall = row["step"], row["step"]["wall_us"]
             table.add_row(row["kernel"], describe_scalars(row["scalars"]), f"{step['launches']} ({step['kernels']} kernels)",
-                          f"{row['median_us']:.1f}", f"{step['one_by_one']['median_us']:.1f}",
-                          f"{step['graph']['median_us']:.1f}",
+                          microseconds(row, 1), microseconds(step["one_by_one"], 1), microseconds(step["graph"], 1),
                           f"{wall['kernel']:.1f} / {wall['one_by_one']:.1f} / {wall['graph']:.1f}",
                           f"{step['one_by_one']['median_us'] / row['median_us']:.2f}x")
         console.print(table)
     notes = sorted({note for row in results["rows"] for note in row["notes"]})
+    if any(figure.get("host_bound") for figure in timed_figures(results)):
+        notes.append(HOST_BOUND_NOTE)
     for note in notes:
         err.print(f"note: {note}", markup=False, highlight=False)
 

@@ -363,34 +363,71 @@ def verify(
     backend: Annotated[Backend, typer.Option(help="Where to run the PTX.")] = Backend.emulator,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the random inputs.")] = 0,
     arch: ArchOption = None,
+    sanitize: Annotated[Optional[str], typer.Option(
+        "--sanitize", metavar="TOOL[,TOOL...]",
+        help="With --backend device: run each kernel's checks under NVIDIA compute-sanitizer with these tools "
+             "(memcheck, racecheck, synccheck, initcheck, or all) and name what they find.")] = None,
+    launch_timeout: Annotated[int, typer.Option(
+        "--launch-timeout", min=0, help="compute-sanitizer's wait for a process's first CUDA call, seconds (0: "
+                                        "forever).")] = 120,
 ):
     """Run every kernel on random inputs and compare with its float64 reference."""
+    from .device_verify import parse_tools, sanitizer_executable
     from .pipeline import compile_spec
-    from .verify import verify_kernel
 
+    tools = parse_tools(sanitize) if sanitize is not None else []
+    if tools and backend != Backend.device:
+        raise LaunchError("--sanitize runs the device checks under compute-sanitizer: add --backend device (the "
+                          "emulator's own sanitizer checks every run)")
+    if tools:
+        sanitizer_executable()  # not on PATH: the message, before any work
     spec = load_spec(spec_path)
     configs = [spec.spec.kernel(kernel_name)] if kernel_name else list(spec.spec.kernels)
     kernels = compile_spec(spec.spec.model_copy(update={"kernels": tuple(configs)})).kernels
-    rows, failures = [], 0
     with progress_bar("verifying", len(kernels), True) as progress:
         task = progress.add_task("verifying", total=len(kernels))
-        for compiled in kernels:
-            progress.update(task, description=compiled.name)
-            cases = compiled.definition.verify_scalars()
-            if not cases:
-                rows.append([compiled.name, "-", "-", "-", "-", "skipped (too large to interpret)"])
-            for scalars in cases:
-                for check in verify_kernel(compiled, scalars, seed=seed, backend=backend.value, arch=arch):
-                    failures += not check.passed
-                    verdict = "pass" if check.passed else (
-                        f"FAIL ({check.unwritten} unwritten)" if check.unwritten else "FAIL")
-                    rows.append([compiled.name, ", ".join(f"{k}={v}" for k, v in scalars.items()),
-                                 f"{check.param}{list(check.shape)}", f"{check.error:.2e}", f"{check.tolerance:.0e}",
-                                 verdict])
-            progress.advance(task)
+        step = lambda name: progress.update(task, advance=1, description=name)  # noqa: E731
+        if backend == Backend.device:
+            from .device_verify import verify_on_device
+
+            runs = verify_on_device(kernels, seed, arch, tools, launch_timeout, step)
+        else:
+            runs = emulate_checks(kernels, seed, arch, step)
+    rows = []
+    for run in runs:
+        tag = f" [{run.tool}]" if run.tool else ""
+        if not run.checks and run.failure is None:
+            rows.append([run.kernel, "-", "-", "-", "-", "skipped (too large to interpret)"])
+        for check in run.checks:
+            verdict = "pass" if check.passed else (f"FAIL ({check.unwritten} unwritten)" if check.unwritten else "FAIL")
+            rows.append([run.kernel, ", ".join(f"{k}={v}" for k, v in check.scalars.items()),
+                         f"{check.param}{list(check.shape)}", f"{check.error:.2e}", f"{check.tolerance:.0e}",
+                         verdict + tag])
+        if run.failure is not None:
+            rows.append([run.kernel, "-", "-", "-", "-", "FAIL (error below)" + tag])
     print_table(f"verify {spec_path}", ["kernel", "scalars", "output", "rel. L2 error", "tolerance", "verdict"], rows)
-    if failures:
+    if tools:
+        print_table("compute-sanitizer", ["kernel", "tool", "errors", "findings"],
+                    [[run.kernel, run.tool, "-" if run.errors is None else str(run.errors),
+                      "; ".join(finding.describe() for finding in run.findings) or "none"] for run in runs])
+    for run in runs:
+        if run.failure is not None:
+            err.print(f"FAIL {run.kernel}{f' [{run.tool}]' if run.tool else ''}: {run.failure}", markup=False)
+    if not all(run.passed for run in runs):
         raise typer.Exit(1)
+
+
+def emulate_checks(kernels, seed: int, arch: str | None, progress) -> list:
+    """verify's checks in the PTX interpreter (its sanitizer on), a KernelRun a kernel."""
+    from .device_verify import KernelRun
+    from .verify import verify_kernel
+
+    runs = []
+    for compiled in kernels:
+        progress(compiled.name)
+        runs.append(KernelRun(compiled.name, None, [check for scalars in compiled.definition.verify_scalars()
+                                                    for check in verify_kernel(compiled, scalars, seed=seed, arch=arch)]))
+    return runs
 
 
 # --- bench -----------------------------------------------------------------------------------------

@@ -52,6 +52,14 @@ def driver_version() -> str:
 
 ALIGNMENT = 256  # bytes; what cuMemAlloc guarantees, kept for sub-buffers too
 POOL_LIMIT = 1 << 32  # bytes of freed allocations kept for reuse
+# Pending launches an H100 (driver 580) accepted on a stream; the next one blocked the host until the
+# GPU drained one (measured, NOTES.md). Timing more back-to-back launches than this measures the host.
+QUEUE_DEPTH = 1021
+# Stream operations a timed chunk may queue: a quarter of the depth is left for what cannot be
+# counted here (a peer library's own launches through torch).
+CHUNK_OPERATIONS = QUEUE_DEPTH * 3 // 4
+MAX_HOLD = 2.0  # seconds the spin kernel may hold the GPU while the host queues a chunk
+HOLD_ATTEMPTS = 4  # tries at a chunk before its figures are called host-bound
 # Errors after which the CUDA context is unusable until it is reset.
 STICKY_ERRORS = {"CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_ILLEGAL_INSTRUCTION",
                  "CUDA_ERROR_MISALIGNED_ADDRESS", "CUDA_ERROR_INVALID_ADDRESS_SPACE", "CUDA_ERROR_INVALID_PC",
@@ -115,6 +123,23 @@ class DeviceGraph:
     """An instantiated CUDA graph (CUgraphExec)."""
 
     executable: object
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Microseconds of each timed call (CUDA events), the calls queued per chunk behind one spin
+    kernel, and whether the host could not queue some chunk before the GPU caught up with it
+    (then the figures include host time: host-bound)."""
+
+    times: list[float]
+    calls_per_chunk: int
+    host_bound: bool
+
+
+host_clock = time.perf_counter  # the host's clock for queuing times (the tests' simulated GPU replaces it)
+# Set by the first sticky error: this process's CUDA context is gone for good (CUDA documents that
+# the process must exit; measured on an H100: cuDevicePrimaryCtxRetain fails with the same error).
+lost_context: str | None = None
 
 
 _INTEGER_PARAMS = {"u64": (64, False), "b64": (64, False), "s64": (64, True), "u32": (32, False),
@@ -182,6 +207,7 @@ class DeviceSession:
         self.kernels: dict[tuple[str, str], DeviceKernel] = {}  # (image sha256, entry) -> its kernel
         self.pool: dict[int, list[DeviceBuffer]] = {}  # capacity -> freed allocations
         self.allocations: dict[int, DeviceBuffer] = {}  # address -> live or pooled allocation
+        self.queued = 0  # stream operations queued so far (launches, graph launches, copies, events)
 
     # --- checked calls ----------------------------------------------------------------------------
     def describe(self, status) -> str:
@@ -195,14 +221,16 @@ class DeviceSession:
 
     def check(self, result, what: str, error: type[PtxgenError] = PtxgenError):
         """The value(s) a cuda.bindings call returned after its CUresult, or `error`."""
+        global lost_context
         status, *values = result
         if status != self.cu.CUresult.CUDA_SUCCESS:
             message = f"{what} failed on {getattr(self, 'name', 'the GPU')}: {self.describe(status)}"
             if getattr(status, "name", "") in STICKY_ERRORS:  # a kernel faulted
                 self.broken = True
+                lost_context = lost_context or status.name
                 error = LaunchError
-                message += ("; the CUDA context is lost (the next run starts a fresh one); --backend emulator "
-                            "runs the kernel under the sanitizer, which names the faulting access")
+                message += ("; this process's CUDA context is lost (CUDA works again only in a new process); "
+                            "--backend emulator runs the kernel under the sanitizer, which names the faulting access")
             raise error(message)
         if not values:
             return None
@@ -302,10 +330,12 @@ class DeviceSession:
         what = f"launching {kernel.entry} (grid {launch.grid}, block {launch.block}, {shared} B dynamic shared)"
         if launch.cooperative:
             def queue() -> None:
+                self.queued += 1
                 self.check(cu.cuLaunchCooperativeKernel(kernel.function, gx, gy, gz, bx, by, bz, shared, stream,
                                                         params), what, LaunchError)
         else:
             def queue() -> None:
+                self.queued += 1
                 self.check(cu.cuLaunchKernel(kernel.function, gx, gy, gz, bx, by, bz, shared, stream, params, 0),
                            what, LaunchError)
         return queue
@@ -373,6 +403,7 @@ class DeviceSession:
         """Device-to-device copy of the source's bytes, queued on the stream."""
         if source.nbytes > destination.nbytes:
             raise PtxgenError(f"copy of {source.nbytes} bytes into a buffer of {destination.nbytes}")
+        self.queued += 1
         self.check(self.cu.cuMemcpyDtoDAsync(destination.address, source.address, source.nbytes, self.stream),
                    "cuMemcpyDtoDAsync")
 
@@ -397,6 +428,7 @@ class DeviceSession:
         return DeviceGraph(executable)
 
     def replay(self, graph: DeviceGraph) -> None:
+        self.queued += 1
         self.check(self.cu.cuGraphLaunch(graph.executable, self.stream), "launching the CUDA graph", LaunchError)
 
     def destroy(self, graph: DeviceGraph) -> None:
@@ -410,40 +442,63 @@ class DeviceSession:
         kernel = self.kernel(DELAY)
         self.launch(kernel, Launch(grid=(1, 1, 1), block=(1, 1, 1)), [int(seconds * 1e9)])
 
-    def time(self, enqueue, iters: int, warmup: int = 10) -> list[float]:
+    def time(self, enqueue, iters: int, warmup: int = 10) -> Timing:
         """Microseconds of each of `iters` back-to-back calls enqueue(i), from CUDA events.
 
-        A spin kernel holds the GPU while the host queues every timed call, so host-side
-        launch overhead never shows in the figures (the delay grows if the host was slower).
+        The calls go in chunks that queue fewer stream operations than the launch queue holds
+        (counted during the warm-up), each chunk behind a spin kernel that holds the GPU while the
+        host queues it, so neither host launch costs nor a full queue show in the figures. A chunk
+        the host could not queue within the hold is tried again with a longer hold and half the
+        calls; if it never fits, the figures are marked host-bound.
         """
-        cu = self.cu
-        host_times = []
+        host_times, operations = [], []
         for i in range(warmup):
-            start = time.perf_counter()
+            queued, start = self.queued, host_clock()
             enqueue(i)
-            host_times.append(time.perf_counter() - start)
+            host_times.append(host_clock() - start)
+            operations.append(self.queued - queued)
         per_call = float(np.median(host_times)) if host_times else 1e-4
+        per_call_operations = max(operations, default=0) + 1  # and its event
+        chunk = max(1, min(iters, (CHUNK_OPERATIONS - 2) // per_call_operations))  # - the spin and the first event
         self.synchronize("warm-up runs")
-        events = [self.check(cu.cuEventCreate(0), "cuEventCreate") for _ in range(iters + 1)]
+        events = [self.check(self.cu.cuEventCreate(0), "cuEventCreate") for _ in range(chunk + 1)]
+        times: list[float] = []
+        host_bound = False
         try:
-            hold = min(2.0, 2 * per_call * (iters + 1) + 1e-3)
-            for _attempt in range(3):
-                self.delay(hold)
-                start = time.perf_counter()
-                self.check(cu.cuEventRecord(events[0], self.stream), "cuEventRecord")
-                for i in range(iters):
-                    enqueue(warmup + i)
-                    self.check(cu.cuEventRecord(events[i + 1], self.stream), "cuEventRecord")
-                queued = time.perf_counter() - start
-                self.synchronize("timed runs")
-                if queued < hold or hold >= 2.0:
-                    break
-                hold = min(2.0, 2 * queued + 1e-3)
-            return [1e3 * float(self.check(cu.cuEventElapsedTime(events[i], events[i + 1]), "cuEventElapsedTime"))
-                    for i in range(iters)]
+            while len(times) < iters:
+                calls = min(chunk, iters - len(times))
+                for _attempt in range(HOLD_ATTEMPTS):
+                    hold = min(MAX_HOLD, 2 * per_call * calls + 1e-3)
+                    chunk_times, queued = self.timed_chunk(enqueue, warmup + len(times), calls, hold, events)
+                    if queued < hold:
+                        break
+                    # The host took longer than the hold: a slow host, or a full queue that blocked it.
+                    per_call = max(per_call, queued / calls)
+                    chunk = calls = max(1, calls // 2)
+                else:
+                    host_bound = True
+                times += chunk_times
+            return Timing(times, chunk, host_bound)
         finally:
             for event in events:
-                cu.cuEventDestroy(event)
+                self.cu.cuEventDestroy(event)
+
+    def timed_chunk(self, enqueue, first: int, calls: int, hold: float, events: list) -> tuple[list[float], float]:
+        """(microseconds of each call, seconds the host took to queue them) of calls enqueue(first...)
+        queued behind a spin of `hold` seconds, an event after each."""
+        cu = self.cu
+        start = host_clock()  # before the spin is queued: it cannot have started earlier
+        self.delay(hold)
+        self.queued += 1
+        self.check(cu.cuEventRecord(events[0], self.stream), "cuEventRecord")
+        for i in range(calls):
+            enqueue(first + i)
+            self.queued += 1
+            self.check(cu.cuEventRecord(events[i + 1], self.stream), "cuEventRecord")
+        queued = host_clock() - start
+        self.synchronize("timed runs")
+        return [1e3 * float(self.check(cu.cuEventElapsedTime(events[i], events[i + 1]), "cuEventElapsedTime"))
+                for i in range(calls)], queued
 
     def copy_bandwidth(self, nbytes: int | None = None, iters: int = 20) -> tuple[int, float]:
         """(bytes copied, median seconds) of a device-to-device copy far larger than L2."""
@@ -453,11 +508,11 @@ class DeviceSession:
         source, destination = self.alloc(nbytes), self.alloc(nbytes)
         try:
             self.zero(source)
-            times = self.time(lambda i: self.copy(destination, source), iters, warmup=3)
+            timing = self.time(lambda i: self.copy(destination, source), iters, warmup=3)
         finally:
             self.free(source, keep=False)
             self.free(destination, keep=False)
-        return nbytes, float(np.median(times)) * 1e-6
+        return nbytes, float(np.median(timing.times)) * 1e-6
 
     def close(self) -> None:
         """Free everything this session holds and release the primary context."""
@@ -477,12 +532,12 @@ _SESSIONS: dict[int, DeviceSession] = {}
 
 
 def session(ordinal: int = 0) -> DeviceSession:
-    """The process's DeviceSession on a device (a fresh one after a kernel broke the context)."""
+    """The process's DeviceSession on a device; after a kernel fault a LaunchError (CUDA works
+    again only in a new process: `verify` and `bench` run device work in a ptxgen.worker)."""
+    if lost_context is not None:
+        raise LaunchError(f"an earlier kernel fault ({lost_context}) lost this process's CUDA context; CUDA works "
+                          "again only in a new process")
     current = _SESSIONS.get(ordinal)
-    if current is not None and current.broken:
-        del _SESSIONS[ordinal]
-        current.cu.cuDevicePrimaryCtxReset(current.device)
-        current = None
     if current is None:
         current = _SESSIONS[ordinal] = DeviceSession(ordinal)
     current.activate()

@@ -3,16 +3,16 @@
 1. Without a driver, every way onto the device ends in exit 2 and the one clear message.
 2. The device runtime's own logic (copies in and back in place, argument packing checked
    against the PTX, shared-memory opt-in, cooperative launches, graph capture and replay,
-   event timing, error mapping, bench's rotation and JSON) against a simulated driver. Every
-   call first goes to the real cuda.bindings function, which converts and type-checks the
-   arguments exactly as on a GPU machine and then fails to find libcuda; the simulation
-   then plays the driver: device memory is host memory, and a "kernel" computes its kind's
-   float64 reference. This proves the plumbing, not the GPU: tests/test_gpu.py does that.
+   event timing in chunks below the launch queue's depth, error mapping, bench's rotation and
+   JSON) against the simulated GPU of tests/simulated_gpu.py, in this process.
+3. The device worker (ptxgen.worker) with the same simulated GPU in the child: a sticky fault
+   names the kernel and the next kernel runs in a fresh child; `verify --sanitize` against a
+   fake compute-sanitizer.
+This proves the plumbing, not the GPU: tests/test_gpu.py does that.
 """
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import json
 import sys
@@ -24,10 +24,9 @@ from typer.testing import CliRunner
 
 from ptxgen import device
 from ptxgen.device import NO_DEVICE
-from ptxgen.dtypes import DTYPES, from_float, to_float64
-from ptxgen.errors import AssemblerError, DeviceUnavailable, LaunchError, PtxgenError
+from ptxgen.dtypes import to_float64
+from ptxgen.errors import DeviceUnavailable, LaunchError, PtxgenError
 from ptxgen.abi import Launch
-from ptxgen.kernels import kind_of
 from ptxgen.pipeline import compile_kernel
 from ptxgen.runner import prepare_arrays, run
 from ptxgen.spec import load_spec
@@ -42,10 +41,9 @@ except DeviceUnavailable:
     pass
 
 from cuda.bindings import driver as real  # noqa: E402  (after the skip: importing needs no driver)
-from cuda.pathfinder import DynamicLibNotFoundError  # noqa: E402
+from simulated_gpu import SimulatedDriver  # noqa: E402
 
 SPEC = ROOT / "specs" / "qwen3.toml"
-SUCCESS = real.CUresult.CUDA_SUCCESS
 
 
 def one_line(text: str) -> str:
@@ -67,6 +65,13 @@ def test_run_on_device_without_a_driver_raises_the_clear_message():
 def test_bench_without_a_gpu_exits_2_with_the_message(args):
     result = run_cli(*args)
     assert result.returncode == 2, f"exit {result.returncode}\nstdout: {result.stdout}\nstderr: {result.stderr}"
+    assert NO_DEVICE in one_line(result.stderr), result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_verify_on_the_device_without_a_gpu_exits_2():
+    result = run_cli("verify", str(SPEC), "--backend", "device", "--kernel", "qwen3_8b_rmsnorm")
+    assert result.returncode == 2, f"exit {result.returncode}\nstderr: {result.stderr}"
     assert NO_DEVICE in one_line(result.stderr), result.stderr
     assert "Traceback" not in result.stderr + result.stdout
 
@@ -93,268 +98,15 @@ def test_make_bench_script_without_a_gpu_exits_2():
 
 
 # --- 2. the runtime against a simulated driver -------------------------------------------------------
-class SimulatedDriver:
-    """cuda.bindings.driver as seen by ptxgen.device, with a host-memory GPU behind it."""
-
-    L2_BYTES = 1 << 20
-    sm_count = 132
-    captures_cooperative = True  # whether a cooperative launch may be captured into a graph
-    KERNEL_MS = 0.004  # simulated duration of one kernel
-    DEFAULT_DYNAMIC = 48 * 1024
-
-    def __init__(self, kernels: dict):
-        self.kernels = kernels  # entry -> kernel config whose reference plays the kernel
-        self.memory: dict[int, np.ndarray] = {}  # address -> allocation
-        self.handles: dict[int, object] = {}  # module/function/graph/event ids -> what they hold
-        self.next_handle = 0x1000
-        self.calls: list[tuple[str, tuple]] = []
-        self.fail: dict[str, object] = {}  # call name -> CUresult it returns once
-        self.capturing: list | None = None
-        self.clock_ms = 0.0
-        self.wrong = set()  # entries whose results the simulation spoils
-        self.loaded = []  # what each cuModuleLoadData was given: "cubin" or "ptx"
-
-    # Enums and handle types come from the real module; each call is checked by it first.
-    def __getattr__(self, name):
-        simulated = getattr(type(self), "sim_" + name, None)
-        if simulated is None:
-            if name.startswith("cu"):
-                raise AttributeError(f"the simulated driver has no {name}")
-            return getattr(real, name)
-
-        def call(*args):
-            self.calls.append((name, args))
-            try:
-                getattr(real, name)(*args)
-            except DynamicLibNotFoundError:
-                pass  # the arguments converted; only libcuda is missing
-            status = self.fail.pop(name, None)
-            if status is not None:
-                return (status,) + (None,) * (_RESULTS.get(name, 1) - 1)
-            return simulated(self, *args)
-
-        return call
-
-    def handle(self, kind, value):
-        self.next_handle += 16
-        self.handles[self.next_handle] = value
-        return kind(self.next_handle)
-
-    def owner(self, address: int, nbytes: int) -> tuple[np.ndarray, int]:
-        for base, allocation in self.memory.items():
-            if base <= address and address + nbytes <= base + allocation.size:
-                return allocation, address - base
-        raise AssertionError(f"[{address:#x}, +{nbytes}) is not inside one device allocation")
-
-    def names(self) -> list[str]:
-        return [name for name, _ in self.calls]
-
-    # --- device, context, stream -------------------------------------------------------------
-    def sim_cuDeviceGet(self, ordinal):
-        return SUCCESS, real.CUdevice(ordinal)
-
-    def sim_cuDevicePrimaryCtxRetain(self, dev):
-        return SUCCESS, real.CUcontext(0x100)
-
-    def sim_cuDevicePrimaryCtxRelease(self, dev):
-        return (SUCCESS,)
-
-    def sim_cuDevicePrimaryCtxReset(self, dev):
-        return (SUCCESS,)
-
-    def sim_cuCtxSetCurrent(self, ctx):
-        return (SUCCESS,)
-
-    def sim_cuStreamCreate(self, flags):
-        return SUCCESS, real.CUstream(0x200)
-
-    def sim_cuStreamDestroy(self, stream):
-        return (SUCCESS,)
-
-    def sim_cuStreamSynchronize(self, stream):
-        return (SUCCESS,)
-
-    def sim_cuDeviceGetName(self, length, dev):
-        return SUCCESS, b"Simulated GPU".ljust(length, b"\0")
-
-    def sim_cuDeviceGetAttribute(self, attribute, dev):
-        values = {"COMPUTE_CAPABILITY_MAJOR": 9, "COMPUTE_CAPABILITY_MINOR": 0, "MULTIPROCESSOR_COUNT": self.sm_count,
-                  "L2_CACHE_SIZE": self.L2_BYTES, "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN": 232448,
-                  "COOPERATIVE_LAUNCH": 1}
-        return SUCCESS, values[attribute.name.removeprefix("CU_DEVICE_ATTRIBUTE_")]
-
-    def sim_cuDriverGetVersion(self):
-        return SUCCESS, 13000
-
-    def sim_cuGetErrorString(self, status):
-        return SUCCESS, b"simulated description"
-
-    # --- modules and kernels -------------------------------------------------------------------
-    def sim_cuModuleLoadData(self, image):
-        image = bytes(image)
-        if not (image.startswith(b"\x7fELF") or b".entry" in image):  # a cubin, or PTX for the JIT
-            return real.CUresult.CUDA_ERROR_INVALID_IMAGE, None
-        self.loaded.append("cubin" if image.startswith(b"\x7fELF") else "ptx")
-        return SUCCESS, self.handle(real.CUmodule, image)
-
-    def sim_cuModuleUnload(self, module):
-        return (SUCCESS,)
-
-    def sim_cuModuleGetFunction(self, module, name):
-        image = self.handles[int(module)]
-        if name not in image:  # the entry's name is a string in the cubin's ELF (or the PTX)
-            return real.CUresult.CUDA_ERROR_NOT_FOUND, None
-        return SUCCESS, self.handle(real.CUfunction, {"entry": name.decode(), "dynamic": self.DEFAULT_DYNAMIC})
-
-    def sim_cuFuncGetAttribute(self, attribute, function):
-        values = {"SHARED_SIZE_BYTES": 0, "MAX_THREADS_PER_BLOCK": 1024,
-                  "MAX_DYNAMIC_SHARED_SIZE_BYTES": self.handles[int(function)]["dynamic"]}
-        return SUCCESS, values[attribute.name.removeprefix("CU_FUNC_ATTRIBUTE_")]
-
-    def sim_cuFuncSetAttribute(self, function, attribute, value):
-        assert attribute.name == "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES"
-        self.handles[int(function)]["dynamic"] = value
-        return (SUCCESS,)
-
-    def sim_cuOccupancyMaxActiveBlocksPerMultiprocessor(self, function, threads, dynamic):
-        return SUCCESS, 2
-
-    def sim_cuLaunchKernel(self, function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
-        return self.launch(function, (gx, gy, gz), (bx, by, bz), shared, params, cooperative=False)
-
-    def sim_cuLaunchCooperativeKernel(self, function, gx, gy, gz, bx, by, bz, shared, stream, params):
-        return self.launch(function, (gx, gy, gz), (bx, by, bz), shared, params, cooperative=True)
-
-    def launch(self, function, grid, block, shared, params, cooperative):
-        if shared > self.handles[int(function)]["dynamic"]:
-            return (real.CUresult.CUDA_ERROR_INVALID_VALUE,)
-        if cooperative and self.capturing is not None and not self.captures_cooperative:
-            return (real.CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,)
-        values, types = params if params else ((), ())
-        record = (self.handles[int(function)]["entry"], grid, block, shared, tuple(values), tuple(types), cooperative)
-        if self.capturing is not None:
-            self.capturing.append(record)
-        else:
-            self.execute(record)
-        return (SUCCESS,)
-
-    def execute(self, record):
-        entry, grid, block, shared, values, types, cooperative = record
-        if entry == device.DELAY_ENTRY:
-            assert types == (ctypes.c_uint64,) and values[0] > 0
-            return
-        kind = kind_of(self.kernels[entry])
-        params = kind.params()
-        assert len(values) == len(params), f"{entry}: {len(values)} arguments for {len(params)} parameters"
-        scalars = {}
-        for param, value, ctype in zip(params, values, types):
-            assert ctype is (ctypes.c_void_p if param.is_array else ctypes.c_uint32), (param.name, ctype)
-            if not param.is_array:
-                scalars[param.name] = value
-        if "seq_len" in kind.scalar_limits() and "seq_len" not in scalars:
-            scalars["seq_len"] = 0  # indirect length: only the device copy counts
-        expected = kind.launch(scalars)
-        assert expected.block == block, entry
-        assert expected.grid == grid or (expected.any_grid and cooperative and grid[0] < expected.grid[0]), entry
-        arrays = {}
-        for param, address in zip(params, values):
-            if param.is_array:
-                shape, dtype = param.concrete_shape(scalars), DTYPES[param.dtype].numpy
-                allocation, offset = self.owner(address, param.nbytes(scalars))
-                arrays[param.name] = np.ndarray(shape, dtype, buffer=allocation, offset=offset)
-        reference = kind.reference({p.name: arrays[p.name] for p in params if p.role in ("in", "inout")}, scalars)
-        for param in params:
-            if param.written:
-                result = reference[param.name] * (1.5 if entry in self.wrong else 1.0)
-                arrays[param.name][...] = from_float(result, param.dtype)
-        self.clock_ms += self.KERNEL_MS
-
-    # --- memory ----------------------------------------------------------------------------------
-    def sim_cuMemAlloc(self, size):
-        allocation = np.zeros(size, np.uint8)
-        self.memory[allocation.ctypes.data] = allocation
-        return SUCCESS, real.CUdeviceptr(allocation.ctypes.data)
-
-    def sim_cuMemFree(self, address):
-        if self.memory.pop(int(address), None) is None:
-            return (real.CUresult.CUDA_ERROR_INVALID_VALUE,)
-        return (SUCCESS,)
-
-    def sim_cuMemGetInfo(self):
-        return SUCCESS, 64 << 20, 1 << 31
-
-    def sim_cuMemcpyHtoDAsync(self, destination, source, nbytes, stream):
-        self.owner(int(destination), nbytes)
-        ctypes.memmove(int(destination), source, nbytes)
-        return (SUCCESS,)
-
-    def sim_cuMemcpyDtoHAsync(self, destination, source, nbytes, stream):
-        self.owner(int(source), nbytes)
-        ctypes.memmove(destination, int(source), nbytes)
-        return (SUCCESS,)
-
-    def sim_cuMemcpyDtoDAsync(self, destination, source, nbytes, stream):
-        self.owner(int(source), nbytes)
-        self.owner(int(destination), nbytes)
-        ctypes.memmove(int(destination), int(source), nbytes)
-        self.clock_ms += 2 * nbytes / 3e12 * 1e3  # 3 TB/s, read + write
-        return (SUCCESS,)
-
-    def sim_cuMemsetD8Async(self, destination, value, nbytes, stream):
-        self.owner(int(destination), nbytes)
-        ctypes.memset(int(destination), value, nbytes)
-        return (SUCCESS,)
-
-    # --- events and graphs ---------------------------------------------------------------------
-    def sim_cuEventCreate(self, flags):
-        return SUCCESS, self.handle(real.CUevent, None)
-
-    def sim_cuEventRecord(self, event, stream):
-        assert self.capturing is None
-        self.handles[int(event)] = self.clock_ms
-        return (SUCCESS,)
-
-    def sim_cuEventElapsedTime(self, start, end):
-        return SUCCESS, self.handles[int(end)] - self.handles[int(start)]
-
-    def sim_cuEventDestroy(self, event):
-        return (SUCCESS,)
-
-    def sim_cuStreamBeginCapture(self, stream, mode):
-        assert self.capturing is None
-        self.capturing = []
-        return (SUCCESS,)
-
-    def sim_cuStreamEndCapture(self, stream):
-        captured, self.capturing = self.capturing, None
-        return SUCCESS, self.handle(real.CUgraph, captured)
-
-    def sim_cuGraphInstantiate(self, graph, flags):
-        return SUCCESS, self.handle(real.CUgraphExec, list(self.handles[int(graph)]))
-
-    def sim_cuGraphDestroy(self, graph):
-        return (SUCCESS,)
-
-    def sim_cuGraphExecDestroy(self, executable):
-        return (SUCCESS,)
-
-    def sim_cuGraphLaunch(self, executable, stream):
-        for record in self.handles[int(executable)]:
-            self.execute(record)
-        return (SUCCESS,)
-
-
-_RESULTS = {"cuMemAlloc": 2, "cuModuleLoadData": 2, "cuModuleGetFunction": 2, "cuStreamEndCapture": 2,
-            "cuGraphInstantiate": 2, "cuEventCreate": 2, "cuEventElapsedTime": 2}
-
-
 @pytest.fixture
 def sim(monkeypatch):
-    """A simulated GPU behind ptxgen.device; every spec kernel (and test kernels) can run on it."""
-    kernels = {kernel.name: kernel for kernel in load_spec(SPEC).spec.kernels}
-    simulated = SimulatedDriver(kernels)
+    """A simulated GPU behind ptxgen.device in this process; every spec kernel (and test kernels)
+    can run on it."""
+    simulated = SimulatedDriver.for_spec(SPEC)
     monkeypatch.setattr(device, "driver", lambda: simulated)
+    monkeypatch.setattr(device, "host_clock", lambda: simulated.host_now)
     monkeypatch.setattr(device, "_SESSIONS", {})
+    monkeypatch.setattr(device, "lost_context", None)
     return simulated
 
 
@@ -434,19 +186,22 @@ def test_a_cooperative_any_grid_launch_shrinks_to_what_is_co_resident(sim):
     assert error < 1e-6
 
 
-def test_a_kernel_fault_is_a_launch_error_and_the_next_run_starts_a_fresh_context(sim):
+def test_a_kernel_fault_is_sticky_in_process(sim):
+    """As on an H100: after a fault this process gets no CUDA back (the device worker's reason)."""
     kernel = spec_kernel("qwen3_8b_rmsnorm")
-    kind = kernel.definition
-    inputs = kind.sample_inputs(np.random.default_rng(0), {"rows": 2})
-    sim.fail["cuStreamSynchronize"] = real.CUresult.CUDA_ERROR_ILLEGAL_ADDRESS
+    inputs = kernel.definition.sample_inputs(np.random.default_rng(0), {"rows": 2})
+    sim.faulty.add(kernel.name)
     with pytest.raises(LaunchError) as caught:
         run(kernel, inputs, {"rows": 2}, backend="device")
     message = str(caught.value)
     assert f"running {kernel.name}" in message and "CUDA_ERROR_ILLEGAL_ADDRESS" in message
-    assert "--backend emulator" in message
-    arrays = run(kernel, inputs, {"rows": 2}, backend="device")
-    assert "cuDevicePrimaryCtxReset" in sim.names()
-    assert np.isfinite(arrays["y"]).all()
+    assert "--backend emulator" in message and "new process" in message
+    sim.faulty.clear()
+    with pytest.raises(LaunchError, match=r"an earlier kernel fault \(CUDA_ERROR_ILLEGAL_ADDRESS\) lost this process"):
+        run(kernel, inputs, {"rows": 2}, backend="device")
+    device._SESSIONS.clear()
+    with pytest.raises(PtxgenError, match="CUDA_ERROR_ILLEGAL_ADDRESS"):
+        device.DeviceSession()  # the simulated driver refuses a new context too
 
 
 def test_failed_cuda_calls_name_the_error(sim):
@@ -505,13 +260,42 @@ def test_graph_replays_read_the_length_from_the_device(sim):
 def test_event_timing_holds_the_gpu_while_the_host_queues(sim):
     gpu = device.session()
     source, destination = gpu.alloc(1 << 16), gpu.alloc(1 << 16)
-    times = gpu.time(lambda i: gpu.copy(destination, source), iters=100, warmup=5)
-    assert len(times) == 100 and all(t > 0 for t in times)
+    timing = gpu.time(lambda i: gpu.copy(destination, source), iters=100, warmup=5)
+    # The host spends 2 us a call (the copy and its event), the GPU 44 ns: only the spin kernel queued
+    # ahead of the chunk keeps the host's time out of the figures.
+    assert timing.times == pytest.approx([2 * (1 << 16) / 3e12 * 1e6] * 100) and not timing.host_bound
+    assert timing.calls_per_chunk == 100
     names = sim.names()
     first_record = names.index("cuEventRecord")
     assert "cuLaunchKernel" in names[:first_record], "the spin kernel is queued before the first event"
     nbytes, seconds = gpu.copy_bandwidth(nbytes=1 << 20)
     assert 2 * nbytes / seconds == pytest.approx(3e12, rel=1e-6)
+
+
+@pytest.mark.parametrize("launches, host_bound", [(30, False), (60, True)])
+def test_timing_keeps_each_chunk_below_the_launch_queue_depth(sim, monkeypatch, launches, host_bound):
+    """A call of many launches (a decode step as separate kernels) goes one call a chunk when it
+    fills most of the queue, and measures the GPU; one that alone overflows the queue blocks the
+    host, and a host slower than the GPU then starves it: those figures are marked host-bound."""
+    sim.queue_depth = 40
+    sim.HOST_SECONDS = 20e-6  # a launch costs the host more than the GPU's 4 us kernel
+    monkeypatch.setattr(device, "CHUNK_OPERATIONS", 30)
+    kernel = spec_kernel("qwen3_8b_residual_add")
+    gpu = device.session()
+    buffers = {p.name: gpu.alloc(p.nbytes({})) for p in kernel.params if p.is_array}
+    queue = gpu.launcher(gpu.kernel(kernel), kernel.launch({}), kernel.args(buffers, {}))
+
+    def step(i):
+        for _ in range(launches):
+            queue()
+
+    timing = gpu.time(step, iters=5, warmup=2)
+    gpu_us = launches * SimulatedDriver.KERNEL_SECONDS * 1e6
+    assert timing.calls_per_chunk == 1 and timing.host_bound == host_bound
+    if host_bound:
+        assert min(timing.times) > gpu_us * 1.5, "the GPU waited for the host"
+    else:
+        assert timing.times == pytest.approx([gpu_us] * 5)
 
 
 @pytest.fixture
@@ -521,7 +305,7 @@ def bench_app():
     return app
 
 
-def test_bench_checks_then_times_with_rotated_buffers_and_writes_json(sim, bench_app, tmp_path):
+def test_bench_checks_then_times_with_rotated_buffers_and_writes_json(sim, worker_gpu, bench_app, tmp_path):
     path = tmp_path / "bench.json"
     result = CliRunner().invoke(bench_app, ["bench", "rmsnorm", "--spec", str(SPEC), "--set", "rows=1,4",
                                             "--graph", "--json", str(path)], catch_exceptions=False)
@@ -533,23 +317,44 @@ def test_bench_checks_then_times_with_rotated_buffers_and_writes_json(sim, bench
     for row in report["rows"]:
         assert row["kernel"] == "qwen3_8b_rmsnorm" and row["passed"] and row["checks"]
         assert row["median_us"] == pytest.approx(4.0, rel=1e-6) and row["p10_us"] <= row["p90_us"]
+        assert not row["host_bound"] and row["calls_per_chunk"] == 100
         assert row["gbs"] == pytest.approx(row["bytes"] / 4e-6 / 1e9)
         assert row["pct_copy_bw"] == pytest.approx(100 * row["gbs"] / 3000)
         assert row["graph"]["median_us"] == pytest.approx(4.0, rel=1e-6)
         assert row["sets"] * row["set_bytes"] >= 3 * SimulatedDriver.L2_BYTES, "buffers rotate past L2"
-    assert "cuGraphLaunch" in sim.names()
+    assert "cuEventCreate" not in sim.names(), "the device work ran in the worker"
 
 
-def test_bench_does_not_time_a_kernel_that_fails_its_check(sim, bench_app, tmp_path):
-    sim.wrong.add("qwen3_8b_swiglu")
+def test_bench_does_not_time_a_kernel_that_fails_its_check(sim, worker_gpu, bench_app, tmp_path):
+    log = worker_gpu(wrong=("qwen3_8b_swiglu",))
     path = tmp_path / "bench.json"
     result = CliRunner().invoke(bench_app, ["bench", "swiglu", "--spec", str(SPEC), "--json", str(path)])
     assert result.exit_code == 1, result.output
     row = json.loads(path.read_text())["rows"][0]
     assert not row["passed"] and row["median_us"] is None
-    names = sim.names()
-    last_download = max(i for i, name in enumerate(names) if name == "cuMemcpyDtoHAsync")
-    assert "cuEventRecord" in names[:last_download] and "cuEventRecord" not in names[last_download:]
+    assert log.read_text().split() == ["qwen3_8b_swiglu"] * len(row["checks"]), "launched for its checks only"
+
+
+def test_bench_reports_a_faulting_kernel_and_goes_on(sim, worker_gpu, bench_app, tmp_path, small_spec):
+    worker_gpu(faulty=("qwen3_8b_swiglu",))
+    path = tmp_path / "bench.json"
+    result = CliRunner().invoke(bench_app, ["bench", "--spec", str(small_spec), "--json", str(path)],
+                                catch_exceptions=False)
+    assert result.exit_code == 1, result.output
+    rows = {row["kernel"]: row for row in json.loads(path.read_text())["rows"]}
+    assert rows["qwen3_8b_swiglu"]["failure"].startswith("running qwen3_8b_swiglu failed on Simulated GPU: "
+                                                         "CUDA_ERROR_ILLEGAL_ADDRESS"), rows["qwen3_8b_swiglu"]
+    assert rows["qwen3_8b_swiglu"]["median_us"] is None
+    assert rows["qwen3_8b_residual_add"]["passed"] and rows["qwen3_8b_residual_add"]["median_us"] > 0
+    assert "FAIL qwen3_8b_swiglu (): running qwen3_8b_swiglu failed" in one_line(result.output)
+
+
+class InProcess:
+    """run_bench's worker, in this process (so the tests can look at the simulated driver's calls)."""
+
+    @staticmethod
+    def call(function, *args, **kwargs):
+        return function(*args, **kwargs)
 
 
 def quick_bench(sim, monkeypatch, rows, graph=False) -> dict:
@@ -566,7 +371,7 @@ def quick_bench(sim, monkeypatch, rows, graph=False) -> dict:
         plan.append((kernel, scalars))
     monkeypatch.setattr(bench, "MIN_ITERS", 3)
     monkeypatch.setattr(bench, "WARMUP", 1)
-    return bench.run_bench({"file": str(SPEC), "sha256": "0"}, plan, iters=3, graph=graph)
+    return bench.run_bench({"file": str(SPEC), "sha256": "0"}, plan, iters=3, graph=graph, worker=InProcess())
 
 
 def bench_step_kernel(sim, monkeypatch, name, scalars, graph=False):
@@ -586,11 +391,11 @@ def test_make_bench_report_has_the_targets_and_the_decode_step_in_tokens_per_sec
                           graph=True)
     report = run_all.markdown(results, ["a note"])
     lines = report.splitlines()
-    # The simulation spends 4 us a kernel: 250000 calls/s in one launch, 36 launches one by one.
+    # The simulation spends 4 us a kernel: 250000 calls/s in one launch, 32 launches one by one.
     assert "| one launch (persistent kernel) | 4.0 | 250000.0 |" in report, report
     assert "| one launch, CUDA-graph replay | 4.0 | 250000.0 |" in report
-    assert any(line.startswith("| separate kernels, 36 launches one by one | 144.0 | 6944.4 |") for line in lines)
-    assert any(line.startswith("| separate kernels, one CUDA graph | 144.0 | 6944.4 |") for line in lines)
+    assert any(line.startswith("| separate kernels, 32 launches one by one | 128.0 | 7812.5 |") for line in lines)
+    assert any(line.startswith("| separate kernels, one CUDA graph | 128.0 | 7812.5 |") for line in lines)
     assert "| rmsnorm <= 5 us (decode, one row) | 4.0 µs (rows=1) | yes |" in report
     assert "| q4k_gemv n=12288 k=4096 >= 75% of copy bandwidth | no matching row | n/a |" in report
     assert "- a note" in report
@@ -604,18 +409,19 @@ def test_bench_checks_a_fused_kernel_against_its_separate_kernels_then_times_bot
     step_check = [c for c in row["checks"] if c["param"] == "x vs the separate kernels"]
     assert len(step_check) == 1 and step_check[0]["passed"] and step_check[0]["error"] < 1e-6, row["checks"]
     step = row["step"]
-    assert step["launches"] == len(calls) == 2 * 18
-    assert step["kernels"] == 13, "q and o projections share a 512x512 GEMV; 13 distinct kernels"
-    # The simulation spends KERNEL_MS (4 us) a kernel: one launch against 36.
+    assert step["launches"] == len(calls) == 2 * 16
+    assert step["kernels"] == 13, "13 distinct kernels (k and v, gate and up share a fused norm + GEMV)"
+    assert not step["one_by_one"]["host_bound"] and step["one_by_one"]["calls_per_chunk"] == 3
+    # The simulation spends KERNEL_SECONDS (4 us) a kernel: one launch against 32.
     assert row["median_us"] == pytest.approx(4.0) and row["graph"]["median_us"] == pytest.approx(4.0)
-    assert step["one_by_one"]["median_us"] == pytest.approx(36 * 4.0)
-    assert step["graph"]["median_us"] == pytest.approx(36 * 4.0)
+    assert step["one_by_one"]["median_us"] == pytest.approx(32 * 4.0)
+    assert step["graph"]["median_us"] == pytest.approx(32 * 4.0)
     assert all(step["wall_us"][way] > 0 for way in ("kernel", "one_by_one", "graph"))
     launched = {int(args[0]) for name, args in sim.calls if name in ("cuLaunchKernel", "cuLaunchCooperativeKernel")}
     assert len(launched) >= 14, "the decoder, its 13 separate kernels (and the timing spin kernel) ran"
     assert "cuLaunchCooperativeKernel" in sim.names()
     print_results(results, Console(), Console(stderr=True))
-    assert "36 (13 kernels)" in one_line(capsys.readouterr().out)
+    assert "32 (13 kernels)" in one_line(capsys.readouterr().out)
 
 
 def test_a_launch_the_driver_cannot_capture_is_timed_without_a_graph_and_noted(sim, monkeypatch):
@@ -626,7 +432,7 @@ def test_a_launch_the_driver_cannot_capture_is_timed_without_a_graph_and_noted(s
     assert any("not timed as a CUDA graph" in note and "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED" in note
                for note in row["notes"]), row["notes"]
     assert sim.capturing is None, "the capture was ended"
-    assert row["step"]["graph"]["median_us"] == pytest.approx(36 * 4.0), "the separate kernels still form a graph"
+    assert row["step"]["graph"]["median_us"] == pytest.approx(32 * 4.0), "the separate kernels still form a graph"
 
 
 def test_bench_does_not_time_a_fused_kernel_that_disagrees_with_its_separate_kernels(sim, monkeypatch):
@@ -710,9 +516,10 @@ class FakeTorch:
         return array.view(FakeTensor)
 
 
-def test_bench_times_a_kind_peer_on_the_same_stream(sim, bench_app, tmp_path, monkeypatch):
+def test_bench_times_a_kind_peer_on_the_same_stream(sim, monkeypatch):
     import ptxgen.bench
     from ptxgen.kernels import KINDS
+    from ptxgen.peers import Skipped
 
     made = []
 
@@ -721,23 +528,255 @@ def test_bench_times_a_kind_peer_on_the_same_stream(sim, bench_app, tmp_path, mo
         gate, up = tensors["gate"], tensors["up"]
 
         def peer():
-            sim.clock_ms += 0.002
+            sim.occupy(2e-6)
             return gate / (1 + np.exp(-gate)) * up
 
-        return {"fake torch": peer}
+        def slower():
+            sim.occupy(3e-6)
+            return gate / (1 + np.exp(-gate)) * up
+
+        return {"fake torch": peer, "slower": slower, "absent": Skipped("absentlib is not installed")}
 
     monkeypatch.setattr(KINDS["swiglu"], "torch_peer", torch_peer, raising=False)
     monkeypatch.setattr(ptxgen.bench, "load_torch", lambda: (FakeTorch, None))
-    path = tmp_path / "bench.json"
-    result = CliRunner().invoke(bench_app, ["bench", "swiglu", "--spec", str(SPEC), "--json", str(path)],
-                                catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    report = json.loads(path.read_text())
+    report = quick_bench(sim, monkeypatch, [("qwen3_8b_swiglu", {})])
     (row,) = report["rows"]
-    (peer,) = row["peers"]
+    peer, slower = row["peers"]
     assert peer["name"] == "fake torch" and peer["median_us"] == pytest.approx(2.0)
+    assert slower["median_us"] == pytest.approx(3.0)
+    assert row["best_peer"] == {"name": "fake torch", "median_us": pytest.approx(2.0)}
+    assert "peer absent skipped: absentlib is not installed" in row["notes"], "an absent peer is a note"
     assert peer["error"] < 1e-6, "the peer's result is compared with the float64 reference"
     assert peer["pct_copy_bw"] == pytest.approx(100 * row["bytes"] / 2e-6 / 1e9 / 3000)
     assert len(made) == row["sets"] > 1 and made[0]["gate"] is not made[1]["gate"], "each set has its own inputs"
     assert FakeTorch.cuda.streams[-1] == int(session().stream), "peers run on the session's stream"
-    assert report["torch"] == "0.0-fake"
+
+
+# --- 3. the device worker ----------------------------------------------------------------------------
+SMALL_SPEC = """
+[target]
+archs = ["sm_90"]
+
+[[kernels]]
+name = "qwen3_8b_rmsnorm"
+kind = "rmsnorm"
+hidden = 4096
+eps = 1e-06
+
+[[kernels]]
+name = "qwen3_8b_swiglu"
+kind = "swiglu"
+n = 12288
+
+[[kernels]]
+name = "qwen3_8b_residual_add"
+kind = "residual_add"
+n = 4096
+"""
+
+
+@pytest.fixture
+def small_spec(tmp_path):
+    path = tmp_path / "small.toml"
+    path.write_text(SMALL_SPEC)
+    return path
+
+
+@pytest.fixture
+def worker_gpu(monkeypatch, tmp_path):
+    """Device workers start with a simulated GPU; call it with SimulatedDriver options (faulty=...,
+    wrong=...) to change them. Returns the file each child appends its launched entries to."""
+    import functools
+
+    import simulated_gpu
+    from ptxgen import worker
+
+    log = tmp_path / "launches.txt"
+
+    def configure(**options):
+        monkeypatch.setattr(worker, "CHILD_SETUP", functools.partial(simulated_gpu.install, launch_log=str(log),
+                                                                     **options))
+        return log
+
+    configure()
+    return configure
+
+
+def test_a_worker_names_a_fault_and_the_next_call_runs_in_a_fresh_process(worker_gpu):
+    from ptxgen.verify import verify_kernel
+    from ptxgen.worker import DeviceWorker
+
+    log = worker_gpu(faulty=("qwen3_8b_swiglu",))
+    swiglu, norm = spec_kernel("qwen3_8b_swiglu"), spec_kernel("qwen3_8b_rmsnorm")
+    with DeviceWorker() as worker:
+        checks = worker.call(verify_kernel, norm, {"rows": 3}, backend="device")
+        assert checks and all(check.passed for check in checks)
+        first = worker.process.pid
+        with pytest.raises(LaunchError) as caught:
+            worker.call(verify_kernel, swiglu, {}, backend="device")
+        message = str(caught.value)
+        assert "running qwen3_8b_swiglu failed on Simulated GPU: CUDA_ERROR_ILLEGAL_ADDRESS" in message, message
+        assert worker.process is None, "the child whose context was lost is gone"
+        checks = worker.call(verify_kernel, norm, {"rows": 1}, backend="device")
+        assert checks and all(check.passed for check in checks), "a fresh child runs the next kernel"
+        assert worker.process.pid != first
+        with pytest.raises(LaunchError, match="'rows': expected an integer"):
+            worker.call(norm.check_scalars, {"rows": -1})  # a PtxgenError comes back as itself
+        assert worker.process is not None, "an error that is not a fault keeps the child"
+    assert log.read_text().split() == ["qwen3_8b_rmsnorm", "qwen3_8b_swiglu", "qwen3_8b_rmsnorm"]
+
+
+def test_a_worker_that_dies_is_a_launch_error_and_is_replaced(worker_gpu):
+    import os
+
+    from ptxgen.worker import DeviceWorker
+
+    with DeviceWorker() as worker:
+        pid = worker.call(os.getpid)
+        assert pid != os.getpid()
+        with pytest.raises(LaunchError, match="the device worker was killed by SIGKILL while running kill"):
+            worker.call(os.kill, pid, 9)
+        assert worker.call(os.getpid) not in (pid, os.getpid())
+
+
+def test_verify_on_the_device_reports_the_faulting_kernel_and_goes_on(worker_gpu, small_spec):
+    from ptxgen.cli import app
+
+    log = worker_gpu(faulty=("qwen3_8b_swiglu",))
+    result = CliRunner().invoke(app, ["verify", str(small_spec), "--backend", "device"], catch_exceptions=False)
+    assert result.exit_code == 1, result.output
+    output = one_line(result.output)
+    assert "FAIL qwen3_8b_swiglu: running qwen3_8b_swiglu failed on Simulated GPU: CUDA_ERROR_ILLEGAL_ADDRESS" in output
+    passes = [line for line in result.output.splitlines() if line.rstrip().endswith("pass")]
+    assert {line.split()[0] for line in passes} == {"qwen3_8b_rmsnorm", "qwen3_8b_residual_add"}, result.output
+    assert log.read_text().split().count("qwen3_8b_residual_add") == 1, "the kernel after the fault ran"
+    worker_gpu()
+    result = CliRunner().invoke(app, ["verify", str(small_spec), "--backend", "device"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+
+
+# --- verify --sanitize against a fake compute-sanitizer --------------------------------------------------
+FAKE_SANITIZER = """#!{python}
+# Plays compute-sanitizer: records its options, runs the command after them, and reports one memcheck
+# error for each launch (in the simulated GPU's launch log) of a kernel named in FAKE_SANITIZER_FAULTY.
+import json, os, subprocess, sys
+args, options = sys.argv[1:], {{}}
+while args[0].startswith("--"):
+    options[args[0]], args = args[1], args[2:]
+with open(os.environ["FAKE_SANITIZER_CALLS"], "a") as calls:
+    calls.write(json.dumps(options) + "\\n")
+launches = os.environ["FAKE_SANITIZER_LAUNCHES"]
+before = os.path.getsize(launches) if os.path.exists(launches) else 0
+status = subprocess.call(args)
+with open(launches) as log:
+    log.seek(before)
+    launched = log.read().split()
+faulty = [entry for entry in launched if entry in os.environ["FAKE_SANITIZER_FAULTY"].split(",")]
+lines = ["========= COMPUTE-SANITIZER"]
+for entry in faulty:
+    lines += ["========= Invalid __global__ write of size 4 bytes", f"=========     at {{entry}}+0x70",
+              "=========     by thread (3,0,0) in block (1,0,0)", "=========     Address 0x7f0000 is out of bounds",
+              "=========     Saved host backtrace up to driver entry point at kernel launch time",
+              "=========         Host Frame: cuLaunchKernel [0x2f3b1] in libcuda.so.1", "========="]
+lines.append(f"========= ERROR SUMMARY: {{len(faulty)}} error{{'' if len(faulty) == 1 else 's'}}")
+with open(options["--log-file"], "w") as report:
+    report.write("\\n".join(lines) + "\\n")
+sys.exit(status)
+"""
+
+
+@pytest.fixture
+def fake_sanitizer(worker_gpu, tmp_path, monkeypatch):
+    """A compute-sanitizer on PATH that reports a memcheck error for each launch of the kernels in
+    FAKE_SANITIZER_FAULTY; returns the file its options are recorded in (a JSON line a run)."""
+    import os
+
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    script = folder / "compute-sanitizer"
+    script.write_text(FAKE_SANITIZER.format(python=sys.executable))
+    script.chmod(0o755)
+    calls = tmp_path / "sanitizer-calls.txt"
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SANITIZER_CALLS", str(calls))
+    monkeypatch.setenv("FAKE_SANITIZER_LAUNCHES", str(worker_gpu()))
+    monkeypatch.setenv("FAKE_SANITIZER_FAULTY", "qwen3_8b_swiglu")
+    return calls
+
+
+def test_verify_sanitize_names_each_kernels_findings(fake_sanitizer, small_spec):
+    from ptxgen.cli import app
+
+    result = CliRunner().invoke(app, ["verify", str(small_spec), "--backend", "device", "--sanitize",
+                                      "memcheck,racecheck", "--launch-timeout", "300"], catch_exceptions=False)
+    assert result.exit_code == 1, result.output
+    table = {tuple(line.split()[:2]): " ".join(line.split()[2:]) for line in result.output.splitlines()
+             if line.startswith("qwen3_8b_") and line.split()[1] in ("memcheck", "racecheck")}
+    assert table[("qwen3_8b_swiglu", "memcheck")] == ("1 Invalid __global__ write of size 4 bytes at qwen3_8b_swiglu+0x70 "
+                                                     "by thread (3,0,0) in block (1,0,0)"), result.output
+    for kernel in ("qwen3_8b_rmsnorm", "qwen3_8b_residual_add"):
+        assert table[(kernel, "memcheck")] == table[(kernel, "racecheck")] == "0 none", result.output
+    calls = [json.loads(line) for line in fake_sanitizer.read_text().splitlines()]
+    assert [call["--tool"] for call in calls] == ["memcheck", "racecheck"] * 3, "each kernel, each tool, its own run"
+    assert all(call["--launch-timeout"] == "300" for call in calls)
+    passes = [line for line in result.output.splitlines() if line.rstrip().endswith("pass [memcheck]")]
+    assert len(passes) == 4, "the checks ran under the sanitizer too (rmsnorm at 2 sizes, swiglu, residual_add)"
+
+
+def test_verify_sanitize_refuses_what_it_cannot_do(fake_sanitizer, small_spec, monkeypatch):
+    from ptxgen.cli import app
+
+    for args, message in ((["--sanitize", "memcheck"], "add --backend device"),
+                          (["--backend", "device", "--sanitize", "memcheck,leakcheck"], "expected tools among")):
+        result = CliRunner().invoke(app, ["verify", str(small_spec), *args])
+        assert isinstance(result.exception, LaunchError) and message in str(result.exception), result.output
+    monkeypatch.setenv("PATH", str(fake_sanitizer.parent))  # no compute-sanitizer there
+    result = CliRunner().invoke(app, ["verify", str(small_spec), "--backend", "device", "--sanitize", "all"])
+    assert isinstance(result.exception, PtxgenError) and "compute-sanitizer is not on PATH" in str(result.exception)
+
+
+def test_sanitizer_reports_are_parsed_into_findings():
+    from ptxgen.device_verify import Finding, parse_report
+
+    report = """========= COMPUTE-SANITIZER
+========= Error: Race reported between Write access at attention+0x1a0
+=========     and Read access at attention+0x1c0 [16 hazards]
+=========
+========= Invalid __shared__ read of size 4 bytes
+=========     at attention+0x90
+=========     by thread (0,0,0) in block (2,0,0)
+=========     Address 0x400 is out of bounds
+=========     Saved host backtrace up to driver entry point at kernel launch time
+=========         Host Frame: cuLaunchKernel [0x2f3b1] in libcuda.so.1
+=========
+========= Invalid __shared__ read of size 4 bytes
+=========     at attention+0x90
+=========     by thread (0,0,0) in block (2,0,0)
+=========     Address 0x404 is out of bounds
+=========
+========= Program hit CUDA_ERROR_LAUNCH_FAILED (error 719) due to "unspecified launch failure" on CUDA API call to cuStreamSynchronize.
+=========     Saved host backtrace up to driver entry point at error
+=========
+========= ERROR SUMMARY: 4 errors
+"""
+    findings, errors = parse_report(report)
+    assert errors == 4
+    assert findings == [
+        Finding("Error: Race reported between Write access at attention+0x1a0", ""),
+        Finding("Invalid __shared__ read of size 4 bytes", "at attention+0x90 by thread (0,0,0) in block (2,0,0)", 2),
+        Finding('Program hit CUDA_ERROR_LAUNCH_FAILED (error 719) due to "unspecified launch failure" on CUDA API '
+                "call to cuStreamSynchronize.", "")]
+    assert parse_report("========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 0 errors\n") == ([], 0)
+    assert parse_report("") == ([], None)
+
+
+def test_a_worker_that_cannot_start_is_one_clear_error():
+    from ptxgen.worker import DeviceWorker
+
+    with DeviceWorker(["false"]) as worker:  # a wrapper that exits at once (as a broken sanitizer would)
+        with pytest.raises(LaunchError, match=r"the device worker \(false .* -m ptxgen.worker\) exited with status 1 "
+                                              "before it started"):
+            worker.call(len, [])
+    with DeviceWorker(["/nonexistent/wrapper"]) as worker:
+        with pytest.raises(PtxgenError, match="cannot start the device worker"):
+            worker.call(len, [])

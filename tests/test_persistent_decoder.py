@@ -1,7 +1,8 @@
 """persistent_decoder: whole Qwen3 decoder layers in one launch, run as real PTX in the interpreter
 (sanitizer on, outputs poisoned, workspaces zeroed) against (1) a float64 numpy Qwen3 reference
-written from the KERNELS.md formula and (2) the same step run as the separate kinds (rmsnorm,
-q4k_gemv, per_head_rmsnorm, rope, incremental_attention, swiglu) in the interpreter; grids of
+written from the KERNELS.md formula and (2) the same step run as the separate kinds
+(fused_rmsnorm_q4k_gemv, per_head_rmsnorm, rope, kv_append, incremental_attention, q4k_gemv,
+residual_add, swiglu) in the interpreter; grids of
 1..N CTAs; planted barrier bugs; the barrier words across launches; indirect pos; assembly."""
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ POSITIONS = (0, 1, 37, 63)
 # Measured on the tiny config, 1-2 layers, seeds 0..2, every position below: at most 1.6e-6.
 X_TOL = 1e-5
 # The separate kernels against the decoder, same teacher forcing: the same kinds of f32
-# arithmetic in other orders (RMSNorm then GEMV vs. GEMV of x*gamma scaled once; another key
-# split; rcp.rn vs rcp.approx). Measured at most 1.5e-6.
+# arithmetic in other orders (another key split; rcp.rn vs rcp.approx). Measured at most 1.5e-6
+# when the step still ran RMSNorm then GEMV (now fused norm + GEMV, as the decoder does).
 SEPARATE_TOL = 1e-5
 # A new cache element is the kernel's f32 value rounded to kv_dtype: within half an ulp of
 # kv_dtype of the exact value, plus the f32 pipeline's own error (~1e-6 of the head's RMS;
@@ -114,8 +115,8 @@ def check_against_reference(kernel, out, inputs, pos):
 
 # --- the same step as separate kinds -----------------------------------------------------------
 def separate_kernels_step(kernel, inputs, pos, stored):
-    """The decoder's own separate_step (rmsnorm -> q4k_gemv x3 -> per_head_rmsnorm x2 -> rope x2 ->
-    kv_append -> incremental_attention -> q4k_gemv o -> residual_add -> rmsnorm -> q4k_gemv
+    """The decoder's own separate_step (fused_rmsnorm_q4k_gemv x3 -> per_head_rmsnorm x2 -> rope x2 ->
+    kv_append -> incremental_attention -> q4k_gemv o -> residual_add -> fused_rmsnorm_q4k_gemv
     gate/up -> swiglu -> q4k_gemv down -> residual_add, per layer), every launch real PTX in the
     interpreter. After each kv_append the rows it wrote are kept aside and replaced by the
     decoder's (`stored`, teacher forcing: see decoder_reference), so that a 1-ulp rounding flip
@@ -133,7 +134,7 @@ def separate_kernels_step(kernel, inputs, pos, stored):
                 own[cache][layer] = buffers[cache][layer, :, pos]
                 buffers[cache][layer, :, pos] = stored[cache][layer, :, pos]
             layer += 1
-    assert layer == kernel.definition.config.num_layers and len(calls) == 18 * kernel.definition.config.num_layers
+    assert layer == kernel.definition.config.num_layers and len(calls) == 16 * kernel.definition.config.num_layers
     return buffers["x"], own
 
 

@@ -295,24 +295,7 @@ class FlashAttention(Kind):
         return Traffic(bytes=nbytes, flops=4 * c.num_heads * c.head_dim * pairs)
 
     def torch_peer(self, torch, tensors, scalars):
-        """bench's peers: torch SDPA (GQA, causal as configured); flash-attn's flash_attn_func if installed."""
-        c = self.config
-        q, k, v = tensors["q"], tensors["k"], tensors["v"]  # [H, S, D], [G, S, D]
-        out_dtype = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[c.out_dtype]
-        scale = self.scale
+        """bench's peers: torch SDPA per backend, FlashInfer prefill, flash-attn (ptxgen.peers)."""
+        from ..peers import prefill_attention_peers
 
-        def sdpa():  # needs torch >= 2.5 (enable_gqa)
-            out = torch.nn.functional.scaled_dot_product_attention(
-                q[None], k[None], v[None], is_causal=c.causal, scale=scale, enable_gqa=True)
-            return out[0].to(out_dtype)
-
-        peers = {"torch sdpa": sdpa}
-        try:
-            from flash_attn import flash_attn_func
-        except ImportError:
-            flash_attn_func = None
-        if flash_attn_func is not None:
-            qf, kf, vf = (t.transpose(0, 1)[None].contiguous() for t in (q, k, v))  # [1, S, heads, D]
-            peers["flash-attn"] = lambda: flash_attn_func(
-                qf, kf, vf, softmax_scale=scale, causal=c.causal)[0].transpose(0, 1).to(out_dtype)
-        return peers
+        return prefill_attention_peers(torch, tensors["q"], tensors["k"], tensors["v"], self.config.causal, self.scale)

@@ -199,24 +199,11 @@ class IncrementalAttention(Kind):
         return Traffic(bytes=kv_bytes + 2 * c.num_heads * c.head_dim * 4, flops=4 * c.num_heads * length * c.head_dim)
 
     def torch_peer(self, torch, tensors, scalars):
-        """torch's scaled_dot_product_attention over the first L cache rows (q cast to the cache
-        dtype, as SDPA wants one dtype; GQA through enable_gqa where torch has it)."""
-        c = self.config
-        length = self.clamped_length(scalars)
-        storage = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}[c.kv_dtype]
-        q = tensors["q"].to(storage).view(1, c.num_heads, 1, c.head_dim)
-        k = tensors["k_cache"][:, :length].unsqueeze(0)
-        v = tensors["v_cache"][:, :length].unsqueeze(0)
-        sdpa = torch.nn.functional.scaled_dot_product_attention
-        if length == 0:
-            return {"torch sdpa": lambda: torch.zeros(c.num_heads, c.head_dim, device=q.device)}
-        group = c.num_heads // c.num_kv_heads
-        try:
-            sdpa(q, k, v, scale=c.softmax_scale, enable_gqa=True)
-        except Exception:  # torch < 2.5 has no enable_gqa: repeat K/V per query head (more bytes)
-            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-            return {"torch sdpa (K/V repeated)": lambda: sdpa(q, k, v, scale=c.softmax_scale).float()}
-        return {"torch sdpa": lambda: sdpa(q, k, v, scale=c.softmax_scale, enable_gqa=True).float()}
+        """bench's peers: torch SDPA per backend and FlashInfer decode over the first L rows (ptxgen.peers)."""
+        from ..peers import decode_attention_peers
+
+        return decode_attention_peers(torch, tensors["q"], tensors["k_cache"], tensors["v_cache"],
+                                      self.clamped_length(scalars), self.config.softmax_scale)
 
 
 def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, length: int, scale: float) -> np.ndarray:

@@ -119,19 +119,8 @@ class Q4kGemv(Kind):
         return tensors["x"]
 
     def torch_peer(self, torch, tensors, scalars):
-        """bench's peer: dequantize with torch ops, then a matrix-vector product (both timed)."""
-        w, c = tensors["w"], self.config
-        return lambda: torch_dequantize(torch, w, c.n, c.k) @ self.torch_activations(torch, tensors)
+        """bench's peers: torch's int4 GEMV and a bf16 cuBLAS GEMV over the same weights (ptxgen.peers)."""
+        from ..peers import q4k_gemv_peers
 
-
-def torch_dequantize(torch, w, n: int, k: int):
-    """Q4_K rows (a uint8 [n, k/256*144] CUDA tensor) to float32 [n, k] with torch ops (bench's peer)."""
-    blocks = w.view(n, k // 256, 144)
-    d = blocks[..., 0:2].contiguous().view(torch.float16).float()  # [n, blocks, 1]
-    dmin = blocks[..., 2:4].contiguous().view(torch.float16).float()
-    s = blocks[..., 4:16].int()
-    scales = torch.cat((s[..., 0:4] & 63, (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)), dim=-1)  # j = 0..7
-    mins = torch.cat((s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)), dim=-1)
-    qs = blocks[..., 16:].int().view(n, k // 256, 4, 32)  # chunk c, byte l
-    q = torch.stack((qs & 15, qs >> 4), dim=3).view(n, k // 256, 8, 32)  # sub-block j = 2c + (high nibble)
-    return (d[..., None] * scales[..., None] * q - dmin[..., None] * mins[..., None]).view(n, k)
+        return q4k_gemv_peers(torch, tensors["w"], self.config.n, self.config.k,
+                              lambda: self.torch_activations(torch, tensors))
