@@ -122,6 +122,7 @@ class SharedRaces:
         if self.copies:
             self._check_pending(w[:, W_PENDING], rows, size, per, threads, "read")
         writer = w[:, W_THREAD]
+        self._check_written(writer, rows, size, per, threads, "read of")
         race = (w[:, EPOCH] == epoch) & (writer != lin)
         if race.any():
             race &= (writer != NOBODY) & ~(((writer >> 5) == warp) & (w[:, WARP_EPOCH] != wepoch))
@@ -189,6 +190,28 @@ class SharedRaces:
                 who = "several threads" if reader[k] == MANY else f"thread {self.thread_xyz(reader[k])}"
                 raise Finding(f"shared-memory race: overwrites {self.where(byte)} which {who} "
                               "read with no barrier in between (write-after-read)", threads[i])
+
+    def atomic(self, off, size, threads):
+        """atom/red on shared bytes [off, off+size): they must hold a value; the update counts
+        as each thread's write (plain accesses by others need a barrier after it)."""
+        rows = off // size
+        (w,) = self._fields(size, self._gather(self.writes, rows, size))
+        per = len(w) // len(rows)
+        if self.copies:
+            self._check_pending(w[:, W_PENDING], rows, size, per, threads, "atomic update")
+        self._check_written(w[:, W_THREAD], rows, size, per, threads, "atomic update of")
+        who = self._who(threads, per)
+        who[:, W_PENDING] = 0
+        self._scatter(self.writes, rows, size, who)
+
+    def _check_written(self, writer, rows, size, per, threads, access):
+        """Shared memory starts undefined (not zero) on the GPU: reading a never-written byte
+        is a finding."""
+        never = writer == NOBODY
+        if never.any():
+            i, byte = self._location(np.flatnonzero(never)[0], rows, size, per)
+            raise Finding(f"{access} {self.where(byte)}, which no thread of this CTA has written "
+                          "(shared memory starts undefined)", threads[i])
 
     # -- cp.async
     def copy_issued(self, off, size, threads, line):
@@ -289,3 +312,48 @@ def full_warps(st, threads, what):
     if incomplete.any():
         raise Finding(f"{what}: needs a full warp of 32 threads", threads[np.flatnonzero(incomplete)[0]])
     return threads.reshape(-1, 32)
+
+
+class FloatAtomics:
+    """Float atomic additions whose result depends on the order they land in (checked when a
+    launch asks for a deterministic result). Per element: whether threads other than the first
+    added to it, the sum of the magnitudes of its initial value and addends, and the finest
+    power of two that all of them are multiples of. While that sum stays below 2^p times that
+    power (p = 24 for f32, 53 for f64) every partial sum, in any order, is exact, so the result
+    cannot depend on the order; past it, additions by two or more threads are a finding."""
+
+    def __init__(self):
+        self.elements = {}        # region -> (first thread, several threads?, magnitude sum, grid)
+
+    def add(self, region, elems, mem, values, threads):
+        if region not in self.elements:
+            n = mem.size
+            self.elements[region] = (np.full(n, -1, np.int64), np.zeros(n, bool), np.zeros(n),
+                                     np.full(n, np.inf))
+        first, several, total, grid = self.elements[region]
+        fresh = np.unique(elems[first[elems] < 0])
+        start = mem[fresh].astype(np.float64)
+        total[fresh] = np.abs(start)
+        grid[fresh] = _finest(start)
+        unset = first[elems] < 0
+        first[elems[unset]] = threads[unset]          # one of this step's threads per element
+        several[elems[threads != first[elems]]] = True
+        values = values.astype(np.float64)
+        np.add.at(total, elems, np.abs(values))
+        np.minimum.at(grid, elems, _finest(values))
+        bits = 24 if mem.dtype == np.float32 else 53
+        bad = several[elems] & (total[elems] >= np.ldexp(grid[elems], bits))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise Finding("float atomic add whose result depends on the order the additions land in "
+                          "(several threads add to this element and not every partial sum is exact): "
+                          "the launch asked for a deterministic result", threads[i])
+
+
+def _finest(values):
+    """The largest power of two that each value is an integer multiple of (inf for 0, inf, NaN)."""
+    finite = np.isfinite(values) & (values != 0)
+    mantissa, exponent = np.frexp(np.where(finite, values, 1.0))
+    as_int = np.ldexp(np.abs(mantissa), 53).astype(np.int64)      # exact: 53-bit mantissa
+    lowest = (as_int & -as_int).astype(np.float64)
+    return np.where(finite, np.ldexp(lowest, exponent - 53), np.inf)
