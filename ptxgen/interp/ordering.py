@@ -321,12 +321,10 @@ class Ordering:
         clocks = self.clocks.setdefault(region, {})
         if publish and not (self.epoch[ctas] > 0).any():
             publish = False                  # nothing released yet: nothing to publish
-        if not publish:
+        if not publish:                      # only accesses to locations with a clock matter
             if not clocks:
                 return
-            hit = np.isin(off, list(clocks))
-            if not hit.any():
-                return
+            order = order[np.isin(off[order], list(clocks))]
         for k in order.tolist():
             o = int(off[k])
             clock = clocks.get(o)
