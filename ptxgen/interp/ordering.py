@@ -228,7 +228,7 @@ class Ordering:
     @staticmethod
     def _bytes(mask, per, size):
         """A mask over records ([accesses * per]) as a mask over the accessed bytes [accesses, size]."""
-        return np.repeat(mask, size) .reshape(-1, size) if per == 1 else mask.reshape(-1, size)
+        return np.repeat(mask, size).reshape(-1, size) if per == 1 else mask.reshape(-1, size)
 
     # -- accesses
     def load(self, region, off, size, threads, access, raw):
@@ -352,7 +352,7 @@ class Ordering:
         epoch = rec >> EPOCH_SHIFT & ((1 << EPOCH_BITS) - 1)
         pc = rec & ((1 << PC_BITS) - 1)
         place = self.memory.describe_byte(region, int(off[i]) + j)
-        by = f"CTA {self.where_cta(writer)} wrote it ({self._instruction(pc)})"
+        by = f"CTA {self.where_cta(writer)} wrote ({self._instruction(pc)})"
         if what == "nc":
             raise Finding(f"non-coherent load (.nc / ldu) of {place}, which {by} in this launch: the "
                           "read-only path may return a stale value; load it with ld.global or "

@@ -4,6 +4,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from . import numerics as nm
 from .state import Finding
 
 # A byte's read and write records are four uint16 fields; the epochs sit at the same places
@@ -334,13 +335,13 @@ class FloatAtomics:
         fresh = np.unique(elems[first[elems] < 0])
         start = mem[fresh].astype(np.float64)
         total[fresh] = np.abs(start)
-        grid[fresh] = _finest(start)
+        grid[fresh] = nm.finest(start)
         unset = first[elems] < 0
         first[elems[unset]] = threads[unset]          # one of this step's threads per element
         several[elems[threads != first[elems]]] = True
         values = values.astype(np.float64)
         np.add.at(total, elems, np.abs(values))
-        np.minimum.at(grid, elems, _finest(values))
+        np.minimum.at(grid, elems, nm.finest(values))
         bits = 24 if mem.dtype == np.float32 else 53
         bad = several[elems] & (total[elems] >= np.ldexp(grid[elems], bits))
         if bad.any():
@@ -348,12 +349,3 @@ class FloatAtomics:
             raise Finding("float atomic add whose result depends on the order the additions land in "
                           "(several threads add to this element and not every partial sum is exact): "
                           "the launch asked for a deterministic result", threads[i])
-
-
-def _finest(values):
-    """The largest power of two that each value is an integer multiple of (inf for 0, inf, NaN)."""
-    finite = np.isfinite(values) & (values != 0)
-    mantissa, exponent = np.frexp(np.where(finite, values, 1.0))
-    as_int = np.ldexp(np.abs(mantissa), 53).astype(np.int64)      # exact: 53-bit mantissa
-    lowest = (as_int & -as_int).astype(np.float64)
-    return np.where(finite, np.ldexp(lowest, exponent - 53), np.inf)

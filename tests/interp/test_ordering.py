@@ -120,7 +120,7 @@ def test_other_correct_patterns_pass(change):
 
 
 def test_missing_release_and_acquire():
-    msg = expect_finding(r"global-memory race: reads partials\[\d+\], which CTA \(\d,0,0\) wrote it \(line \d+ "
+    msg = expect_finding(r"global-memory race: reads partials\[\d+\], which CTA \(\d,0,0\) wrote \(line \d+ "
                          r"`st.global.f32 \[%q\], %f;`\)", release="", acquire="")
     assert "signalled with line" in msg and "atom.global.add.u32" in msg and "without releasing" in msg
     for seed in SEEDS:
@@ -351,7 +351,7 @@ def test_reading_another_ctas_output_without_synchronisation():
   st.global.u32 [%off], %c;
   ld.global.u32 %v, [%a];
   ret;""", ".param .u64 a")
-    with pytest.raises(SanitizerError, match=r"reads a\[0\], which CTA \(0,0,0\) wrote it .* the writer has not released"):
+    with pytest.raises(SanitizerError, match=r"reads a\[0\], which CTA \(0,0,0\) wrote .* the writer has not released"):
         launch(ptx, "k", (2, 1, 1), (1, 1, 1), [np.zeros(2, np.uint32)])
 
 
