@@ -13,6 +13,8 @@ ex2(+-0) = 1, ...); .ftz flushes inputs and results as the instruction says (ops
 """
 import numpy as np
 
+from ..errors import LaunchError
+
 # Max errors measured on an H100 (driver 580.159.04, 2026-11-23; /work/shared/NOTES.md, issue 14).
 # sin/cos.approx.f32 absolute error, by |x| below each limit (past 1e6 not measured: any value
 # in [-1, 1] is allowed).
@@ -71,7 +73,7 @@ class Approx:
 
     def __init__(self, mode, seed):
         if mode not in _MODES:
-            raise ValueError(f"approx: expected one of {', '.join(_MODES)}, got {mode!r}")
+            raise LaunchError(f"approx: expected one of {', '.join(_MODES)}, got {mode!r}")
         self.exact = mode == "exact"
         self.seed = _mix(np.array([(seed + 0x632BE59BD9B4E019) & (2**64 - 1)], np.uint64))[0]
 
@@ -86,7 +88,7 @@ class Approx:
         """name.approx.f32 of float32 inputs x (already flushed if .ftz) -> float32."""
         x = np.atleast_1d(np.asarray(x, np.float32))
         x64 = x.astype(np.float64)
-        exact = _EXACT[name](x64)
+        exact = EXACT[name](x64)
         if self.exact:
             return exact.astype(np.float32)
         u = self._u(name, x.view(np.uint32))
@@ -95,7 +97,7 @@ class Approx:
                               [b for _, b in SIN_COS_ABS], np.nan)
             r = np.clip(_within(exact, exact + u * bound, bound), -1, 1)
             keep = ~np.isfinite(x64) | ((x64 == 0) if name == "sin" else False)
-        elif name in ("lg2",):
+        elif name == "lg2":
             r = _within(exact, exact + u * LG2_ABS, LG2_ABS)
             keep = ~np.isfinite(exact) | np.isnan(x64)
         else:
@@ -127,7 +129,7 @@ class Approx:
         """D = A B + C of one m16n8k16 per warp: A [w, 16, 16], B [w, 16, 8] exact float64
         values of the halves, C [w, 16, 8] float32 -> float32 [w, 16, 8]."""
         c64 = C.astype(np.float64)
-        exact = np.matmul(A, B) + c64          # f16/bf16 products and their sums are exact in f64
+        exact = np.matmul(A, B) + c64          # products exact in f64, sums to 53 bits
         rounded = exact.astype(np.float32)
         if self.exact:
             return rounded
@@ -144,5 +146,6 @@ class Approx:
         return np.where(keep, rounded, r)
 
 
-_EXACT = {"ex2": np.exp2, "lg2": np.log2, "sin": np.sin, "cos": np.cos, "tanh": np.tanh,
-          "rsqrt": lambda x: 1.0 / np.sqrt(x), "rcp": lambda x: 1.0 / x, "sqrt": np.sqrt}
+# float64 functions of the approximated instructions (computed in float64, rounded once)
+EXACT = {"ex2": np.exp2, "lg2": np.log2, "sin": np.sin, "cos": np.cos, "tanh": np.tanh,
+         "rsqrt": lambda x: 1.0 / np.sqrt(x), "rcp": lambda x: 1.0 / x, "sqrt": np.sqrt}

@@ -171,11 +171,6 @@ def _merge(st, groups, pc, threads):
     groups[pc] = threads if other is None else _union(st, other, threads)
 
 
-def _merge_into(groups, pc, threads):
-    other = groups.get(pc)
-    groups[pc] = threads if other is None else np.union1d(other, threads)
-
-
 class _Cohorts:
     """Per cohort, its thread groups by PC; picks which cohort runs next. Threads that spin
     (re-read with a strong load what they read last time, nothing having been written since)
@@ -183,7 +178,7 @@ class _Cohorts:
     a spin loop whose PC is below the code another CTA must run to end it."""
 
     def __init__(self, st, rng, members):
-        self.rng = rng
+        self.st, self.rng = st, rng
         self.members = members                  # the cohorts' threads, once split
         self.groups = [{0: st.all}]             # lockstep until the first synchronising step
         self.current, self.budget = 0, np.inf
@@ -193,16 +188,16 @@ class _Cohorts:
         for k, m in enumerate(members):
             self.cohort_of[m] = k
 
-    def split(self, st, pc, threads):
+    def split(self, pc, threads):
         """Before the first synchronising step (threads at pc): from now on, cohorts."""
         if len(self.members) == 1 or len(self.groups) > 1:
             return False
         lockstep = self.groups[0]
-        _merge(st, lockstep, pc, threads)
+        _merge(self.st, lockstep, pc, threads)
         self.groups = [{} for _ in self.members]
         self.reads = [{} for _ in self.members]
         for at, group in lockstep.items():
-            self.release(st, at, group)
+            self.release(at, group)
         self.budget = 0
         return True
 
@@ -214,7 +209,7 @@ class _Cohorts:
         "spinning" when every thread that could run spins on memory nothing writes."""
         if self.parked and writes != self.parked_at:
             for k, pc, threads in self.parked:
-                _merge_into(self.groups[k], pc, threads)
+                _merge(self.st, self.groups[k], pc, threads)
             self.parked = []
         groups = self.groups[self.current]
         if not groups or self.budget <= 0:
@@ -240,19 +235,19 @@ class _Cohorts:
         self.budget = 0
         return True
 
-    def merge(self, st, pc, threads):
+    def merge(self, pc, threads):
         """threads (all of the running cohort) continue at pc."""
-        _merge(st, self.groups[self.current], pc, threads)
+        _merge(self.st, self.groups[self.current], pc, threads)
 
-    def release(self, st, pc, threads):
+    def release(self, pc, threads):
         """threads (of any cohorts) continue at pc."""
         if len(self.groups) == 1:
-            return _merge(st, self.groups[0], pc, threads)
+            return _merge(self.st, self.groups[0], pc, threads)
         owner = self.cohort_of[threads]
         for k, groups in enumerate(self.groups):
             mine = threads[owner == k]
             if len(mine):
-                _merge(st, groups, pc, mine)
+                _merge(self.st, groups, pc, mine)
 
 
 def _run_wave(st, code, sync_points, stats, name, rng, members):
@@ -273,7 +268,7 @@ def _run_wave(st, code, sync_points, stats, name, rng, members):
         if pc >= end:
             raise InterpError(f"{name}: execution ran past the last instruction (missing ret/exit)")
         ex = code[pc]
-        if sync_points[pc] and cohorts.split(st, pc, threads):
+        if sync_points[pc] and cohorts.split(pc, threads):
             continue
         ins = ex.ins
         st.pc = pc
@@ -305,14 +300,14 @@ def _run_wave(st, code, sync_points, stats, name, rng, members):
                     ex.run(st, sel)
                     if ex.strong_read and cohorts.spun(pc, st.ordering.last_read, st.ordering.writes, threads):
                         continue
-                cohorts.merge(st, pc + 1, threads)
+                cohorts.merge(pc + 1, threads)
                 continue
             if rest is not None and len(rest):
-                cohorts.merge(st, pc + 1, rest)
+                cohorts.merge(pc + 1, rest)
             if not len(active):
                 continue
             if kind == "bra":
-                cohorts.merge(st, ex.target, active)
+                cohorts.merge(ex.target, active)
             elif kind == "exit":
                 ctas = st.cta[active]
                 exited += np.bincount(ctas, minlength=st.num_ctas)
@@ -366,4 +361,4 @@ def _barrier(st, ex, pc, active, sel, cohorts, waiting, arrived, waiting_pc, exi
     waiting_pc[released] = -1
     if st.races is not None:
         st.races.barrier(released)
-    cohorts.release(st, pc + 1, _union(st, *(p[g] for p, g in zip(parked, go))))
+    cohorts.release(pc + 1, _union(st, *(p[g] for p, g in zip(parked, go))))

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import InterpError
 from . import numerics as nm
+from .approx import EXACT
 from .ordering import access_of, fence_of
 from .parser import TYPES, Addr, Imm, Neg, Pair, Reg, Sink, Special, Sym, Vec
 from .sanitizer import full_warps, warp_members
@@ -874,11 +875,7 @@ def _selp(c):
 
 
 # ---- transcendental approximations and square roots ------------------------------------
-_UNARY64 = {"ex2": np.exp2, "lg2": np.log2, "sin": np.sin, "cos": np.cos, "tanh": np.tanh,
-            "rsqrt": lambda x: 1.0 / np.sqrt(x), "rcp": lambda x: 1.0 / x, "sqrt": np.sqrt}
-
-
-@opcode(*_UNARY64)
+@opcode(*EXACT)
 def _unary(c):
     c.need(2)
     t, name = c.type, c.ins.base
@@ -889,7 +886,7 @@ def _unary(c):
         c.fail(f"{name}.{mode} is not supported")
     if mode is None:
         c.fail(f"{name} needs .approx or .rn")
-    fin, fn, dt = _ftz_in(c, t), _UNARY64[name], dtype_of(t)
+    fin, fn, dt = _ftz_in(c, t), EXACT[name], dtype_of(t)
     a, dst = c.read(1, t), c.write(0, t)
     if name in ("rcp", "sqrt") and mode != "approx":     # IEEE-exact in the operand's own precision
         fn = (lambda x: dt.type(1) / x) if name == "rcp" else np.sqrt

@@ -5,6 +5,7 @@ rounds the exact result once."""
 import numpy as np
 import pytest
 
+from ptxgen.errors import LaunchError
 from ptxgen.interp import approx as model
 from interp_helpers import elementwise, f32
 
@@ -118,5 +119,5 @@ def test_div_approx_of_a_huge_divisor_is_zero():
 
 
 def test_unknown_mode_is_refused():
-    with pytest.raises(ValueError, match="approx"):
+    with pytest.raises(LaunchError, match="approx: expected one of pessimistic, exact"):
         run("sin.approx.f32 %d, %a;", [1.0], approx="fast")
