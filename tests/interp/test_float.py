@@ -1,5 +1,4 @@
 """Floating-point instructions: exact IEEE results, FMA rounding, conversions."""
-import math
 from fractions import Fraction
 
 import numpy as np
