@@ -5,20 +5,39 @@ Threads are grouped by program counter; each step runs the group with the lowest
 Threads whose mbarrier wait finds its phase incomplete park until nothing else can run, then
 retry (so a spinning consumer cannot starve its producer); if none can proceed, a deadlock.
 The grid runs in waves of whole CTAs (in CTA order) to bound memory; each wave is one
-vectorised machine."""
+vectorised machine.
+
+Interleaving: a wave runs in lockstep until it first executes an instruction that synchronises
+across CTAs (a global atomic, a .gpu/.sys fence, a strong global load or store); from there on
+it runs as two cohorts drawn from the launch seed: a random set of whole CTAs, and often one
+CTA split between the cohorts at a random warp (a lone CTA is always split). The scheduler runs
+one cohort for a random number of steps (lowest PC first inside it, so warps still reconverge),
+then picks a cohort again; threads that re-read with a strong load what they read last time,
+nothing having been written since (a spin-wait), wait until something is written. So CTAs and
+warps run ahead of each other by varying amounts. Atomics that contend land in a seeded order
+of their threads. Before the first synchronising instruction the order cannot matter: without
+synchronisation every cross-CTA read of data written in the launch is a finding whatever the
+order (ordering.py), and the shared-memory race checks do not depend on the order either.
+The wave's CTAs sit in slot order cohort by cohort, so a cohort is a contiguous range of threads
+(a slice: cheap to index)."""
 import hashlib
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import InterpError, LaunchError, SanitizerError
+from .approx import Approx
 from .ops import compile_program
+from .ordering import Ordering, synchronises
 from .parser import TYPES, parse
+from .sanitizer import FloatAtomics
 from .state import FULL, Finding, GlobalMemory, WaveState
 
 MAX_WAVE_THREADS = 1 << 18
 MAX_TRACKED_SHARED = 1 << 23    # shared bytes per wave when race tracking is on
 MAX_STEPS = 10_000_000          # per wave; a spin-wait on another wave never ends
+MEAN_QUANTUM = 32               # steps a cohort runs before the scheduler picks again (mean)
 _CACHE = {}
 # A compiled program holds ~30 objects per instruction, which every full garbage collection
 # walks; launches nearly always repeat the last PTX, so a few programs are enough.
@@ -45,7 +64,7 @@ def _program(ptx, entry):
         if len(_CACHE) >= _CACHE_LIMIT:
             _CACHE.pop(next(iter(_CACHE)))
         prog = parse(ptx, entry)
-        _CACHE[key] = (prog, compile_program(prog))
+        _CACHE[key] = (prog, compile_program(prog), [synchronises(ins) for ins in prog.instructions])
     return _CACHE[key]
 
 
@@ -67,11 +86,19 @@ def _param_value(name, type_, arg, memory):
 
 def launch(ptx: str, entry: str, grid: tuple[int, int, int], block: tuple[int, int, int],
            args: list, *, dynamic_shared: int = 0, sanitize: bool = True,
-           kernel_name: str | None = None, max_ctas: int | None = None) -> LaunchStats:
+           kernel_name: str | None = None, seed: int = 0, approx: str = "pessimistic",
+           deterministic: bool = False, max_ctas: int | None = None) -> LaunchStats:
     """Execute `entry` over grid x block threads; arrays in args are updated in place.
     With `max_ctas`, only CTAs 0 .. max_ctas-1 (in x, y, z order) run: for counting
-    instructions of a large grid whose CTAs repeat each other's work."""
-    prog, code = _program(ptx, entry)
+    instructions of a large grid whose CTAs repeat each other's work.
+
+    seed: draws the interleaving of CTAs and warps (mixed with the entry, grid and scalar
+    arguments, so launches vary) and the errors of approximate instructions (not mixed: like
+    the hardware's, they are a fixed function of the inputs). approx: "pessimistic" moves
+    every .approx / div.full / mma.sync result within the error the H100 was measured to make;
+    "exact" rounds the exact result once. deterministic: also report float atomic additions
+    whose result depends on the order they land in."""
+    prog, code, sync_points = _program(ptx, entry)
     grid, block = tuple(int(v) for v in grid), tuple(int(v) for v in block)
     if len(grid) != 3 or len(block) != 3 or min(grid + block) < 1:
         raise LaunchError(f"grid {grid} and block {block} need three positive sizes")
@@ -99,28 +126,47 @@ def launch(ptx: str, entry: str, grid: tuple[int, int, int], block: tuple[int, i
         per_wave = max(1, min(per_wave, MAX_TRACKED_SHARED // shared))
     stats = LaunchStats(warps_at=np.zeros(len(code), np.int64))
     name = kernel_name or entry
+    scalars = [a for a in args if not isinstance(a, np.ndarray)]
+    rng = np.random.default_rng([seed & 0xFFFFFFFF, zlib.crc32(repr((entry, grid, block, scalars)).encode())])
+    ordering = Ordering(memory, grid, prog, sanitize)
+    approximations = Approx(approx, seed)
+    float_atomics = FloatAtomics() if deterministic else None
     with np.errstate(all="ignore"):
         for first in range(0, num_ctas, per_wave):
-            st = WaveState(prog, grid, block, first, min(per_wave, num_ctas - first), memory,
-                           params, sanitize, shared)
-            _run_wave(st, code, stats, name, first)
+            ids = np.arange(first, min(first + per_wave, num_ctas))
+            warps = -(-cta_threads // 32)
+            ids, cut = _cohorts(ids, warps, rng) if any(sync_points) else (ids, 0)
+            st = WaveState(prog, grid, block, ids, memory, params, sanitize, shared)
+            st.ordering, st.approx, st.float_atomics = ordering, approximations, float_atomics
+            st.rank = rng.permutation(st.n)
+            ordering.start_wave(st, first)
+            cut = min(cut * 32, st.n)
+            members = [st.all[:cut], st.all[cut:]] if 0 < cut < st.n else [st.all]
+            _run_wave(st, code, sync_points, stats, name, rng, members)
             stats.waves += 1
     return stats
 
 
-def _report(finding, ins, st, name, first_cta):
+def _cohorts(ids, warps, rng):
+    """A wave's CTAs in slot order for two cohorts, and the first warp slot of the second:
+    a random set of whole CTAs, then (always for a lone CTA, else half the time) one CTA split
+    at a random warp, then the other CTAs."""
+    rng.shuffle(ids)
+    split = warps > 1 and (len(ids) == 1 or rng.random() < 0.5)
+    whole = len(ids) - split
+    first = int(rng.integers(1, whole)) if whole > 1 else whole
+    return ids, first * warps + (int(rng.integers(1, warps)) if split else 0)
+
+
+def _report(finding, ins, st, name):
     """Turn a Finding into the error naming kernel, line, CTA and thread."""
     t = finding.thread
-    cta = first_cta + int(st.cta[t])
+    cta = int(st.cta_global[t])
     gx, gy, _ = (int(st.special[f"%nctaid.{c}"][0]) for c in "xyz")
     where = (f"{name}: line {ins.line}: `{ins.text}`: {finding.what} "
              f"[CTA ({cta % gx},{cta // gx % gy},{cta // (gx * gy)}), "
              f"thread ({st.special['%tid.x'][t]},{st.special['%tid.y'][t]},{st.special['%tid.z'][t]})]")
     return SanitizerError(where) if finding.sanitizer else InterpError(where)
-
-
-def _distinct(sorted_ids):
-    return int(np.count_nonzero(sorted_ids[1:] != sorted_ids[:-1])) + 1 if len(sorted_ids) else 0
 
 
 def _union(st, *parts):
@@ -133,39 +179,140 @@ def _union(st, *parts):
     return np.flatnonzero(mask)
 
 
+def _distinct(sorted_ids):
+    return int(np.count_nonzero(sorted_ids[1:] != sorted_ids[:-1])) + 1 if len(sorted_ids) else 0
+
+
 def _merge(st, groups, pc, threads):
     other = groups.get(pc)
     groups[pc] = threads if other is None else _union(st, other, threads)
 
 
-def _run_wave(st, code, stats, name, first_cta):
+class _Cohorts:
+    """Per cohort, its thread groups by PC; picks which cohort runs next. Threads that spin
+    (re-read with a strong load what they read last time, nothing having been written since)
+    are parked until some global write happens: lowest-PC-first would otherwise keep running
+    a spin loop whose PC is below the code another CTA must run to end it."""
+
+    def __init__(self, st, rng, members):
+        self.st, self.rng = st, rng
+        self.members = members                  # the cohorts' threads, once split
+        self.groups = [{0: st.all}]             # lockstep until the first synchronising step
+        self.current, self.budget = 0, np.inf
+        self.reads = [{}]                       # per cohort: strong-load PC -> what it last read
+        self.parked, self.parked_at = [], None  # [(cohort, pc, threads)], global writes then
+        self.cohort_of = np.zeros(st.n, np.int64)
+        for k, m in enumerate(members):
+            self.cohort_of[m] = k
+
+    def split(self, pc, threads):
+        """Before the first synchronising step (threads at pc): from now on, cohorts."""
+        if len(self.members) == 1 or len(self.groups) > 1:
+            return False
+        lockstep = self.groups[0]
+        _merge(self.st, lockstep, pc, threads)
+        self.groups = [{} for _ in self.members]
+        self.reads = [{} for _ in self.members]
+        for at, group in lockstep.items():
+            self.release(at, group)
+        self.budget = 0
+        return True
+
+    def _quantum(self):
+        return int(self.rng.geometric(1.0 / MEAN_QUANTUM))
+
+    def next(self, writes):
+        """The group of threads to run next and its PC; None when no thread can run; or
+        "spinning" when every thread that could run spins on memory nothing writes."""
+        if self.parked and writes != self.parked_at:
+            for k, pc, threads in self.parked:
+                _merge(self.st, self.groups[k], pc, threads)
+            self.parked = []
+        groups = self.groups[self.current]
+        if not groups or self.budget <= 0:
+            live = [k for k, g in enumerate(self.groups) if g]
+            if not live:
+                return "spinning" if self.parked else None
+            self.current = live[int(self.rng.integers(len(live)))]
+            self.budget = self._quantum()
+            groups = self.groups[self.current]
+        self.budget -= 1
+        pc = min(groups)
+        return pc, groups.pop(pc)
+
+    def spun(self, pc, read, writes, threads):
+        """After a strong global load at pc that read `read` (what and where): park the
+        threads (to redo the load) if it read the same last time with no write since."""
+        seen = self.reads[self.current]
+        if seen.get(pc) != (read, writes):
+            seen[pc] = (read, writes)
+            return False
+        self.parked.append((self.current, pc, threads))
+        self.parked_at = writes
+        self.budget = 0
+        return True
+
+    def merge(self, pc, threads):
+        """threads (all of the running cohort) continue at pc."""
+        _merge(self.st, self.groups[self.current], pc, threads)
+
+    def release(self, pc, threads):
+        """threads (of any cohorts) continue at pc."""
+        if len(self.groups) == 1:
+            return _merge(self.st, self.groups[0], pc, threads)
+        owner = self.cohort_of[threads]
+        for k, groups in enumerate(self.groups):
+            mine = threads[owner == k]
+            if len(mine):
+                _merge(self.st, groups, pc, mine)
+
+
+def _run_wave(st, code, sync_points, stats, name, rng, members):
     n, end = st.n, len(code)
-    groups = {0: st.all}
+    cohorts = _Cohorts(st, rng, members)
     waiting = {}                                   # barrier pc -> [thread arrays]
     arrived = np.zeros(st.num_ctas, np.int64)      # threads waiting at a barrier, per CTA
     waiting_pc = np.full(st.num_ctas, -1)          # the barrier they wait at
     exited = np.zeros(st.num_ctas, np.int64)
     parked, stalled = {}, False                    # pc -> threads at an incomplete mbarrier wait
     steps = 0
-    while groups or parked:
-        if not groups:
+    while True:
+        picked = cohorts.next(st.ordering.writes)
+        if (picked is None or picked == "spinning") and parked:
             if stalled:                            # a whole retry round parked again
                 pc = min(parked)
                 raise _report(Finding("deadlock: threads wait on an mbarrier phase that never "
                                       "completes and no other thread can run", parked[pc][0]),
-                              code[pc].ins, st, name, first_cta)
-            groups, parked, stalled = parked, {}, True
-        pc = min(groups)
-        threads = groups.pop(pc)
+                              code[pc].ins, st, name)
+            for pc, threads in parked.items():
+                cohorts.release(pc, threads)
+            parked, stalled = {}, True
+            continue
+        if picked is None:
+            break
+        if picked == "spinning":
+            k, pc, threads = cohorts.parked[0]
+            raise _report(Finding("deadlock: every thread that can still run spin-waits on global "
+                                  "memory that no running thread writes any more", threads[0]),
+                          code[pc].ins, st, name)
+        pc, threads = picked
         if pc >= end:
             raise InterpError(f"{name}: execution ran past the last instruction (missing ret/exit)")
         ex = code[pc]
+        if sync_points[pc] and cohorts.split(pc, threads):
+            continue
         ins = ex.ins
+        st.pc = pc
         steps += 1
         if steps > MAX_STEPS:
             raise InterpError(f"{name}: more than {MAX_STEPS} steps (an endless loop, or a "
                               f"spin-wait on another CTA) at line {ins.line}: `{ins.text}`")
-        sel = FULL if len(threads) == n else threads
+        if len(threads) == n:
+            sel = FULL
+        elif threads[-1] - threads[0] + 1 == len(threads):
+            sel = slice(int(threads[0]), int(threads[-1]) + 1)
+        else:
+            sel = threads
         try:
             active, rest = threads, None
             if ins.guard is not None:
@@ -185,10 +332,12 @@ def _run_wave(st, code, stats, name, first_cta):
             if kind == "alu":
                 if len(active):
                     ex.run(st, sel)
-                _merge(st, groups, pc + 1, threads)
+                    if ex.strong_read and cohorts.spun(pc, st.ordering.last_read, st.ordering.writes, threads):
+                        continue
+                cohorts.merge(pc + 1, threads)
                 continue
             if rest is not None and len(rest):
-                _merge(st, groups, pc + 1, rest)
+                cohorts.merge(pc + 1, rest)
             if not len(active):
                 continue
             if kind == "wait":
@@ -197,9 +346,9 @@ def _run_wave(st, code, stats, name, first_cta):
                     _merge(st, parked, pc, active[blocked])
                 if not blocked.all():
                     stalled = False
-                    _merge(st, groups, pc + 1, active[~blocked])
+                    cohorts.merge(pc + 1, active[~blocked])
             elif kind == "bra":
-                _merge(st, groups, ex.target, active)
+                cohorts.merge(ex.target, active)
             elif kind == "exit":
                 ctas = st.cta[active]
                 exited += np.bincount(ctas, minlength=st.num_ctas)
@@ -210,17 +359,17 @@ def _run_wave(st, code, stats, name, first_cta):
                                   f"bar.sync on line {code[bpc].ins.line}: that barrier can never "
                                   "complete (divergent barrier)", active[np.flatnonzero(stuck)[0]])
             else:
-                _barrier(st, ex, pc, active, sel, groups, waiting, arrived, waiting_pc, exited, code)
+                _barrier(st, ex, pc, active, sel, cohorts, waiting, arrived, waiting_pc, exited, code)
         except Finding as finding:
-            raise _report(finding, ins, st, name, first_cta) from None
+            raise _report(finding, ins, st, name) from None
     if waiting:
         pc = min(waiting)
         t = waiting[pc][0][0]
         raise _report(Finding("deadlock: threads wait at this barrier but no thread of the "
-                              "launch can run", t), code[pc].ins, st, name, first_cta)
+                              "launch can run", t), code[pc].ins, st, name)
 
 
-def _barrier(st, ex, pc, active, sel, groups, waiting, arrived, waiting_pc, exited, code):
+def _barrier(st, ex, pc, active, sel, cohorts, waiting, arrived, waiting_pc, exited, code):
     """bar.sync: park the arriving threads; release each CTA once all its threads arrived."""
     if ex.run is not None:
         count = np.asarray(ex.run(st, sel))
@@ -253,6 +402,6 @@ def _barrier(st, ex, pc, active, sel, groups, waiting, arrived, waiting_pc, exit
     waiting_pc[released] = -1
     if st.races is not None:
         st.races.barrier(released)
-        if st.async_state is not None:
-            st.async_state.ordering.barrier(released)
-    _merge(st, groups, pc + 1, _union(st, *(p[g] for p, g in zip(parked, go))))
+    if st.async_state is not None:
+        st.async_state.ordering.barrier(released)
+    cohorts.release(pc + 1, _union(st, *(p[g] for p, g in zip(parked, go))))

@@ -183,3 +183,18 @@ def float_to_int(x, dtype, mode):
     out = np.where(lo, dtype.type(info.min), out)
     out = np.where(hi, dtype.type(info.max), out)
     return out.astype(dtype)
+
+
+def finest(values):
+    """The largest power of two that each float64 value is an integer multiple of (inf for
+    0, inf and NaN; at least 2^-1022). Bit operations: numpy's frexp/ldexp are slow."""
+    bits = np.asarray(values, np.float64).view(np.uint64)
+    field = (bits >> np.uint64(52)) & np.uint64(0x7FF)
+    mantissa = bits & np.uint64((1 << 52) - 1)
+    normal = field != 0
+    mantissa = np.where(normal, mantissa | np.uint64(1 << 52), mantissa)
+    lowest = mantissa & (~mantissa + np.uint64(1))                  # its lowest set bit
+    shift = (lowest.astype(np.float64).view(np.uint64) >> np.uint64(52)).astype(np.int64) - 1023
+    exponent = np.maximum(np.maximum(field.astype(np.int64), 1) - 1075 + shift, -1022)
+    out = ((exponent + 1023).astype(np.uint64) << np.uint64(52)).view(np.float64)
+    return np.where((field == 0x7FF) | (mantissa == 0), np.inf, out)

@@ -1,10 +1,14 @@
 """Opcode table: each PTX opcode compiles, once per program, into a function that executes
-the instruction for a vector of threads (`sel`: FULL or an index array into the wave).
+the instruction for a vector of threads (`sel`: a slice or an index array into the wave).
 
 Floating point: add/sub/mul/div/sqrt/rcp .rn on f32 are numpy's IEEE float32 operations;
 fma/mad and directed roundings are computed exactly (see numerics). The .approx functions
-(ex2, lg2, rsqrt, sin, cos, tanh, div.approx/full, rcp/sqrt.approx) are computed in float64
-and rounded once, so they are the exact results the hardware approximates to a few ulp.
+(ex2, lg2, rsqrt, sin, cos, tanh, div.approx/full, rcp/sqrt.approx) and mma.sync's sums go
+through the launch's approx model (approx.py): within the hardware's error bounds, or exact.
+
+Global loads, stores, atomics and fences report to the launch's ordering model (ordering.py)
+with their memory-model qualifiers; the other qualifiers (cache hints, .aligned, .uni) are
+accepted and ignored.
 """
 from fractions import Fraction
 
@@ -12,6 +16,8 @@ import numpy as np
 
 from ..errors import InterpError
 from . import numerics as nm
+from .approx import EXACT
+from .ordering import access_of, fence_of
 from .parser import TYPES, Addr, Imm, Neg, Pair, Reg, Sink, Special, Sym, Vec
 from .sanitizer import full_warps, warp_members
 from .state import SHARED_WINDOW, Finding, converter, dtype_of, storage_of, store_converter
@@ -25,11 +31,13 @@ SPACES = {"param", "global", "shared", "local", "shared::cta", "const"}
 
 
 class Exec:
-    """A compiled instruction: kind is alu, bra, exit, bar or warpsync."""
-    __slots__ = ("ins", "kind", "run", "target")
+    """A compiled instruction: kind is alu, bra, exit or bar. strong_read: a strong global
+    load (the scheduler's spin-wait detection)."""
+    __slots__ = ("ins", "kind", "run", "target", "strong_read")
 
     def __init__(self, ins, kind, run=None, target=None):
         self.ins, self.kind, self.run, self.target = ins, kind, run, target
+        self.strong_read = False
 
 
 COMPILERS = {}
@@ -55,7 +63,7 @@ def compile_program(prog):
 
 
 def _count(st, sel):
-    return st.n if isinstance(sel, slice) else len(sel)
+    return len(st.all[sel]) if isinstance(sel, slice) else len(sel)
 
 
 def _uint(size):
@@ -295,12 +303,15 @@ def _ld(c):
         w = writers[0]
         return c.alu(lambda st, sel: w(st, sel, conv(st.params[name])))
     address, esize, dt = c.address(c.ops[1], space), TYPES[t][0], dtype_of(t)
+    access = access_of(c.ins.base, c.mods)
 
     def load(st, sel):
-        raw = st.load(space, address(st, sel), esize, vec, st.indices(sel))
+        raw = st.load(space, address(st, sel), esize, vec, st.indices(sel), access)
         for i, w in enumerate(writers):
             w(st, sel, raw[:, i].view(dt))
-    return c.alu(load)
+    ex = c.alu(load)
+    ex.strong_read = access.strong and space in ("global", "generic")
+    return ex
 
 
 @opcode("st")
@@ -318,13 +329,14 @@ def _st(c):
     readers = [c.read(item, t) for item in items]
     address, esize = c.address(c.ops[0], space), TYPES[t][0]
     udt = _uint(esize)
+    access = access_of(c.ins.base, c.mods)
 
     def store(st, sel):
         m = _count(st, sel)
         values = np.empty((m, vec), udt)
         for i, r in enumerate(readers):
             values[:, i] = np.asarray(r(st, sel)).view(udt)
-        st.store(space, address(st, sel), esize, values, st.indices(sel))
+        st.store(space, address(st, sel), esize, values, st.indices(sel), access=access)
     return c.alu(store)
 
 
@@ -560,6 +572,9 @@ def _div(c):
         if t == "f32" and mode is None:
             c.fail("div.f32 needs .rn, .full or .approx")
         a, b, dst, fin = c.read(1, t), c.read(2, t), c.write(0, t), _ftz_in(c, t)
+        if t == "f32" and mode in ("full", "approx"):
+            return c.alu(lambda st, sel: dst(st, sel, c.finish_float(
+                st.approx.divide(fin(a(st, sel)), fin(b(st, sel)), mode == "approx"), t)))
         return c.alu(lambda st, sel: dst(st, sel, c.finish_float(
             np.asarray(fin(a(st, sel)) / fin(b(st, sel))), t)))
     signed, rem = TYPES[t][1] == "s", c.ins.base == "rem"
@@ -860,11 +875,7 @@ def _selp(c):
 
 
 # ---- transcendental approximations and square roots ------------------------------------
-_UNARY64 = {"ex2": np.exp2, "lg2": np.log2, "sin": np.sin, "cos": np.cos, "tanh": np.tanh,
-            "rsqrt": lambda x: 1.0 / np.sqrt(x), "rcp": lambda x: 1.0 / x, "sqrt": np.sqrt}
-
-
-@opcode(*_UNARY64)
+@opcode(*EXACT)
 def _unary(c):
     c.need(2)
     t, name = c.type, c.ins.base
@@ -875,11 +886,14 @@ def _unary(c):
         c.fail(f"{name}.{mode} is not supported")
     if mode is None:
         c.fail(f"{name} needs .approx or .rn")
-    fin, fn, dt = _ftz_in(c, t), _UNARY64[name], dtype_of(t)
+    fin, fn, dt = _ftz_in(c, t), EXACT[name], dtype_of(t)
     a, dst = c.read(1, t), c.write(0, t)
-    if name in ("rcp", "sqrt"):     # IEEE-exact in the operand's own precision
+    if name in ("rcp", "sqrt") and mode != "approx":     # IEEE-exact in the operand's own precision
         fn = (lambda x: dt.type(1) / x) if name == "rcp" else np.sqrt
         return c.alu(lambda st, sel: dst(st, sel, c.finish_float(np.asarray(fn(fin(a(st, sel)))), t)))
+    if t == "f32":
+        return c.alu(lambda st, sel: dst(st, sel, c.finish_float(st.approx.unary(name, fin(a(st, sel))), t)))
+    # .f64 approximations (rcp/rsqrt.approx.ftz.f64, ...): exact, rounded once
     return c.alu(lambda st, sel: dst(st, sel, c.finish_float(
         np.asarray(fn(np.asarray(fin(a(st, sel)), np.float64))).astype(dt), t)))
 
@@ -1003,7 +1017,11 @@ def _bar(c):
 
 @opcode("membar", "fence")
 def _fence(c):
-    return c.alu(lambda st, sel: None)   # execution is sequentially consistent already
+    effect = fence_of(c.ins.base, c.mods)
+    if effect is None:       # CTA scope (bar.sync orders a CTA already) or a proxy fence
+        return c.alu(lambda st, sel: None)
+    acquire, release = effect
+    return c.alu(lambda st, sel: st.ordering.fence(st.indices(sel), acquire, release))
 
 
 # ---- atomics ---------------------------------------------------------------------------
@@ -1020,11 +1038,10 @@ _ACCUMULATE = {"add": np.add, "min": np.minimum, "max": np.maximum, "and": np.bi
                "or": np.bitwise_or, "xor": np.bitwise_xor}
 
 
-def serialize(mem, elems, op, b, c):
+def serialize(mem, elems, op, b, c, order):
     """Apply an atomic op from many threads to mem[elems], one thread after another in
-    thread order (the order of elems); returns the old value each thread saw."""
+    `order` (positions into elems, grouped by element); returns the old value each saw."""
     fn = _ATOMIC[op]
-    order = np.argsort(elems, kind="stable")
     e, bv, cv = elems[order], b[order], c[order]
     start = np.r_[True, e[1:] != e[:-1]]
     old = np.empty_like(bv)
@@ -1091,6 +1108,9 @@ def _atom(c):
     z = c.read(ops[3], t) if op == "cas" else (lambda st, sel: 0)
     dst = c.write(ops[0], t)
     dt, size = dtype_of(t), TYPES[t][0]
+    access = access_of(c.ins.base, c.mods)
+    float_add = op == "add" and t in ("f32", "f64")
+
     def run(st, sel):
         threads = st.indices(sel)
         m = len(threads)
@@ -1099,7 +1119,17 @@ def _atom(c):
         old = np.empty(m, dt)
         for region, off, pos in st.segments(space, address(st, sel), size, threads):
             mem = st.typed(region, size).view(dt)
-            old[pos] = serialize(mem, off // size, op, bv[pos], cv[pos])
+            who = threads[pos]
+            # contention lands in a seeded order of the threads, not thread order
+            order = np.lexsort((st.rank[who], off))
+            if region == "shared":
+                if st.races is not None:
+                    st.races.atomic(off, size, who)
+            else:
+                st.ordering.atomic(region, off, size, who, access, order)
+            if float_add and st.float_atomics is not None:
+                st.float_atomics.add(region, off // size, mem, bv[pos], who)
+            old[pos] = serialize(mem, off // size, op, bv[pos], cv[pos], order)
         dst(st, sel, old)
     return c.alu(run)
 
@@ -1118,7 +1148,8 @@ def _shfl(c):
 
     def run(st, sel):
         threads = st.indices(sel)
-        warp_members(st, threads, np.asarray(mask(st, sel)).astype(np.uint64), f"shfl.sync.{mode}")
+        members = np.asarray(mask(st, sel)).astype(np.uint64)
+        executing = warp_members(st, threads, members, f"shfl.sync.{mode}")
         lane = st.lane[threads]
         bval = np.asarray(b(st, sel)).astype(np.int64) & 31
         cval = np.asarray(cc(st, sel)).astype(np.int64)
@@ -1136,6 +1167,8 @@ def _shfl(c):
             j, ok = min_lane | (bval & ~segmask), None
         if ok is None:
             ok = j <= max_lane
+        if st.sanitize:
+            _shfl_sources(threads, lane, j, ok, executing, members, mode)
         exists = (st.warp_lanes[st.warp[threads]].astype(np.int64) >> np.clip(j, 0, 31)) & 1
         j = np.where(ok & (exists == 1), j, lane)
         values = np.zeros(st.n, np.uint32)
@@ -1144,6 +1177,21 @@ def _shfl(c):
         if pdst:
             pdst(st, sel, np.broadcast_to(ok, lane.shape))
     return c.alu(run)
+
+
+def _shfl_sources(threads, lane, j, ok, executing, members, mode):
+    """A lane in range must read a lane that executes this shfl and is in the member mask:
+    the value of any other lane is undefined on the GPU."""
+    src = np.uint64(1) << np.clip(j, 0, 31).astype(np.uint64)
+    inactive = ok & ((np.asarray(executing, np.uint64) & src) == 0)
+    outside = ok & ((np.broadcast_to(members, lane.shape) & src) == 0)
+    bad = inactive | outside
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        why = "is not in the member mask" if outside[i] else \
+            "does not execute this shfl (inactive, exited or past the CTA)"
+        raise Finding(f"shfl.sync.{mode}: lane {int(lane[i])} reads lane {int(j[i])}, which {why}: "
+                      "the value is undefined", threads[i])
 
 
 def _ballot(st, threads, pred):
@@ -1307,6 +1355,7 @@ A_ROW, A_COL, B_ROW, B_COL, C_ROW, C_COL = _fragment_maps()
 A_FROM_LANES = np.argsort((A_ROW * 16 + A_COL).ravel())
 B_FROM_LANES = np.argsort((B_ROW * 8 + B_COL).ravel())
 C_TO_LANES = (C_ROW * 8 + C_COL).ravel()
+C_FROM_LANES = np.argsort(C_TO_LANES)
 
 
 def _halves_to_f64(words, kind):
@@ -1377,8 +1426,9 @@ def _mma(c):
         b = _halves_to_f64(stack(b_r, st, sel, np.uint32), kind).reshape(nw, 128)
         A = np.take(a, A_FROM_LANES, axis=1).reshape(nw, 16, 16)
         B = np.take(b, B_FROM_LANES, axis=1).reshape(nw, 16, 8)
-        product = np.take(np.matmul(A, B).reshape(nw, 128), C_TO_LANES, axis=1).reshape(-1, 4)
-        out = (product + stack(c_r, st, sel, np.float32)).astype(np.float32)   # one rounding
+        C = np.take(stack(c_r, st, sel, np.float32).reshape(nw, 128), C_FROM_LANES, axis=1)
+        D = st.approx.mma(A, B, C.reshape(nw, 16, 8))
+        out = np.take(D.reshape(nw, 128), C_TO_LANES, axis=1).reshape(-1, 4)
         for i, w in enumerate(d_w):
             w(st, sel, out[:, i])
     return c.alu(run)

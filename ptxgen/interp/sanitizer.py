@@ -4,6 +4,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from . import numerics as nm
 from .state import Finding
 
 # A byte's read and write records are four uint16 fields; the epochs sit at the same places
@@ -11,6 +12,7 @@ from .state import Finding
 R_THREAD, R_WARP, EPOCH, WARP_EPOCH = range(4)    # reader(s) since the last barrier
 W_THREAD, W_PENDING = 0, 1                        # last writer; its cp.async is pending
 NOBODY, MANY = 0xFFFF, 0xFFFE                     # thread/warp field values
+ASYNC = 0xFFFD  # written through an mbarrier-tracked async copy: hopper.Ordering judges its readers
 
 
 class AsyncCopy(NamedTuple):
@@ -122,9 +124,10 @@ class SharedRaces:
         if self.copies:
             self._check_pending(w[:, W_PENDING], rows, size, per, threads, "read")
         writer = w[:, W_THREAD]
+        self._check_written(writer, rows, size, per, threads, "read of")
         race = (w[:, EPOCH] == epoch) & (writer != lin)
         if race.any():
-            race &= (writer != NOBODY) & ~(((writer >> 5) == warp) & (w[:, WARP_EPOCH] != wepoch))
+            race &= (writer != NOBODY) & (writer != ASYNC) & ~(((writer >> 5) == warp) & (w[:, WARP_EPOCH] != wepoch))
             if race.any():
                 k = np.flatnonzero(race)[0]
                 i, byte = self._location(k, rows, size, per)
@@ -190,6 +193,28 @@ class SharedRaces:
                 raise Finding(f"shared-memory race: overwrites {self.where(byte)} which {who} "
                               "read with no barrier in between (write-after-read)", threads[i])
 
+    def atomic(self, off, size, threads):
+        """atom/red on shared bytes [off, off+size): they must hold a value; the update counts
+        as each thread's write (plain accesses by others need a barrier after it)."""
+        rows = off // size
+        (w,) = self._fields(size, self._gather(self.writes, rows, size))
+        per = len(w) // len(rows)
+        if self.copies:
+            self._check_pending(w[:, W_PENDING], rows, size, per, threads, "atomic update")
+        self._check_written(w[:, W_THREAD], rows, size, per, threads, "atomic update of")
+        who = self._who(threads, per)
+        who[:, W_PENDING] = 0
+        self._scatter(self.writes, rows, size, who)
+
+    def _check_written(self, writer, rows, size, per, threads, access):
+        """Shared memory starts undefined (not zero) on the GPU: reading a never-written byte
+        is a finding."""
+        never = writer == NOBODY
+        if never.any():
+            i, byte = self._location(np.flatnonzero(never)[0], rows, size, per)
+            raise Finding(f"{access} {self.where(byte)}, which no thread of this CTA has written "
+                          "(shared memory starts undefined)", threads[i])
+
     # -- cp.async
     def copy_issued(self, off, size, threads, line):
         """cp.async to shared bytes [off, off+size) of each thread: pending until waited for.
@@ -231,7 +256,7 @@ class SharedRaces:
         hopper.Ordering judges instead."""
         byte = (np.asarray(granules)[:, None] * 16 + np.arange(16)).ravel()
         self.reads[byte, R_THREAD] = NOBODY
-        self.writes[byte, W_THREAD] = NOBODY
+        self.writes[byte, W_THREAD] = ASYNC  # written (not undefined), its readers judged there
         self.writes[byte, W_PENDING] = 0
 
     def take_copies(self, threads):
@@ -312,3 +337,39 @@ def full_warps(st, threads, what):
     if incomplete.any():
         raise Finding(f"{what}: needs a full warp of 32 threads", threads[np.flatnonzero(incomplete)[0]])
     return threads.reshape(-1, 32)
+
+
+class FloatAtomics:
+    """Float atomic additions whose result depends on the order they land in (checked when a
+    launch asks for a deterministic result). Per element: whether threads other than the first
+    added to it, the sum of the magnitudes of its initial value and addends, and the finest
+    power of two that all of them are multiples of. While that sum stays below 2^p times that
+    power (p = 24 for f32, 53 for f64) every partial sum, in any order, is exact, so the result
+    cannot depend on the order; past it, additions by two or more threads are a finding."""
+
+    def __init__(self):
+        self.elements = {}        # region -> (first thread, several threads?, magnitude sum, grid)
+
+    def add(self, region, elems, mem, values, threads):
+        if region not in self.elements:
+            n = mem.size
+            self.elements[region] = (np.full(n, -1, np.int64), np.zeros(n, bool), np.zeros(n),
+                                     np.full(n, np.inf))
+        first, several, total, grid = self.elements[region]
+        fresh = np.unique(elems[first[elems] < 0])
+        start = mem[fresh].astype(np.float64)
+        total[fresh] = np.abs(start)
+        grid[fresh] = nm.finest(start)
+        unset = first[elems] < 0
+        first[elems[unset]] = threads[unset]          # one of this step's threads per element
+        several[elems[threads != first[elems]]] = True
+        values = values.astype(np.float64)
+        np.add.at(total, elems, np.abs(values))
+        np.minimum.at(grid, elems, nm.finest(values))
+        bits = 24 if mem.dtype == np.float32 else 53
+        bad = several[elems] & (total[elems] >= np.ldexp(grid[elems], bits))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise Finding("float atomic add whose result depends on the order the additions land in "
+                          "(several threads add to this element and not every partial sum is exact): "
+                          "the launch asked for a deterministic result", threads[i])

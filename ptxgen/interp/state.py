@@ -9,6 +9,7 @@ from ..errors import LaunchError
 from .parser import SHARED_BASE, TYPES
 
 FULL = slice(None)              # "every thread of the wave", cheaper than an index array
+# A `sel` of threads is FULL, another slice of the wave (a contiguous range) or an index array.
 SHARED_WINDOW = 1 << 32         # generic addresses [2^32, 2^33) are the CTA's shared memory
 GLOBAL_BASE = 1 << 40           # first global array; arrays sit 1 MiB apart, 256-aligned
 GLOBAL_GAP = 1 << 20
@@ -94,20 +95,23 @@ class Finding(Exception):
 def first(sel, bad):
     """Wave index of the first thread of sel for which bad (a mask over sel) holds."""
     pos = int(np.flatnonzero(bad)[0])
-    return pos if isinstance(sel, slice) else int(sel[pos])
+    return (sel.start or 0) + pos if isinstance(sel, slice) else int(sel[pos])
 
 
 class GlobalMemory:
     """The launch's arrays mapped into one virtual address space, written in place."""
 
     def __init__(self):
-        self.bases, self.sizes, self.bytes, self._views = [], [], [], {}
+        self.bases, self.sizes, self.bytes, self.arrays, self.names = [], [], [], [], []
+        self._views = {}
         self.next_base = GLOBAL_BASE
 
     def map(self, array, name):
         if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
             raise LaunchError(f"argument {name} must be a C-contiguous numpy array")
         base = self.next_base
+        self.arrays.append(array)
+        self.names.append(name)
         self.bases.append(base)
         self.sizes.append(array.nbytes)
         self.bytes.append(array.reshape(-1).view(np.uint8))
@@ -137,6 +141,12 @@ class GlobalMemory:
         inside = (region >= 0) & (addr + size <= self._ends[safe])
         return np.where(inside, region, -1)
 
+    def describe_byte(self, region, byte):
+        """`name[index]` of the element holding byte `byte` of an array, for messages."""
+        array = self.arrays[region]
+        index = np.unravel_index(byte // array.itemsize, array.shape) if array.size else ()
+        return f"{self.names[region]}[{', '.join(str(int(i)) for i in index)}]"
+
     def describe(self, addr):
         """Which array an address lies nearest to, for messages."""
         lines = [f"array #{i} at [{b:#x}, {b + s:#x})" for i, (b, s) in enumerate(zip(self.bases, self.sizes))]
@@ -144,16 +154,17 @@ class GlobalMemory:
 
 
 class WaveState:
-    """Registers and on-chip memory of the CTAs [first_cta, first_cta + num_ctas)."""
+    """Registers and on-chip memory of one wave of CTAs; cta_ids: the CTAs' linear ids in the
+    wave's slot order (launch orders them so that its cohorts are contiguous)."""
 
-    def __init__(self, program, grid, block, first_cta, num_ctas, memory, params, sanitize,
-                 shared_bytes):
+    def __init__(self, program, grid, block, cta_ids, memory, params, sanitize, shared_bytes):
         bx, by, bz = block
         self.program = program
         self.block = block
         self.sanitize = sanitize
         self.cta_threads = bx * by * bz
-        self.num_ctas = num_ctas
+        self.num_ctas = num_ctas = len(cta_ids)
+        self.cta_ids = cta_ids
         self.n = n = num_ctas * self.cta_threads
         self.warps_per_cta = -(-self.cta_threads // 32)
         self.memory = memory
@@ -165,7 +176,7 @@ class WaveState:
         self.lin = lin
         self.lane = lin % 32
         self.warp = self.cta * self.warps_per_cta + lin // 32      # warp index within the wave
-        cta_ids = first_cta + np.arange(num_ctas)
+        self.cta_global = cta_ids[self.cta]                          # linear CTA id of each thread
         gx, gy, _ = grid
         cx, cy, cz = cta_ids % gx, cta_ids // gx % gy, cta_ids // (gx * gy)
         u32 = np.uint32
@@ -202,6 +213,10 @@ class WaveState:
         self.local = None
         self._views = {}
         self.races = None
+        # set by launch: the global-memory ordering model, the approximate-instruction model,
+        # the float-atomic determinism check (or None) and each thread's rank when atomics contend
+        self.ordering = self.approx = self.float_atomics = self.rank = None
+        self.pc = 0                 # the instruction being executed
         if sanitize:
             from .sanitizer import SharedRaces
             self.races = SharedRaces(self)
@@ -236,13 +251,16 @@ class WaveState:
                 self.written[rid] = np.zeros(self.n, bool)
         arr[sel] = value
         if self.sanitize and rid not in self.fully_written:
-            if isinstance(sel, slice):
+            if sel is FULL:
                 self.fully_written.add(rid)
-            else:
-                self.written[rid][sel] = True
+                return
+            written = self.written[rid]
+            written[sel] = True
+            if isinstance(sel, slice) and written.all():     # e.g. each cohort wrote it
+                self.fully_written.add(rid)
 
     def indices(self, sel):
-        return self.all if isinstance(sel, slice) else sel
+        return self.all[sel] if isinstance(sel, slice) else sel
 
     # -- memory
     def view(self, space, size):
@@ -309,29 +327,37 @@ class WaveState:
             return self.view(region, size)
         return self.memory.view(region, size)
 
-    def load(self, space, addr, esize, count, threads):
-        """Load count elements of esize bytes per thread -> uint array [threads, count]."""
+    def load(self, space, addr, esize, count, threads, access=None):
+        """Load count elements of esize bytes per thread -> uint array [threads, count];
+        access: how the instruction reads global memory (an ordering.Access; None: weak)."""
         size = esize * count
         out = np.empty((len(threads), count), _UINT[esize])
         for region, off, pos in self.segments(space, addr, size, threads):
-            if region == "shared" and self.races is not None:
-                if self.async_state is not None:
-                    self.async_state.ordering.shared_read(off, size, threads[pos])
-                self.races.read(off, size, threads[pos])
-            out[pos] = np.take(self.typed(region, size), off // size).view(out.dtype).reshape(-1, count)
+            raw = np.take(self.typed(region, size), off // size)
+            if region == "shared":
+                if self.races is not None:
+                    if self.async_state is not None:
+                        self.async_state.ordering.shared_read(off, size, threads[pos])
+                    self.races.read(off, size, threads[pos])
+            elif region != "local":
+                raw = self.ordering.load(region, off, size, threads[pos], access, raw)
+            out[pos] = raw.view(out.dtype).reshape(-1, count)
         return out
 
-    def store(self, space, addr, esize, values, threads, copy_line=None):
+    def store(self, space, addr, esize, values, threads, copy_line=None, access=None):
         """Store values [threads, count] of esize-byte elements. copy_line: the line of the
         cp.async doing this store (the sanitizer keeps its bytes pending until waited for)."""
         size = esize * values.shape[1]
         for region, off, pos in self.segments(space, addr, size, threads):
-            if region == "shared" and self.races is not None:
-                if self.async_state is not None:
-                    self.async_state.ordering.shared_write(off, size, threads[pos], copy_line)
-                if copy_line is None:
-                    self.races.write(off, size, threads[pos])
-                else:
-                    self.races.copy_issued(off, size, threads[pos], copy_line)
+            if region == "shared":
+                if self.races is not None:
+                    if self.async_state is not None:
+                        self.async_state.ordering.shared_write(off, size, threads[pos], copy_line)
+                    if copy_line is None:
+                        self.races.write(off, size, threads[pos])
+                    else:
+                        self.races.copy_issued(off, size, threads[pos], copy_line)
+            elif region != "local":
+                self.ordering.store(region, off, size, threads[pos], access)
             data = self.typed(region, size)
             np.put(data, off // size, np.ascontiguousarray(values[pos]).reshape(-1).view(data.dtype))

@@ -54,10 +54,11 @@ def elementwise_ptx(snippet, wide=False):
                         ".param .u64 pe, .param .u32 n")
 
 
-def elementwise(snippet, a, b=None, c=None, wide=False, extra=False):
+def elementwise(snippet, a, b=None, c=None, wide=False, extra=False, **launch_options):
     """Run snippet once per element. Inputs arrive as raw bits in %a %b %c (32-bit) or
     %A %B %C (wide=True); the snippet leaves its result bits in %d / %D, and optionally a
-    second 32-bit result in %e. Returns the result bits (and %e when extra=True)."""
+    second 32-bit result in %e. Returns the result bits (and %e when extra=True).
+    launch_options go to launch (seed, approx, ...)."""
     bits = np.uint64 if wide else np.uint32
     a = np.ascontiguousarray(a).view(bits).ravel()
     n = a.size
@@ -66,7 +67,7 @@ def elementwise(snippet, a, b=None, c=None, wide=False, extra=False):
     d = np.zeros(n, bits)
     e = np.zeros(n, np.uint32)
     launch(elementwise_ptx(snippet, wide), "k", (-(-n // 128), 1, 1), (128, 1, 1),
-           [a, b, c, d, e, n])
+           [a, b, c, d, e, n], **launch_options)
     return (d, e) if extra else d
 
 

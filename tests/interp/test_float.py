@@ -1,5 +1,4 @@
 """Floating-point instructions: exact IEEE results, FMA rounding, conversions."""
-import math
 from fractions import Fraction
 
 import numpy as np
@@ -95,22 +94,6 @@ def test_ftz_and_sat():
     assert out[0] == 0 and out[1] == fbits(1.0)
     out = elementwise("mul.sat.f32 %d, %a, %b;", f32([3.0, -2.0, np.nan, 0.25]), f32([1.0, 1.0, 1.0, 1.0]))
     assert list(out.view(np.float32)) == [1.0, 0.0, 0.0, 0.25]
-
-
-def test_approx_functions():
-    x = f32([-np.inf, 0.0, 1.5, -3.0])
-    out = elementwise("ex2.approx.ftz.f32 %d, %a;", x).view(np.float32)
-    assert out[0] == 0 and out[0].view(np.uint32) == 0      # ex2(-inf) = +0
-    assert out[1] == 1 and out[2] == np.float32(2**1.5) and out[3] == 0.125
-    out = elementwise("lg2.approx.f32 %d, %a;", f32([8.0, 0.0, -1.0])).view(np.float32)
-    assert out[0] == 3 and out[1] == -np.inf and np.isnan(out[2])
-    out = elementwise("rsqrt.approx.f32 %d, %a;", f32([4.0])).view(np.float32)
-    assert out[0] == 0.5
-    out = elementwise("tanh.approx.f32 %d, %a;", f32([0.5])).view(np.float32)
-    assert out[0] == np.float32(math.tanh(0.5))
-    out = elementwise("sin.approx.f32 %d, %a; cos.approx.f32 %e, %a;", f32([0.5]), extra=True)
-    assert out[0].view(np.float32)[0] == np.float32(math.sin(0.5))
-    assert out[1].view(np.float32)[0] == np.float32(math.cos(0.5))
 
 
 def test_min_max_nan_and_setp_orderings():

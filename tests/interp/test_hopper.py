@@ -391,6 +391,9 @@ WAIT_FOR_FULL
   sub.u32 %t, %t, 128;
   mul.wide.u32 %off, %t, 128;
   add.u64 %out, %out, %off;
+  mov.u32 %t, %ctaid.x;
+  mul.wide.u32 %off, %t, 16384;  // each CTA its own 128 rows of out
+  add.u64 %out, %out, %off;
 STORES
 DONE:
   ret;
@@ -429,7 +432,7 @@ def pipeline(copies):
     return PIPELINE.replace("ARRIVALS", "128").replace("PRODUCER", COPY_PRODUCER)
 
 
-def pipeline_args(rounds=5):
+def pipeline_args(rounds=5, ctas=1):
     """Round r streams A_r (64x16) and B_r (64x16), 32B-swizzled K-major, through two stages."""
     rng = np.random.default_rng(rounds)
     a = rng.integers(-8, 9, (rounds, 64, 16)) / 8
@@ -439,7 +442,7 @@ def pipeline_args(rounds=5):
         place(tiles[r], as_kind(a[r], "bf16"), 0, 0, 32, 16, 256)
         place(tiles[r], as_kind(b[r], "bf16"), 2048, 0, 32, 16, 256)
     descs = np.array([descriptor(0, 16, 256, 32), descriptor(2048, 16, 256, 32)], np.uint64)
-    out = np.full((128, 32), np.nan, np.float32)
+    out = np.full((ctas, 128, 32), np.nan, np.float32)
     row, col = accumulator_layout(64)
     want = np.einsum("rmk,rnk->mn", a, b)[row, col]
     return [tiles, descs, out, rounds], want
@@ -447,15 +450,16 @@ def pipeline_args(rounds=5):
 
 @pytest.mark.parametrize("copies", ["bulk", "cp.async"])
 def test_pipeline_streams_tiles_through_mbarriers(copies):
-    args, want = pipeline_args()
+    args, want = pipeline_args(ctas=2)
     launch(pipeline(copies), "k", (2, 1, 1), (256, 1, 1), args)
-    np.testing.assert_array_equal(args[2], want.astype(np.float32))
+    for out in args[2]:  # two CTAs, each its own pipeline
+        np.testing.assert_array_equal(out, want.astype(np.float32))
 
 
 def test_bulk_copies_need_no_proxy_fence():
     args, want = pipeline_args(3)
     launch(pipeline("bulk").replace("  fence.proxy.async.shared::cta;\n", ""), "k", (1, 1, 1), (256, 1, 1), args)
-    np.testing.assert_array_equal(args[2], want.astype(np.float32))
+    np.testing.assert_array_equal(args[2][0], want.astype(np.float32))
 
 
 def mark(ptx, text, new=None):
@@ -528,6 +532,9 @@ MBARRIER = SM90A + """.visible .entry k(.param .u64 src, .param .u64 out)
   .reg .pred %p, %leader, %elected;
   ld.param.u64 %src, [src];
   ld.param.u64 %out, [out];
+  mov.u32 %t, %ctaid.x;
+  mul.wide.u32 %off, %t, 512;  // each CTA its own 32 rows of out
+  add.u64 %out, %out, %off;
   mov.u32 %t, %tid.x;
   mul.wide.u32 %off, %t, 16;
   add.u64 %out, %out, %off;
@@ -574,13 +581,14 @@ WAIT:
 
 def test_mbarrier_phases_counts_transactions_and_elect():
     src = np.arange(16, dtype=np.uint32) * 3 + 1
-    out = np.zeros((32, 4), np.uint32)
+    out = np.zeros((2, 32, 4), np.uint32)
     launch(MBARRIER, "k", (2, 1, 1), (32, 1, 1), [src, out])
     lane = np.arange(32)
-    np.testing.assert_array_equal(out[:, 0], 1)
-    np.testing.assert_array_equal(out[:, 1], 1)
-    np.testing.assert_array_equal(out[:, 2], src[lane % 16])
-    np.testing.assert_array_equal(out[:, 3], np.where(lane < 5, 99, 5 + 256 * (lane == 5)))
+    for cta in out:  # two CTAs, each with its own mbarrier
+        np.testing.assert_array_equal(cta[:, 0], 1)
+        np.testing.assert_array_equal(cta[:, 1], 1)
+        np.testing.assert_array_equal(cta[:, 2], src[lane % 16])
+        np.testing.assert_array_equal(cta[:, 3], np.where(lane < 5, 99, 5 + 256 * (lane == 5)))
 
 
 def test_more_arrivals_than_expected_is_caught():

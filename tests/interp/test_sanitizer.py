@@ -381,3 +381,64 @@ def test_store_over_pending_cp_async():
 def test_unsanitized_run_skips_cp_async_checks():
     bug = DOUBLE_BUFFER.replace("cp.async.wait_group 1;", "")
     launch(ptx_of(bug), "k", (2, 1, 1), (64, 1, 1), [np.zeros(1024, np.float32)], sanitize=False)
+
+
+# ---- undefined values instead of silent zeros --------------------------------------------
+UNINITIALISED = """
+  .shared .align 4 .b32 slots[64];
+  mov.u32 %s, slots;
+  shl.b32 %slot, %lin, 2;
+  add.u32 %slot, %s, %slot;
+  setp.lt.u32 %p, %lin, 32;
+  @%p st.shared.u32 [%slot], %lin;
+  bar.sync 0;
+  ld.shared.u32 %v, [%slot];  // BUG
+"""
+
+
+def test_read_of_never_written_shared_memory():
+    expect(UNINITIALISED, r"read of shared byte 1152 \(slots\+128\), which no thread of this CTA has written "
+                          r"\(shared memory starts undefined\)", (0, 0, 0), (32, 0, 0))
+    clean(UNINITIALISED.replace("@%p st.shared", "st.shared"))
+    # a byte of a word written is not the word written
+    expect(UNINITIALISED.replace("st.shared.u32 [%slot], %lin;", "st.shared.u8 [%slot], %lin;").replace(
+        "setp.lt.u32 %p, %lin, 32;", "setp.lt.u32 %p, %lin, 64;"), r"read of shared byte 1025 \(slots\+1\)",
+           (0, 0, 0), (0, 0, 0))
+    expect(UNINITIALISED.replace("ld.shared.u32 %v, [%slot];", "atom.shared.add.u32 %v, [%slot], 1;"),
+           r"atomic update of shared byte 1152 \(slots\+128\), which no thread", (0, 0, 0), (32, 0, 0))
+
+
+SHUFFLE_SOURCE = """
+  setp.lt.u32 %p, %lin, 16;
+  @%p shfl.sync.idx.b32 %v, %lin, 20, 0x1f, 0x0000ffff;  // BUG
+"""
+
+
+def test_shuffle_from_a_lane_outside_the_member_mask_or_inactive():
+    expect(SHUFFLE_SOURCE, r"shfl.sync.idx: lane 0 reads lane 20, which is not in the member mask: "
+                           "the value is undefined", (0, 0, 0), (0, 0, 0), block=(32, 1, 1), grid=(1, 1, 1))
+    clean(SHUFFLE_SOURCE.replace(", 20,", ", 5,"), block=(32, 1, 1), grid=(1, 1, 1))
+    # past the end of a partial warp (48 threads: lanes 16..31 of warp 1 do not exist)
+    expect("  shfl.sync.bfly.b32 %v, %lin, 16, 0x1f, 0xffffffff;  // BUG",
+           r"lane 0 reads lane 16, which does not execute this shfl", (0, 0, 0), (32, 0, 0),
+           block=(48, 1, 1), grid=(1, 1, 1))
+    # out of range (clamped, or past the segment) is defined: the lane's own value
+    clean("  shfl.sync.down.b32 %v, %lin, 8, 0xf, 0xffffffff;", block=(48, 1, 1), grid=(1, 1, 1))
+
+
+FLOAT_ATOMIC = """
+  cvt.rn.f32.u32 %f0, %lin;
+  mul.f32 %f0, %f0, {scale};
+  atom.global.add.f32 %f1, [%out], %f0;  // BUG
+"""
+
+
+def test_order_dependent_float_atomics_when_determinism_is_asked():
+    inexact = FLOAT_ATOMIC.format(scale="0f3DCCCCCD")      # lin * 0.1: the sum rounds
+    expect(inexact, "float atomic add whose result depends on the order", (0, 0, 0), (0, 0, 0),
+           deterministic=True)
+    clean(inexact)                                              # not asked
+    clean(FLOAT_ATOMIC.format(scale="0f3F000000"), deterministic=True)   # lin / 2: every sum exact
+    clean(inexact.replace("[%out]", "[%a]").replace("  cvt.rn", "  mul.wide.u32 %off, %lin, 4;\n"
+                                                     "  add.s64 %a, %out, %off;\n  cvt.rn"),
+          deterministic=True, grid=(1, 1, 1))                  # one thread per element

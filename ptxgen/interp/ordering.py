@@ -1,0 +1,372 @@
+"""Global-memory ordering of one launch: which CTA wrote each global byte under which release,
+and which releases each CTA has acquired. A simplified release/acquire happens-before of the
+PTX memory consistency model (PTX ISA chapter 8) at CTA granularity: all threads of a CTA count
+as one agent (bar.sync orders them), and only .gpu/.sys scope operations order across CTAs.
+
+Rules
+- Epoch: each CTA counts its releases. Every global write is stamped with (CTA, epoch, strong?,
+  instruction).
+- Release: fence.sc / fence.acq_rel / fence.release / membar.gl|sys at .gpu or .sys scope, or a
+  st/atom/red with .release or .acq_rel, by any thread of the CTA: its epoch goes up by one, and
+  its clock (the epochs it has acquired, and its own new epoch) becomes its released clock.
+- Publication (a release pattern's write, ISA 8.8): a strong write at .gpu/.sys scope
+  (st.relaxed|release|volatile, atom, red) attaches the writer's released clock to the
+  location. An atomic joins it to the clock the location carries (read-modify-writes continue
+  the chain that observation follows, ISA 8.9.2); a strong store replaces it; a weak store
+  erases it.
+- Observation (an acquire pattern's read): a strong read at .gpu/.sys scope (ld.relaxed|acquire|
+  volatile, atom; not red, whose read forms no acquire pattern) takes the location's clock;
+  with .acquire/.acq_rel the CTA acquires it at once, otherwise at its next fence.sc/acq_rel/
+  acquire.
+- A read of bytes that CTA w wrote at epoch e, by another CTA r, is ordered iff r has acquired an
+  epoch of w above e (a release of w after the write). Unordered it is a finding, unless both
+  accesses are strong (morally strong: no data race). A .nc / ldu read (non-coherent path) of
+  any byte written in this launch is a finding; so is a weak write over bytes another CTA wrote
+  weakly (unordered) and an atomic on bytes another CTA wrote weakly (unordered).
+- A publishing atomic not preceded by a release of the data it publishes (a flag or counter)
+  is reported where that data is read: the finding names the atomic.
+
+Values: an unordered weak or .nc read sees the bytes as they were before that write (the
+writer's store still in flight, or a stale line of the non-coherent cache), so with the
+sanitizer off an ordering bug gives a wrong answer rather than only a finding.
+
+Limits: a fence releases every earlier write of its CTA, also writes of threads that no
+bar.sync ordered before the fencing thread; a read-then-write by two CTAs (write-after-read)
+is not tracked; .cluster scope counts as .cta (the interpreter launches no clusters).
+"""
+from typing import NamedTuple
+
+import numpy as np
+
+from ..errors import InterpError
+from .state import Finding, item
+
+# A byte's record: strong bit | CTA + 1 (0 = not written in this launch) | epoch | instruction.
+STRONG = np.uint64(1 << 63)
+CTA_SHIFT, CTA_BITS = 39, 24
+EPOCH_SHIFT, EPOCH_BITS = 19, 20
+PC_BITS = 19
+KEY_MASK = np.uint64((1 << (CTA_BITS + EPOCH_BITS)) - 1)     # (CTA, epoch) after >> EPOCH_SHIFT
+_SCOPES = ("cta", "cluster", "gpu", "sys")
+_SEMANTICS = ("relaxed", "acquire", "release", "acq_rel", "volatile", "mmio", "sc")
+
+
+class Access(NamedTuple):
+    """How an instruction accesses global memory, for the ordering rules."""
+    strong: bool = False      # strong at .gpu/.sys scope: morally strong with other CTAs' strong ops
+    acquire: bool = False
+    release: bool = False
+    observes: bool = False    # a strong read that can form an acquire pattern
+    nc: bool = False          # the non-coherent read-only path (.nc, ldu)
+
+
+WEAK = Access()
+
+
+def access_of(base, mods):
+    """The Access of a ld/ldu/st/atom/red/cp with these modifiers."""
+    scope = next((m for m in mods if m in _SCOPES), None)
+    sem = next((m for m in mods if m in _SEMANTICS), None)
+    if base in ("atom", "red"):
+        sem = sem or "relaxed"            # atomics default to .relaxed.gpu
+    strong = sem is not None and scope not in ("cta", "cluster")
+    return Access(strong=strong,
+                  acquire=strong and sem in ("acquire", "acq_rel"),
+                  release=strong and sem in ("release", "acq_rel"),
+                  observes=strong and base in ("ld", "atom"),
+                  nc=base == "ldu" or "nc" in mods)
+
+
+def fence_of(base, mods):
+    """(acquire, release) of a membar/fence across CTAs, or None (CTA scope, proxy fences)."""
+    if base == "membar":
+        return (True, True) if ("gl" in mods or "sys" in mods) else None
+    if any(m.startswith(("proxy", "mbarrier_init")) for m in mods):
+        return None
+    if next((m for m in mods if m in _SCOPES), "gpu") in ("cta", "cluster"):
+        return None
+    if "acquire" in mods:
+        return True, False
+    if "release" in mods:
+        return False, True
+    return True, True                        # .sc and .acq_rel
+
+
+def synchronises(ins):
+    """Whether an instruction orders or publishes global memory across CTAs: a global (or
+    generic) atomic, a .gpu/.sys fence, a strong global load or store."""
+    if "shared" in ins.mods or "shared::cta" in ins.mods:
+        return False
+    if ins.base in ("atom", "red"):
+        return True
+    if ins.base in ("ld", "st"):
+        return access_of(ins.base, ins.mods).strong
+    return ins.base in ("fence", "membar") and fence_of(ins.base, ins.mods) is not None
+
+
+def _stamp(ctas, epochs, strong, pc):
+    rec = ((ctas.astype(np.uint64) + np.uint64(1)) << np.uint64(CTA_SHIFT)) | (
+        epochs.astype(np.uint64) << np.uint64(EPOCH_SHIFT)) | np.uint64(pc)
+    return rec | STRONG if strong else rec
+
+
+class Ordering:
+    """The ordering state of one launch; WaveState calls it for every global access."""
+
+    def __init__(self, memory, grid, program, sanitize):
+        num_ctas = grid[0] * grid[1] * grid[2]
+        if num_ctas >= 1 << CTA_BITS or len(program.instructions) >= 1 << PC_BITS:
+            raise InterpError(f"the memory-ordering model handles < 2^{CTA_BITS} CTAs and < 2^{PC_BITS} "
+                              f"instructions (grid {grid}, {len(program.instructions)} instructions)")
+        self.memory, self.grid, self.program, self.sanitize = memory, grid, program, sanitize
+        self.num_ctas = num_ctas
+        self.epoch = np.zeros(num_ctas, np.int64)          # releases per CTA
+        self.dirty = np.full(num_ctas, -1, np.int64)       # epoch of each CTA's last weak write
+        self.signals = {}          # CTA -> (pc, epoch): a strong write with unreleased weak writes
+        self.records = {}          # region -> uint64 record per byte (allocated at first write)
+        self.before = {}           # region -> each byte's value before its record's write
+        self.clocks = {}           # region -> {byte offset: int32 clock over CTAs}
+        self.released = {}         # CTA that acquired something -> clock at its last release
+        self.pending = {}          # CTA -> clocks observed by relaxed reads, for its next fence
+        self.writes = 0            # global writes so far (the scheduler's spin detection)
+        self.last_read = None      # where and what the last strong load read (the same)
+        self._views = {}
+
+    def start_wave(self, st, first_cta):
+        self.st, self.first = st, first_cta
+        self.row_of = np.full(st.num_ctas, -1, np.int64)     # wave CTA -> row of `rows`
+        self.rows = np.zeros((0, self.num_ctas), np.int32)   # acquired epochs per CTA
+        self.used = 0
+
+    # -- clocks
+    def _row(self, cta):
+        local = cta - self.first
+        if self.row_of[local] < 0:
+            if self.used == len(self.rows):
+                grown = np.zeros((max(4, 2 * len(self.rows)), self.num_ctas), np.int32)
+                grown[: self.used] = self.rows[: self.used]
+                self.rows = grown
+            self.row_of[local] = self.used
+            self.used += 1
+        return self.rows[self.row_of[local]]
+
+    def _acquire(self, cta, clock):
+        if clock is not None:
+            row = self._row(cta)
+            np.maximum(row, clock, out=row)
+
+    def _release(self, cta):
+        if self.epoch[cta] + 1 >= 1 << EPOCH_BITS:
+            raise InterpError(f"CTA {self.where_cta(cta)} released more than 2^{EPOCH_BITS} times")
+        self.epoch[cta] += 1
+        if self.row_of[cta - self.first] >= 0:
+            clock = self._row(cta).copy()
+            clock[cta] = self.epoch[cta]
+            self.released[cta] = clock
+
+    def _publish(self, clock, cta):
+        """Join CTA cta's released clock into a location's clock."""
+        if cta in self.released:
+            np.maximum(clock, self.released[cta], out=clock)
+        clock[cta] = max(clock[cta], self.epoch[cta])
+
+    def _observe(self, cta, clock, now):
+        if now:
+            self._acquire(cta, clock)
+        elif cta in self.pending:
+            np.maximum(self.pending[cta], clock, out=self.pending[cta])
+        else:
+            self.pending[cta] = clock.copy()
+
+    def fence(self, threads, acquire, release):
+        for cta in np.unique(self.st.cta_global[threads]).tolist():
+            if acquire:
+                self._acquire(cta, self.pending.pop(cta, None))
+            if release:
+                self._release(cta)
+
+    def _ordered(self, writer, epoch, reader):
+        """Whether each read by CTA reader of a write by CTA writer at epoch is ordered after it."""
+        row = self.row_of[reader - self.first]
+        if self.used == 0:
+            return np.zeros(len(writer), bool)
+        return (row >= 0) & (self.rows[np.maximum(row, 0), writer] > epoch)
+
+    # -- records
+    def _records(self, region, off, size, ctas):
+        """The records of the accessed bytes and the CTA of each: one per access where all
+        its bytes share one (the usual case), else one per byte; and that count `per`."""
+        key = (region, size)
+        if key not in self._views:
+            self._views[key] = self.records[region].view(item(8 * size))
+        old = np.take(self._views[key], off // size).view(np.uint64).reshape(-1, size)
+        if size == 1 or (old == old[:, :1]).all():
+            return old[:, 0], ctas, 1
+        return old.reshape(-1), np.repeat(ctas, size), size
+
+    def _region(self, region):
+        if region not in self.records:
+            size = self.memory.sizes[region]
+            self.records[region] = np.zeros(-(-size // 64) * 64, np.uint64)   # every view size divides it
+            if not self.sanitize:
+                self.before[region] = np.zeros(size, np.uint8)
+        return self.records[region]
+
+    def _unordered(self, rec, readers):
+        """Which records (CTA w wrote weakly, at epoch e) no acquire by the reading CTA orders
+        before its read: the reader is another CTA and has acquired no epoch of w above e."""
+        writer = rec >> np.uint64(CTA_SHIFT)       # the strong bit lands above the CTA field
+        foreign = (writer != 0) & (writer < np.uint64(1 << CTA_BITS)) & (
+            writer != readers.astype(np.uint64) + np.uint64(1))
+        if not foreign.any():
+            return foreign
+        k = np.flatnonzero(foreign)
+        epoch = (rec[k] >> np.uint64(EPOCH_SHIFT)) & np.uint64((1 << EPOCH_BITS) - 1)
+        foreign[k] = ~self._ordered(writer[k].astype(np.int64) - 1, epoch.astype(np.int64), readers[k])
+        return foreign
+
+    @staticmethod
+    def _bytes(mask, per, size):
+        """A mask over records ([accesses * per]) as a mask over the accessed bytes [accesses, size]."""
+        return np.repeat(mask, size).reshape(-1, size) if per == 1 else mask.reshape(-1, size)
+
+    # -- accesses
+    def load(self, region, off, size, threads, access, raw):
+        """A global read of size bytes at byte offsets off of region by wave threads; raw are
+        the loaded items (patched to stale bytes where the read is unordered)."""
+        access = access or WEAK
+        ctas = self.st.cta_global[threads]
+        if access.strong:
+            self.last_read = (region, hash(off.tobytes()), hash(np.asarray(raw).tobytes()))
+        if access.observes and self.clocks.get(region):
+            self._chain(region, off, ctas, np.arange(len(off)), observe=True, publish=False,
+                        now=access.acquire)
+        if region not in self.records:
+            return raw
+        rec, readers, per = self._records(region, off, size, ctas)
+        bad = rec != 0 if access.nc else self._unordered(rec, readers)
+        if not bad.any():
+            return raw
+        if self.sanitize:
+            self._report("nc" if access.nc else "read", region, off, per, rec, bad, threads)
+        if not access.strong:
+            stale = self.before[region][off[:, None] + np.arange(size)]
+            raw = np.ascontiguousarray(raw)
+            view = raw.view(np.uint8).reshape(len(off), size)
+            bad = self._bytes(bad, per, size)
+            view[bad] = stale[bad]
+        return raw
+
+    def store(self, region, off, size, threads, access):
+        """A global st of size bytes per thread (before memory changes)."""
+        access = access or WEAK
+        ctas = self.st.cta_global[threads]
+        if access.release:
+            for cta in np.unique(ctas).tolist():
+                self._release(cta)
+        self._write(region, off, size, ctas, threads, access, "write")
+        clocks = self.clocks.get(region)
+        if access.strong:
+            if clocks:               # a strong store starts the location's chain afresh
+                for o in np.unique(off).tolist():
+                    clocks.pop(o, None)
+            self._chain(region, off, ctas, np.arange(len(off)), observe=False, publish=True)
+        elif clocks:
+            for o in np.unique(off[np.isin(off, list(clocks))]).tolist():
+                del clocks[o]
+
+    def atomic(self, region, off, size, threads, access, order):
+        """An atom (or red) by threads, serialised in `order` (positions into off)."""
+        ctas = self.st.cta_global[threads]
+        if access.release:
+            for cta in np.unique(ctas).tolist():
+                self._release(cta)
+        self._chain(region, off, ctas, order, observe=access.observes, publish=access.strong,
+                    now=access.acquire)
+        self._write(region, off, size, ctas, threads, access, "atomic")
+
+    def _write(self, region, off, size, ctas, threads, access, what):
+        self.writes += 1
+        self._region(region)
+        rec, writers, per = self._records(region, off, size, ctas)
+        if self.sanitize:
+            bad = self._unordered(rec, writers)
+            if bad.any():
+                self._report(what, region, off, per, rec, bad, threads)
+        new = _stamp(ctas, self.epoch[ctas], access.strong, self.st.pc)
+        if not self.sanitize:
+            key = np.uint64(EPOCH_SHIFT)
+            fresh = (rec >> key & KEY_MASK) != (np.repeat(new, per) >> key & KEY_MASK)
+            if fresh.any():
+                idx = (off[:, None] + np.arange(size))[self._bytes(fresh, per, size)]
+                self.before[region][idx] = self.memory.bytes[region][idx]
+        rows = self._views[(region, size)]
+        np.put(rows, off // size, np.repeat(new, size).view(rows.dtype))
+        if self.sanitize and not access.strong:       # several CTAs writing a row in this step
+            kept = np.take(rows, off // size).view(np.uint64).reshape(-1, size)[:, 0]
+            lost = (kept >> np.uint64(CTA_SHIFT)) != (new >> np.uint64(CTA_SHIFT))
+            if lost.any():
+                self._report(what, region, off, 1, kept, lost, threads)
+        if access.strong:
+            signal = self.dirty[ctas] == self.epoch[ctas]
+            if signal.any():
+                for cta in np.unique(ctas[signal]).tolist():
+                    self.signals[cta] = (self.st.pc, int(self.epoch[cta]))
+        else:
+            self.dirty[ctas] = self.epoch[ctas]
+
+    def _chain(self, region, off, ctas, order, observe, publish, now=False):
+        """Walk the accesses to each location in serial order: each observes the location's
+        clock as left by those before it, then publishes its CTA's released clock to it."""
+        clocks = self.clocks.setdefault(region, {})
+        if publish and not (self.epoch[ctas] > 0).any():
+            publish = False                  # nothing released yet: nothing to publish
+        if not publish:                      # only accesses to locations with a clock matter
+            if not clocks:
+                return
+            order = order[np.isin(off[order], list(clocks))]
+        for k in order.tolist():
+            o = int(off[k])
+            clock = clocks.get(o)
+            if observe and clock is not None:
+                self._observe(int(ctas[k]), clock, now)
+            if publish:
+                if clock is None:
+                    clock = clocks[o] = np.zeros(self.num_ctas, np.int32)
+                self._publish(clock, int(ctas[k]))
+
+    # -- findings
+    def where_cta(self, cta):
+        gx, gy, _ = self.grid
+        return f"({cta % gx},{cta // gx % gy},{cta // (gx * gy)})"
+
+    def _instruction(self, pc):
+        ins = self.program.instructions[pc]
+        return f"line {ins.line} `{ins.text}`"
+
+    def _report(self, what, region, off, per, records, bad, threads):
+        k = int(np.flatnonzero(bad)[0])
+        i, j = k // per, k % per
+        rec = int(records[k])
+        writer = (rec >> CTA_SHIFT & ((1 << CTA_BITS) - 1)) - 1
+        epoch = rec >> EPOCH_SHIFT & ((1 << EPOCH_BITS) - 1)
+        pc = rec & ((1 << PC_BITS) - 1)
+        place = self.memory.describe_byte(region, int(off[i]) + j)
+        by = f"CTA {self.where_cta(writer)} wrote ({self._instruction(pc)})"
+        if what == "nc":
+            raise Finding(f"non-coherent load (.nc / ldu) of {place}, which {by} in this launch: the "
+                          "read-only path may return a stale value; load it with ld.global or "
+                          "ld.global.cg", threads[i])
+        access = {"read": "reads", "write": "overwrites", "atomic": "atomically updates"}[what]
+        signal = self.signals.get(writer)
+        if signal is not None and signal[1] == epoch:
+            why = (f"CTA {self.where_cta(writer)} signalled with {self._instruction(signal[0])} without "
+                   "releasing that write first (a flag or counter atomic needs fence.acq_rel.gpu / "
+                   "membar.gl before it, or .release)")
+        elif self.epoch[writer] > epoch:
+            why = ("this CTA never acquired a release of it (a fence.acq_rel.gpu / membar.gl after the "
+                   "atomic or ld.relaxed that observed the writer, or an .acquire, is missing)")
+        else:
+            why = "the writer has not released it (no fence.acq_rel.gpu / membar.gl / .release after the write)"
+        raise Finding(f"global-memory race: {access} {place}, which {by} in this launch, with "
+                      f"nothing ordering the two: {why}", threads[i])

@@ -1,0 +1,379 @@
+"""Global-memory ordering across CTAs (ordering.py): correct release/acquire patterns pass under
+every interleaving tried; a missing release, a missing acquire, a non-coherent read, the wrong
+scope or a cross-CTA write race is a finding naming the line, CTA and thread, and with the
+sanitizer off it gives a wrong answer."""
+import re
+
+import numpy as np
+import pytest
+
+from ptxgen.errors import InterpError, SanitizerError
+from ptxgen.interp import launch
+from interp_helpers import module
+
+SEEDS = (0, 1, 2, 3)
+CTAS, THREADS = 8, 64
+
+# Each CTA writes its partials, releases, counts in; the CTA that completes the count sums
+# every CTA's partials (the split-KV "last CTA merges" shape).
+COUNT_IN = """
+  .shared .align 4 .u32 last;
+  .reg .b32 %t, %c, %n, %v, %old, %i;
+  .reg .b64 %p, %q, %cnt, %o, %off;
+  .reg .f32 %f, %acc;
+  .reg .pred %first, %notlast, %more;
+  ld.param.u64 %p, [partials];
+  ld.param.u64 %cnt, [counter];
+  ld.param.u64 %o, [out];
+  mov.u32 %t, %tid.x;
+  mov.u32 %c, %ctaid.x;
+  mov.u32 %n, %nctaid.x;
+  mad.lo.u32 %i, %c, 64, %t;
+  mad.lo.u32 %v, %c, 1000, %t;
+  add.u32 %v, %v, 1;
+  cvt.rn.f32.u32 %f, %v;
+  mul.wide.u32 %off, %i, 4;
+  add.s64 %q, %p, %off;
+  st.global.f32 [%q], %f;
+  {release}
+  bar.sync 0;
+  setp.eq.u32 %first, %t, 0;
+  @%first {count} %old, [%cnt], 1;
+  @%first st.shared.u32 [last], %old;
+  bar.sync 0;
+  ld.shared.u32 %old, [last];
+  sub.u32 %v, %n, 1;
+  setp.ne.u32 %notlast, %old, %v;
+  @%notlast bra DONE;
+  {acquire}
+  mov.u32 %v, %ctaid.x;
+  @%first st.global.u32 [%cnt+4], %v;
+  mov.f32 %acc, 0f00000000;
+  mov.u32 %c, 0;
+LOOP:
+  mad.lo.u32 %i, %c, 64, %t;
+  mul.wide.u32 %off, %i, 4;
+  add.s64 %q, %p, %off;
+  ld.global{cache}.f32 %f, [%q];   // READ
+  add.f32 %acc, %acc, %f;
+  add.u32 %c, %c, 1;
+  setp.lt.u32 %more, %c, %n;
+  @%more bra LOOP;
+  mul.wide.u32 %off, %t, 4;
+  add.s64 %q, %o, %off;
+  st.global.f32 [%q], %acc;
+DONE:
+  ret;
+"""
+GOOD = dict(release="membar.gl;", acquire="membar.gl;", cache=".cg", count="atom.global.add.u32")
+WANT = np.array([sum(c * 1000 + t + 1 for c in range(CTAS)) for t in range(THREADS)], np.float32)
+
+
+def count_in_ptx(**change):
+    return module(COUNT_IN.format(**{**GOOD, **change}), ".param .u64 partials, .param .u64 counter, .param .u64 out")
+
+
+def count_in(seed=0, sanitize=True, **change):
+    ptx = count_in_ptx(**change)
+    partials = np.zeros(CTAS * THREADS, np.float32)
+    counter = np.zeros(2, np.uint32)
+    out = np.full(THREADS, np.nan, np.float32)
+    launch(ptx, "k", (CTAS, 1, 1), (THREADS, 1, 1), [partials, counter, out], seed=seed,
+           sanitize=sanitize, kernel_name="count_in")
+    return out, int(counter[1])
+
+
+def expect_finding(what, **change):
+    """The planted bug is a finding at the READ line, for every seed; returns a message."""
+    line = next(i + 1 for i, text in enumerate(count_in_ptx(**change).splitlines()) if "// READ" in text)
+    for seed in SEEDS:
+        with pytest.raises(SanitizerError) as err:
+            count_in(seed, **change)
+        msg = str(err.value)
+        assert msg.startswith(f"count_in: line {line}: `ld.global"), msg
+        assert re.search(what, msg), msg
+        assert re.search(r"\[CTA \(\d,0,0\), thread \(\d+,0,0\)\]$", msg), msg
+    return msg
+
+
+def test_release_then_acquire_passes_in_every_interleaving():
+    lasts = set()
+    for seed in SEEDS:
+        out, last = count_in(seed)
+        np.testing.assert_array_equal(out, WANT)
+        lasts.add(last)
+    assert len(lasts) > 1, f"the same CTA completed the count under every seed: {lasts}"
+
+
+@pytest.mark.parametrize("change", [
+    dict(release="fence.acq_rel.gpu;", acquire="fence.acq_rel.gpu;"),
+    dict(release="fence.sc.sys;", acquire="membar.sys;"),
+    dict(release="", acquire="", count="atom.acq_rel.gpu.global.add.u32"),
+    dict(release="", count="atom.release.gpu.global.add.u32"),
+    dict(acquire="", count="atom.acquire.gpu.global.add.u32"),
+    dict(cache=""),
+], ids=["fence.acq_rel", "fence.sc+membar.sys", "atom.acq_rel", "atom.release+membar", "membar+atom.acquire",
+        "plain-ld"])
+def test_other_correct_patterns_pass(change):
+    for seed in SEEDS[:2]:
+        np.testing.assert_array_equal(count_in(seed, **change)[0], WANT)
+
+
+def test_missing_release_and_acquire():
+    msg = expect_finding(r"global-memory race: reads partials\[\d+\], which CTA \(\d,0,0\) wrote \(line \d+ "
+                         r"`st.global.f32 \[%q\], %f;`\)", release="", acquire="")
+    assert "signalled with line" in msg and "atom.global.add.u32" in msg and "without releasing" in msg
+    for seed in SEEDS:
+        assert not np.array_equal(count_in(seed, sanitize=False, release="", acquire="")[0], WANT)
+
+
+def test_missing_release_only():
+    msg = expect_finding("global-memory race", release="")
+    assert "without releasing" in msg
+    assert not np.array_equal(count_in(sanitize=False, release="")[0], WANT)
+
+
+def test_missing_acquire_only():
+    msg = expect_finding("global-memory race", acquire="")
+    assert "never acquired a release" in msg
+    assert not np.array_equal(count_in(sanitize=False, acquire="")[0], WANT)
+
+
+def test_release_before_the_writes_is_no_release():
+    """membar.gl must come after the data it publishes: here it precedes the store."""
+    body = dict(release="")
+    ptx_change = COUNT_IN.replace("  st.global.f32 [%q], %f;\n", "  membar.gl;\n  st.global.f32 [%q], %f;\n")
+    ptx = module(ptx_change.format(**{**GOOD, **body}), ".param .u64 partials, .param .u64 counter, .param .u64 out")
+    with pytest.raises(SanitizerError, match="global-memory race"):
+        launch(ptx, "k", (CTAS, 1, 1), (THREADS, 1, 1),
+               [np.zeros(CTAS * THREADS, np.float32), np.zeros(2, np.uint32), np.zeros(THREADS, np.float32)])
+
+
+def test_non_coherent_read_of_data_written_in_the_launch():
+    msg = expect_finding(r"non-coherent load \(.nc / ldu\) of partials\[\d+\], which CTA", cache=".nc")
+    assert "stale" in msg
+    for seed in SEEDS:
+        assert not np.array_equal(count_in(seed, sanitize=False, cache=".nc")[0], WANT)
+
+
+def test_cta_scoped_counter_does_not_order_other_ctas():
+    with pytest.raises(SanitizerError, match=r"atomically updates counter\[0\]"):
+        count_in(count="atom.relaxed.cta.global.add.u32")
+
+
+def test_nc_read_of_inputs_is_fine():
+    """.nc is right for data no thread writes during the launch."""
+    ptx = module("""
+  .reg .b64 %a, %b, %off;
+  .reg .b32 %c, %v;
+  ld.param.u64 %a, [a];
+  ld.param.u64 %b, [b];
+  mov.u32 %c, %ctaid.x;
+  ld.global.nc.u32 %v, [%a];
+  add.u32 %v, %v, %c;
+  mul.wide.u32 %off, %c, 4;
+  add.s64 %b, %b, %off;
+  st.global.u32 [%b], %v;
+  ret;""", ".param .u64 a, .param .u64 b")
+    b = np.zeros(4, np.uint32)
+    launch(ptx, "k", (4, 1, 1), (1, 1, 1), [np.array([7], np.uint32), b])
+    assert list(b) == [7, 8, 9, 10]
+
+
+# ---- a flag between two CTAs: store-release / load-acquire and the spin-wait -------------
+FLAG = """
+  .reg .b32 %c, %v, %g;
+  .reg .b64 %d, %f, %o;
+  .reg .pred %p;
+  ld.param.u64 %d, [data];
+  ld.param.u64 %f, [flag];
+  ld.param.u64 %o, [out];
+  mov.u32 %c, %ctaid.x;
+  setp.ne.u32 %p, %c, 0;
+  @%p bra CONSUMER;
+  mov.u32 %v, 42;
+  st.global.u32 [%d], %v;
+  {publish}
+  ret;
+CONSUMER:
+  {wait}
+  setp.eq.u32 %p, %g, 0;
+  @%p bra CONSUMER;
+  {after}
+  ld.global.u32 %v, [%d];   // READ
+  st.global.u32 [%o], %v;
+  ret;
+"""
+
+
+def flag(seed=0, sanitize=True, publish="st.release.gpu.global.u32 [%f], 1;",
+         wait="ld.acquire.gpu.global.u32 %g, [%f];", after=""):
+    ptx = module(FLAG.format(publish=publish, wait=wait, after=after),
+                 ".param .u64 data, .param .u64 flag, .param .u64 out")
+    out = np.zeros(1, np.uint32)
+    launch(ptx, "k", (2, 1, 1), (32, 1, 1), [np.zeros(1, np.uint32), np.zeros(1, np.uint32), out],
+           seed=seed, sanitize=sanitize)
+    return out[0]
+
+
+@pytest.mark.parametrize("publish, wait, after", [
+    ("st.release.gpu.global.u32 [%f], 1;", "ld.acquire.gpu.global.u32 %g, [%f];", ""),
+    ("fence.acq_rel.gpu; st.relaxed.gpu.global.u32 [%f], 1;", "ld.relaxed.gpu.global.u32 %g, [%f];",
+     "fence.acq_rel.gpu;"),
+    ("membar.gl; st.volatile.global.u32 [%f], 1;", "ld.volatile.global.u32 %g, [%f];", "membar.gl;"),
+    ("red.release.gpu.global.add.u32 [%f], 1;", "atom.acquire.gpu.global.or.b32 %g, [%f], 0;", ""),
+], ids=["st.release/ld.acquire", "fences+relaxed", "membar+volatile", "red.release/atom.acquire"])
+def test_flag_patterns_pass(publish, wait, after):
+    for seed in SEEDS:
+        assert flag(seed, publish=publish, wait=wait, after=after) == 42
+
+
+@pytest.mark.parametrize("publish, wait, after, why", [
+    ("st.relaxed.gpu.global.u32 [%f], 1;", "ld.acquire.gpu.global.u32 %g, [%f];", "", "without releasing"),
+    ("st.release.gpu.global.u32 [%f], 1;", "ld.relaxed.gpu.global.u32 %g, [%f];", "", "never acquired"),
+    ("st.release.gpu.global.u32 [%f], 1;", "ld.relaxed.cta.global.u32 %g, [%f];", "fence.acq_rel.gpu;",
+     "never acquired"),
+    ("st.release.gpu.global.u32 [%f], 1;", "ld.relaxed.gpu.global.u32 %g, [%f];", "fence.acq_rel.cta;",
+     "never acquired"),
+    # a reduction's read forms no acquire pattern (PTX ISA 8.8)
+    ("st.release.gpu.global.u32 [%f], 1;", "red.gpu.global.add.u32 [%f], 0; ld.relaxed.gpu.global.u32 %g, [%f];",
+     "", "never acquired"),
+], ids=["relaxed-store", "relaxed-load", "cta-scope-load", "cta-scope-fence", "red-no-acquire"])
+def test_broken_flag_patterns_are_findings(publish, wait, after, why):
+    for seed in SEEDS[:2]:
+        with pytest.raises(SanitizerError, match=why):
+            flag(seed, publish=publish, wait=wait, after=after)
+    assert flag(publish=publish, wait=wait, after=after, sanitize=False) == 0    # the stale value
+
+
+def test_a_spin_that_nothing_ends_is_a_deadlock():
+    with pytest.raises(SanitizerError, match="spin-waits on global memory that no running thread writes"):
+        flag(publish="", wait="ld.acquire.gpu.global.u32 %g, [%f];")
+
+
+# ---- a grid barrier (the persistent decoder's shape, spin out of line) ------------------
+GRID_BARRIER = """
+  .reg .b32 %c, %n, %t, %v, %seen, %arr, %g;
+  .reg .b64 %x, %y, %b, %off;
+  .reg .pred %first, %p;
+  ld.param.u64 %x, [x];
+  ld.param.u64 %y, [y];
+  ld.param.u64 %b, [bar];
+  mov.u32 %c, %ctaid.x;
+  mov.u32 %n, %nctaid.x;
+  mov.u32 %t, %tid.x;
+  setp.eq.u32 %first, %t, 0;
+  mad.lo.u32 %v, %c, 64, %t;
+  mul.wide.u32 %off, %v, 4;
+  add.s64 %off, %x, %off;
+  add.u32 %v, %v, 7;
+  st.global.u32 [%off], %v;
+  bar.sync 0;
+  @!%first bra PASSED;
+  ld.relaxed.gpu.global.u32 %seen, [%b+4];
+  {fence}
+  atom.relaxed.gpu.global.add.u32 %arr, [%b], 1;
+  sub.u32 %v, %n, 1;
+  setp.eq.u32 %p, %arr, %v;
+  @!%p bra SPIN;
+  st.relaxed.gpu.global.u32 [%b], 0;
+  add.u32 %seen, %seen, 1;
+  {fence}
+  st.relaxed.gpu.global.u32 [%b+4], %seen;
+RESUME:
+  {fence}
+PASSED:
+  bar.sync 0;
+  add.u32 %v, %c, 1;
+  rem.u32 %v, %v, %n;
+  mad.lo.u32 %v, %v, 64, %t;
+  mul.wide.u32 %off, %v, 4;
+  add.s64 %off, %x, %off;
+  ld.global.cg.u32 %v, [%off];   // READ
+  mad.lo.u32 %g, %c, 64, %t;
+  mul.wide.u32 %off, %g, 4;
+  add.s64 %off, %y, %off;
+  st.global.u32 [%off], %v;
+  ret;
+SPIN:
+  ld.relaxed.gpu.global.u32 %g, [%b+4];
+  setp.eq.u32 %p, %g, %seen;
+  @%p bra SPIN;
+  bra RESUME;
+"""
+
+
+def grid_barrier(fence, seed=0, sanitize=True, ctas=6):
+    ptx = module(GRID_BARRIER.format(fence=fence), ".param .u64 x, .param .u64 y, .param .u64 bar")
+    x, y, bar = np.zeros(ctas * 64, np.uint32), np.zeros(ctas * 64, np.uint32), np.zeros(2, np.uint32)
+    launch(ptx, "k", (ctas, 1, 1), (64, 1, 1), [x, y, bar], seed=seed, sanitize=sanitize)
+    return y, bar
+
+
+def test_grid_barrier_with_fences_passes():
+    want = np.roll(np.arange(6 * 64) + 7, -64)
+    for seed in SEEDS:
+        y, bar = grid_barrier("fence.acq_rel.gpu;", seed)
+        np.testing.assert_array_equal(y, want)
+        assert list(bar) == [0, 1]
+
+
+def test_grid_barrier_without_fences():
+    for seed in SEEDS:
+        with pytest.raises(SanitizerError, match=r"global-memory race: reads x\[\d+\]"):
+            grid_barrier("", seed)
+    y, _ = grid_barrier("", sanitize=False)
+    assert not np.array_equal(y, np.roll(np.arange(6 * 64) + 7, -64))
+
+
+# ---- races without any synchronisation ---------------------------------------------------
+def test_two_ctas_writing_one_element():
+    ptx = module("""
+  .reg .b64 %a;
+  .reg .b32 %c;
+  ld.param.u64 %a, [a];
+  mov.u32 %c, %ctaid.x;
+  st.global.u32 [%a], %c;   // BUG
+  ret;""", ".param .u64 a")
+    with pytest.raises(SanitizerError, match=r"global-memory race: overwrites a\[0\], which CTA \(\d,0,0\) wrote"):
+        launch(ptx, "k", (2, 1, 1), (1, 1, 1), [np.zeros(1, np.uint32)])
+
+
+def test_reading_another_ctas_output_without_synchronisation():
+    """No atomics or fences at all (lockstep): the read after the other CTA's write is flagged."""
+    ptx = module("""
+  .reg .b64 %a, %off;
+  .reg .b32 %c, %v;
+  ld.param.u64 %a, [a];
+  mov.u32 %c, %ctaid.x;
+  mul.wide.u32 %off, %c, 4;
+  add.s64 %off, %a, %off;
+  st.global.u32 [%off], %c;
+  ld.global.u32 %v, [%a];
+  ret;""", ".param .u64 a")
+    with pytest.raises(SanitizerError, match=r"reads a\[0\], which CTA \(0,0,0\) wrote .* the writer has not released"):
+        launch(ptx, "k", (2, 1, 1), (1, 1, 1), [np.zeros(2, np.uint32)])
+
+
+def test_atomic_counters_without_fences_are_fine_on_their_own():
+    """Relaxed atomics are morally strong: a histogram needs no fence."""
+    ptx = module("""
+  .reg .b64 %a;
+  .reg .b32 %t;
+  ld.param.u64 %a, [a];
+  mov.u32 %t, %tid.x;
+  and.b32 %t, %t, 3;
+  mul.lo.u32 %t, %t, 4;
+  cvt.u64.u32 %a, %t;
+  ld.param.u64 %a, [a];
+  red.global.add.u32 [%a], 1;
+  atom.global.add.u32 %t, [%a+4], 1;
+  ret;""", ".param .u64 a")
+    a = np.zeros(2, np.uint32)
+    launch(ptx, "k", (16, 1, 1), (64, 1, 1), [a])
+    assert list(a) == [1024, 1024]
+
+
+def test_bad_ordering_model_inputs():
+    with pytest.raises(InterpError, match="2\\^24 CTAs"):
+        launch(module("  ret;", ""), "k", (1 << 24, 1, 1), (1, 1, 1), [])
