@@ -6,7 +6,7 @@ x is quantised once per CTA (x is k floats, the weights n*k*0.56 bytes: every CT
 L2 costs nothing) into shared memory, as llama.cpp's Q8_1 path does: blocks of 32 values, each
 with an f32 scale dx = max|v| / 127 and q = rint(v * 127 / max|v|) as int8 (one fma: adding
 1.5 * 2^23 leaves the rounded integer, two's complement, in the low byte of the f32), plus the
-block's s = dx * sum(q) for the min term. The product is then exact integer arithmetic on 4-bit
+block's s = dx * sum(q) for the min term (staged negated, so one accumulator takes both terms). The product is then exact integer arithmetic on 4-bit
 codes and int8 values: for a word w of quant bytes, `dp4a(w & 0x0F0F0F0F, x4)` is the low nibbles'
 dot and `dp4a(w & 0xF0F0F0F0, x4)` 16 times the high nibbles' (the 1/16 is folded into the staged
 scale of those blocks), so 8 weights cost 4 instructions. Per 32-weight sub-block j:
@@ -48,9 +48,10 @@ STEP_BLOCKS = 32 // LANES_PER_BLOCK  # blocks a warp step covers
 STEP_BYTES = STEP_BLOCKS * BLOCK_BYTES
 X_GROUP = 32  # values per x scale (llama.cpp's Q8_1 block)
 STAGE_VALUES = 16  # x values one thread quantises (two threads a scale group, one shuffle apart)
-# Staged x per step: the int8 values (4 loads of 16 bytes per lane) and the scales (16 bytes a lane).
+# Staged x per step: the int8 values (4 loads of 16 bytes a lane), then the scales (16 bytes a
+# lane), side by side so that one pointer register reaches both.
 STEP_X_BYTES = STEP_BLOCKS * BLOCK_WEIGHTS
-STEP_SCALE_BYTES = STEP_BLOCKS * (BLOCK_WEIGHTS // X_GROUP) * 8
+STEP_STAGE_BYTES = STEP_X_BYTES + STEP_BLOCKS * (BLOCK_WEIGHTS // X_GROUP) * 8
 # Row-steps of a warp's fully unrolled sequence (~70 PTX instructions each).
 MAX_ITEMS = 32
 MAX_K = STEP_BLOCKS * BLOCK_WEIGHTS * MAX_ITEMS  # 65536: longer rows would need split-K > 1 always
@@ -171,17 +172,13 @@ class Q4kPlan:
     # --- staged x (shared memory) ---------------------------------------------------------------
     @property
     def x_bytes(self) -> int:
-        """int8 x, padded to whole steps: step s, load t (0..3), lane L at 2048 s + 512 t + 16 L."""
-        return self.steps * STEP_X_BYTES
-
-    @property
-    def scale_bytes(self) -> int:
-        """Per lane and step 16 bytes {dx, s} of its two sub-blocks, at 512 s + 16 L."""
-        return self.steps * STEP_SCALE_BYTES
+        """Staged x, per step STEP_STAGE_BYTES: the int8 values (load t = 0..3 of lane L at
+        512 t + 16 L), then 16 bytes a lane {dx, -s} of its two sub-blocks (at 2048 + 16 L)."""
+        return self.steps * STEP_STAGE_BYTES
 
     @property
     def partials_offset(self) -> int:
-        return self.x_bytes + self.scale_bytes
+        return self.x_bytes
 
     @property
     def shared_bytes(self) -> int:
@@ -207,14 +204,16 @@ def divisors(number: int) -> list[int]:
 
 def quantize_x(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The kernels' int8 quantisation of f32 values v [..., k] (k a multiple of 32), bit for bit:
-    per group of 32, dx = max|v| / 127 and q = rint(v * (127 / max|v|)) (f32 divisions, the product
-    exact, halves to even; all zero when max|v| = 0). Returns (q int8 [..., k], dx f32 [..., k/32])."""
+    per group of 32 with m = max|v|, dx = f32(m * f32(1/127)) and q = rint(v * inv) with
+    inv = f32(127 / m) (the product exact, halves to even); a group with m outside
+    [2^-100, 2^100] (or NaN) is all zeros with dx = 0. Returns (q int8 [..., k], dx f32 [..., k/32])."""
     v = np.asarray(v, np.float32)
     groups = v.reshape(*v.shape[:-1], -1, X_GROUP)
     amax = np.abs(groups).max(axis=-1)
-    scale = amax / np.float32(127)
-    with np.errstate(divide="ignore"):
-        inverse = np.where(amax == 0, np.float32(0), np.float32(127) / amax).astype(np.float32)
+    normal = (amax >= np.float32(2.0**-100)) & (amax <= np.float32(2.0**100))
+    safe = np.where(normal, amax, np.float32(1))
+    inverse = np.where(normal, np.float32(127) / safe, np.float32(0)).astype(np.float32)
+    scale = np.where(normal, amax * np.float32(1 / 127), np.float32(0)).astype(np.float32)
     q = np.rint(groups.astype(np.float64) * inverse[..., None].astype(np.float64))
     return q.astype(np.int8).reshape(v.shape), scale
 
