@@ -129,7 +129,7 @@ class Q4kGemv(Kind):
         for (name, n), ctas in zip(self.matrices.items(), plan.matrix_ctas):
             matrices.append({"y": f"y{name}", "w": f"w{name}", "n": n, "cta_start": start})
             start += ctas
-        weight_rows = [("%wq", "%wh", r * plan.row_bytes) for r in range(plan.rows_per_warp)]
+        weight_rows = [("%wq", "%wh", r * plan.row_bytes) for r in range(plan.rows_per_trip)]
         return {"plan": plan, "matrices": matrices, "weight_rows": weight_rows, "max_registers": MAX_REGISTERS,
                 "fused": self.fused, "eps": getattr(self.config, "eps", 0.0)}
 

@@ -23,9 +23,12 @@ the other half is the next instruction's, so the weights go through L1 and are f
 the block's 16-byte header (the 4 lanes of a block share the address). A warp runs a *sequence* of
 row-steps (items): `rows_per_warp` consecutive rows x the steps of its part of k (`split_k` warps
 share a row, each over a contiguous range of steps, their sums added in shared memory in a fixed
-order). The sequence is fully unrolled (at most MAX_ITEMS items) with `unroll` register slots
-rotating: the loads of item i+unroll are issued as soon as item i is computed, so a lane always has
+order). The sequence is a loop over its rows whose body (a row, or the few rows that make the
+slots line up; at most MAX_ITEMS row-steps) is unrolled, with `unroll` register slots rotating:
+the loads of item i+unroll are issued as soon as item i is computed, so a lane always has
 unroll-1 .. unroll items (48 bytes each) in flight; the first `unroll` go out before x is staged.
+The loop, and a guard on the loads that ptxas cannot see through, keep ptxas from hoisting more
+loads than the 64 registers hold (it spilled otherwise).
 
 Defaults aim at one wave of an H100 at 64 registers a thread (132 SMs x 32 warps): split-K until
 there are enough warps, rows per warp to fill the wave, and the largest CTA (up to 32 warps) that
@@ -35,6 +38,7 @@ it fewer times).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -52,7 +56,7 @@ STAGE_VALUES = 16  # x values one thread quantises (two threads a scale group, o
 # lane), side by side so that one pointer register reaches both.
 STEP_X_BYTES = STEP_BLOCKS * BLOCK_WEIGHTS
 STEP_STAGE_BYTES = STEP_X_BYTES + STEP_BLOCKS * (BLOCK_WEIGHTS // X_GROUP) * 8
-# Row-steps of a warp's fully unrolled sequence (~70 PTX instructions each).
+# Row-steps of the unrolled body of a warp's row loop (~70 PTX instructions each).
 MAX_ITEMS = 32
 MAX_K = STEP_BLOCKS * BLOCK_WEIGHTS * MAX_ITEMS  # 65536: longer rows would need split-K > 1 always
 # The wave the defaults fill: an H100's 132 SMs x 32 resident warps (occupancy 0.5: 64 registers).
@@ -60,6 +64,8 @@ RESIDENT_WARPS = 132 * 32
 MIN_CTAS = 128
 MAX_WARPS = 32  # 1024 threads: one CTA an SM at 64 registers
 MAX_REGISTERS = 64
+# x is quantised in rounds of one 16-value unit a thread, unrolled (see q8_stage): at most this many.
+MAX_STAGE_ROUNDS = 8
 # 1.5 * 2^23: v + MAGIC rounds v to an integer in the low mantissa bits (exact for |v| < 2^22).
 ROUND_MAGIC = 12582912.0
 
@@ -81,6 +87,8 @@ class Q4kPlan:
     rows_per_warp: int
     split_k: int
     unroll: int
+    # Rows of the unrolled loop body (the rows of a warp are a loop over bodies): see rows_per_trip.
+    trip_rows: int = 0
     l1_no_allocate: bool = False
     l2_prefetch: int = 0  # bytes: the .L2::<N>B prefetch hint on weight loads (0: none)
 
@@ -106,7 +114,12 @@ class Q4kPlan:
                 groups //= 2
             warps = split * max(1, min(groups, ceil_div(n, rows)))
         unroll = min(config.unroll or 2, rows * part)
-        return cls(tuple(matrices), config.k, warps, rows, split, unroll, config.l1_no_allocate, config.l2_prefetch)
+        # The loop body: the fewest rows whose row-steps are a multiple of unroll (so the slots line
+        # up from one trip to the next), or all rows when that does not divide them.
+        trip_rows = unroll // math.gcd(unroll, part)
+        trip_rows = trip_rows if rows % trip_rows == 0 else rows
+        return cls(tuple(matrices), config.k, warps, rows, split, unroll, trip_rows, config.l1_no_allocate,
+                   config.l2_prefetch)
 
     # --- shapes ----------------------------------------------------------------------------
     @property
@@ -153,10 +166,28 @@ class Q4kPlan:
         return sum(self.matrix_ctas)
 
     # --- the warp's sequence -----------------------------------------------------------------
+    @property
+    def rows_per_trip(self) -> int:
+        """Rows of the unrolled body of the warp's row loop (all its rows when trip_rows is 0)."""
+        return self.trip_rows or self.rows_per_warp
+
+    @property
+    def trips(self) -> int:
+        return self.rows_per_warp // self.rows_per_trip
+
     @cached_property
     def items(self) -> tuple[Item, ...]:
-        count = self.rows_per_warp * self.part_steps
+        """The row-steps of one trip, in order."""
+        count = self.rows_per_trip * self.part_steps
         return tuple(Item(i // self.part_steps, i % self.part_steps, i % self.unroll) for i in range(count))
+
+    def next_load(self, index: int) -> tuple[Item, bool] | None:
+        """What is loaded after item `index` of a trip: the item `unroll` further on, and whether
+        it is the next trip's; None past the last."""
+        later = index + self.unroll
+        if later < len(self.items):
+            return self.items[later], False
+        return (self.items[later - len(self.items)], True) if self.trips > 1 else None
 
     def is_partial(self, item: Item) -> bool:
         """Whether the item is (in the last part) a row's last step with fewer than 8 blocks."""
@@ -177,8 +208,16 @@ class Q4kPlan:
         return self.steps * STEP_STAGE_BYTES
 
     @property
-    def partials_offset(self) -> int:
+    def lane_sums_offset(self) -> int:
+        """Each lane's part of each of its rows' dot products: [warp][row][lane] f32 (summed over
+        the warp after its row loop: a shuffle inside a loop makes ptxas add a slow path that calls
+        a subroutine, and spill around it)."""
         return self.x_bytes
+
+    @property
+    def partials_offset(self) -> int:
+        """With split_k: each part's row sums, [row of the CTA][part] f32."""
+        return self.lane_sums_offset + 128 * self.warps * self.rows_per_warp
 
     @property
     def shared_bytes(self) -> int:
