@@ -27,8 +27,8 @@ order). The sequence is a loop over its rows whose body (a row, or the few rows 
 slots line up; at most MAX_ITEMS row-steps) is unrolled, with `unroll` register slots rotating:
 the loads of item i+unroll are issued as soon as item i is computed, so a lane always has
 unroll-1 .. unroll items (48 bytes each) in flight; the first `unroll` go out before x is staged.
-The loop, and a guard on the loads that ptxas cannot see through, keep ptxas from hoisting more
-loads than the 64 registers hold (it spilled otherwise).
+The loop keeps ptxas from hoisting more loads than the 64 registers hold (fully unrolled, it
+spilled).
 
 Defaults aim at one wave of an H100 at 64 registers a thread (132 SMs x 32 warps): split-K until
 there are enough warps, rows per warp to fill the wave, and the largest CTA (up to 32 warps) that
