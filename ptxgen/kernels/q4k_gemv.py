@@ -24,7 +24,7 @@ from pydantic import Field, field_validator, model_validator
 
 from ..q4k import BLOCK_BYTES, BLOCK_WEIGHTS, dequantize_f64, random_weights, row_bytes
 from .base import Geometry, Kind, KernelConfig, Param, Traffic
-from .families.q4k import MAX_ITEMS, MAX_K, MAX_REGISTERS, MAX_WARPS, Q4kPlan, dequantize_x, divisors
+from .families.q4k import MAX_K, MAX_REGISTERS, MAX_ROWS, MAX_WARPS, Q4kPlan, dequantize_x, divisors, min_warps
 
 MAX_N = 2**31 - 1
 # Relative L2 error of dequant(w) @ xq against dequant(w) @ x on Gaussian data (see the docstring).
@@ -44,8 +44,8 @@ class Q4kTuning(KernelConfig):
 
     k: int
     warps: int | None = Field(default=None, ge=1, le=MAX_WARPS)
-    rows_per_warp: int | None = Field(default=None, ge=1, le=MAX_ITEMS)
-    split_k: int | None = Field(default=None, ge=1, le=MAX_ITEMS)
+    rows_per_warp: int | None = Field(default=None, ge=1, le=MAX_ROWS)
+    split_k: int | None = Field(default=None, ge=1, le=MAX_WARPS)
     unroll: int | None = Field(default=None, ge=1, le=4)
     l1_no_allocate: bool = False
     l2_prefetch: Literal[0, 64, 128, 256] = 0
@@ -61,12 +61,11 @@ class Q4kTuning(KernelConfig):
         if self.split_k is not None and steps % self.split_k:
             raise ValueError(f"split_k: expected a divisor of the {steps} warp steps of a row (k/2048 rounded up): "
                              f"one of {', '.join(map(str, divisors(steps)))}; got {self.split_k}")
-        part = steps // (self.split_k or 1)
-        if self.rows_per_warp is not None and self.rows_per_warp * part > MAX_ITEMS:
-            raise ValueError(f"rows_per_warp: rows_per_warp * steps per warp ({part}) must be at most {MAX_ITEMS} "
-                             f"(the warp's sequence is unrolled), got {self.rows_per_warp}")
         if self.warps is not None and self.split_k is not None and self.warps % self.split_k:
             raise ValueError(f"warps: expected a multiple of split_k ({self.split_k}), got {self.warps}")
+        if self.warps is not None and self.warps < min_warps(self.k):
+            raise ValueError(f"warps: k = {self.k} needs at least {min_warps(self.k)} warps to quantise x "
+                             f"(16 values a thread, at most 8 rounds), got {self.warps}")
         return self
 
 

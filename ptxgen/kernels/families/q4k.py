@@ -58,6 +58,8 @@ STEP_X_BYTES = STEP_BLOCKS * BLOCK_WEIGHTS
 STEP_STAGE_BYTES = STEP_X_BYTES + STEP_BLOCKS * (BLOCK_WEIGHTS // X_GROUP) * 8
 # Row-steps of the unrolled body of a warp's row loop (~70 PTX instructions each).
 MAX_ITEMS = 32
+MAX_ROW_STEPS = 8  # the default split_k keeps a warp's part of a row within this many steps
+MAX_ROWS = 32  # rows a warp computes: row r's sum ends in lane r
 MAX_K = STEP_BLOCKS * BLOCK_WEIGHTS * MAX_ITEMS  # 65536: longer rows would need split-K > 1 always
 # The wave the defaults fill: an H100's 132 SMs x 32 resident warps (occupancy 0.5: 64 registers).
 RESIDENT_WARPS = 132 * 32
@@ -96,28 +98,35 @@ class Q4kPlan:
     def of(cls, config, matrices: tuple[int, ...]) -> Q4kPlan:
         """The geometry of a config (fields k, warps, rows_per_warp, split_k, unroll,
         l1_no_allocate, l2_prefetch) over matrices of these row counts: its tuning fields, else
-        the defaults described in the module."""
+        the defaults described in the module. The config's validators have checked the fields
+        against each other (see q4k_gemv.Q4kTuning)."""
         n = sum(matrices)
         steps = ceil_div(config.k // BLOCK_WEIGHTS, STEP_BLOCKS)
         split = config.split_k
         if split is None:
-            split = next((p for p in divisors(steps) if n * p >= RESIDENT_WARPS // 2), steps)
+            # Parts of at most MAX_ROW_STEPS steps (longer unrolled rows spilled on sm_80), then
+            # enough warps for half the wave.
+            fitting = [p for p in divisors(steps) if steps // p <= MAX_ROW_STEPS
+                       and (config.warps is None or config.warps % p == 0)] or [1]
+            split = next((p for p in fitting if n * p >= RESIDENT_WARPS // 2), fitting[-1])
         part = steps // split
-        rows = config.rows_per_warp
-        if rows is None:
-            rows = max(1, min(round(n * split / RESIDENT_WARPS), MAX_ITEMS // part))
-        rows = min(rows, *matrices)  # a warp past the end recomputes its matrix's last rows
+        rows = config.rows_per_warp or max(1, round(n * split / RESIDENT_WARPS))
+        rows = min(rows, MAX_ROWS, *matrices)  # a warp past the end recomputes its matrix's last rows
         warps = config.warps
         if warps is None:
             groups = MAX_WARPS // split
             while groups > 1 and ceil_div(ceil_div(n, rows), groups) < MIN_CTAS:
                 groups //= 2
-            warps = split * max(1, min(groups, ceil_div(n, rows)))
+            groups = min(groups, ceil_div(n, rows))
+            # At least enough threads to quantise x in MAX_STAGE_ROUNDS rounds.
+            warps = split * max(groups, ceil_div(min_warps(config.k), split))
         unroll = min(config.unroll or 2, rows * part)
         # The loop body: the fewest rows whose row-steps are a multiple of unroll (so the slots line
-        # up from one trip to the next), or all rows when that does not divide them.
+        # up from one trip to the next); all rows when that does not divide them, with one slot
+        # if those would be too many row-steps to unroll.
         trip_rows = unroll // math.gcd(unroll, part)
-        trip_rows = trip_rows if rows % trip_rows == 0 else rows
+        if rows % trip_rows:
+            trip_rows, unroll = (rows, unroll) if rows * part <= MAX_ITEMS else (1, 1)
         return cls(tuple(matrices), config.k, warps, rows, split, unroll, trip_rows, config.l1_no_allocate,
                    config.l2_prefetch)
 
@@ -235,6 +244,11 @@ class Q4kPlan:
     def loads_in_flight(self) -> int:
         """Weight bytes a lane has requested and not yet used, at most."""
         return 48 * self.unroll
+
+
+def min_warps(k: int) -> int:
+    """Warps a CTA needs to quantise k values of x in MAX_STAGE_ROUNDS rounds."""
+    return ceil_div(k // STAGE_VALUES, 32 * MAX_STAGE_ROUNDS)
 
 
 def divisors(number: int) -> list[int]:
