@@ -6,9 +6,9 @@ that product in float64, so the kind's tolerance is f32 accumulation only.
 How far xq's product is from the unquantised dequant(w) @ x (the KERNELS.md formula): x is
 rounded to 8 bits relative to each block's max|x|, so each element moves by at most dx/2 =
 max|x|/254. On Gaussian x (mean 0.25, sd 1) and Gaussian-quantised Q4_K rows the relative L2
-error of y is 0.46% at k = 4096 and does not depend on k (QUANTISATION_ERROR below, measured by
-tests/test_q4k_gemv.py::test_int8_x_error_against_the_unquantised_product); the same order
-as the Q4_K weights' own quantisation error against the original weights.
+error of y is 0.53% on average (0.52-0.58% over 5 seeds each at k = 256, 4096, 12288, 16384: it
+does not depend on k); QUANTISATION_ERROR bounds it, and tests check it. For scale: the Q4_K
+quantisation of those weights moves y by 7.7%.
 
 The kernel is the family's (geometry, defaults, the int8 path in ptxgen/kernels/families/q4k.py,
 macros in templates/families/q4k.ptx.j2) under a 64-register cap: 32 warps an SM (occupancy 0.5
@@ -28,7 +28,7 @@ from .families.q4k import MAX_K, MAX_REGISTERS, MAX_ROWS, MAX_WARPS, Q4kPlan, de
 
 MAX_N = 2**31 - 1
 # Relative L2 error of dequant(w) @ xq against dequant(w) @ x on Gaussian data (see the docstring).
-QUANTISATION_ERROR = 4.6e-3
+QUANTISATION_ERROR = 6e-3
 
 
 def check_k(k: int) -> int:
@@ -120,7 +120,7 @@ class Q4kGemv(Kind):
                 f"of a row (4 lanes x 32 quant bytes per block), {p.unroll} row-steps of loads in flight")
 
     def static_shared(self) -> int:
-        return 4 * self.plan.warps if self.fused and self.plan.warps > 1 else 0
+        return 8 * self.plan.warps + 4 if self.fused else 4  # warp sums and RMS factors; a zero word
 
     def template_vars(self) -> dict:
         plan = self.plan

@@ -6,7 +6,8 @@ so do gate and up. One launch instead of two or three saves the launch gaps and 
 quantisation of x, and a group's rows fill the GPU where one small matrix would not (k and v:
 2 x 1024 rows). Each matrix gets its own run of CTAs (one Q4kPlan geometry, its defaults chosen
 for the rows of all the matrices together), so a CTA never mixes matrices and each row is
-computed exactly as q4k_gemv with the same split_k computes it (bit for bit: tests check it).
+computed exactly as q4k_gemv with the same split_k (and warps, for the fused kinds' RMS factor)
+computes it: bit for bit, tests check it.
 Params: y_<name> f32[rows] for each matrix in order, then w_<name> u8[rows, (k/256)*144] in the
 same order, then x f32[k].
 """

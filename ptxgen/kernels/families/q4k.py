@@ -118,15 +118,17 @@ class Q4kPlan:
             while groups > 1 and ceil_div(ceil_div(n, rows), groups) < MIN_CTAS:
                 groups //= 2
             groups = min(groups, ceil_div(n, rows))
-            # At least enough threads to quantise x in MAX_STAGE_ROUNDS rounds.
-            warps = split * max(groups, ceil_div(min_warps(config.k), split))
+            # Enough threads to quantise x in one round where 32 warps can (k <= 16384): more
+            # rounds cost a dependent trip to L2 each, and their registers (groups without a row
+            # skip the rows).
+            warps = split * max(groups, ceil_div(min(MAX_WARPS, ceil_div(config.k, 32 * STAGE_VALUES)), split))
         unroll = min(config.unroll or 2, rows * part)
         # The loop body: the fewest rows whose row-steps are a multiple of unroll (so the slots line
-        # up from one trip to the next); all rows when that does not divide them, with one slot
-        # if those would be too many row-steps to unroll.
+        # up from one trip to the next), if they divide the rows and make at most MAX_ROW_STEPS
+        # row-steps (longer bodies spilled); else one row a trip with one slot.
         trip_rows = unroll // math.gcd(unroll, part)
-        if rows % trip_rows:
-            trip_rows, unroll = (rows, unroll) if rows * part <= MAX_ITEMS else (1, 1)
+        if rows % trip_rows or trip_rows * part > MAX_ROW_STEPS:
+            trip_rows, unroll = 1, 1
         return cls(tuple(matrices), config.k, warps, rows, split, unroll, trip_rows, config.l1_no_allocate,
                    config.l2_prefetch)
 
