@@ -104,11 +104,13 @@ class Q4kPlan:
         steps = ceil_div(config.k // BLOCK_WEIGHTS, STEP_BLOCKS)
         split = config.split_k
         if split is None:
-            # Parts of at most MAX_ROW_STEPS steps (longer unrolled rows spilled on sm_80), then
+            # Parts of at most MAX_ROW_STEPS steps (longer unrolled rows spilled on sm_80), and
             # enough warps for half the wave.
             fitting = [p for p in divisors(steps) if steps // p <= MAX_ROW_STEPS
                        and (config.warps is None or config.warps % p == 0)] or [1]
-            split = next((p for p in fitting if n * p >= RESIDENT_WARPS // 2), fitting[-1])
+            enough = [p for p in fitting if n * p >= RESIDENT_WARPS // 2] or fitting[-1:]
+            # An even part lets two slots line up in a one-row loop body (an odd one may take one).
+            split = next((p for p in enough if steps // p % 2 == 0), enough[0])
         part = steps // split
         rows = config.rows_per_warp or max(1, round(n * split / RESIDENT_WARPS))
         rows = min(rows, MAX_ROWS, *matrices)  # a warp past the end recomputes its matrix's last rows
@@ -121,13 +123,17 @@ class Q4kPlan:
             # Enough threads to quantise x in one round where 32 warps can (k <= 16384): more
             # rounds cost a dependent trip to L2 each, and their registers (groups without a row
             # skip the rows).
-            warps = split * max(groups, ceil_div(min(MAX_WARPS, ceil_div(config.k, 32 * STAGE_VALUES)), split))
+            staging = ceil_div(ceil_div(config.k, 32 * STAGE_VALUES), split)
+            warps = split * min(max(groups, staging), MAX_WARPS // split)
         unroll = min(config.unroll or 2, rows * part)
-        # The loop body: the fewest rows whose row-steps are a multiple of unroll (so the slots line
-        # up from one trip to the next), if they divide the rows and make at most MAX_ROW_STEPS
-        # row-steps (longer bodies spilled); else one row a trip with one slot.
+        # The loop body: all the rows if they make at most MAX_ROW_STEPS row-steps (longer bodies
+        # spilled), else the fewest rows whose row-steps are a multiple of unroll (so the slots
+        # line up from one trip to the next) if they divide the rows and are few enough, else one
+        # row a trip with one slot.
         trip_rows = unroll // math.gcd(unroll, part)
-        if rows % trip_rows or trip_rows * part > MAX_ROW_STEPS:
+        if rows * part <= MAX_ROW_STEPS:
+            trip_rows = rows
+        elif rows % trip_rows or trip_rows * part > MAX_ROW_STEPS:
             trip_rows, unroll = 1, 1
         return cls(tuple(matrices), config.k, warps, rows, split, unroll, trip_rows, config.l1_no_allocate,
                    config.l2_prefetch)
