@@ -60,6 +60,9 @@ STEP_STAGE_BYTES = STEP_X_BYTES + STEP_BLOCKS * (BLOCK_WEIGHTS // X_GROUP) * 8
 MAX_ITEMS = 32
 MAX_ROW_STEPS = 8  # the default split_k keeps a warp's part of a row within this many steps
 MAX_ROWS = 32  # rows a warp computes: row r's sum ends in lane r
+# The default rows a warp: past one wave, more CTAs cost nothing, while each row takes 128 bytes
+# a warp of shared memory for its lane sums (32 warps x 8 rows: 32 KB).
+DEFAULT_MAX_ROWS = 8
 MAX_K = STEP_BLOCKS * BLOCK_WEIGHTS * MAX_ITEMS  # 65536: longer rows would need split-K > 1 always
 # The wave the defaults fill: an H100's 132 SMs x 32 resident warps (occupancy 0.5: 64 registers).
 RESIDENT_WARPS = 132 * 32
@@ -112,7 +115,7 @@ class Q4kPlan:
             # An even part lets two slots line up in a one-row loop body (an odd one may take one).
             split = next((p for p in enough if steps // p % 2 == 0), enough[0])
         part = steps // split
-        rows = config.rows_per_warp or max(1, round(n * split / RESIDENT_WARPS))
+        rows = config.rows_per_warp or max(1, min(round(n * split / RESIDENT_WARPS), DEFAULT_MAX_ROWS))
         rows = min(rows, MAX_ROWS, *matrices)  # a warp past the end recomputes its matrix's last rows
         warps = config.warps
         if warps is None:
