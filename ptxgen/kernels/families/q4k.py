@@ -5,35 +5,41 @@ bound. The PTX is the macros of templates/families/q4k.ptx.j2; `Q4kPlan` is what
 x is quantised once per CTA (x is k floats, the weights n*k*0.56 bytes: every CTA reading x from
 L2 costs nothing) into shared memory, as llama.cpp's Q8_1 path does: blocks of 32 values, each
 with an f32 scale dx = max|v| / 127 and q = rint(v * 127 / max|v|) as int8 (one fma: adding
-1.5 * 2^23 leaves the rounded integer, two's complement, in the low byte of the f32), plus the
-block's s = dx * sum(q) for the min term (staged negated, so one accumulator takes both terms). The product is then exact integer arithmetic on 4-bit
-codes and int8 values: for a word w of quant bytes, `dp4a(w & 0x0F0F0F0F, x4)` is the low nibbles'
-dot and `dp4a(w & 0xF0F0F0F0, x4)` 16 times the high nibbles' (the 1/16 is folded into the staged
-scale of those blocks), so 8 weights cost 4 instructions. Per 32-weight sub-block j:
+1.5 * 2^23 leaves the rounded integer, two's complement, in the low byte of the f32; 127 / max|v|
+by div.rn's fast path written out, since ptxas spills around the call of its slow path), plus the
+block's s = dx * sum(q) for the min term (staged negated: one accumulator takes both terms).
+The product is then exact integer arithmetic on 4-bit codes and int8 values: for a word w of
+quant bytes, `dp4a(w & 0x0F0F0F0F, x4)` is the low nibbles' dot and `dp4a(w & 0xF0F0F0F0, x4)`
+16 times the high nibbles' (the 1/16 is folded into the staged scale of those blocks), so 8
+weights cost 4 instructions. Per 32-weight sub-block j:
 sum_i w_i xq_i = d * sc_j * dx_j * dot_j - dmin * m_j * s_j (xq_i = dx_j q_i). What the kernels
 compute is therefore dequant(w) @ xq, xq the int8 quantisation of x; `quantize_x` reproduces it
 bit for bit and the kinds' references use it (error against the unquantised product: see
 q4k_gemv's docstring).
 
 Geometry: a lane takes one 64-weight chunk c (32 quant bytes: sub-blocks 2c and 2c+1 whole) of a
-block, so its 6-bit scale/min decode (6 instructions for both sub-blocks' scales and mins) and the
+block, so its 6-bit scale/min decode (7 instructions for both sub-blocks' scales and mins) and the
 f16 d/dmin serve 64 weights; 4 lanes a block, 8 blocks (1152 bytes) a warp *step*. Per step a lane
 loads its 32 quant bytes (two 16-byte loads; each instruction uses half of every 32-byte sector,
 the other half is the next instruction's, so the weights go through L1 and are fetched once) and
 the block's 16-byte header (the 4 lanes of a block share the address). A warp runs a *sequence* of
 row-steps (items): `rows_per_warp` consecutive rows x the steps of its part of k (`split_k` warps
 share a row, each over a contiguous range of steps, their sums added in shared memory in a fixed
-order). The sequence is a loop over its rows whose body (a row, or the few rows that make the
-slots line up; at most MAX_ITEMS row-steps) is unrolled, with `unroll` register slots rotating:
-the loads of item i+unroll are issued as soon as item i is computed, so a lane always has
-unroll-1 .. unroll items (48 bytes each) in flight; the first `unroll` go out before x is staged.
-The loop keeps ptxas from hoisting more loads than the 64 registers hold (fully unrolled, it
-spilled).
+order). The sequence is a loop over its rows whose body (all of them when they make at most
+MAX_ROW_STEPS row-steps, else the few rows that make the slots line up) is unrolled, with
+`unroll` register slots rotating: the loads of item i+unroll are issued as soon as item i is
+computed, so a lane always has unroll-1 .. unroll items (48 bytes each) in flight; the first
+`unroll` go out before x is staged. Bounded bodies keep ptxas from hoisting more loads than the
+64 registers hold (unrolled whole, long sequences spilled). A row's lane parts are summed after
+the loop (through shared memory: lane r ends with row r's sum, and one store writes the warp's
+rows).
 
 Defaults aim at one wave of an H100 at 64 registers a thread (132 SMs x 32 warps): split-K until
-there are enough warps, rows per warp to fill the wave, and the largest CTA (up to 32 warps) that
-still gives >= MIN_CTAS CTAs, since each CTA quantises all of x once (fewer, larger CTAs quantise
-it fewer times).
+there are enough warps (parts of at most MAX_ROW_STEPS steps, even when possible), rows per warp
+to fill the wave (at most DEFAULT_MAX_ROWS), and the largest CTA (up to 32 warps) that still gives
+>= MIN_CTAS CTAs, since each CTA quantises all of x once (fewer, larger CTAs quantise it fewer
+times), and at least enough warps to quantise x in one round where 32 warps can (k <= 16384);
+a warp group left without rows only helps with that.
 """
 
 from __future__ import annotations
@@ -44,19 +50,19 @@ from functools import cached_property
 
 import numpy as np
 
-from ...q4k import BLOCK_BYTES, BLOCK_WEIGHTS, row_bytes
+from ...q4k import BLOCK_WEIGHTS, row_bytes
 from ..base import ceil_div
 
 LANES_PER_BLOCK = 4  # a lane takes one 64-weight chunk (32 quant bytes) of a block
 STEP_BLOCKS = 32 // LANES_PER_BLOCK  # blocks a warp step covers
-STEP_BYTES = STEP_BLOCKS * BLOCK_BYTES
 X_GROUP = 32  # values per x scale (llama.cpp's Q8_1 block)
 STAGE_VALUES = 16  # x values one thread quantises (two threads a scale group, one shuffle apart)
 # Staged x per step: the int8 values (4 loads of 16 bytes a lane), then the scales (16 bytes a
 # lane), side by side so that one pointer register reaches both.
 STEP_X_BYTES = STEP_BLOCKS * BLOCK_WEIGHTS
 STEP_STAGE_BYTES = STEP_X_BYTES + STEP_BLOCKS * (BLOCK_WEIGHTS // X_GROUP) * 8
-# Row-steps of the unrolled body of a warp's row loop (~70 PTX instructions each).
+# Row-steps one warp's part of a row may have (its unrolled loop body holds at least a row: ~70
+# PTX instructions a row-step); the defaults keep to MAX_ROW_STEPS.
 MAX_ITEMS = 32
 MAX_ROW_STEPS = 8  # the default split_k keeps a warp's part of a row within this many steps
 MAX_ROWS = 32  # rows a warp computes: row r's sum ends in lane r
@@ -71,15 +77,13 @@ MAX_WARPS = 32  # 1024 threads: one CTA an SM at 64 registers
 MAX_REGISTERS = 64
 # x is quantised in rounds of one 16-value unit a thread, unrolled (see q8_stage): at most this many.
 MAX_STAGE_ROUNDS = 8
-# 1.5 * 2^23: v + MAGIC rounds v to an integer in the low mantissa bits (exact for |v| < 2^22).
-ROUND_MAGIC = 12582912.0
 
 
 @dataclass(frozen=True)
 class Item:
     """One row-step of a warp's sequence: lane loads go to register slot `slot`."""
 
-    row: int  # row of the warp's rows (0 .. rows_per_warp-1)
+    row: int  # row of the trip (0 .. rows_per_trip-1)
     step: int  # step within the warp's part of k
     slot: int
 
@@ -105,18 +109,22 @@ class Q4kPlan:
         against each other (see q4k_gemv.Q4kTuning)."""
         n = sum(matrices)
         steps = ceil_div(config.k // BLOCK_WEIGHTS, STEP_BLOCKS)
-        split = config.split_k
-        if split is None:
-            # Parts of at most MAX_ROW_STEPS steps (longer unrolled rows spilled on sm_80), and
-            # enough warps for half the wave.
-            fitting = [p for p in divisors(steps) if steps // p <= MAX_ROW_STEPS
-                       and (config.warps is None or config.warps % p == 0)] or [1]
-            enough = [p for p in fitting if n * p >= RESIDENT_WARPS // 2] or fitting[-1:]
-            # An even part lets two slots line up in a one-row loop body (an odd one may take one).
-            split = next((p for p in enough if steps // p % 2 == 0), enough[0])
+        split, rows = config.split_k, config.rows_per_warp
+        if split is None or rows is None:
+            # Parts of at most MAX_ROW_STEPS steps (longer unrolled rows spilled on sm_80); of
+            # those, the split and rows whose warps come closest to whole waves (the last wave's
+            # idle share is what a wave costs), then a loop body that takes two slots (see
+            # below: the one-slot fallback spilled on sm_86), an even part, the fewest parts.
+            splits = [split] if split else [p for p in divisors(steps) if steps // p <= MAX_ROW_STEPS
+                                            and (config.warps is None or config.warps % p == 0)] or [1]
+            pairs = [(p, r) for p in splits for r in ([rows] if rows else sorted({default_rows(n, p), 1}))]
+            # At most two waves where that can be had; past that the last wave matters little and
+            # the most rows a warp (the fewest CTAs: each quantises all of x) win.
+            pairs = [pr for pr in pairs if waves(n, *pr) <= 2] or [max(pairs, key=lambda pr: pr[1])]
+            split, rows = min(pairs, key=lambda pr: (round(wave_waste(n, *pr), 2), single_slot(steps // pr[0], pr[1]),
+                                                     steps // pr[0] % 2, pr[0], -pr[1]))
         part = steps // split
-        rows = config.rows_per_warp or max(1, min(round(n * split / RESIDENT_WARPS), DEFAULT_MAX_ROWS))
-        rows = min(rows, MAX_ROWS, *matrices)  # a warp past the end recomputes its matrix's last rows
+        rows = min(rows, MAX_ROWS, *matrices)  # a warp group past its matrix's end recomputes its last rows
         warps = config.warps
         if warps is None:
             groups = MAX_WARPS // split
@@ -133,10 +141,8 @@ class Q4kPlan:
         # spilled), else the fewest rows whose row-steps are a multiple of unroll (so the slots
         # line up from one trip to the next) if they divide the rows and are few enough, else one
         # row a trip with one slot.
-        trip_rows = unroll // math.gcd(unroll, part)
-        if rows * part <= MAX_ROW_STEPS:
-            trip_rows = rows
-        elif rows % trip_rows or trip_rows * part > MAX_ROW_STEPS:
+        trip_rows = rows if rows * part <= MAX_ROW_STEPS else unroll // math.gcd(unroll, part)
+        if single_slot(part, rows, unroll):
             trip_rows, unroll = 1, 1
         return cls(tuple(matrices), config.k, warps, rows, split, unroll, trip_rows, config.l1_no_allocate,
                    config.l2_prefetch)
@@ -252,9 +258,27 @@ class Q4kPlan:
     def stage_rounds(self, threads: int) -> int:
         return ceil_div(self.units, threads)
 
-    def loads_in_flight(self) -> int:
-        """Weight bytes a lane has requested and not yet used, at most."""
-        return 48 * self.unroll
+
+def default_rows(n: int, split: int) -> int:
+    """Rows a warp by default: the warps of the rows' parts in about one wave."""
+    return max(1, min(round(n * split / RESIDENT_WARPS), DEFAULT_MAX_ROWS))
+
+
+def waves(n: int, split: int, rows: int) -> float:
+    """Waves of warps of n rows in parts of `split` warps, `rows` a warp."""
+    return n * split / rows / RESIDENT_WARPS
+
+
+def wave_waste(n: int, split: int, rows: int) -> float:
+    """Warp slots of the last wave left idle, as a fraction of the waves'."""
+    return math.ceil(waves(n, split, rows)) / waves(n, split, rows) - 1
+
+
+def single_slot(part: int, rows: int, unroll: int = 2) -> bool:
+    """Whether a warp's rows need the one-slot loop body: more than MAX_ROW_STEPS row-steps, and
+    no few rows whose row-steps are a multiple of `unroll` (and at most MAX_ROW_STEPS) divide them."""
+    trip_rows = unroll // math.gcd(unroll, part)
+    return rows * part > MAX_ROW_STEPS and (rows % trip_rows > 0 or trip_rows * part > MAX_ROW_STEPS)
 
 
 def min_warps(k: int) -> int:
