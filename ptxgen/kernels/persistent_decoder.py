@@ -392,7 +392,6 @@ class PersistentDecoder(Kind):
             "warps": WARPS,
             "threads": THREADS,
             "max_registers": MAX_REGISTERS,
-            "unroll": UNROLL,
             "plans": self.plans,
             "tasks": self.tasks(),
             "attention": self.attention,
