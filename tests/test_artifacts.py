@@ -125,9 +125,9 @@ def test_a_corrupt_cache_entry_is_dropped_rebuilt_and_reported(tmp_path, cache_d
 def test_cache_info_and_clean(tmp_path, cache_dir):
     assert build(tmp_path / "out").returncode == 0
     info = run_cli("cache", "info")
-    assert info.returncode == 0 and "20 entries" in info.stdout, info.stdout
+    assert info.returncode == 0 and "24 entries" in info.stdout, info.stdout
     clean = run_cli("cache", "clean")
-    assert clean.returncode == 0 and "removed 20 entries" in clean.stdout
+    assert clean.returncode == 0 and "removed 24 entries" in clean.stdout
     assert "0 entries" in run_cli("cache", "info").stdout
 
 

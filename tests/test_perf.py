@@ -268,15 +268,17 @@ def test_evaluate_needs_a_cubin_for_the_gpus_arch():
                       {"sm_80": {"registers": 40, "shared_bytes": 0}}, 1, TOY)
 
 
-def test_q4k_gemv_waits_once_per_main_trip():
-    # k = 8192 with 2 rows and 2 steps a trip: 4 trips, each 2 x 2 x (16 B quants + 16 B header)
-    # in flight; the first trip's loads go out before x is staged. 40 rows: 5 CTAs of 4 warps.
-    kernel = make_kernel("q4k_gemv", n=40, k=8192, rows_per_warp=2, unroll=2)
-    resources = {"sm_90": {"registers": 92, "shared_bytes": 0}}
+def test_q4k_gemv_waits_once_per_unroll_row_steps():
+    # k = 8192: 4 warp steps a row, 2 rows a warp (one loop trip each), 2 row-steps of 48 bytes a
+    # lane (32 B quants + 16 B header) in flight. Rounds: the first loads (before x is staged),
+    # the 3 later staging rounds of 4 warps (512 units of x), and one every 2 row-steps (the model
+    # takes a use to wait for every load in flight). 40 rows: 5 CTAs of 4 warps.
+    kernel = make_kernel("q4k_gemv", n=40, k=8192, rows_per_warp=2, unroll=2, split_k=1, warps=4)
+    resources = {"sm_90": {"registers": 62, "shared_bytes": 0}}
     report = perf.evaluate_kernel(kernel, H100, resources=resources)
-    assert report["rounds_per_warp"] == 4 and report["bytes_in_flight"]["per_thread"] == 128
+    assert report["rounds_per_warp"] == 1 + 3 + 2 * 4 // 2 and report["bytes_in_flight"]["per_thread"] == 96
     assert report["counted"] == "all 5 CTAs executed"
-    assert report["occupancy"]["sm_90"] == 0.3125  # 92 registers: 20 warps an SM, 5 CTAs of 4
+    assert report["occupancy"]["sm_90"] == 0.5  # 62 registers: 32 warps an SM, 8 CTAs of 4
 
 
 # --- SASS, when the optional nvdisasm wheel is installed ------------------------------------------

@@ -115,10 +115,10 @@ def check_against_reference(kernel, out, inputs, pos):
 
 # --- the same step as separate kinds -----------------------------------------------------------
 def separate_kernels_step(kernel, inputs, pos, stored):
-    """The decoder's own separate_step (fused_rmsnorm_q4k_gemv x3 -> per_head_rmsnorm x2 -> rope x2 ->
-    kv_append -> incremental_attention -> q4k_gemv o -> residual_add -> fused_rmsnorm_q4k_gemv
-    gate/up -> swiglu -> q4k_gemv down -> residual_add, per layer), every launch real PTX in the
-    interpreter. After each kv_append the rows it wrote are kept aside and replaced by the
+    """The decoder's own separate_step (fused_rmsnorm_q4k_gemv_group q/k/v -> per_head_rmsnorm x2
+    -> rope x2 -> kv_append -> incremental_attention -> q4k_gemv o -> residual_add ->
+    fused_rmsnorm_q4k_gemv_group gate/up -> swiglu -> q4k_gemv down -> residual_add, per layer),
+    every launch real PTX in the interpreter. After each kv_append the rows it wrote are kept aside and replaced by the
     decoder's (`stored`, teacher forcing: see decoder_reference), so that a 1-ulp rounding flip
     does not flow into later layers; x and the kept rows are returned."""
     temporaries, calls = kernel.definition.separate_step({"pos": pos})
@@ -134,7 +134,7 @@ def separate_kernels_step(kernel, inputs, pos, stored):
                 own[cache][layer] = buffers[cache][layer, :, pos]
                 buffers[cache][layer, :, pos] = stored[cache][layer, :, pos]
             layer += 1
-    assert layer == kernel.definition.config.num_layers and len(calls) == 16 * kernel.definition.config.num_layers
+    assert layer == kernel.definition.config.num_layers and len(calls) == 13 * kernel.definition.config.num_layers
     return buffers["x"], own
 
 
@@ -332,7 +332,9 @@ def test_grid_rule():
     qwen = make_kernel("persistent_decoder", name="q", hidden=4096, num_heads=32, num_kv_heads=8, head_dim=128,
                                intermediate=12288, num_layers=36, max_seq_len=40960).definition
     launch = qwen.launch({"pos": 4095})
-    assert launch.grid == (132, 1, 1) and launch.dynamic_shared == 4 * 12288 + 12288 // 4
+    # Shared memory: the larger of the staged int8 x of the longest row (12288: 6 steps of 2560
+    # bytes) and the attention phase's.
+    assert launch.grid == (132, 1, 1) and launch.dynamic_shared == max(6 * 2560, qwen.attention.shared_bytes)
     traffic = qwen.traffic({"pos": 4095})
     weights = 36 * 144 * (6144 * 16 + 4096 * 16 + 2 * 12288 * 16 + 4096 * 48)
     assert traffic.bytes == weights + 36 * 4 * (2 * 4096 + 2 * 128) + 36 * 2 * 8 * 4096 * 128 * 2 + 8 * 4096

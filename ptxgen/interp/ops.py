@@ -781,6 +781,26 @@ def _lop3(c):
     return c.alu(run)
 
 
+@opcode("dp4a")
+def _dp4a(c):
+    """dp4a.atype.btype d, a, b, c: c + the four byte products of a and b (each byte sign- or
+    zero-extended by its type), wrapping to 32 bits; d and c are .s32 unless both are .u32."""
+    c.need(4)
+    if len(c.types) != 2 or any(t not in ("u32", "s32") for t in c.types):
+        c.fail("dp4a needs .u32/.s32 operand types, e.g. dp4a.u32.s32")
+    out_t = "u32" if c.types == ["u32", "u32"] else "s32"
+    bytes_of = [np.int8 if t == "s32" else np.uint8 for t in c.types]
+    a, b, z, dst = c.read(1, "b32"), c.read(2, "b32"), c.read(3, out_t), c.write(0, out_t)
+
+    def run(st, sel):
+        m = _count(st, sel)
+        x, y = (np.broadcast_to(np.asarray(r(st, sel), np.uint32), (m,)).copy().view(kind).reshape(m, 4)
+                for r, kind in zip((a, b), bytes_of))
+        total = (x.astype(np.int64) * y).sum(axis=1) + np.asarray(z(st, sel)).astype(np.int64)
+        dst(st, sel, total.astype(np.uint32).view(dtype_of(out_t)))
+    return c.alu(run)
+
+
 _REVERSED_BYTES = np.array([int(f"{i:08b}"[::-1], 2) for i in range(256)], np.uint8)
 
 

@@ -1,9 +1,12 @@
-"""fused_rmsnorm_q4k_gemv: y = dequant(w) @ (x * rsqrt(mean(x^2) + eps) * gamma).
+"""fused_rmsnorm_q4k_gemv: y = dequant(w) @ (x * rsqrt(mean(x^2) + eps) * gamma), with x*gamma
+quantised to int8 as q4k_gemv quantises x.
 
 The q4k_gemv kernel (same template, same geometry) with a different staging pass: each CTA
-stages x*gamma into shared memory while it sums x^2 over all k, reduces that sum once per
+quantises x*gamma into shared memory while it sums x^2 over all k, reduces that sum once per
 CTA, and scales each finished row by rsqrt(sum/k + eps). rsqrt(.) is a scalar, so
-W @ (x*r*gamma) = r * (W @ (x*gamma)): the factor is applied once per row, never per weight.
+W @ (x*r*gamma) = r * (W @ (x*gamma)): the factor is applied once per row, never per weight, and
+the int8 quantisation (relative to each block's max) is of x*gamma, the same whatever r. The
+reference is therefore r * (dequant(w) @ xq) with xq = quantize(f32(x*gamma)), r in float64.
 x is only read.
 """
 
@@ -14,9 +17,8 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from .base import Param
+from .families.q4k import dequantize_x
 from .q4k_gemv import Q4kGemv, Q4kGemvConfig
-from .rmsnorm import rms_normalize
 
 
 class FusedRmsnormQ4kGemvConfig(Q4kGemvConfig):
@@ -24,22 +26,20 @@ class FusedRmsnormQ4kGemvConfig(Q4kGemvConfig):
     eps: float = Field(default=1e-6, gt=0, lt=1)
 
 
+def normed_activations(arrays, eps: float) -> np.ndarray:
+    """r * xq(x*gamma): the vector the fused kinds multiply the weights by, in float64."""
+    x = arrays["x"].astype(np.float64)
+    scaled = arrays["x"].astype(np.float32) * arrays["gamma"].astype(np.float32)  # as the kernel stages it
+    return dequantize_x(scaled) / np.sqrt(np.mean(x * x) + eps)
+
+
 class FusedRmsnormQ4kGemv(Q4kGemv):
     name = "fused_rmsnorm_q4k_gemv"
     Config = FusedRmsnormQ4kGemvConfig
     fused = True
 
-    def params(self) -> list[Param]:
-        return [*super().params(), Param("gamma", "f32", (self.config.k,))]
-
-    def sample_inputs(self, rng, scalars):
-        inputs = super().sample_inputs(rng, scalars)
-        inputs["gamma"] = (1.0 + 0.25 * rng.standard_normal(self.config.k)).astype(np.float32)
-        return inputs
-
     def activations(self, arrays) -> np.ndarray:
-        x = arrays["x"].astype(np.float64)
-        return rms_normalize(x, arrays["gamma"].astype(np.float64), self.config.eps)
+        return normed_activations(arrays, self.config.eps)
 
     def torch_activations(self, torch, tensors):
         x = tensors["x"]

@@ -15,7 +15,7 @@ SNIPPETS = {
                            "cvt.rzi.s32.f32 %e, %c;"),
     "shfl": elementwise_ptx("shfl.sync.down.b32 %d|%p, %a, 1, 0x181f, 0xffffffff; "
                             "vote.sync.ballot.b32 %e, %p, 0xffffffff;"),
-    "bits": elementwise_ptx("bfe.s32 %d, %a, 8, 8; prmt.b32 %e, %a, %b, 0x7531; "
+    "bits": elementwise_ptx("bfe.s32 %d, %a, 8, 8; prmt.b32 %e, %a, %b, 0x7531; dp4a.u32.s32 %e, %e, %b, %c; "
                             "lop3.b32 %d, %d, %e, %c, 0x96; redux.sync.add.u32 %e, %d, 0xffffffff;"),
     "wide": elementwise_ptx("mul.hi.u64 %D, %A, %B; fma.rn.f64 %D, %A, %B, %D;", wide=True),
     "ldmatrix": test_tensor.LDMATRIX_PTX.replace("{trans}", ".trans"),

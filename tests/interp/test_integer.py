@@ -130,3 +130,16 @@ def test_mov_pack_unpack_and_cvt_int():
     assert list(elementwise("cvt.sat.s16.s32 %d, %a;", x).view(np.int32)) == [-128, 0x1FF, -32768]
     out = elementwise("cvt.u64.s32 %A, %a; mov.b64 {%d, %e}, %A;", x, extra=True)
     assert list(out[1]) == [0xFFFFFFFF, 0, 0xFFFFFFFF]
+
+
+def test_dp4a_byte_products_by_signedness():
+    rng = np.random.default_rng(4)
+    a = rng.integers(0, 2**32, 64, dtype=np.uint64).astype(np.uint32)
+    b = rng.integers(0, 2**32, 64, dtype=np.uint64).astype(np.uint32)
+    c = rng.integers(0, 2**32, 64, dtype=np.uint64).astype(np.uint32)
+    for atype, btype in (("u32", "s32"), ("s32", "s32"), ("u32", "u32"), ("s32", "u32")):
+        x = a.view(np.int8 if atype == "s32" else np.uint8).reshape(-1, 4).astype(np.int64)
+        y = b.view(np.int8 if btype == "s32" else np.uint8).reshape(-1, 4).astype(np.int64)
+        want = ((x * y).sum(axis=1) + c.view(np.int32 if "s32" in (atype, btype) else np.uint32)) % 2**32
+        got = elementwise(f"dp4a.{atype}.{btype} %d, %a, %b, %c;", a, b, c)
+        assert np.array_equal(got, want.astype(np.uint32)), (atype, btype)

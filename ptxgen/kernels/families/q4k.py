@@ -1,78 +1,153 @@
-"""The Q4_K GEMV family (q4k_gemv, fused_rmsnorm_q4k_gemv, persistent_decoder's GEMV phases):
-y = dequant(w) @ x for GGML Q4_K rows at batch 1, bandwidth bound. The PTX is the macros of
-templates/families/q4k.ptx.j2; `Q4kPlan` is what they take.
+"""The quantised GEMV family (q4k_gemv, fused_rmsnorm_q4k_gemv, the grouped kinds and
+persistent_decoder's GEMV phases): y = dequant(w) @ x for GGML Q4_K rows at batch 1, bandwidth
+bound. The PTX is the macros of templates/families/q4k.ptx.j2; `Q4kPlan` is what they take.
 
-Geometry (see `Q4kPlan`): a CTA of `warps` warps; each warp owns `rows_per_warp` consecutive
-rows and walks them together, so every x value it takes from shared memory serves all of
-them. In one warp *step* the 32 lanes cover four consecutive 144-byte blocks of each row:
-lane L takes block 4*step + L/8 and, in it, the 16-byte piece u = L%8 of the 128 quant bytes
-(one `ld.global.nc.v4.u32`, 32 weights) plus the block's 16-byte header (d, dmin, 12 scale
-bytes; the eight lanes of a block load the same address, one broadcast transaction). The
-weights of a row are therefore read once, in 16-byte coalesced loads. `unroll` steps of
-loads (2 * rows_per_warp * unroll vectors a lane) are issued before the first is used; the
-first batch is issued before x is staged so the weight latency overlaps the staging.
-Defaults: 2 rows a warp and 2 steps (n >= 2048), else 1 row and 4 steps (more warps for
-mid-sized n); 8 warps a CTA, or 4 where that leaves fewer than 128 CTAs.
+x is quantised once per CTA (x is k floats, the weights n*k*0.56 bytes: every CTA reading x from
+L2 costs nothing) into shared memory, as llama.cpp's Q8_1 path does: blocks of 32 values, each
+with an f32 scale dx = max|v| / 127 and q = rint(v * 127 / max|v|) as int8 (one fma: adding
+1.5 * 2^23 leaves the rounded integer, two's complement, in the low byte of the f32; 127 / max|v|
+by div.rn's fast path written out, since ptxas spills around the call of its slow path), plus the
+block's s = dx * sum(q) for the min term (staged negated: one accumulator takes both terms).
+The product is then exact integer arithmetic on 4-bit codes and int8 values: for a word w of
+quant bytes, `dp4a(w & 0x0F0F0F0F, x4)` is the low nibbles' dot and `dp4a(w & 0xF0F0F0F0, x4)`
+16 times the high nibbles' (the 1/16 is folded into the staged scale of those blocks), so 8
+weights cost 4 instructions. Per 32-weight sub-block j:
+sum_i w_i xq_i = d * sc_j * dx_j * dot_j - dmin * m_j * s_j (xq_i = dx_j q_i). What the kernels
+compute is therefore dequant(w) @ xq, xq the int8 quantisation of x; `quantize_x` reproduces it
+bit for bit and the kinds' references use it (error against the unquantised product: see
+q4k_gemv's docstring).
 
-x is staged once per CTA in dynamic shared memory (4.25*k bytes: 68 KB at k = 16384, within
-every target's opt-in limit), permuted so that lane u's 32 values of a block sit in eight
-16-byte slots read conflict-free by the eight lanes of a block, together with the sum of
-each lane's two 16-value halves (needed for the min term). The fused kind stages x*gamma and
-sums x^2 in the same pass; its RMS factor multiplies each finished row.
+Geometry: a lane takes one 64-weight chunk c (32 quant bytes: sub-blocks 2c and 2c+1 whole) of a
+block, so its 6-bit scale/min decode (7 instructions for both sub-blocks' scales and mins) and the
+f16 d/dmin serve 64 weights; 4 lanes a block, 8 blocks (1152 bytes) a warp *step*. Per step a lane
+loads its 32 quant bytes (two 16-byte loads; each instruction uses half of every 32-byte sector,
+the other half is the next instruction's, so the weights go through L1 and are fetched once) and
+the block's 16-byte header (the 4 lanes of a block share the address). A warp runs a *sequence* of
+row-steps (items): `rows_per_warp` consecutive rows x the steps of its part of k (`split_k` warps
+share a row, each over a contiguous range of steps, their sums added in shared memory in a fixed
+order). The sequence is a loop over its rows whose body (all of them when they make at most
+MAX_ROW_STEPS row-steps, else the few rows that make the slots line up) is unrolled, with
+`unroll` register slots rotating: the loads of item i+unroll are issued as soon as item i is
+computed, so a lane always has unroll-1 .. unroll items (48 bytes each) in flight; the first
+`unroll` go out before x is staged. Bounded bodies keep ptxas from hoisting more loads than the
+64 registers hold (unrolled whole, long sequences spilled). A row's lane parts are summed after
+the loop (through shared memory: lane r ends with row r's sum, and one store writes the warp's
+rows).
 
-Dequantisation is `w = d*sc*q - dmin*m`. A 4-bit code q becomes the f32 1 + q/16 with one
-`prmt` (the nibble lands in mantissa bits 19..22 under the exponent of 1.0), so a half
-sub-block costs one fma per weight: sum((1+q/16) x) - sum(x) = sum(q x)/16. Scales and mins
-are decoded with shifts, masks and one select per lane; nothing divides. About 4 issued
-instructions per weight in all (SASS of the sm_90 loop), well under what the memory rate needs.
+Defaults aim at one wave of an H100 at 64 registers a thread (132 SMs x 32 warps): split-K until
+there are enough warps (parts of at most MAX_ROW_STEPS steps, even when possible), rows per warp
+to fill the wave (at most DEFAULT_MAX_ROWS), and the largest CTA (up to 32 warps) that still gives
+>= MIN_CTAS CTAs, since each CTA quantises all of x once (fewer, larger CTAs quantise it fewer
+times), and at least enough warps to quantise x in one round where 32 warps can (k <= 16384);
+a warp group left without rows only helps with that.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
 
 from ...q4k import BLOCK_WEIGHTS, row_bytes
 from ..base import ceil_div
 
-BLOCKS_PER_STEP = 4  # 32 lanes / 8 lanes per block
-STAGE_UNITS = 2  # 16-value x units each thread stages per round (4 vector loads each in flight)
-# Rows per CTA is warps * rows_per_warp; below this many CTAs the auto geometry halves warps
-# so that a mid-sized n (e.g. 1024 K/V rows) still spreads over an H100's 132 SMs.
+LANES_PER_BLOCK = 4  # a lane takes one 64-weight chunk (32 quant bytes) of a block
+STEP_BLOCKS = 32 // LANES_PER_BLOCK  # blocks a warp step covers
+X_GROUP = 32  # values per x scale (llama.cpp's Q8_1 block)
+STAGE_VALUES = 16  # x values one thread quantises (two threads a scale group, one shuffle apart)
+# Staged x per step: the int8 values (4 loads of 16 bytes a lane), then the scales (16 bytes a
+# lane), side by side so that one pointer register reaches both.
+STEP_X_BYTES = STEP_BLOCKS * BLOCK_WEIGHTS
+STEP_STAGE_BYTES = STEP_X_BYTES + STEP_BLOCKS * (BLOCK_WEIGHTS // X_GROUP) * 8
+# Row-steps one warp's part of a row may have (its unrolled loop body holds at least a row: ~70
+# PTX instructions a row-step); the defaults keep to MAX_ROW_STEPS.
+MAX_ITEMS = 32
+MAX_ROW_STEPS = 8  # the default split_k keeps a warp's part of a row within this many steps
+MAX_ROWS = 32  # rows a warp computes: row r's sum ends in lane r
+# The default rows a warp: past one wave, more CTAs cost nothing, while each row takes 128 bytes
+# a warp of shared memory for its lane sums (32 warps x 8 rows: 32 KB).
+DEFAULT_MAX_ROWS = 8
+MAX_K = STEP_BLOCKS * BLOCK_WEIGHTS * MAX_ITEMS  # 65536: longer rows would need split-K > 1 always
+# The wave the defaults fill: an H100's 132 SMs x 32 resident warps (occupancy 0.5: 64 registers).
+RESIDENT_WARPS = 132 * 32
 MIN_CTAS = 128
-SMALL_N = 2048
-# Row-steps (32 weights + header, 8 registers) a lane has in flight: beyond 4 ptxas spills
-# (at q4k_gemv's 128-register cap).
-MAX_ROW_STEPS = 4
+MAX_WARPS = 32  # 1024 threads: one CTA an SM at 64 registers
+MAX_REGISTERS = 64
+# x is quantised in rounds of one 16-value unit a thread, unrolled (see q8_stage): at most this many.
+MAX_STAGE_ROUNDS = 8
+
+
+@dataclass(frozen=True)
+class Item:
+    """One row-step of a warp's sequence: lane loads go to register slot `slot`."""
+
+    row: int  # row of the trip (0 .. rows_per_trip-1)
+    step: int  # step within the warp's part of k
+    slot: int
 
 
 @dataclass(frozen=True)
 class Q4kPlan:
-    n: int
+    matrices: tuple[int, ...]  # rows of each matrix (one for q4k_gemv); each has its own CTAs
     k: int
     warps: int
     rows_per_warp: int
+    split_k: int
     unroll: int
+    # Rows of the unrolled loop body (the rows of a warp are a loop over bodies): see rows_per_trip.
+    trip_rows: int = 0
+    l1_no_allocate: bool = False
+    l2_prefetch: int = 0  # bytes: the .L2::<N>B prefetch hint on weight loads (0: none)
 
     @classmethod
-    def of(cls, config) -> Q4kPlan:
-        """The geometry of a q4k_gemv config: its tuning fields, or the defaults above."""
-        n, steps = config.n, ceil_div(config.k // BLOCK_WEIGHTS, BLOCKS_PER_STEP)
-        rows_per_warp, unroll = config.rows_per_warp, config.unroll
-        if rows_per_warp is None:
-            # Two rows a warp halve the shared-memory reads of x per weight, but below ~2048
-            # rows a warp per row keeps more warps (and, with unroll 4, as many loads) in flight.
-            rows_per_warp = 2 if n >= SMALL_N else 1
-            if unroll is not None:
-                rows_per_warp = min(rows_per_warp, MAX_ROW_STEPS // unroll)
-        rows_per_warp = min(rows_per_warp, n)
-        if unroll is None:
-            unroll = MAX_ROW_STEPS // rows_per_warp
+    def of(cls, config, matrices: tuple[int, ...]) -> Q4kPlan:
+        """The geometry of a config (fields k, warps, rows_per_warp, split_k, unroll,
+        l1_no_allocate, l2_prefetch) over matrices of these row counts: its tuning fields, else
+        the defaults described in the module. The config's validators have checked the fields
+        against each other (see q4k_gemv.Q4kTuning)."""
+        n = sum(matrices)
+        steps = ceil_div(config.k // BLOCK_WEIGHTS, STEP_BLOCKS)
+        split, rows = config.split_k, config.rows_per_warp
+        if split is None or rows is None:
+            # Parts of at most MAX_ROW_STEPS steps (longer unrolled rows spilled on sm_80); of
+            # those, the split and rows whose warps come closest to whole waves (the last wave's
+            # idle share is what a wave costs), then a loop body that takes two slots (see
+            # below: the one-slot fallback spilled on sm_86), an even part, the fewest parts.
+            splits = [split] if split else [p for p in divisors(steps) if steps // p <= MAX_ROW_STEPS
+                                            and (config.warps is None or config.warps % p == 0)] or [1]
+            pairs = [(p, r) for p in splits for r in ([rows] if rows else sorted({default_rows(n, p), 1}))]
+            # At most two waves where that can be had; past that the last wave matters little and
+            # the most rows a warp (the fewest CTAs: each quantises all of x) win.
+            pairs = [pr for pr in pairs if waves(n, *pr) <= 2] or [max(pairs, key=lambda pr: pr[1])]
+            split, rows = min(pairs, key=lambda pr: (round(wave_waste(n, *pr), 2), single_slot(steps // pr[0], pr[1]),
+                                                     steps // pr[0] % 2, pr[0], -pr[1]))
+        part = steps // split
+        rows = min(rows, MAX_ROWS, *matrices)  # a warp group past its matrix's end recomputes its last rows
         warps = config.warps
         if warps is None:
-            warps = 8 if ceil_div(n, 8 * rows_per_warp) >= MIN_CTAS else 4
-            warps = min(warps, ceil_div(n, rows_per_warp))
-        return cls(n, config.k, warps, rows_per_warp, min(unroll, steps))
+            groups = MAX_WARPS // split
+            while groups > 1 and ceil_div(ceil_div(n, rows), groups) < MIN_CTAS:
+                groups //= 2
+            groups = min(groups, ceil_div(n, rows))
+            # Enough threads to quantise x in one round where 32 warps can (k <= 16384): more
+            # rounds cost a dependent trip to L2 each, and their registers (groups without a row
+            # skip the rows).
+            staging = ceil_div(ceil_div(config.k, 32 * STAGE_VALUES), split)
+            warps = split * min(max(groups, staging), MAX_WARPS // split)
+        unroll = min(config.unroll or 2, rows * part)
+        # The loop body: all the rows if they make at most MAX_ROW_STEPS row-steps (longer bodies
+        # spilled), else the fewest rows whose row-steps are a multiple of unroll (so the slots
+        # line up from one trip to the next) if they divide the rows and are few enough, else one
+        # row a trip with one slot.
+        trip_rows = rows if rows * part <= MAX_ROW_STEPS else unroll // math.gcd(unroll, part)
+        if single_slot(part, rows, unroll):
+            trip_rows, unroll = 1, 1
+        return cls(tuple(matrices), config.k, warps, rows, split, unroll, trip_rows, config.l1_no_allocate,
+                   config.l2_prefetch)
 
+    # --- shapes ----------------------------------------------------------------------------
     @property
     def blocks(self) -> int:
         return self.k // BLOCK_WEIGHTS
@@ -82,64 +157,157 @@ class Q4kPlan:
         return row_bytes(self.k)
 
     @property
+    def steps(self) -> int:
+        return ceil_div(self.blocks, STEP_BLOCKS)
+
+    @property
+    def part_steps(self) -> int:
+        """Steps of one warp's part of a row."""
+        return self.steps // self.split_k
+
+    @property
+    def partial_blocks(self) -> int:
+        """Blocks of a row's last step when it is partial (lanes of the other blocks idle), else 0."""
+        return self.blocks % STEP_BLOCKS
+
+    @property
     def threads(self) -> int:
         return 32 * self.warps
 
     @property
+    def groups(self) -> int:
+        """Warp groups of a CTA: the split_k warps of a group share rows."""
+        return self.warps // self.split_k
+
+    @property
     def rows_per_cta(self) -> int:
-        return self.warps * self.rows_per_warp
+        return self.groups * self.rows_per_warp
+
+    @property
+    def matrix_ctas(self) -> tuple[int, ...]:
+        return tuple(ceil_div(n, self.rows_per_cta) for n in self.matrices)
 
     @property
     def ctas(self) -> int:
-        return ceil_div(self.n, self.rows_per_cta)
+        return sum(self.matrix_ctas)
+
+    # --- the warp's sequence -----------------------------------------------------------------
+    @property
+    def rows_per_trip(self) -> int:
+        """Rows of the unrolled body of the warp's row loop (all its rows when trip_rows is 0)."""
+        return self.trip_rows or self.rows_per_warp
 
     @property
-    def steps(self) -> int:
-        return ceil_div(self.blocks, BLOCKS_PER_STEP)
+    def trips(self) -> int:
+        return self.rows_per_warp // self.rows_per_trip
+
+    @cached_property
+    def items(self) -> tuple[Item, ...]:
+        """The row-steps of one trip, in order."""
+        count = self.rows_per_trip * self.part_steps
+        return tuple(Item(i // self.part_steps, i % self.part_steps, i % self.unroll) for i in range(count))
+
+    def next_load(self, index: int) -> tuple[Item, bool] | None:
+        """What is loaded after item `index` of a trip: the item `unroll` further on, and whether
+        it is the next trip's; None past the last."""
+        later = index + self.unroll
+        if later < len(self.items):
+            return self.items[later], False
+        return (self.items[later - len(self.items)], True) if self.trips > 1 else None
+
+    def is_partial(self, item: Item) -> bool:
+        """Whether the item is (in the last part) a row's last step with fewer than 8 blocks."""
+        return self.partial_blocks > 0 and item.step == self.part_steps - 1
 
     @property
-    def main_trips(self) -> int:
-        """Loop trips of `unroll` steps in which every lane has a block."""
-        return self.blocks // BLOCKS_PER_STEP // self.unroll
+    def weight_load(self) -> str:
+        """The weight loads' opcode: read-only path; optional L1 and L2 hints."""
+        hints = (".L1::no_allocate" if self.l1_no_allocate else "") + (
+            f".L2::{self.l2_prefetch}B" if self.l2_prefetch else "")
+        return f"ld.global.nc{hints}.v4.u32"
+
+    # --- staged x (shared memory) ---------------------------------------------------------------
+    @property
+    def x_bytes(self) -> int:
+        """Staged x, per step STEP_STAGE_BYTES: the int8 values (load t = 0..3 of lane L at
+        512 t + 16 L), then 16 bytes a lane {dx, -s} of its two sub-blocks (at 2048 + 16 L)."""
+        return self.steps * STEP_STAGE_BYTES
 
     @property
-    def tail_steps(self) -> int:
-        """Steps after the loop; the last of them is partial when blocks % 4 != 0."""
-        return self.steps - self.main_trips * self.unroll
+    def lane_sums_offset(self) -> int:
+        """Each lane's part of each of its rows' dot products: [warp][row][lane] f32 (summed over
+        the warp after its row loop: a shuffle inside a loop makes ptxas add a slow path that calls
+        a subroutine, and spill around it)."""
+        return self.x_bytes
 
     @property
-    def partial_blocks(self) -> int:
-        """Blocks of the last step when it is partial (lanes of the other blocks idle), else 0."""
-        return self.blocks % BLOCKS_PER_STEP
+    def partials_offset(self) -> int:
+        """With split_k: each part's row sums, [row of the CTA][part] f32."""
+        return self.lane_sums_offset + 128 * self.warps * self.rows_per_warp
 
     @property
     def shared_bytes(self) -> int:
-        # x (f32, permuted) + one f32 sum per 16 values.
-        return self.xs_offset + 4 * (self.k // 16)
-
-    @property
-    def xs_offset(self) -> int:
-        """Byte offset of the half sums in the staged x."""
-        return 4 * self.k
+        partials = 4 * self.rows_per_cta * self.split_k if self.split_k > 1 else 0
+        return self.partials_offset + partials
 
     @property
     def units(self) -> int:
-        """Staging units: 16 consecutive x values, the ones one lane uses for one sub-block."""
-        return self.k // 16
+        """Staging units of STAGE_VALUES values (half a scale group)."""
+        return self.k // STAGE_VALUES
 
-    @property
-    def units_per_thread(self) -> int:
-        return ceil_div(self.units, self.threads)
+    def stage_rounds(self, threads: int) -> int:
+        return ceil_div(self.units, threads)
 
-    @property
-    def stage_group(self) -> int:
-        return min(STAGE_UNITS, self.units_per_thread)
 
-    @property
-    def stage_rounds(self) -> int:
-        return ceil_div(self.units_per_thread, self.stage_group)
+def default_rows(n: int, split: int) -> int:
+    """Rows a warp by default: the warps of the rows' parts in about one wave."""
+    return max(1, min(round(n * split / RESIDENT_WARPS), DEFAULT_MAX_ROWS))
 
-    @property
-    def stage_guard(self) -> bool:
-        """Whether the last staging round has units past the end."""
-        return self.stage_rounds * self.stage_group * self.threads > self.units
+
+def waves(n: int, split: int, rows: int) -> float:
+    """Waves of warps of n rows in parts of `split` warps, `rows` a warp."""
+    return n * split / rows / RESIDENT_WARPS
+
+
+def wave_waste(n: int, split: int, rows: int) -> float:
+    """Warp slots of the last wave left idle, as a fraction of the waves'."""
+    return math.ceil(waves(n, split, rows)) / waves(n, split, rows) - 1
+
+
+def single_slot(part: int, rows: int, unroll: int = 2) -> bool:
+    """Whether a warp's rows need the one-slot loop body: more than MAX_ROW_STEPS row-steps, and
+    no few rows whose row-steps are a multiple of `unroll` (and at most MAX_ROW_STEPS) divide them."""
+    trip_rows = unroll // math.gcd(unroll, part)
+    return rows * part > MAX_ROW_STEPS and (rows % trip_rows > 0 or trip_rows * part > MAX_ROW_STEPS)
+
+
+def min_warps(k: int) -> int:
+    """Warps a CTA needs to quantise k values of x in MAX_STAGE_ROUNDS rounds."""
+    return ceil_div(k // STAGE_VALUES, 32 * MAX_STAGE_ROUNDS)
+
+
+def divisors(number: int) -> list[int]:
+    return [d for d in range(1, number + 1) if number % d == 0]
+
+
+def quantize_x(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The kernels' int8 quantisation of f32 values v [..., k] (k a multiple of 32), bit for bit:
+    per group of 32 with m = max|v|, dx = f32(m * f32(1/127)) and q = rint(v * inv) with
+    inv = f32(127 / m) (the product exact, halves to even); a group with m outside
+    [2^-100, 2^100] (or NaN) is all zeros with dx = 0. Returns (q int8 [..., k], dx f32 [..., k/32])."""
+    v = np.asarray(v, np.float32)
+    groups = v.reshape(*v.shape[:-1], -1, X_GROUP)
+    amax = np.abs(groups).max(axis=-1)
+    normal = (amax >= np.float32(2.0**-100)) & (amax <= np.float32(2.0**100))
+    safe = np.where(normal, amax, np.float32(1))
+    inverse = np.where(normal, np.float32(127) / safe, np.float32(0)).astype(np.float32)
+    scale = np.where(normal, amax * np.float32(1 / 127), np.float32(0)).astype(np.float32)
+    q = np.rint(groups.astype(np.float64) * inverse[..., None].astype(np.float64))
+    return q.astype(np.int8).reshape(v.shape), scale
+
+
+def dequantize_x(v: np.ndarray) -> np.ndarray:
+    """xq = dx * q in float64: the vector the kernels multiply the weights by."""
+    q, scale = quantize_x(v)
+    groups = q.reshape(*q.shape[:-1], -1, X_GROUP).astype(np.float64) * scale[..., None].astype(np.float64)
+    return groups.reshape(q.shape)
