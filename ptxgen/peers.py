@@ -74,11 +74,18 @@ def bf16_row(torch, activations: Callable):
     return lambda: activations().to(torch.bfloat16)[None]
 
 
+def q4k_dense(q: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> np.ndarray:
+    """The f32 [n, k] weights of q4k_groups' (codes, scale, minimum)."""
+    n, k = q.shape
+    groups = q.reshape(n, k // GROUP, GROUP) * scale[..., None] - minimum[..., None]
+    return groups.reshape(n, k).astype(np.float32)
+
+
 def q4k_gemv_peers(torch, w, n: int, k: int, activations: Callable) -> dict:
     """y = W @ activations() with W the Q4_K rows `w` (a CUDA uint8 tensor [n, k/256*144])."""
     q, scale, minimum = q4k_groups(w.cpu().numpy(), n, k)
     x = bf16_row(torch, activations)
-    dense = torch.from_numpy(f32_to_bf16(q * scale - minimum).view(np.int16)).to(w.device).view(torch.bfloat16)
+    dense = torch.from_numpy(f32_to_bf16(q4k_dense(q, scale, minimum)).view(np.int16)).to(w.device).view(torch.bfloat16)
     peers = {"cuBLAS bf16 GEMV (3.6x the bytes)": lambda: torch.mv(dense, x()[0])}
     if not hasattr(torch, "_weight_int4pack_mm") or k % (INNER_K_TILES * 16):
         peers["torch int4 GEMV"] = Skipped(f"this torch has no _weight_int4pack_mm for k={k}")

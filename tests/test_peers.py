@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ptxgen import q4k
-from ptxgen.peers import GROUP, int4_dequantize, int4_operands, q4k_groups
+from ptxgen.peers import GROUP, int4_dequantize, int4_operands, q4k_dense, q4k_groups
 
 N, K = 24, 512
 
@@ -24,6 +24,8 @@ def test_q4k_groups_are_the_format_s_own_32_weight_sub_blocks():
     exact = q.astype(np.float64) * np.repeat(scale, GROUP, 1) - np.repeat(minimum, GROUP, 1)
     # scale = d * sc and minimum = dmin * m are exact in f32 (an f16 times a 6-bit code).
     np.testing.assert_allclose(exact, expected, rtol=0, atol=1e-7 * np.abs(expected).max())
+    # the cuBLAS peer's dense weights (f32, before its bf16 cast) are the same weights
+    np.testing.assert_allclose(q4k_dense(q, scale, minimum), expected, rtol=0, atol=1e-7 * np.abs(expected).max())
 
 
 def test_int4_operands_are_tinygemm_s_layout_and_exact_but_for_bf16_rounding():
