@@ -182,8 +182,10 @@ def describe_errors(path: Path, data: dict, error: ValidationError) -> list[str]
             location = location[2:]
             if location and isinstance(entry, dict) and location[0] == entry.get("kind"):
                 location = location[1:]  # pydantic names the union member; the user wrote `kind`
-        field = clip(".".join(str(part) for part in location))
+        field = clip(".".join(str(part) if isinstance(part, int) or part.isidentifier() else echo(part)
+                              for part in location))
         message = "expected a list" if item["type"] == "tuple_type" else clip(item["msg"].removeprefix("Value error, "))
+        message = message.replace("\n", "\\n")  # one line per problem, whatever the input's strings hold
         given = "" if item["type"] in ("value_error", "missing") else f" (got {echo(item['input'])})"
         lines.append(": ".join(part for part in (str(path), where, field, message + given) if part))
     if len(problems) > MAX_ERROR_LINES:

@@ -75,12 +75,13 @@ def read_bytes(path: Path) -> bytes:
         descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as error:
         raise SpecError(f"{path}: cannot read spec file: {error.strerror or error}") from None
+    info = os.fstat(descriptor)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(descriptor)
+        what = "is a folder, not a spec file" if stat.S_ISDIR(info.st_mode) else \
+            "is not a regular file (a device, a pipe or a socket)"
+        raise SpecError(f"{path}: {what}")
     with os.fdopen(descriptor, "rb") as handle:
-        info = os.fstat(descriptor)
-        if stat.S_ISDIR(info.st_mode):
-            raise SpecError(f"{path}: is a folder, not a spec file")
-        if not stat.S_ISREG(info.st_mode):
-            raise SpecError(f"{path}: is not a regular file (a device, a pipe or a socket)")
         try:
             raw = handle.read(MAX_BYTES + 1)
         except OSError as error:
