@@ -67,7 +67,7 @@ def _read_array(stream, size: int) -> np.ndarray:
 def scalar_of(array: np.ndarray, where: str) -> int:
     """A runtime scalar given as a 0-d array: an integer, exactly."""
     if array.dtype.kind not in "iu":
-        raise LaunchError(f"{where}: a runtime scalar must be an integer, got {array.dtype} {array[()]!r}")
+        raise LaunchError(f"{where}: a runtime scalar must be an integer, got {array.dtype} {array[()]}")
     return int(array[()])
 
 

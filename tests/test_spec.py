@@ -307,3 +307,14 @@ def test_every_ptx_version_validate_accepts_assembles(tmp_path):
         with pytest.raises(AssemblerError, match="Unsupported .version"):
             assemble_nvjitlink(after, "sm_80", {})
     assert nvjitlink_version().startswith("13.")
+
+
+def test_a_deprecation_in_ptxgen_fails_the_test_and_elsewhere_does_not():
+    """pyproject's filterwarnings: ptxgen must move off an API before it changes under it."""
+    import warnings
+
+    with pytest.raises(DeprecationWarning):
+        warnings.warn_explicit("old API", DeprecationWarning, "ops.py", 1, module="ptxgen.interp.ops")
+    with warnings.catch_warnings(record=True) as caught:  # the filters pytest set, recording
+        warnings.warn_explicit("old API", DeprecationWarning, "x.py", 1, module="numpy.something")
+    assert len(caught) == 1
