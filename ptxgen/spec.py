@@ -29,15 +29,14 @@ def _list_as_tuple(value: Any) -> Any:
 
 @cache
 def ptx_isa_versions() -> tuple[tuple[int, int], ...]:
-    """PTX ISA versions a spec may ask for: every released one up to the newest the installed
-    nvJitLink assembles (CUDA 13.m ships PTX ISA 9.m: nvJitLink 13.5 takes 9.5 and refuses 9.6;
-    there never was a 7.9 or 8.9)."""
+    """PTX ISA versions a spec may ask for: every released one (there never was a 7.9 or 8.9) up
+    to the newest the installed nvJitLink assembles. pyproject asks for nvJitLink 13, and CUDA 13.m
+    ships PTX ISA 9.m (nvJitLink 13.5 takes 9.5 and refuses 9.6); a later major takes every 9.x."""
     from .assemble import nvjitlink_version
 
     major, minor = (int(part) for part in nvjitlink_version().split("."))
-    newest = (9, minor) if major == 13 else (8, 8)
     known = [(7, m) for m in range(9)] + [(8, m) for m in range(9)] + [(9, m) for m in range(10)]
-    return tuple(version for version in known if version <= newest)
+    return tuple(version for version in known if major > 13 or version <= (9, minor))
 
 
 class Target(BaseModel):

@@ -51,6 +51,7 @@ def read_document(path: Path) -> tuple[bytes, Any]:
     try:
         text = raw.decode("utf-8")
         data = tomllib.loads(text) if suffix == ".toml" else load_yaml(text)
+        check_depth(data)
     except (tomllib.TOMLDecodeError, yaml.YAMLError, UnicodeDecodeError, ValueError) as error:
         # ValueError: an integer of over 4300 digits, a YAML `!!float abc`
         detail = " ".join(str(error).replace('in "<unicode string>", ', "").split())
@@ -61,8 +62,6 @@ def read_document(path: Path) -> tuple[bytes, Any]:
         raise SpecError(f"{path}: {error}") from None
     if not isinstance(data, dict):
         raise SpecError(f"{path}: expected a table with 'kernels' at the top level, got {type(data).__name__}")
-    if too_deep(data):
-        raise SpecError(f"{path}: nested more than {MAX_DEPTH} levels deep; a spec needs at most 4")
     return raw, data
 
 
@@ -97,23 +96,22 @@ def clip(text: str) -> str:
 
 
 class TooDeep(Exception):
-    pass
+    """Nesting past MAX_DEPTH."""
 
 
 class TooLarge(Exception):
-    pass
+    """A YAML graph that expands past MAX_VALUES values, or contains itself."""
 
 
-def too_deep(data: Any) -> bool:
-    """Nesting deeper than MAX_DEPTH (iterative: the data may be too deep for recursion)."""
+def check_depth(data: Any) -> None:
+    """Raise TooDeep past MAX_DEPTH levels (iteratively: the data may be too deep for recursion)."""
     stack = [(data, 1)]
     while stack:
         value, depth = stack.pop()
         if depth > MAX_DEPTH:
-            return True
+            raise TooDeep
         if isinstance(value, (dict, list)):
             stack.extend((child, depth + 1) for child in (value.values() if isinstance(value, dict) else value))
-    return False
 
 
 # --- YAML ------------------------------------------------------------------------------------------

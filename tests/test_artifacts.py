@@ -82,6 +82,15 @@ def test_a_folder_ptxgen_does_not_own_is_refused_and_left_untouched(tmp_path, ca
     assert (snapshot(out) if out.is_dir() else out.read_bytes()) == before
 
 
+def test_a_file_where_an_arch_folder_belongs_stops_the_build_before_writing(built):
+    shutil.rmtree(built / "sm_80")
+    (built / "sm_80").write_text("not a folder")
+    before = snapshot(built)
+    result = build(built)
+    assert result.returncode == 2 and "sm_80" in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert snapshot(built) == before
+
+
 def test_user_files_inside_an_owned_folder_stop_the_build(built):
     (built / "my_notes.txt").write_text("mine")
     result = build(built)

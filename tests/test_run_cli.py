@@ -232,3 +232,15 @@ def test_outputs_replaces_a_file_whole_with_the_umasks_permissions(tmp_path, nor
     with np.load(out) as saved:
         assert saved["y"].shape == (3, 4096)
     assert sorted(os.listdir(tmp_path)) == ["in.npz", "out.npz"], "no temporary file is left"
+
+
+@pytest.mark.parametrize("args, named", [
+    (["verify", str(SPEC), "--seed", "-1"], "--seed"),
+    (["show", "qwen3_8b_rmsnorm", "--spec", str(SPEC), "--tensor-tflops", "0"], "--tensor-tflops"),
+    (["show", "qwen3_8b_rmsnorm", "--spec", str(SPEC), "--gpu", "h100"], "--gpu"),
+    (["run", "qwen3_8b_rmsnorm", "--spec", str(SPEC), "--inputs", "in.npz", "--outputs", "o.npz", "--backend", "gpu"],
+     "--backend"),
+])
+def test_bad_option_values_are_usage_errors(args, named):
+    result = run_cli_in_process(*args)
+    assert result.returncode == 2 and named in result.stderr and result.stdout == "", result
