@@ -17,7 +17,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, fi
 from .archs import ARCHS, DEFAULT_ARCHS, STATIC_SHARED_LIMIT, format_version
 from .errors import SpecError
 from .kernels import KernelEntry, kind_of, own_targets
-from .specfile import clip, echo, read_document
+from .quote import clip, echo
+from .specfile import read_document
 
 MAX_ERROR_LINES = 20
 
@@ -184,7 +185,6 @@ def describe_errors(path: Path, data: dict, error: ValidationError) -> list[str]
         field = clip(".".join(str(part) if isinstance(part, int) or part.isidentifier() else echo(part)
                               for part in location))
         message = "expected a list" if item["type"] == "tuple_type" else clip(item["msg"].removeprefix("Value error, "))
-        message = message.replace("\n", "\\n")  # one line per problem, whatever the input's strings hold
         given = "" if item["type"] in ("value_error", "missing") else f" (got {echo(item['input'])})"
         lines.append(": ".join(part for part in (str(path), where, field, message + given) if part))
     if len(problems) > MAX_ERROR_LINES:

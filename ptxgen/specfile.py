@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import reprlib
 import stat
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 import yaml
 
 from .errors import SpecError
+from .quote import clip, echo
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -32,16 +32,6 @@ SUFFIXES = (".toml", ".yaml", ".yml")
 MAX_BYTES = 1 << 20  # the largest shipped spec is a few KB
 MAX_VALUES = 100_000  # after YAML aliases are expanded; a spec of 100 kernels holds ~2,000
 MAX_DEPTH = 32  # a spec nests 4 levels (kernels, an entry, a tuning table, a list)
-MAX_ECHO = 300  # characters of the input an error message may quote
-
-_echo = reprlib.Repr()
-_echo.maxstring, _echo.maxother, _echo.maxlist, _echo.maxdict, _echo.maxlevel = 80, 80, 6, 6, 3
-
-
-def echo(value: Any) -> str:
-    """A bounded repr of (part of) the input, for messages: cheap even on a huge value."""
-    text = _echo.repr(value)
-    return text if len(text) <= MAX_ECHO else text[:MAX_ECHO] + "..."
 
 
 def read_document(path: Path) -> tuple[bytes, Any]:
@@ -54,8 +44,8 @@ def read_document(path: Path) -> tuple[bytes, Any]:
         check_depth(data)
     except (tomllib.TOMLDecodeError, yaml.YAMLError, UnicodeDecodeError, ValueError) as error:
         # ValueError: an integer of over 4300 digits, a YAML `!!float abc`
-        detail = " ".join(str(error).replace('in "<unicode string>", ', "").split())
-        raise SpecError(f"{path}: not a valid {suffix.lstrip('.').upper()} document: {clip(detail)}") from None
+        detail = clip(str(error).replace('in "<unicode string>", ', ""))
+        raise SpecError(f"{path}: not a valid {suffix.lstrip('.').upper()} document: {detail}") from None
     except (RecursionError, TooDeep):
         raise SpecError(f"{path}: nested more than {MAX_DEPTH} levels deep; a spec needs at most 4") from None
     except TooLarge as error:
@@ -89,10 +79,6 @@ def read_bytes(path: Path) -> bytes:
         raise SpecError(f"{path}: {max(len(raw), info.st_size):,} bytes or more; a spec file is at most "
                         f"{MAX_BYTES:,} bytes")
     return raw
-
-
-def clip(text: str) -> str:
-    return text if len(text) <= MAX_ECHO else text[:MAX_ECHO] + "..."
 
 
 class TooDeep(Exception):

@@ -11,7 +11,8 @@ from ptxgen.assemble import assemble_nvjitlink, nvjitlink_version
 from ptxgen.errors import AssemblerError, SpecError
 from ptxgen.pipeline import compile_spec
 from ptxgen.spec import load_spec, ptx_isa_versions
-from ptxgen.specfile import MAX_BYTES, MAX_DEPTH, MAX_ECHO
+from ptxgen.quote import MAX_QUOTE
+from ptxgen.specfile import MAX_BYTES, MAX_DEPTH
 
 from helpers import SPECS, make_config, run_cli
 
@@ -206,7 +207,7 @@ def test_errors_echo_a_bounded_part_of_the_input(tmp_path):
     many = error_of(tmp_path, '[[kernels]]\nname = "a"\nkind = "rmsnorm"\nhidden = "x"\n' * 500)
     newline_key = error_of(tmp_path, '[[kernels]]\nname = "a"\nkind = "rmsnorm"\nhidden = 8\n"x\\ny" = 1\n')
     for message in (long_kind, long_name, many, newline_key):
-        assert all(len(line) < 200 + 3 * MAX_ECHO for line in message.splitlines()), message[:2000]
+        assert all(len(line) < 200 + 3 * MAX_QUOTE for line in message.splitlines()), message[:2000]
     assert len(many.splitlines()) == 21 and many.endswith("... and 480 more problems"), many[-300:]
     assert len(newline_key.splitlines()) == 1 and "'x\\ny'" in newline_key, newline_key
 
