@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import LaunchError
+from .quote import clip, echo
 
 MAX_HEADER = 1 << 16
 
@@ -29,20 +30,20 @@ def load_npz(path: Path, what: str) -> dict[str, np.ndarray]:
     except FileNotFoundError:
         raise LaunchError(f"{where}: no such file") from None
     except (OSError, zipfile.BadZipFile, ValueError) as error:
-        raise LaunchError(f"{where}: not a readable .npz archive ({error})") from None
+        raise LaunchError(f"{where}: not a readable .npz archive ({clip(str(error))})") from None
     arrays = {}
     with archive:
         for member in archive.infolist():
             name = member.filename
             if not name.endswith(".npy") or "/" in name:
-                raise LaunchError(f"{where}: member {name!r} is not an array (.npy)")
+                raise LaunchError(f"{where}: member {echo(name)} is not an array (.npy)")
             try:
                 with archive.open(member) as stream:
                     arrays[name[:-4]] = _read_array(stream, member.file_size)
             except LaunchError as error:
-                raise LaunchError(f"{where}: {name[:-4]}: {error}") from None
+                raise LaunchError(f"{where}: {clip(name[:-4])}: {error}") from None
             except (OSError, zipfile.BadZipFile, ValueError, EOFError) as error:
-                raise LaunchError(f"{where}: {name[:-4]}: unreadable ({error})") from None
+                raise LaunchError(f"{where}: {clip(name[:-4])}: unreadable ({clip(str(error))})") from None
     return arrays
 
 
@@ -53,10 +54,10 @@ def _read_array(stream, size: int) -> np.ndarray:
         raise LaunchError(f".npy format version {version} is not supported")
     shape, fortran, dtype = reader(stream, max_header_size=MAX_HEADER)
     if dtype.hasobject or dtype.kind not in "biuf":
-        raise LaunchError(f"dtype {dtype} is not a plain number type")
+        raise LaunchError(f"dtype {clip(str(dtype))} is not a plain number type")
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes > size:
-        raise LaunchError(f"declares {list(shape)} {dtype} ({nbytes:,} bytes) but holds {size:,}")
+        raise LaunchError(clip(f"declares {list(shape)} {dtype} ({nbytes:,} bytes) but holds {size:,}"))
     data = stream.read(nbytes)
     if len(data) != nbytes:
         raise LaunchError(f"truncated: {len(data):,} of {nbytes:,} bytes")
@@ -67,7 +68,7 @@ def _read_array(stream, size: int) -> np.ndarray:
 def scalar_of(array: np.ndarray, where: str) -> int:
     """A runtime scalar given as a 0-d array: an integer, exactly."""
     if array.dtype.kind not in "iu":
-        raise LaunchError(f"{where}: a runtime scalar must be an integer, got {array.dtype} {array[()]!r}")
+        raise LaunchError(f"{where}: a runtime scalar must be an integer, got {array.dtype} {array[()]}")
     return int(array[()])
 
 

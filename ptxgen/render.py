@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from functools import cache
@@ -12,13 +13,19 @@ import jinja2
 
 from . import __version__
 from .archs import format_version
+from .errors import SpecError
 from .kernels import kind_of
+from .kernels.base import f32_rounded
 from .settings import SETTINGS
 
 
 def f32_literal(value: float) -> str:
-    """An exact PTX f32 immediate (0fXXXXXXXX) for a Python float rounded to f32."""
-    return "0f%08X" % struct.unpack("<I", struct.pack("<f", value))[0]
+    """An exact PTX f32 immediate (0fXXXXXXXX) for a Python float rounded to f32: a finite one
+    (a constant derived from config fields, e.g. scale * log2(e), can still overflow)."""
+    rounded = f32_rounded(value)
+    if not math.isfinite(rounded):
+        raise SpecError(f"a constant of its PTX, {value!r}, is not a finite f32 number")
+    return "0f%08X" % struct.unpack("<I", struct.pack("<f", rounded))[0]
 
 
 def register_names(prefix: str, start: int, count: int) -> list[str]:
@@ -68,4 +75,6 @@ def render(kernel, ptx_version: tuple[int, int], ptx_target: str, own_target: st
         )
     except jinja2.TemplateError as error:
         raise RuntimeError(f"template {kind.template} failed for kernel {kernel.name!r}: {error}") from error
+    except SpecError as error:
+        raise SpecError(f"kernel {kernel.name!r}: {error}; choose values that keep it in range") from None
     return "\n".join(line.rstrip() for line in text.splitlines()) + "\n"

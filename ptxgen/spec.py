@@ -1,24 +1,49 @@
-"""Spec files (TOML or YAML): pydantic models discriminated by kind, one-line errors."""
+"""Spec files (TOML or YAML): pydantic models discriminated by kind, one-line errors.
+
+Values are taken strictly (no "4096" or 4096.0 for an integer, no `true` for a number; an integer
+is a fine float); the file itself is read by ptxgen.specfile.
+"""
 
 from __future__ import annotations
 
 import hashlib
-import tomllib
+import re
+from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, field_validator, model_validator
 
 from .archs import ARCHS, DEFAULT_ARCHS, STATIC_SHARED_LIMIT, format_version
 from .errors import SpecError
 from .kernels import KernelEntry, kind_of, own_targets
+from .quote import clip, echo
+from .specfile import read_document
+
+MAX_ERROR_LINES = 20
+
+
+def _list_as_tuple(value: Any) -> Any:
+    """TOML and YAML give lists; strict validation takes only tuples for tuple fields."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+@cache
+def ptx_isa_versions() -> tuple[tuple[int, int], ...]:
+    """PTX ISA versions a spec may ask for: every released one (there never was a 7.9 or 8.9) up
+    to the newest the installed nvJitLink assembles. pyproject asks for nvJitLink 13, and CUDA 13.m
+    ships PTX ISA 9.m (nvJitLink 13.5 takes 9.5 and refuses 9.6); a later major takes every 9.x."""
+    from .assemble import nvjitlink_version
+
+    major, minor = (int(part) for part in nvjitlink_version().split("."))
+    known = [(7, m) for m in range(9)] + [(8, m) for m in range(9)] + [(9, m) for m in range(10)]
+    return tuple(version for version in known if major > 13 or version <= (9, minor))
 
 
 class Target(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    archs: tuple[str, ...] = DEFAULT_ARCHS
+    archs: Annotated[tuple[str, ...], BeforeValidator(_list_as_tuple)] = DEFAULT_ARCHS
     ptx_version: str | None = None
 
     @field_validator("archs")
@@ -31,21 +56,29 @@ class Target(BaseModel):
                 raise ValueError(f"expected one of {', '.join(ARCHS)}, got {arch!r}")
         return tuple(sorted(set(archs), key=list(ARCHS).index))
 
-    @field_validator("ptx_version")
+    @field_validator("ptx_version", mode="before")
     @classmethod
-    def version_form(cls, version: str | None) -> str | None:
-        if version is not None:
-            major, _, minor = version.partition(".")
-            if not (major.isdigit() and minor.isdigit()):
-                raise ValueError(f"expected MAJOR.MINOR such as '7.8', got {version!r}")
+    def known_version(cls, version: Any) -> Any:
+        """MAJOR.MINOR of a PTX ISA that exists and that nvJitLink assembles, written as build
+        writes it (so "7.80" or "07.8" is refused, not passed on to fail in the assembler)."""
+        if version is None:
+            return None
+        known = ptx_isa_versions()
+        expected = f"a quoted PTX ISA version from {format_version(known[0])} to {format_version(known[-1])}"
+        if not isinstance(version, str):
+            raise ValueError(f"expected {expected} such as \"8.0\", got {echo(version)}")
+        found = re.fullmatch(r"([0-9])\.([0-9])", version)  # ASCII digits: str.isdigit takes "²"
+        if not found or (int(found[1]), int(found[2])) not in known:
+            raise ValueError(f"expected {expected} ({format_version(known[-1])}: the newest this nvJitLink "
+                             f"assembles), got {echo(version)}")
         return version
 
 
 class Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     target: Target = Target()
-    kernels: tuple[KernelEntry, ...]
+    kernels: Annotated[tuple[KernelEntry, ...], BeforeValidator(_list_as_tuple)]
 
     @model_validator(mode="after")
     def unique_names(self) -> Spec:
@@ -106,17 +139,18 @@ class LoadedSpec(BaseModel):
 
 def load_spec(path: str | Path) -> LoadedSpec:
     path = Path(path)
-    try:
-        raw_bytes = path.read_bytes()
-    except OSError as error:
-        raise SpecError(f"{path}: cannot read spec file: {error.strerror or error}") from None
-    data = parse_document(path, raw_bytes)
-    try:
-        spec = Spec.model_validate(data)
-    except ValidationError as error:
-        raise SpecError("\n".join(describe_errors(path, data, error))) from None
+    raw_bytes, data = read_document(path)
+    spec = validate(path, data)
     check_against_archs(path, spec)
     return LoadedSpec(path=str(path), sha256=hashlib.sha256(raw_bytes).hexdigest(), spec=spec)
+
+
+def validate(path: Path, data: dict) -> Spec:
+    """Strictly, nested models included (a flash_attention entry's sm90a table)."""
+    try:
+        return Spec.model_validate(data, strict=True)
+    except ValidationError as error:
+        raise SpecError("\n".join(describe_errors(path, data, error))) from None
 
 
 def with_archs(loaded: LoadedSpec, archs: tuple[str, ...]) -> LoadedSpec:
@@ -125,49 +159,36 @@ def with_archs(loaded: LoadedSpec, archs: tuple[str, ...]) -> LoadedSpec:
     data = loaded.spec.model_dump(mode="json")
     data["target"]["archs"] = list(archs)
     try:
-        spec = Spec.model_validate(data)
-    except ValidationError as error:
-        raise SpecError("\n".join(line.replace(f"{path}: target.", "--arch: ") for line in describe_errors(path, data, error))) from None
+        spec = validate(path, data)
+    except SpecError as error:
+        raise SpecError(str(error).replace(f"{path}: target.", "--arch: ")) from None
     check_against_archs(path, spec)
     return loaded.model_copy(update={"spec": spec})
 
 
-def parse_document(path: Path, raw: bytes) -> Any:
-    suffix = path.suffix.lower()
-    try:
-        text = raw.decode("utf-8")
-        if suffix == ".toml":
-            data = tomllib.loads(text)
-        elif suffix in (".yaml", ".yml"):
-            data = yaml.safe_load(text)
-        else:
-            raise SpecError(f"{path}: expected a .toml, .yaml or .yml spec file, got {suffix or 'no extension'!r}")
-    except (tomllib.TOMLDecodeError, yaml.YAMLError, UnicodeDecodeError) as error:
-        detail = str(error).replace("\n", " ")
-        raise SpecError(f"{path}: not a valid {suffix.lstrip('.').upper()} document: {detail}") from None
-    if not isinstance(data, dict):
-        raise SpecError(f"{path}: expected a table with 'kernels' at the top level, got {type(data).__name__}")
-    return data
-
-
 def describe_errors(path: Path, data: dict, error: ValidationError) -> list[str]:
-    """One line per problem: file, kernel name, field, what was expected, what was given."""
+    """One line per problem (at most MAX_ERROR_LINES): file, kernel name, field, what was expected,
+    what was given (a few hundred characters of it at most)."""
     lines = []
-    for item in error.errors():
+    problems = error.errors(include_url=False)
+    for item in problems[:MAX_ERROR_LINES]:
         location = list(item["loc"])
         where = ""
         if location[:1] == ["kernels"] and len(location) > 1 and isinstance(location[1], int):
             index = location[1]
             entry = data.get("kernels", [])[index] if isinstance(data.get("kernels"), list) else None
             name = entry.get("name") if isinstance(entry, dict) else None
-            where = f"kernel {name!r} (kernels[{index}])" if name else f"kernels[{index}]"
+            where = f"kernel {echo(name)} (kernels[{index}])" if name else f"kernels[{index}]"
             location = location[2:]
             if location and isinstance(entry, dict) and location[0] == entry.get("kind"):
                 location = location[1:]  # pydantic names the union member; the user wrote `kind`
-        field = ".".join(str(part) for part in location)
-        message = item["msg"].removeprefix("Value error, ")
-        given = "" if item["type"] in ("value_error", "missing") else f" (got {item['input']!r})"
+        field = clip(".".join(str(part) if isinstance(part, int) or part.isidentifier() else echo(part)
+                              for part in location))
+        message = "expected a list" if item["type"] == "tuple_type" else clip(item["msg"].removeprefix("Value error, "))
+        given = "" if item["type"] in ("value_error", "missing") else f" (got {echo(item['input'])})"
         lines.append(": ".join(part for part in (str(path), where, field, message + given) if part))
+    if len(problems) > MAX_ERROR_LINES:
+        lines.append(f"{path}: ... and {len(problems) - MAX_ERROR_LINES} more problems")
     return lines
 
 

@@ -80,3 +80,31 @@ def rel_rms(y, x) -> float:
     """Relative RMS error of y against x."""
     x = x.astype(np.float64)
     return float(np.sqrt(np.mean((y - x) ** 2) / np.mean(x**2)))
+
+
+@dataclasses.dataclass(frozen=True)
+class CliResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_cli_in_process(*args: str) -> CliResult:
+    """`ptxgen ARGS` through the CLI's own entry point (ptxgen.cli.main) in this process: as
+    run_cli, but cheap enough for hundreds of calls. An exception that escapes main() (a
+    traceback for a user) escapes here too."""
+    import contextlib
+    import io
+    from unittest import mock
+
+    from ptxgen.cli import main
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    code = 0
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), \
+            mock.patch.object(sys, "argv", ["ptxgen", *args]):
+        try:
+            main()
+        except SystemExit as exit:
+            code = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
+    return CliResult(code, stdout.getvalue(), stderr.getvalue())

@@ -4,15 +4,20 @@ a C header that a C program can use; the cache refuses entries that no longer ma
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import stat
 import subprocess
 
 import pytest
+import typer
 
+from ptxgen import __version__, pipeline
 from ptxgen.artifacts import STAGING
+from ptxgen.cli import app
 from ptxgen.spec import load_spec
 
-from helpers import ROOT, run_cli, spec_kernel
+from helpers import ROOT, run_cli, run_cli_in_process, spec_kernel
 
 SPEC = ROOT / "specs" / "qwen3.toml"
 
@@ -77,6 +82,15 @@ def test_a_folder_ptxgen_does_not_own_is_refused_and_left_untouched(tmp_path, ca
     assert (snapshot(out) if out.is_dir() else out.read_bytes()) == before
 
 
+def test_a_file_where_an_arch_folder_belongs_stops_the_build_before_writing(built):
+    shutil.rmtree(built / "sm_80")
+    (built / "sm_80").write_text("not a folder")
+    before = snapshot(built)
+    result = build(built)
+    assert result.returncode == 2 and "sm_80" in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert snapshot(built) == before
+
+
 def test_user_files_inside_an_owned_folder_stop_the_build(built):
     (built / "my_notes.txt").write_text("mine")
     result = build(built)
@@ -129,6 +143,123 @@ def test_cache_info_and_clean(tmp_path, cache_dir):
     clean = run_cli("cache", "clean")
     assert clean.returncode == 0 and "removed 24 entries" in clean.stdout
     assert "0 entries" in run_cli("cache", "info").stdout
+
+
+@pytest.mark.parametrize("setup", ["cannot be created", "read-only"])
+def test_every_command_works_with_a_cache_it_cannot_write(tmp_path, setup):
+    """The cache only saves time: a cache folder that cannot be written (or made) is read from,
+    with one note, never an error; --no-cache works the same."""
+    if setup == "cannot be created":
+        blocker = tmp_path / "a_file"
+        blocker.write_text("x")
+        cache = blocker / "cache"
+    else:
+        if os.geteuid() == 0:
+            pytest.skip("root writes into read-only folders")
+        cache = tmp_path / "cache"
+        assert run_cli("build", str(SPEC), "-o", str(tmp_path / "warm"), "--arch", "sm_80", "-q",
+                       env={"PTXGEN_CACHE_DIR": str(cache)}).returncode == 0
+        for folder in [cache, *cache.rglob("*")]:
+            if folder.is_dir():
+                folder.chmod(0o555)
+    env = {"PTXGEN_CACHE_DIR": str(cache)}
+    import numpy as np
+
+    np.savez(tmp_path / "in.npz", x=np.ones((1, 4096), np.float32), gamma=np.ones(4096, np.float32))
+    commands = [
+        ["build", str(SPEC), "-o", str(tmp_path / "out"), "--arch", "sm_80", "-q"],
+        ["build", str(SPEC), "-o", str(tmp_path / "out2"), "--arch", "sm_80", "-q", "--no-cache"],
+        ["show", "qwen3_8b_rmsnorm", "--spec", str(SPEC), "--ptx"],
+        ["run", "qwen3_8b_rmsnorm", "--spec", str(SPEC), "--inputs", str(tmp_path / "in.npz"),
+         "--outputs", str(tmp_path / "out.npz"), "--set", "rows=1", "--backend", "emulator"],
+        ["verify", str(SPEC), "--kernel", "qwen3_8b_q_norm"],
+        ["cache", "info"],
+        ["cache", "clean"],
+    ]
+    try:
+        for command in commands:
+            result = run_cli(*command, env=env)
+            assert result.returncode == 0, (command, result.stderr)
+            assert "Traceback" not in result.stderr and result.stderr.count("not writable") <= 1, result.stderr
+    finally:
+        for folder in [cache, *cache.rglob("*")] if cache.is_dir() else []:
+            if folder.is_dir():
+                folder.chmod(0o755)
+
+
+def test_the_progress_bar_advances_once_per_cubin_as_it_is_assembled(monkeypatch, cache_dir):
+    events = []
+    real_assemble = pipeline.assemble
+    monkeypatch.setattr(pipeline, "assemble", lambda *args: (events.append("assemble"), real_assemble(*args))[1])
+    spec = load_spec(SPEC).spec
+    spec = spec.model_copy(update={"kernels": spec.kernels[:3]})
+    options = pipeline.BuildOptions(use_cache=False, progress=lambda label: events.append("progress"))
+    pipeline.compile_spec(spec, options)
+    count = len(spec.kernels) * len(spec.target.archs)
+    assert events == ["assemble", "progress"] * count, events
+
+
+def test_artifacts_get_the_umasks_permissions(tmp_path, cache_dir):
+    mask = os.umask(0o027)
+    try:
+        result = run_cli_in_process("build", str(SPEC), "-o", str(tmp_path / "out"), "--arch", "sm_80", "-q")
+    finally:
+        os.umask(mask)
+    assert result.returncode == 0, result
+    for path in [tmp_path / "out", *(tmp_path / "out").rglob("*")]:
+        expected = 0o750 if path.is_dir() else 0o640
+        assert stat.S_IMODE(path.stat().st_mode) == expected, (path, oct(path.stat().st_mode))
+
+
+# --- the command line's own output ----------------------------------------------------------------------
+def all_commands(command=None, prefix=()):
+    command = command or typer.main.get_command(app)
+    for name, sub in getattr(command, "commands", {}).items():
+        yield (*prefix, name), sub
+        yield from all_commands(sub, (*prefix, name))
+
+
+def test_every_commands_help_keeps_its_text_and_bracketed_defaults():
+    commands, checked = list(all_commands()), 0
+    assert {("build",), ("validate",), ("run",), ("verify",), ("cache", "info")} <= {names for names, _ in commands}
+    for names, command in commands:
+        result = run_cli_in_process(*names, "--help")
+        assert result.returncode == 0 and result.stderr == "", (names, result)
+        text = " ".join(result.stdout.split())
+        for param in command.params:
+            if getattr(param, "help", None):
+                assert " ".join(param.help.split()) in text, (names, param.help)
+            if param.show_default and param.default not in (None, False, ()) and not getattr(param, "is_flag", False):
+                checked += 1
+                assert f"[default: {getattr(param.default, 'value', param.default)}" in text, (names, param.name)
+        assert "\u256d" not in result.stdout, "a rich box in help text"
+    assert checked >= 8, f"only {checked} defaults were checked"
+    build_help = " ".join(run_cli_in_process("build", "--help").stdout.split())
+    assert "(default build/<spec name>)" in build_help and "[default: 1; x>=1]" in build_help
+
+
+def test_version_plurals_and_raw_ptx():
+    assert run_cli_in_process("--version").stdout == f"ptxgen {__version__}\n"
+    one = ROOT / "specs" / "qwen3.toml"
+    result = run_cli_in_process("show", "qwen3_8b_decode_attention", "--spec", str(one), "--ptx")
+    assert result.returncode == 0
+    assert result.stdout == spec_kernel(one, "qwen3_8b_decode_attention").portable.ptx, "show --ptx is the PTX, byte for byte"
+    assert max(len(line) for line in result.stdout.splitlines()) > 80, "a line longer than a terminal stays one line"
+
+
+def test_validate_says_one_kernel(tmp_path):
+    spec = tmp_path / "one.toml"
+    spec.write_text('[[kernels]]\nname = "a"\nkind = "rmsnorm"\nhidden = 64\n')
+    assert run_cli_in_process("validate", str(spec)).stdout == f"{spec}: ok, 1 kernel for sm_80, sm_86, sm_89, sm_90\n"
+
+
+def test_tables_are_plain_unwrapped_text_in_a_pipe():
+    result = run_cli_in_process("list")
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["kind", "what", "it", "computes"] and "\u2503" not in result.stdout
+    from ptxgen.kernels import KINDS
+
+    assert [line.split()[0] for line in lines[1:]] == list(KINDS), "one line per kind, names whole"
 
 
 # --- the C header --------------------------------------------------------------------------------

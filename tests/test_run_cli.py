@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import io
+import os
+import stat
+import struct
+import zipfile
+
 import numpy as np
 import pytest
 
+from ptxgen.errors import LaunchError
+from ptxgen.npz import load_npz, scalar_of
 from ptxgen.verify import relative_l2
 
-from helpers import ROOT, run_cli, spec_kernel
+from helpers import ROOT, run_cli, run_cli_in_process, spec_kernel
 
 SPEC = ROOT / "specs" / "qwen3.toml"
 
@@ -84,3 +92,155 @@ def test_verify_says_which_kernels_it_cannot_interpret():
     result = run_cli("verify", str(ROOT / "specs" / "qwen3_decoder.toml"))
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("skipped") == 2 and "too large to interpret" in result.stdout
+
+
+
+# --- .npz files that lie, break or hold the wrong things: one message each, nothing read past them ---
+def npy_member(header: str, payload: bytes = b"") -> bytes:
+    """An .npy (format 1.0) with this header dict text, padded as numpy pads it."""
+    text = header.encode().ljust(((len(header) + 11 + 63) // 64) * 64 - 11) + b"\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(text)) + text + payload
+
+
+def zip_of(path, members: dict[str, bytes]):
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return path
+
+
+def npz_error(path) -> str:
+    with pytest.raises(LaunchError) as caught:
+        load_npz(path, "--inputs")
+    message = str(caught.value)
+    assert message.startswith(f"--inputs {path}") and len(message) < 300 and "\n" not in message, message
+    return message
+
+
+def test_an_npy_file_is_not_an_archive(tmp_path):
+    np.save(tmp_path / "x.npy", np.zeros(3, np.float32))
+    assert "expected an .npz archive" in npz_error(tmp_path / "x.npy")
+
+
+@pytest.mark.parametrize("cut", [0, 10, 100, -30, -1])
+def test_a_truncated_archive(tmp_path, cut):
+    np.savez(tmp_path / "whole.npz", x=np.arange(1000, dtype=np.float32))
+    data = (tmp_path / "whole.npz").read_bytes()
+    (tmp_path / "cut.npz").write_bytes(data[:cut])
+    message = npz_error(tmp_path / "cut.npz")
+    assert "not a readable .npz archive" in message or "unreadable" in message or "truncated" in message, message
+
+
+def test_a_member_that_is_not_an_array(tmp_path):
+    buffer = io.BytesIO()
+    np.save(buffer, np.zeros(3, np.float32))
+    path = zip_of(tmp_path / "in.npz", {"x.npy": buffer.getvalue(), "notes.txt": b"hi"})
+    assert "member 'notes.txt' is not an array (.npy)" in npz_error(path)
+    path = zip_of(tmp_path / "nested.npz", {"dir/x.npy": b""})
+    assert "member 'dir/x.npy' is not an array" in npz_error(path)
+
+
+def test_a_header_that_declares_terabytes(tmp_path):
+    # 10^12 float32 = 4 TB (3.6 TiB) declared over 16 bytes: refused before any allocation
+    member = npy_member("{'descr': '<f4', 'fortran_order': False, 'shape': (1000000000000,), }", b"\0" * 16)
+    message = npz_error(zip_of(tmp_path / "in.npz", {"x.npy": member}))
+    assert "x: declares [1000000000000] float32 (4,000,000,000,000 bytes) but holds" in message, message
+
+
+def test_object_arrays_and_odd_headers(tmp_path):
+    np.savez(tmp_path / "objects.npz", x=np.array([{"a": 1}], dtype=object))
+    assert "not a plain number type" in npz_error(tmp_path / "objects.npz")
+    bad_version = zip_of(tmp_path / "version.npz", {"x.npy": b"\x93NUMPY\x09\x00"})
+    assert "x:" in npz_error(bad_version)
+    not_npy = zip_of(tmp_path / "magic.npz", {"x.npy": b"hello, world"})
+    assert "x: unreadable" in npz_error(not_npy)
+
+
+@pytest.mark.parametrize("value, message", [
+    (np.float64(np.nan), "must be an integer, got float64 nan"),
+    (np.float32(3.9), "must be an integer, got float32 3.9"),
+    (np.bool_(True), "must be an integer"),
+])
+def test_a_runtime_scalar_must_be_an_integer(value, message):
+    with pytest.raises(LaunchError, match="rows: a runtime scalar " + message):
+        scalar_of(np.asarray(value), "rows")
+
+
+@pytest.mark.parametrize("value", [np.str_("4"), np.complex64(3 + 0j), np.bytes_(b"4")])
+def test_string_and_complex_scalars_are_refused_when_read(tmp_path, value):
+    np.savez(tmp_path / "in.npz", rows=np.asarray(value))
+    assert "rows: dtype" in npz_error(tmp_path / "in.npz")
+
+
+def test_a_runtime_scalar_given_in_the_npz_or_by_set(tmp_path):
+    x = np.ones((3, 4096), np.float32)
+    np.savez(tmp_path / "in.npz", x=x, gamma=np.ones(4096, np.float32), rows=np.float64(3.9))
+    common = ["--spec", str(SPEC), "--outputs", str(tmp_path / "out.npz"), "--backend", "emulator"]
+    result = run_cli_in_process("run", "qwen3_8b_rmsnorm", "--inputs", str(tmp_path / "in.npz"), *common)
+    assert result.returncode == 2 and "rows: a runtime scalar must be an integer, got float64 3.9" in result.stderr
+    np.savez(tmp_path / "in.npz", x=x, gamma=np.ones(4096, np.float32))
+    result = run_cli_in_process("run", "qwen3_8b_rmsnorm", "--inputs", str(tmp_path / "in.npz"), "--set", "rows=3,4",
+                                *common)
+    assert result.returncode == 2 and "--set rows: run takes one value, got 2" in result.stderr, result
+    assert not (tmp_path / "out.npz").exists()
+
+
+# --- --outputs: only ever a regular file, replaced whole ----------------------------------------------------
+@pytest.fixture
+def norm_run(tmp_path, norm_inputs):
+    path, _, _ = norm_inputs
+    return lambda outputs: run_cli_in_process(
+        "run", "qwen3_8b_rmsnorm", "--spec", str(SPEC), "--inputs", str(path), "--outputs", str(outputs),
+        "--set", "rows=3", "--backend", "emulator")
+
+
+def test_outputs_a_folder_is_refused_and_leaves_no_temporary_file(tmp_path, norm_run):
+    folder = tmp_path / "results"
+    folder.mkdir()
+    before = sorted(os.listdir(tmp_path))
+    result = norm_run(folder)
+    assert result.returncode == 2 and f"--outputs {folder}: is a folder" in result.stderr, result
+    assert sorted(os.listdir(tmp_path)) == before and os.listdir(folder) == []
+
+
+def test_outputs_a_device_is_refused_and_stays_a_device(norm_run):
+    """As root, renaming a temporary file over /dev/null would replace the device node."""
+    result = norm_run("/dev/null")
+    assert result.returncode == 2 and "--outputs /dev/null: is not a regular file" in result.stderr, result
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+def test_outputs_a_symbolic_link_is_refused(tmp_path, norm_run):
+    target = tmp_path / "real.npz"
+    target.write_bytes(b"keep")
+    link = tmp_path / "link.npz"
+    link.symlink_to(target)
+    result = norm_run(link)
+    assert result.returncode == 2 and "is a symbolic link" in result.stderr, result
+    assert target.read_bytes() == b"keep" and link.is_symlink()
+
+
+def test_outputs_replaces_a_file_whole_with_the_umasks_permissions(tmp_path, norm_run):
+    out = tmp_path / "out.npz"
+    out.write_bytes(b"old")
+    mask = os.umask(0o027)
+    try:
+        assert norm_run(out).returncode == 0
+    finally:
+        os.umask(mask)
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o640
+    with np.load(out) as saved:
+        assert saved["y"].shape == (3, 4096)
+    assert sorted(os.listdir(tmp_path)) == ["in.npz", "out.npz"], "no temporary file is left"
+
+
+@pytest.mark.parametrize("args, named", [
+    (["verify", str(SPEC), "--seed", "-1"], "--seed"),
+    (["show", "qwen3_8b_rmsnorm", "--spec", str(SPEC), "--tensor-tflops", "0"], "--tensor-tflops"),
+    (["show", "qwen3_8b_rmsnorm", "--spec", str(SPEC), "--gpu", "h100"], "--gpu"),
+    (["run", "qwen3_8b_rmsnorm", "--spec", str(SPEC), "--inputs", "in.npz", "--outputs", "o.npz", "--backend", "gpu"],
+     "--backend"),
+])
+def test_bad_option_values_are_usage_errors(args, named):
+    result = run_cli_in_process(*args)
+    assert result.returncode == 2 and named in result.stderr and result.stdout == "", result

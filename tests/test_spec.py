@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-import string
+import os
+import time
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
 
-from ptxgen.errors import SpecError
-from ptxgen.kernels import KINDS
-from ptxgen.spec import load_spec
+from ptxgen.assemble import assemble_nvjitlink, nvjitlink_version
+from ptxgen.errors import AssemblerError, SpecError
+from ptxgen.pipeline import compile_spec
+from ptxgen.spec import load_spec, ptx_isa_versions
+from ptxgen.quote import MAX_QUOTE
+from ptxgen.specfile import MAX_BYTES, MAX_DEPTH
 
-from helpers import SPECS, run_cli
+from helpers import SPECS, make_config, run_cli
 
 
 @pytest.mark.parametrize("path", SPECS, ids=lambda p: p.name)
@@ -101,28 +104,218 @@ def test_cli_exit_2_without_traceback(tmp_path):
     assert not (tmp_path / "out").exists(), "a failed build must write nothing"
 
 
-# --- hypothesis: throw malformed specs at the loader: SpecError or a valid spec, nothing else ---
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**40, 2**40), st.floats(allow_nan=True),
-                    st.text(string.printable, max_size=8))
-field_names = st.sampled_from(["name", "kind", "hidden", "dtype", "eps", "num_heads", "head_dim", "k", "n",
-                               "num_kv_heads", "max_seq_len", "archs", "bogus"])
-entries = st.dictionaries(field_names, st.one_of(scalars, st.sampled_from(sorted(KINDS)),
-                                                 st.lists(scalars, max_size=3)), max_size=6)
-documents = st.one_of(
-    st.dictionaries(st.sampled_from(["kernels", "target", "x"]),
-                    st.one_of(scalars, st.lists(entries, max_size=3), entries), max_size=3),
-    st.lists(scalars, max_size=2), scalars)
+# --- files that must not be read (whole) -------------------------------------------------------------
+def test_devices_pipes_folders_and_huge_files_are_refused_before_reading(tmp_path):
+    zero = tmp_path / "zero.toml"
+    zero.symlink_to("/dev/zero")
+    fifo = tmp_path / "pipe.yaml"
+    os.mkfifo(fifo)  # opening it for reading would wait for a writer forever
+    folder = tmp_path / "folder.toml"
+    folder.mkdir()
+    huge = write(tmp_path, "# " + "x" * MAX_BYTES + "\n")
+    for path, expected in [(zero, "not a regular file"), (fifo, "not a regular file"), (folder, "is a folder"),
+                           (huge, f"at most {MAX_BYTES:,} bytes"), (tmp_path / "/dev/zero", "expected a .toml")]:
+        started = time.monotonic()
+        message = str(pytest.raises(SpecError, load_spec, path).value)
+        assert message.startswith(str(path)) and expected in message, message
+        assert time.monotonic() - started < 5, f"{path} took {time.monotonic() - started:.1f} s"
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(document=documents)
-def test_malformed_specs_never_crash(tmp_path, document):
-    import yaml
+# --- YAML: bounded aliases, no duplicate keys, YAML 1.2 numbers ----------------------------------------------
+def billion_laughs(levels: int = 9) -> str:
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, levels)]
+    return "\n".join(lines + [f"kernels: [*a{levels - 1}]"]) + "\n"
 
-    path = tmp_path / "fuzz.yaml"
-    path.write_text(yaml.safe_dump(document))
-    try:
-        load_spec(path)
-    except SpecError as error:
-        assert str(error).strip(), "empty error message"
-        assert all(line.startswith(str(path)) for line in str(error).splitlines()), str(error)
+
+def test_a_yaml_alias_bomb_is_refused_at_once(tmp_path):
+    text = billion_laughs()
+    assert len(text) < 600  # 9^9 = 387 million strings once expanded
+    started = time.monotonic()
+    message = error_of(tmp_path, text, ".yaml")
+    assert time.monotonic() - started < 2 and "expands to more than 100,000 values" in message, message
+    assert len(message) < 200, message
+    assert "refers to a node that contains it" in error_of(tmp_path, "kernels: &a [*a]\n", ".yaml")
+
+
+def test_yaml_merge_keys_and_anchors_within_kernels(tmp_path):
+    text = "kernels:\n  - &base {name: a, kind: rmsnorm, hidden: 64}\n  - {<<: *base, name: b, hidden: 128}\n"
+    kernels = load_spec(write(tmp_path, text, ".yaml")).spec.kernels
+    assert [(k.name, k.hidden) for k in kernels] == [("a", 64), ("b", 128)]
+
+
+@pytest.mark.parametrize("text", [
+    "kernels:\n  - {name: a, kind: rmsnorm, hidden: 8, hidden: 9}\n",
+    "kernels: []\nkernels:\n  - {name: a, kind: rmsnorm, hidden: 8}\n",
+    "kernels:\n  - name: a\n    kind: rmsnorm\n    name: b\n    hidden: 8\n",
+])
+def test_yaml_duplicate_keys_are_refused_as_in_toml(tmp_path, text):
+    message = error_of(tmp_path, text, ".yaml")
+    assert "duplicate key" in message and len(message.splitlines()) == 1, message
+    assert "Cannot overwrite a value" in error_of(tmp_path, '[[kernels]]\nname="a"\nname="b"\nkind="rmsnorm"\nhidden=8\n')
+
+
+@pytest.mark.parametrize("written, value", [("1e-6", 1e-6), ("1E-6", 1e-6), ("1.0e-6", 1e-6), ("5e-7", 5e-7)])
+def test_yaml_reads_numbers_as_yaml_1_2_does(tmp_path, written, value):
+    spec = load_spec(write(tmp_path, f"kernels:\n  - {{name: a, kind: rmsnorm, hidden: 8, eps: {written}}}\n", ".yaml"))
+    assert spec.spec.kernels[0].eps == value and isinstance(spec.spec.kernels[0].eps, float)
+
+
+@pytest.mark.parametrize("written, outcome", [
+    ("0x40", 64), ("0o100", 64), ("064", 64), ("+64", 64),  # YAML 1.1 read 064 as octal (52)
+    ("1_000", "Input should be a valid integer"), ("1:04", "Input should be a valid integer"),  # 1.1: 1000, 64
+    ("'64'", "Input should be a valid integer"), ("64.0", "Input should be a valid integer"),
+    ("yes", "Input should be a valid integer"), ("!!float abc", "not a valid YAML"),
+    ("!!timestamp 2001-01-01", "not a valid YAML"), ("1" * 5000, "not a valid YAML"),
+])
+def test_yaml_integers(tmp_path, written, outcome):
+    path = write(tmp_path, f"kernels:\n  - {{name: a, kind: rmsnorm, hidden: {written}}}\n", ".yaml")
+    if isinstance(outcome, int):
+        assert load_spec(path).spec.kernels[0].hidden == outcome
+    else:
+        message = str(pytest.raises(SpecError, load_spec, path).value)
+        assert outcome in message and len(message) < 600, message
+
+
+def test_booleans_are_true_and_false_only(tmp_path):
+    entry = "{name: a, kind: incremental_attention, num_heads: 2, num_kv_heads: 1, head_dim: 128, max_seq_len: 64"
+    spec = load_spec(write(tmp_path, f"kernels:\n  - {entry}, indirect_seq_len: true}}\n", ".yaml"))
+    assert spec.spec.kernels[0].indirect_seq_len is True
+    for word in ("yes", "on", "1"):
+        message = error_of(tmp_path, f"kernels:\n  - {entry}, indirect_seq_len: {word}}}\n", ".yaml")
+        assert "indirect_seq_len" in message and "valid boolean" in message, message
+
+
+# --- nesting, sizes, echoes ------------------------------------------------------------------------------
+@pytest.mark.parametrize("suffix, text", [
+    (".toml", "a = " + "[" * 5000 + "]" * 5000 + "\n"),
+    (".toml", "a = " + "{b = " * 3000 + "1" + "}" * 3000 + "\n"),
+    (".toml", "[" + ".".join(["a"] * 3000) + "]\n"),
+    (".toml", "a = " + "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1) + "\n"),
+    (".yaml", "a: " + "[" * 5000 + "]" * 5000 + "\n"),
+    (".yaml", "a: " + "{b: " * 3000 + "1" + "}" * 3000 + "\n"),
+    (".yaml", "kernels:\n" + "".join("  " * i + "- \n" for i in range(300)) + "  " * 300 + "1\n"),
+])
+def test_deep_nesting_is_one_message(tmp_path, suffix, text):
+    message = error_of(tmp_path, text, suffix)
+    assert message == f"{tmp_path / ('spec' + suffix)}: nested more than {MAX_DEPTH} levels deep; a spec needs at most 4"
+
+
+def test_errors_echo_a_bounded_part_of_the_input(tmp_path):
+    long_kind = error_of(tmp_path, f'[[kernels]]\nname = "a"\nkind = "{"k" * 200_000}"\nhidden = 8\n')
+    long_name = error_of(tmp_path, f'[[kernels]]\nname = "{"n" * 200_000}"\nkind = "rmsnorm"\nhidden = [{"1," * 50_000}]\n')
+    many = error_of(tmp_path, '[[kernels]]\nname = "a"\nkind = "rmsnorm"\nhidden = "x"\n' * 500)
+    newline_key = error_of(tmp_path, '[[kernels]]\nname = "a"\nkind = "rmsnorm"\nhidden = 8\n"x\\ny" = 1\n')
+    for message in (long_kind, long_name, many, newline_key):
+        assert all(len(line) < 200 + 3 * MAX_QUOTE for line in message.splitlines()), message[:2000]
+    assert len(many.splitlines()) == 21 and many.endswith("... and 480 more problems"), many[-300:]
+    assert len(newline_key.splitlines()) == 1 and "'x\\ny'" in newline_key, newline_key
+
+
+# --- strict types ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("entry, field, expected", [
+    ('kind = "rmsnorm"\nhidden = true', "hidden", "valid integer (got True)"),
+    ('kind = "rmsnorm"\nhidden = "4096"', "hidden", "valid integer (got '4096')"),
+    ('kind = "rmsnorm"\nhidden = 4096.0', "hidden", "valid integer (got 4096.0)"),
+    ('kind = "rmsnorm"\nhidden = 4096\neps = "1e-6"', "eps", "valid number (got '1e-6')"),
+    ('kind = "rmsnorm"\nhidden = 4096\neps = true', "eps", "valid number (got True)"),
+    ('kind = "rmsnorm"\nhidden = 4096\ndtype = 16', "dtype", "'f32', 'f16' or 'bf16'"),
+    ('kind = "flash_attention"\nnum_heads = 8\nnum_kv_heads = 8\nhead_dim = 64\ncausal = 1', "causal", "boolean"),
+    ('kind = "flash_attention"\nnum_heads = 8\nnum_kv_heads = 8\nhead_dim = 64\nsm90a = {consumers = "2"}',
+     "sm90a.consumers", "valid integer"),
+    ('kind = "flash_attention"\nnum_heads = 8\nnum_kv_heads = 8\nhead_dim = 64\nsm90a = {overlap = "yes"}',
+     "sm90a.overlap", "valid boolean"),
+])
+def test_values_are_taken_strictly(tmp_path, entry, field, expected):
+    message = error_of(tmp_path, f'[[kernels]]\nname = "strict_one"\n{entry}\n')
+    assert len(message.splitlines()) == 1 and f"'strict_one' (kernels[0]): {field}: " in message, message
+    assert expected in message, message
+
+
+def test_integers_are_fine_for_float_fields(tmp_path):
+    kernel = load_spec(write(tmp_path, '[[kernels]]\nname = "r"\nkind = "rope"\nnum_heads = 2\nhead_dim = 8\n'
+                                       'theta = 10000\n')).spec.kernels[0]
+    assert kernel.theta == 10000.0 and isinstance(kernel.theta, float)
+
+
+def test_archs_must_be_a_list(tmp_path):
+    message = error_of(tmp_path, '[target]\narchs = "sm_80"\n[[kernels]]\nname="a"\nkind="rmsnorm"\nhidden=8\n')
+    assert "target.archs: expected a list (got 'sm_80')" in message, message
+
+
+# --- floats that become f32 --------------------------------------------------------------------------------
+@pytest.mark.parametrize("field, value", [
+    ("eps", "1e-50"), ("eps", "1e-40"), ("eps", "nan"),
+    ("scale", "inf"), ("scale", "1e300"), ("scale", "1e-50"), ("scale", "3.5e38"), ("scale", "nan"),
+])
+def test_floats_must_be_finite_normal_f32(tmp_path, field, value):
+    if field == "eps":
+        entry = f'kind = "rmsnorm"\nhidden = 64\neps = {value}'
+    else:
+        entry = f'kind = "incremental_attention"\nnum_heads = 2\nnum_kv_heads = 1\nhead_dim = 128\nmax_seq_len = 64\n' \
+                f'scale = {value}'
+    message = error_of(tmp_path, f'[[kernels]]\nname = "f"\n{entry}\n')
+    assert len(message.splitlines()) == 1 and f"(kernels[0]): {field}: " in message, message
+
+
+def test_the_smallest_and_largest_normal_f32_are_accepted(tmp_path):
+    for value in (1.1754943508222875e-38, 3.4028234663852886e+38):
+        entry = f"kind = \"incremental_attention\"\nnum_heads = 2\nnum_kv_heads = 1\nhead_dim = 128\nmax_seq_len = 64\n" \
+                f"scale = {value!r}"
+        assert load_spec(write(tmp_path, f'[[kernels]]\nname = "f"\n{entry}\n')).spec.kernels[0].scale == value
+
+
+def test_a_constant_derived_past_f32_is_a_build_error_naming_the_kernel():
+    # scale is a normal f32, but scale * log2(e), the PTX's immediate, is not.
+    config = make_config("incremental_attention", "big_scale", num_heads=2, num_kv_heads=1, head_dim=128,
+                         max_seq_len=64, scale=3e38)
+    spec = load_spec(SPECS[0]).spec.model_copy(update={"kernels": (config,)})
+    message = str(pytest.raises(SpecError, compile_spec, spec, until="ptx").value)
+    assert message.startswith("kernel 'big_scale': a constant of its PTX") and "not a finite f32" in message
+
+
+# --- ptx_version: what validate passes, build assembles --------------------------------------------------
+def spec_with_version(tmp_path, version: str, archs: str = '["sm_80"]'):
+    return write(tmp_path, f'[target]\narchs = {archs}\nptx_version = {version}\n'
+                           '[[kernels]]\nname = "a"\nkind = "rmsnorm"\nhidden = 64\n')
+
+
+@pytest.mark.parametrize("version", ['"\u00b2.\u00b3"', '"7.80"', '"07.8"', '"7.9"', '"8.9"', '"6.4"', '"10.0"',
+                                     '"8"', '"8.0.0"', '" 8.0"', '"9.9"', "8.0", "8"])
+def test_ptx_versions_that_are_no_isa_version_are_refused(tmp_path, version):
+    message = str(pytest.raises(SpecError, load_spec, spec_with_version(tmp_path, version)).value)
+    assert "target.ptx_version: expected a quoted PTX ISA version from 7.0 to" in message, message
+    assert len(message.splitlines()) == 1
+
+
+def test_ptx_version_below_what_the_archs_need_is_refused(tmp_path):
+    message = str(pytest.raises(SpecError, load_spec, spec_with_version(tmp_path, '"7.4"', '["sm_90"]')).value)
+    assert "needs at least 7.8" in message, message
+
+
+def test_every_ptx_version_validate_accepts_assembles(tmp_path):
+    """validate and build agree: the oldest and newest versions validate passes assemble, and the
+    version after the newest is refused by nvJitLink itself (so the bound is not too tight)."""
+    versions = ptx_isa_versions()
+    for version in (versions[0], versions[-1]):
+        text = f"{version[0]}.{version[1]}"
+        spec = load_spec(spec_with_version(tmp_path, f'"{text}"')).spec
+        kernel = compile_spec(spec).kernels[0]
+        assert f".version {text}\n" in kernel.portable.ptx and kernel.binaries["sm_80"].cubin[:4] == b"\x7fELF"
+    major, minor = versions[-1]
+    if minor < 9:
+        after = f".version {major}.{minor + 1}\n.target sm_80\n.address_size 64\n.visible .entry k()\n{{\n\tret;\n}}\n"
+        with pytest.raises(AssemblerError, match="Unsupported .version"):
+            assemble_nvjitlink(after, "sm_80", {})
+    assert nvjitlink_version().startswith("13.")
+
+
+def test_a_deprecation_in_ptxgen_fails_the_test_and_elsewhere_does_not():
+    """pyproject's filterwarnings: ptxgen must move off an API before it changes under it."""
+    import warnings
+
+    with pytest.raises(DeprecationWarning):
+        warnings.warn_explicit("old API", DeprecationWarning, "ops.py", 1, module="ptxgen.interp.ops")
+    with warnings.catch_warnings(record=True) as caught:  # the filters pytest set, recording
+        warnings.warn_explicit("old API", DeprecationWarning, "x.py", 1, module="numpy.something")
+    assert len(caught) == 1

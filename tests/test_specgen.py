@@ -3,9 +3,13 @@
 
 import dataclasses
 import json
-import tomllib
 from collections import Counter
 from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 import pytest
 from fixtures.make_tiny_gguf import tiny_config, write_tiny_gguf

@@ -872,7 +872,7 @@ def _setp(c):
 
     def run(st, sel):
         x, y = np.asarray(prep(ra(st, sel))), np.asarray(prep(rb(st, sel)))
-        unordered = (np.isnan(x) | np.isnan(y)) if is_float else False
+        unordered = (np.isnan(x) | np.isnan(y)) if is_float else np.False_  # ~False is -1, ~np.False_ is True
         r = np.broadcast_to(fn(x, y, unordered), (_count(st, sel),))
         if join is None:
             w1(st, sel, r)

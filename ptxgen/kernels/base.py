@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+import struct
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..abi import Geometry, Launch, Param, ceil_div, round_up  # noqa: F401  (the kinds' vocabulary)
 
@@ -19,12 +21,36 @@ Identifier = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 TOLERANCE = {"f32": 1e-5, "f16": 2e-3, "bf16": 1.6e-2}
 
 
-class KernelConfig(BaseModel):
-    """Fields common to every kernel entry of a spec; each kind adds its own."""
+F32_MIN_NORMAL = 2.0**-126
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+
+def f32_rounded(value: float) -> float:
+    """value rounded to the nearest f32 (inf beyond the f32 range)."""
+    try:
+        return struct.unpack("<f", struct.pack("<f", value))[0]
+    except OverflowError:
+        return math.copysign(math.inf, value)
+
+
+class KernelConfig(BaseModel):
+    """Fields common to every kernel entry of a spec; each kind adds its own. Values are taken
+    strictly: "4096", 4096.0 or true is no integer (an integer is a fine float)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     name: str = Identifier
+
+    @field_validator("*")
+    @classmethod
+    def normal_f32(cls, value: Any) -> Any:
+        """Every float field ends up an f32 in the kernel (an immediate, or math on one): it must
+        round to a finite, normal f32 (1e-50 would become 0, 1e300 inf: NaN outputs)."""
+        if isinstance(value, float) and value != 0:
+            rounded = f32_rounded(value)
+            if not math.isfinite(rounded) or abs(rounded) < F32_MIN_NORMAL:
+                raise ValueError(f"expected a finite, normal f32 number (magnitude from {F32_MIN_NORMAL:.4g} to "
+                                 f"3.403e+38), got {value!r}")
+        return value
 
 
 @dataclass(frozen=True)
