@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from . import __version__
 from .errors import PtxgenError
 
 SCHEMA = 2  # bump when the entry layout or what a key covers changes
+_HEX = re.compile(r"[0-9a-f]+")
 
 
 def cache_key(ptx: str, arch: str, assembler: str, assembler_version: str, options: dict) -> str:
@@ -97,23 +99,41 @@ class Cache:
         except OSError:  # another process put the same entry first (identical by construction), or a full disk
             shutil.rmtree(staging, ignore_errors=True)
 
+    def entries(self) -> list[Path]:
+        """The folders this cache made: ROOT/ab/abcdef... (hex names) holding a `sha256` file, and
+        staging leftovers beside them. Nothing else under ROOT is ever counted or removed (ROOT
+        may be a folder the user shares with other files)."""
+        found = []
+        for shard in self.root.glob("??"):
+            if not (shard.is_dir() and _HEX.fullmatch(shard.name)):
+                continue
+            for entry in shard.iterdir():
+                name = entry.name.lstrip(".").split("-")[0]
+                if entry.is_dir() and (_HEX.fullmatch(entry.name) and (entry / "sha256").is_file()
+                                       or entry.name.startswith(".") and _HEX.fullmatch(name)):
+                    found.append(entry)
+        return found
+
     def info(self) -> CacheInfo:
-        entries = [p for p in self.root.glob("??/*") if p.is_dir() and not p.name.startswith(".")]
+        entries = [e for e in self.entries() if not e.name.startswith(".")]
         size = sum(f.stat().st_size for e in entries for f in e.iterdir() if f.is_file())
         return CacheInfo(self.root, len(entries), size)
 
     def clean(self) -> int:
-        """Remove every entry (and staging leftovers); the count of entries removed."""
+        """Remove every entry this cache made (and staging leftovers, and Jinja's compiled
+        templates); the count of entries removed."""
         if not self.root.is_dir():
             return 0
-        removed = self.info().entries
-        for shard in self.root.glob("??"):
-            if shard.is_dir():
-                shutil.rmtree(shard, ignore_errors=True)
+        entries = self.entries()
+        for entry in entries:
+            shutil.rmtree(entry, ignore_errors=True)
+        for shard in {entry.parent for entry in entries}:
+            if not any(shard.iterdir()):
+                shard.rmdir()
         jinja = self.root / "jinja"
-        if jinja.is_dir():
+        if jinja.is_dir() and all(f.name.startswith("__jinja2_") for f in jinja.iterdir()):
             shutil.rmtree(jinja, ignore_errors=True)
-        return removed
+        return sum(1 for entry in entries if not entry.name.startswith("."))
 
 
 def check_cache_root(root: Path) -> None:

@@ -8,6 +8,7 @@ has assembled (artifacts.py then writes the folder whole), so a failure leaves n
 from __future__ import annotations
 
 import json
+import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,7 +87,8 @@ def stage_cubin(spec: Spec, units: list[Unit], options: BuildOptions) -> tuple[i
                 misses.append((unit, arch, variant, key))
     jobs = min(options.jobs, len(misses))
     if jobs > 1:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
+        # spawn, not fork: a forked child of a process whose libraries started threads can deadlock
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
             futures = [pool.submit(assemble, assembler, variant.ptx, arch, OPTIONS) for _, arch, variant, _ in misses]
             for (unit, arch, variant, key), future in zip(misses, futures):
                 record(cache, unit, arch, variant, key, future.result(), options)

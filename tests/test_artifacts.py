@@ -136,6 +136,18 @@ def test_a_corrupt_cache_entry_is_dropped_rebuilt_and_reported(tmp_path, cache_d
         assert cubin[:4] == b"\x7fELF" and hashlib.sha256(cubin).hexdigest() == meta["cubins"]["sm_80"]["sha256"]
 
 
+def test_cache_clean_removes_only_what_the_cache_made(tmp_path, cache_dir):
+    assert build(tmp_path / "out").returncode == 0
+    mine = [cache_dir / "go" / "src.txt", cache_dir / "ab" / "notes", cache_dir / "zz" / "f" / "x"]
+    for path in mine:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("user data")
+    clean = run_cli("cache", "clean")
+    assert clean.returncode == 0, clean.stderr
+    assert all(path.read_text() == "user data" for path in mine), "cache clean removed a user's file"
+    assert "0 entries" in run_cli("cache", "info").stdout
+
+
 def test_cache_info_and_clean(tmp_path, cache_dir):
     assert build(tmp_path / "out").returncode == 0
     info = run_cli("cache", "info")
