@@ -157,7 +157,7 @@ def launch_raw(kernel, arrays, scalars, grid=None):
     """One interpreter launch on `arrays` as they are (no fresh workspace, no launcher checks)."""
     geometry = kernel.definition.launch(scalars)
     interpret(kernel.ptx, kernel.name, grid or geometry.grid, geometry.block, kernel.args(arrays, scalars),
-              sanitize=True, kernel_name=kernel.name)
+              dynamic_shared=geometry.dynamic_shared, sanitize=True, kernel_name=kernel.name)
 
 
 @pytest.mark.parametrize("indirect", [False, True])

@@ -38,12 +38,11 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from ..archs import STATIC_SHARED_LIMIT
 from ..dtypes import DTYPES, from_float, to_float64
 from ..errors import LaunchError
 from ..abi import maximum, minimum, scalar
 from .base import Geometry, Kind, KernelConfig, Param, Traffic
-from .families.attention import AttentionPlan
+from .families.attention import SM_REGISTERS, AttentionPlan
 
 FloatDType = Literal["f32", "f16", "bf16"]
 HEAD_DIMS = (64, 128, 256)
@@ -59,9 +58,16 @@ class IncrementalAttentionConfig(KernelConfig):
     kv_dtype: FloatDType = "f16"
     scale: float | None = Field(default=None, gt=0)
     indirect_seq_len: bool = False
-    # The split rule: enough CTAs for `ctas_per_sm` on each of `sm_count` SMs at long contexts.
+    # The split rule: about `ctas_per_sm` CTAs on each of `sm_count` SMs at long contexts (default:
+    # 32 warps an SM, e.g. 2 CTAs of 16 warps).
     sm_count: int = Field(default=132, ge=1, le=1024)
-    ctas_per_sm: int = Field(default=2, ge=1, le=32)
+    ctas_per_sm: int | None = Field(default=None, ge=1, le=32)
+    # Tuning (see ptxgen/kernels/families/attention.py): warps per CTA (key groups x head slices
+    # x dim slices), keys of one ring stage, ring stages, head dims per warp.
+    warps: int | None = Field(default=None, ge=1, le=32)
+    tile_keys: int | None = Field(default=None, ge=16, le=1024)
+    stages: int = Field(default=2, ge=2, le=4)
+    dims_per_warp: int | None = None
 
     @model_validator(mode="after")
     def consistent(self) -> IncrementalAttentionConfig:
@@ -71,15 +77,13 @@ class IncrementalAttentionConfig(KernelConfig):
             raise ValueError(f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})")
         if self.num_kv_heads * self.max_seq_len > (1 << 32) - (1 << 16):
             raise ValueError("num_kv_heads * max_seq_len must be below 2^32 - 2^16 (cache rows are indexed in u32)")
-        plan = AttentionPlan.of(self)
+        plan = attention_plan(self)
         if self.num_kv_heads * plan.max_splits * plan.group * plan.row >= 1 << 31:
             raise ValueError("the split-KV workspace would need 2^31 floats or more")
-        if plan.threads > 1024:
-            raise ValueError(f"a group of {plan.group} query heads per KV head needs {plan.threads} threads "
-                             "per CTA; at most 1024 are possible")
-        if plan.shared_bytes > STATIC_SHARED_LIMIT:
-            raise ValueError(f"a group of {plan.group} query heads of head_dim {self.head_dim} needs "
-                             f"{plan.shared_bytes} bytes of shared memory; at most {STATIC_SHARED_LIMIT}")
+        if plan.threads > 1024 or plan.threads * plan.max_registers > SM_REGISTERS:
+            raise ValueError(f"a group of {plan.group} query heads per KV head needs {plan.threads} threads of "
+                             f"{plan.max_registers} registers per CTA; at most 1024 threads and {SM_REGISTERS} "
+                             "registers are possible")
         return self
 
     @property
@@ -94,7 +98,7 @@ class IncrementalAttention(Kind):
 
     @property
     def plan(self) -> AttentionPlan:
-        return AttentionPlan.of(self.config)
+        return attention_plan(self.config)
 
     def params(self) -> list[Param]:
         c, plan = self.config, self.plan
@@ -125,7 +129,8 @@ class IncrementalAttention(Kind):
             width = plan.max_splits  # the length lives on the device; the grid must not move
         else:
             width = maximum(1, plan.split(minimum(scalar("seq_len"), self.config.max_seq_len))[1])
-        return Geometry(grid=(width, self.config.num_kv_heads, 1), block=(plan.threads, 1, 1))
+        return Geometry(grid=(width, self.config.num_kv_heads, 1), block=(plan.threads, 1, 1),
+                        dynamic_shared=plan.shared_bytes)
 
     def launch_note(self) -> str:
         plan = self.plan
@@ -135,7 +140,7 @@ class IncrementalAttention(Kind):
                 "of a KV head to finish merges the splits")
 
     def static_shared(self) -> int:
-        return self.plan.shared_bytes + 4
+        return 4  # the merge flag
 
     def template_vars(self) -> dict:
         return {"plan": self.plan, "indirect": self.config.indirect_seq_len}
@@ -217,6 +222,12 @@ class IncrementalAttention(Kind):
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
             return {"torch sdpa (K/V repeated)": lambda: sdpa(q, k, v, scale=c.softmax_scale).float()}
         return {"torch sdpa": lambda: sdpa(q, k, v, scale=c.softmax_scale, enable_gqa=True).float()}
+
+
+def attention_plan(config) -> AttentionPlan:
+    """The attention family's layout of a config, its tuning fields applied (ValueError if none fits)."""
+    return AttentionPlan.of(config, warps=config.warps, tile_keys=config.tile_keys, stages=config.stages,
+                            dims_per_warp=config.dims_per_warp, ctas_per_sm=config.ctas_per_sm)
 
 
 def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, length: int, scale: float) -> np.ndarray:

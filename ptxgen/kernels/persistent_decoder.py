@@ -101,9 +101,9 @@ MAX_CTAS = (1 << 18) // THREADS
 # rows in flight per warp (32 KB a SM of weight loads in flight with 8 warps).
 MAX_REGISTERS = 255
 UNROLL = 2
-# Query heads a warp keeps in registers in the attention phase: q and o take 2 * heads *
-# elements registers, kept to <= 64.
-ATTENTION_HEAD_ELEMENTS = 32
+# Shared memory the attention phase's K/V ring may take (one CTA an SM; within every arch's
+# per-CTA limit with the rest of the phase's shared memory).
+ATTENTION_RING = 80 * 1024
 # `ptxgen verify` runs a config only up to this many bytes of Q4_K weights (a Qwen3-8B stack
 # is 4.7 GB: no runtime size makes it small, so it is assemble-only).
 MAX_VERIFY_WEIGHTS = 64 << 20
@@ -170,11 +170,16 @@ def random_rows(rng, shape: tuple[int, ...], filled: int, dtype: str) -> np.ndar
 
 
 def decoder_attention(config) -> AttentionPlan:
-    """incremental_attention's plan run by this kernel's 8-warp CTAs, at most
-    ATTENTION_HEAD_ELEMENTS q values of heads per lane (the heads a warp serves)."""
-    size = DTYPES[config.kv_dtype].size
-    elements = config.head_dim // min(32, config.head_dim * size // 16)  # of a row, per lane
-    return AttentionPlan.of(config, WARPS, max_heads_per_warp=max(1, ATTENTION_HEAD_ELEMENTS // elements))
+    """incremental_attention's plan run by this kernel's 8-warp CTAs: 32 head dims a warp where a
+    key group (head slices x dim slices) divides 8 warps, else 64; as many ring stages (2..4) as
+    fit ATTENTION_RING bytes."""
+    slices = -(-(config.num_heads // config.num_kv_heads) // 8)
+    dims = 32 if WARPS % (slices * config.head_dim // 32) == 0 else 64
+    plan = AttentionPlan.of(config, warps=WARPS, dims_per_warp=dims,
+                            ctas_per_sm=config.ctas_per_sm)
+    stages = max(2, min(4, ATTENTION_RING // plan.stage_bytes))
+    return AttentionPlan.of(config, warps=WARPS, dims_per_warp=plan.dims_per_warp, stages=stages,
+                            ctas_per_sm=config.ctas_per_sm)
 
 
 def gemv_plan(n: int, k: int) -> Q4kPlan:
