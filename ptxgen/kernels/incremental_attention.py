@@ -66,7 +66,7 @@ class IncrementalAttentionConfig(KernelConfig):
     # x dim slices), keys of one ring stage, ring stages, head dims per warp.
     warps: int | None = Field(default=None, ge=1, le=32)
     tile_keys: int | None = Field(default=None, ge=16, le=1024)
-    stages: int = Field(default=2, ge=2, le=4)
+    stages: int = Field(default=2, ge=1, le=4)
     dims_per_warp: int | None = None
 
     @model_validator(mode="after")

@@ -101,9 +101,10 @@ MAX_CTAS = (1 << 18) // THREADS
 # rows in flight per warp (32 KB a SM of weight loads in flight with 8 warps).
 MAX_REGISTERS = 255
 UNROLL = 2
-# Shared memory the attention phase's K/V ring may take (one CTA an SM; within every arch's
-# per-CTA limit with the rest of the phase's shared memory).
-ATTENTION_RING = 80 * 1024
+# Shared memory the attention phase's K/V ring may take (1..4 stages). The CPU interpreter tracks
+# at most 8 MB of shared memory per wave and a grid barrier needs the whole grid in one wave, so
+# 128 CTAs (the tiny configs' grid) leave each about 64 KB.
+ATTENTION_RING = 40 * 1024
 # `ptxgen verify` runs a config only up to this many bytes of Q4_K weights (a Qwen3-8B stack
 # is 4.7 GB: no runtime size makes it small, so it is assemble-only).
 MAX_VERIFY_WEIGHTS = 64 << 20
@@ -171,15 +172,15 @@ def random_rows(rng, shape: tuple[int, ...], filled: int, dtype: str) -> np.ndar
 
 def decoder_attention(config) -> AttentionPlan:
     """incremental_attention's plan run by this kernel's 8-warp CTAs: 32 head dims a warp where a
-    key group (head slices x dim slices) divides 8 warps, else 64; as many ring stages (2..4) as
-    fit ATTENTION_RING bytes."""
+    key group (head slices x dim slices) fits 8 warps, else 64; as many ring stages (1..4) as
+    ATTENTION_RING bytes hold."""
     slices = -(-(config.num_heads // config.num_kv_heads) // 8)
-    dims = 32 if WARPS % (slices * config.head_dim // 32) == 0 else 64
-    plan = AttentionPlan.of(config, warps=WARPS, dims_per_warp=dims,
-                            ctas_per_sm=config.ctas_per_sm)
-    stages = max(2, min(4, ATTENTION_RING // plan.stage_bytes))
-    return AttentionPlan.of(config, warps=WARPS, dims_per_warp=plan.dims_per_warp, stages=stages,
-                            ctas_per_sm=config.ctas_per_sm)
+    dims = 32 if slices * config.head_dim // 32 <= WARPS else 64
+
+    def plan(stages: int) -> AttentionPlan:
+        return AttentionPlan.of(config, warps=WARPS, dims_per_warp=dims, stages=stages, ctas_per_sm=config.ctas_per_sm)
+
+    return plan(max(1, min(4, ATTENTION_RING // plan(1).stage_bytes)))
 
 
 def gemv_plan(n: int, k: int) -> Q4kPlan:

@@ -25,7 +25,7 @@ LOG2E = 1.0 / math.log(2.0)
 P_SCALE_F16 = 2.0 ** 15
 WARP_DIMS = (32, 64)
 GROUP_KEYS = (16, 32)
-MIN_STAGES, MAX_STAGES = 2, 4
+MIN_STAGES, MAX_STAGES = 1, 4
 # Registers a thread may use (.maxnreg), by cache dtype and dims_per_warp: what the key loop needs
 # on every arch without spilling (nvJitLink 13.5, the shapes of tests/test_incremental_attention.py;
 # bf16/f32 keep 3-part q and probability fragments whose zero rows take registers too).
