@@ -328,6 +328,7 @@ SPILL_CONFIGS = [
     dict(num_heads=32, num_kv_heads=1, head_dim=128, max_seq_len=4096, kv_dtype="bf16"),  # 64 dims a warp
     dict(num_heads=32, num_kv_heads=8, head_dim=128, max_seq_len=4096, kv_dtype="f16", tile_keys=128, stages=4),
     dict(num_heads=32, num_kv_heads=8, head_dim=256, max_seq_len=4096, kv_dtype="f32", tile_keys=32),
+    dict(num_heads=32, num_kv_heads=8, head_dim=128, max_seq_len=4096, kv_dtype="bf16", tile_keys=64),
 ]
 
 

@@ -26,11 +26,15 @@ P_SCALE_F16 = 2.0 ** 15
 WARP_DIMS = (32, 64)
 GROUP_KEYS = (16, 32)
 MIN_STAGES, MAX_STAGES = 1, 4
-# Registers a thread may use (.maxnreg), by cache dtype and dims_per_warp: what the key loop needs
-# on every arch without spilling (nvJitLink 13.5, the shapes of tests/test_incremental_attention.py;
-# bf16/f32 keep 3-part q and probability fragments whose zero rows take registers too).
-MAX_REGISTERS = {("f16", 32): 64, ("bf16", 32): 72, ("f32", 32): 80,
-                 ("f16", 64): 96, ("bf16", 64): 128, ("f32", 64): 128}
+# Registers a thread may use (.maxnreg), by (cache dtype, dims_per_warp, group_keys): the fewest
+# with which the key loop assembles without spills on sm_80/86/90 (nvJitLink 13.5) for the shapes
+# of tests/test_incremental_attention.py and a few more (searched in steps of 8). bf16/f32 keep
+# 3-part q and probability fragments whose zero rows take registers too.
+MAX_REGISTERS = {
+    ("f16", 32, 16): 64, ("f16", 32, 32): 64, ("f16", 64, 16): 88, ("f16", 64, 32): 104,
+    ("bf16", 32, 16): 72, ("bf16", 32, 32): 88, ("bf16", 64, 16): 112, ("bf16", 64, 32): 128,
+    ("f32", 32, 16): 80, ("f32", 32, 32): 88, ("f32", 64, 16): 112, ("f32", 64, 32): 136,
+}
 # Warps per CTA when the config does not say: 2 CTAs of 16 warps an SM (f16, 64 registers) or
 # 3 of 8 (bf16/f32): half of an SM's 64 warps either way.
 TARGET_WARPS = {"f16": 16, "bf16": 8, "f32": 8}
@@ -96,7 +100,7 @@ class AttentionPlan:
 
     @property
     def max_registers(self) -> int:
-        return MAX_REGISTERS[self.kv_dtype, self.dims_per_warp]
+        return MAX_REGISTERS[self.kv_dtype, self.dims_per_warp, self.group_keys]
 
     @property
     def resident_ctas(self) -> int:
