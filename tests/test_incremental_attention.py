@@ -94,19 +94,19 @@ def test_peaked_softmax_and_custom_scale():
 # --- split-KV -------------------------------------------------------------------------------------
 def test_split_rule_fills_the_gpu_at_every_length():
     """Qwen3-8B decode at batch 1: 8 KV heads alone would use 8 SMs; the split rule asks for
-    132 SMs * 2 resident CTAs (16 warps, 64 registers each: half an SM's warps) at long contexts
-    and, at short ones, chunks of down to 16 keys, so 1k keys still make 32 splits per KV head."""
+    132 SMs * 2 resident CTAs (16 warps, 64 registers each: half an SM's warps) at long contexts,
+    and chunks of at least one 64-key ring tile at short ones (1k keys: 16 splits, a CTA an SM)."""
     for name in ("qwen3_8b_decode_attention", "qwen3_8b_decode_attention_graph"):
         kind = spec_kernel(QWEN3, name).definition
         plan = kind.plan
-        assert (plan.warps, plan.max_registers, plan.resident_ctas, plan.max_splits) == (16, 64, 2, 33), plan
+        assert (plan.warps, plan.tile, plan.max_registers, plan.resident_ctas, plan.max_splits) == (16, 64, 64, 2, 33)
         for seq_len in (1, 100, 1024, 4096, 8192, 16383, 40960):
             chunk, splits = plan.split(seq_len)
-            assert chunk % plan.group_keys == 0 and 1 <= splits <= plan.max_splits
+            assert chunk >= plan.tile and chunk % plan.group_keys == 0 and 1 <= splits <= plan.max_splits
             assert (splits - 1) * chunk < seq_len <= splits * chunk, (seq_len, chunk, splits)
             grid = kind.launch({"seq_len": seq_len}).grid
             assert grid == ((33 if kind.config.indirect_seq_len else splits), 8, 1), (name, seq_len, grid)
-        assert [kind.splits(n) for n in (1024, 4096, 8192, 40960)] == [32, 32, 32, 33]
+        assert [kind.splits(n) for n in (1024, 2048, 4096, 8192, 40960)] == [16, 32, 32, 32, 33]
 
 
 def test_long_length_splits_and_the_last_cta_merges():
@@ -180,10 +180,10 @@ def test_second_launch_on_the_same_workspace_gives_the_same_result(indirect):
 
 
 def test_many_short_splits_merge_over_several_rounds():
-    """Chunks of 16 keys at a short length: more splits than the last CTA's lanes take in one
-    round (split_lanes lanes per output float4, splits_per_round each), so the final combine
-    loops, then merges its lanes by shuffles."""
-    kernel = attention(8, 2, 64, 4096, "f16", sm_count=512, ctas_per_sm=1)
+    """Chunks of 16 keys (one key group of 2 warps): more splits than the last CTA's lanes take
+    in one round (split_lanes lanes per output float4, splits_per_round each), so the final
+    combine loops, then merges its lanes by shuffles."""
+    kernel = attention(2, 2, 64, 4096, "f16", warps=2, sm_count=512, ctas_per_sm=1)
     kind = kernel.definition
     plan = kind.plan
     seq_len = 2500

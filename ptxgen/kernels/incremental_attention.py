@@ -39,10 +39,11 @@ it, the macros of templates/families/attention.ptx.j2 write it out):
   up to 16 loads in flight, then shuffles), writes `out` and puts the counter back to 0, so
   the next launch (or a CUDA graph replay) needs no re-zeroing.
 - Split rule: max_splits = sm_count * ctas_per_sm // num_kv_heads (ctas_per_sm: what fits an
-  sm_90 SM unless the config says), at least group_keys keys a split; at runtime
-  chunk = max(group_keys, round_up(ceil(L / max_splits), group_keys)) and splits =
-  ceil(L / chunk): Qwen3-8B (8 KV heads) gets 32-33 splits of a KV head from 1k keys up,
-  256-264 CTAs, one wave of 2 an SM. With `indirect_seq_len` the grid is max_splits wide
+  sm_90 SM unless the config says); at runtime chunk = max(tile, round_up(ceil(L / max_splits),
+  group_keys)) and splits = ceil(L / chunk). A chunk of at least one ring tile keeps every key
+  group busy: below it, more splits would add more fixed work per CTA (q, merges) than they
+  save. Qwen3-8B (8 KV heads): 16 splits of a KV head at 1k keys (a CTA an SM), 32-33 from 2k
+  up (256-264 CTAs, one wave of 2 an SM). With `indirect_seq_len` the grid is max_splits wide
   whatever L (a replayed graph keeps its grid) and CTAs past the end only count in.
 - Tuning fields: `warps`, `tile_keys` (keys of one ring stage), `stages` (1..4),
   `dims_per_warp` (32, 64), `ctas_per_sm`; registers are capped (.maxnreg) at what the loop

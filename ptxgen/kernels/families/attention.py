@@ -95,7 +95,7 @@ class AttentionPlan:
                    key_groups=key_groups, group_keys=group_keys, stages=stages, max_splits=1)
         resident = ctas_per_sm or plan.resident_ctas
         max_splits = max(1, min(config.sm_count * resident // config.num_kv_heads,
-                                ceil_div(config.max_seq_len, group_keys)))
+                                ceil_div(config.max_seq_len, plan.tile)))
         return replace(plan, max_splits=max_splits)
 
     @property
@@ -283,7 +283,8 @@ class AttentionPlan:
 
     def split(self, length: Formula) -> tuple[Formula, Formula]:
         """(chunk, splits) for a clamped length: the rule attn_split_rule evaluates on the device
-        (ints for a known length, launch formulas for one given by a runtime scalar)."""
-        grain = self.group_keys
-        chunk = maximum(grain, round_up(ceil_div(length, self.max_splits), grain))
+        (ints for a known length, launch formulas for one given by a runtime scalar). A chunk
+        is at least one ring tile (every key group busy: below that, more splits add more fixed
+        work per CTA than they save), in steps of group_keys."""
+        chunk = maximum(self.tile, round_up(ceil_div(length, self.max_splits), self.group_keys))
         return chunk, ceil_div(length, chunk)
