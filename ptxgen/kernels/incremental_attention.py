@@ -154,10 +154,11 @@ class IncrementalAttention(Kind):
 
     def launch_note(self) -> str:
         plan = self.plan
-        rule = (f"chunk = max({plan.tile}, round_up(ceil(L/{plan.max_splits}), {plan.tile})), "
+        rule = (f"chunk = max({plan.tile}, round_up(ceil(L/{plan.max_splits}), {plan.group_keys})), "
                 f"splits = ceil(L/chunk), L = min(seq_len, {self.config.max_seq_len})")
-        return (f"one CTA per (KV chunk, KV head) serving its {plan.group} query heads; {rule}; the last CTA "
-                "of a KV head to finish merges the splits")
+        return (f"one CTA per (KV chunk, KV head) serving its {plan.group} query heads ({plan.warps} warps, "
+                f"{plan.stages} ring stages of {plan.tile} keys); {rule}; the last CTA of a KV head to finish "
+                "merges the splits")
 
     def static_shared(self) -> int:
         return 4  # the merge flag
