@@ -5,8 +5,6 @@ seq_len; split-KV with the last CTA merging (and resetting its counter for the n
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pytest
 

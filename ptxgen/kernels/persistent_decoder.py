@@ -74,7 +74,7 @@ from ..dtypes import DTYPES, from_float, to_float64
 from ..errors import LaunchError
 from ..q4k import BLOCK_BYTES, BLOCK_WEIGHTS, dequantize_f64, random_weights, row_bytes
 from .base import TOLERANCE, Call, Geometry, Kind, KernelConfig, Param, Traffic, ceil_div
-from .families.attention import AttentionPlan
+from .families.attention import MAX_HEADS_PER_SLICE, AttentionPlan
 from .families.q4k import Q4kPlan
 from .families.rope import RopePlan
 from .incremental_attention import IncrementalAttentionConfig, attention_reference
@@ -174,7 +174,7 @@ def decoder_attention(config) -> AttentionPlan:
     """incremental_attention's plan run by this kernel's 8-warp CTAs: 32 head dims a warp where a
     key group (head slices x dim slices) fits 8 warps, else 64; as many ring stages (1..4) as
     ATTENTION_RING bytes hold."""
-    slices = -(-(config.num_heads // config.num_kv_heads) // 8)
+    slices = ceil_div(config.num_heads // config.num_kv_heads, MAX_HEADS_PER_SLICE)
     dims = 32 if slices * config.head_dim // 32 <= WARPS else 64
 
     def plan(stages: int) -> AttentionPlan:
