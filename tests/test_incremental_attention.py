@@ -5,8 +5,6 @@ seq_len; split-KV with the last CTA merging (and resetting its counter for the n
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pytest
 
@@ -92,22 +90,21 @@ def test_peaked_softmax_and_custom_scale():
 
 
 # --- split-KV -------------------------------------------------------------------------------------
-def test_split_rule_fills_the_gpu_at_long_contexts():
+def test_split_rule_fills_the_gpu_at_every_length():
     """Qwen3-8B decode at batch 1: 8 KV heads alone would use 8 SMs; the split rule asks for
-    about 132 SMs * 2 CTAs, a chunk a multiple of the tile, and at most max_splits splits."""
-    spec = load_spec(QWEN3).spec
+    132 SMs * 2 resident CTAs (16 warps, 64 registers each: half an SM's warps) at long contexts,
+    and chunks of at least one 64-key ring tile at short ones (1k keys: 16 splits, a CTA an SM)."""
     for name in ("qwen3_8b_decode_attention", "qwen3_8b_decode_attention_graph"):
         kind = spec_kernel(QWEN3, name).definition
         plan = kind.plan
-        assert plan.max_splits == 33, plan
-        for seq_len in (1, 100, 4096, 8192, 16383, 40960):
+        assert (plan.warps, plan.tile, plan.max_registers, plan.resident_ctas, plan.max_splits) == (16, 64, 64, 2, 33)
+        for seq_len in (1, 100, 1024, 4096, 8192, 16383, 40960):
             chunk, splits = plan.split(seq_len)
-            assert chunk % plan.tile == 0 and 1 <= splits <= plan.max_splits
+            assert chunk >= plan.tile and chunk % plan.group_keys == 0 and 1 <= splits <= plan.max_splits
             assert (splits - 1) * chunk < seq_len <= splits * chunk, (seq_len, chunk, splits)
             grid = kind.launch({"seq_len": seq_len}).grid
             assert grid == ((33 if kind.config.indirect_seq_len else splits), 8, 1), (name, seq_len, grid)
-        assert kind.splits(8192) == 32 and kind.splits(40960) == 33
-        assert kind.launch({"seq_len": 8192}).grid[0] * 8 >= 256, "long contexts must fill ~2 CTAs per SM"
+        assert [kind.splits(n) for n in (1024, 2048, 4096, 8192, 40960)] == [16, 32, 32, 32, 33]
 
 
 def test_long_length_splits_and_the_last_cta_merges():
@@ -157,7 +154,7 @@ def launch_raw(kernel, arrays, scalars, grid=None):
     """One interpreter launch on `arrays` as they are (no fresh workspace, no launcher checks)."""
     geometry = kernel.definition.launch(scalars)
     interpret(kernel.ptx, kernel.name, grid or geometry.grid, geometry.block, kernel.args(arrays, scalars),
-              sanitize=True, kernel_name=kernel.name)
+              dynamic_shared=geometry.dynamic_shared, sanitize=True, kernel_name=kernel.name)
 
 
 @pytest.mark.parametrize("indirect", [False, True])
@@ -177,6 +174,65 @@ def test_second_launch_on_the_same_workspace_gives_the_same_result(indirect):
     launch_raw(kernel, arrays, scalars)
     assert (arrays["counters"] == 0).all(), f"counters after the second launch: {arrays['counters']}"
     np.testing.assert_array_equal(arrays["out"], first, err_msg="the second launch differs from the first")
+    assert_passes(compare(kernel, arrays, kind.reference(inputs, scalars), scalars))
+
+
+def test_many_short_splits_merge_over_several_rounds():
+    """Chunks of 16 keys (one key group of 2 warps): more splits than the last CTA's lanes take
+    in one round (split_lanes lanes per output float4, splits_per_round each), so the final
+    combine loops, then merges its lanes by shuffles."""
+    kernel = attention(2, 2, 64, 4096, "f16", warps=2, sm_count=512, ctas_per_sm=1)
+    kind = kernel.definition
+    plan = kind.plan
+    seq_len = 2500
+    chunk, splits = plan.split(seq_len)
+    assert chunk == 16 and splits > plan.splits_per_round * plan.split_lanes and plan.split_lanes > 1, plan
+    scalars = {"seq_len": seq_len}
+    inputs = kind.sample_inputs(np.random.default_rng(8), scalars)
+    arrays = run(kernel, inputs, scalars)
+    assert_passes(compare(kernel, arrays, kind.reference(inputs, scalars), scalars))
+    assert (arrays["counters"] == 0).all()
+
+
+# (config fields, shape): each knob away from its default, every KV dtype, a partial last tile.
+KNOBS = [
+    (dict(stages=1), (8, 2, 128, "f16")),
+    (dict(stages=3), (8, 2, 64, "bf16")),
+    (dict(stages=4, tile_keys=32), (4, 1, 128, "f32")),
+    (dict(warps=4), (8, 2, 128, "f16")),  # one key group
+    (dict(warps=8, tile_keys=64), (8, 2, 128, "bf16")),  # 32 keys a key group
+    (dict(dims_per_warp=64), (8, 2, 128, "f16")),
+    (dict(dims_per_warp=64, tile_keys=32), (16, 1, 256, "f32")),
+    (dict(dims_per_warp=64), (2, 2, 64, "bf16")),  # one dim slice: no score exchange
+]
+
+
+@pytest.mark.parametrize("knobs, shape", KNOBS, ids=[",".join(f"{k}={v}" for k, v in c.items()) for c, _ in KNOBS])
+def test_tuning_knobs_keep_the_result(knobs, shape):
+    num_heads, num_kv_heads, head_dim, kv_dtype = shape
+    kernel = attention(num_heads, num_kv_heads, head_dim, 300, kv_dtype, **knobs)
+    plan = kernel.definition.plan
+    for field in ("stages", "dims_per_warp", "warps"):
+        assert field not in knobs or getattr(plan, field) == knobs[field], (field, plan)
+    for seq_len in (1, min(3 * plan.tile + 5, 299), 300):
+        assert_passes(verify_kernel(kernel, {"seq_len": seq_len}, seed=seq_len))
+
+
+@pytest.mark.parametrize("kv_dtype", ["f16", "bf16"])
+def test_q_of_any_magnitude(kv_dtype):
+    """f16 tensor cores see q only after a per-head power-of-2 scaling (into f16's range); heads
+    of q = 0 (uniform weights), 1e-30, 1e-8, 1e3 (a softmax close to one-hot) and mixed
+    magnitudes within a head keep the f32 accuracy."""
+    kernel = attention(8, 1, 128, 100, kv_dtype)
+    kind = kernel.definition
+    scalars = {"seq_len": 97}
+    inputs = kind.sample_inputs(np.random.default_rng(9), scalars)
+    q = inputs["q"]
+    for head, factor in enumerate((0.0, 1e-30, 1e-8, 1e3)):
+        q[head] *= np.float32(factor)
+    q[4, ::2] *= np.float32(1e-6)
+    q[5, :64] *= np.float32(40.0)
+    arrays = run(kernel, inputs, scalars)
     assert_passes(compare(kernel, arrays, kind.reference(inputs, scalars), scalars))
 
 
@@ -229,6 +285,11 @@ def test_launcher_rejects_lengths_past_the_cache():
     ({"num_heads": 6, "num_kv_heads": 4, "head_dim": 64}, "must divide"),
     ({"num_heads": 4, "num_kv_heads": 1, "head_dim": 96}, "head_dim: expected one of 64, 128, 256"),
     ({"num_heads": 512, "num_kv_heads": 1, "head_dim": 256}, "at most"),
+    ({"num_heads": 128, "num_kv_heads": 2, "head_dim": 256}, "registers"),
+    ({"num_heads": 8, "num_kv_heads": 2, "head_dim": 128, "warps": 6}, "warps: a key group is 4 warps"),
+    ({"num_heads": 8, "num_kv_heads": 2, "head_dim": 128, "tile_keys": 48}, "tile_keys: expected 4 key groups"),
+    ({"num_heads": 8, "num_kv_heads": 2, "head_dim": 128, "dims_per_warp": 16}, "dims_per_warp: expected one of"),
+    ({"num_heads": 8, "num_kv_heads": 2, "head_dim": 128, "stages": 5}, "stages"),
 ])
 def test_config_errors(config, message):
     with pytest.raises(Exception, match=message):
@@ -246,13 +307,15 @@ def test_traffic_counts_the_cache_bytes_actually_read():
 
 @pytest.mark.parametrize("kv_dtype, head_dim", [("f16", 128), ("f32", 64), ("bf16", 256)])
 def test_ptx_has_the_fast_path(kv_dtype, head_dim):
-    """Performance properties (not correctness): 16-byte K/V loads, exp2 softmax, no shuffle
-    or warp barrier inside the key loop (ptxas would add a divergence fallback on sm_8x)."""
+    """Performance properties (not correctness): the key loop copies K/V with 16-byte cp.async
+    into the ring, multiplies on tensor cores, exponentiates with ex2.approx, and ends with an
+    mma after its shuffles (which keeps ptxas from a call-based shuffle fallback on sm_8x)."""
     ptx = attention(8, 2, head_dim, 256, kv_dtype).ptx
     loop = ptx[ptx.index("KEY_TILE:"):ptx.index("KEYS_DONE:")]
-    vector = "v4.f32" if kv_dtype == "f32" else "v4.b32"
-    assert len(re.findall(rf"ld\.global\.nc\.{re.escape(vector)}", loop)) >= 2, "K/V must use 16-byte loads"
-    assert "ex2.approx" in loop and "shfl" not in loop and "bar.warp" not in loop
+    assert "cp.async.cg.shared.global" in loop and ", 16;" in loop and "ld.global" not in loop
+    mma = f"mma.sync.aligned.m16n8k16.row.col.f32.{'f16' if kv_dtype == 'f16' else 'bf16'}"
+    assert mma in loop and "ex2.approx" in loop
+    assert loop.rindex("mma.sync") > loop.rindex("shfl.sync")
 
 
 SPILL_CONFIGS = [
@@ -260,6 +323,10 @@ SPILL_CONFIGS = [
     dict(num_heads=64, num_kv_heads=8, head_dim=256, max_seq_len=4096, kv_dtype="f16"),
     dict(num_heads=128, num_kv_heads=2, head_dim=128, max_seq_len=4096, kv_dtype="f32"),
     dict(num_heads=16, num_kv_heads=16, head_dim=128, max_seq_len=4096, kv_dtype="bf16"),
+    dict(num_heads=32, num_kv_heads=1, head_dim=128, max_seq_len=4096, kv_dtype="bf16"),  # 64 dims a warp
+    dict(num_heads=32, num_kv_heads=8, head_dim=128, max_seq_len=4096, kv_dtype="f16", tile_keys=128, stages=4),
+    dict(num_heads=32, num_kv_heads=8, head_dim=256, max_seq_len=4096, kv_dtype="f32", tile_keys=32),
+    dict(num_heads=32, num_kv_heads=8, head_dim=128, max_seq_len=4096, kv_dtype="bf16", tile_keys=64),
 ]
 
 

@@ -6,28 +6,48 @@ it, the macros of templates/families/attention.ptx.j2 write it out):
 - grid (splits, num_kv_heads, 1). CTA (s, g) reads keys [s*chunk, min(L, (s+1)*chunk)) of KV
   head g once and serves every query head of that KV head, so K/V bytes are read once per KV
   head, not once per query head.
-- Inside a CTA, `key_warps` warps take turns over tiles of keys and `head_slices` warps split
-  the group's query heads when there are more than fit in registers (those re-read a row that
-  a sibling warp just pulled into L1). A key row is read by `lanes_per_key` lanes with 16-byte
-  loads, so one warp covers `keys_per_load` rows per load instruction; a lane has
-  `keys_in_flight` rows of V in flight from the start of a tile and the next tile's K rows
-  from the middle of the current one (K is prefetched one tile ahead). q lives in registers.
-- The dot products' sums over a row's lanes go through shared memory between two CTA
-  barriers per tile, not through shuffles: nvJitLink 13.5 turns any shfl.sync or
-  bar.warp.sync inside a loop on sm_8x into a call-based divergence fallback that costs ~100
-  registers (and spills). CTA barriers and the shared transpose have no such cost.
+- K/V stream through a ring of `stages` shared-memory tiles filled by 16-byte cp.async.cg
+  (stages - 1 tiles in flight while one is used; rows past the chunk are zero-filled), so the
+  bytes in flight do not depend on registers: a CTA of 16 warps with 2 stages has 32 KB of
+  K/V (f16, head_dim 128) in flight, 64 KB an SM at 2 CTAs.
+- Tensor cores do both products (mma.sync m16n8k16, f32 accumulation): S = Q K^T with the
+  query heads as the rows of A (up to 8 heads a "head slice") and K rows as B straight from
+  ldmatrix, then O += P V with the exponentiated scores as A and V through ldmatrix.trans.
+  That is about 2 thread-instructions per K/V byte instead of 5 (one f32 FMA per element per
+  head plus conversions).
+- Warps: key groups x head slices x dim slices. A warp owns `dims_per_warp` (32) of head_dim
+  for its head slice and its key group's `group_keys` (16) keys of every ring tile: it adds up
+  its part of each score, the dim slices of a key group add their partial scores through
+  shared memory (one barrier), and every one applies the same online softmax to o of its own
+  dims. So o takes 16 registers (not head_dim/2) and the whole loop fits 64 registers (f16):
+  2 CTAs of 16 warps an SM, half of its warps. Key groups merge in shared memory at the end.
+- Numerics, f32-accurate: q and the probabilities are f32, so each is split into parts of the
+  mma type whose sum is the f32 value (f16: high + low, 22 bits, q first scaled per head and
+  dim slice by a power of 2 into f16's range; bf16 caches: 3 bf16 parts, 24 bits); the parts
+  sit in rows g and g+8 of the A operand, so a lane adds its two accumulator rows. f16 and
+  bf16 cache elements are exact in the mma type; f32 caches are split into 3 bf16 parts too
+  (4 products per step, the ones below 2^-24 dropped). f16 probabilities are scaled by 2^15
+  before splitting so that weights down to 2^-29 stay normal (l and o share the factor).
 - Online softmax in the exp2 domain: q is multiplied once by scale*log2(e), so every
   probability is a single ex2.approx. Running maxima start at -3e38 (not -inf), so no
   (-inf) - (-inf) ever occurs; keys past the end get a score of -inf and weigh exactly 0.
-- Split-KV with the last CTA combining: each CTA merges its warps' (m, l, o) in shared memory;
-  with one split it writes `out` directly. Otherwise it writes its unnormalised partial to the
-  `partials` workspace, fences, and bumps the per-KV-head counter in `counters`; the CTA that
-  sees splits-1 merges every split's partial, writes `out` and puts the counter back to 0, so
+  o is rescaled only when a row's running max moves.
+- Split-KV with the last CTA combining: with one split the CTA writes `out` directly.
+  Otherwise it writes its unnormalised partial to the `partials` workspace, fences, and bumps
+  the per-KV-head counter in `counters`; the CTA that sees splits-1 merges every split's
+  partial (split_lanes lanes per output float4, each merging every split_lanes-th split with
+  up to 16 loads in flight, then shuffles), writes `out` and puts the counter back to 0, so
   the next launch (or a CUDA graph replay) needs no re-zeroing.
-- Split rule: max_splits = ceil(sm_count*ctas_per_sm / num_kv_heads), at most one tile per
-  split; at runtime chunk = max(tile, round_up(ceil(L / max_splits), tile)) and
-  splits = ceil(L / chunk). With `indirect_seq_len` the grid is max_splits wide whatever L
-  (a replayed graph keeps its grid) and CTAs past the end only count in.
+- Split rule: max_splits = sm_count * ctas_per_sm // num_kv_heads (ctas_per_sm: what fits an
+  sm_90 SM unless the config says); at runtime chunk = max(tile, round_up(ceil(L / max_splits),
+  group_keys)) and splits = ceil(L / chunk). A chunk of at least one ring tile keeps every key
+  group busy: below it, more splits would add more fixed work per CTA (q, merges) than they
+  save. Qwen3-8B (8 KV heads): 16 splits of a KV head at 1k keys (a CTA an SM), 32-33 from 2k
+  up (256-264 CTAs, one wave of 2 an SM). With `indirect_seq_len` the grid is max_splits wide
+  whatever L (a replayed graph keeps its grid) and CTAs past the end only count in.
+- Tuning fields: `warps`, `tile_keys` (keys of one ring stage), `stages` (1..4),
+  `dims_per_warp` (32, 64), `ctas_per_sm`; registers are capped (.maxnreg) at what the loop
+  needs without spilling (AttentionPlan.max_registers).
 """
 
 from __future__ import annotations
@@ -38,12 +58,11 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from ..archs import STATIC_SHARED_LIMIT
 from ..dtypes import DTYPES, from_float, to_float64
 from ..errors import LaunchError
 from ..abi import maximum, minimum, scalar
 from .base import Geometry, Kind, KernelConfig, Param, Traffic
-from .families.attention import AttentionPlan
+from .families.attention import SM_REGISTERS, AttentionPlan
 
 FloatDType = Literal["f32", "f16", "bf16"]
 HEAD_DIMS = (64, 128, 256)
@@ -59,9 +78,16 @@ class IncrementalAttentionConfig(KernelConfig):
     kv_dtype: FloatDType = "f16"
     scale: float | None = Field(default=None, gt=0)
     indirect_seq_len: bool = False
-    # The split rule: enough CTAs for `ctas_per_sm` on each of `sm_count` SMs at long contexts.
+    # The split rule: about `ctas_per_sm` CTAs on each of `sm_count` SMs at long contexts (default:
+    # 32 warps an SM, e.g. 2 CTAs of 16 warps).
     sm_count: int = Field(default=132, ge=1, le=1024)
-    ctas_per_sm: int = Field(default=2, ge=1, le=32)
+    ctas_per_sm: int | None = Field(default=None, ge=1, le=32)
+    # Tuning (see ptxgen/kernels/families/attention.py): warps per CTA (key groups x head slices
+    # x dim slices), keys of one ring stage, ring stages, head dims per warp.
+    warps: int | None = Field(default=None, ge=1, le=32)
+    tile_keys: int | None = Field(default=None, ge=16, le=1024)
+    stages: int = Field(default=2, ge=1, le=4)
+    dims_per_warp: int | None = None
 
     @model_validator(mode="after")
     def consistent(self) -> IncrementalAttentionConfig:
@@ -71,15 +97,13 @@ class IncrementalAttentionConfig(KernelConfig):
             raise ValueError(f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})")
         if self.num_kv_heads * self.max_seq_len > (1 << 32) - (1 << 16):
             raise ValueError("num_kv_heads * max_seq_len must be below 2^32 - 2^16 (cache rows are indexed in u32)")
-        plan = AttentionPlan.of(self)
+        plan = attention_plan(self)
         if self.num_kv_heads * plan.max_splits * plan.group * plan.row >= 1 << 31:
             raise ValueError("the split-KV workspace would need 2^31 floats or more")
-        if plan.threads > 1024:
-            raise ValueError(f"a group of {plan.group} query heads per KV head needs {plan.threads} threads "
-                             "per CTA; at most 1024 are possible")
-        if plan.shared_bytes > STATIC_SHARED_LIMIT:
-            raise ValueError(f"a group of {plan.group} query heads of head_dim {self.head_dim} needs "
-                             f"{plan.shared_bytes} bytes of shared memory; at most {STATIC_SHARED_LIMIT}")
+        if plan.threads > 1024 or plan.threads * plan.max_registers > SM_REGISTERS:
+            raise ValueError(f"a group of {plan.group} query heads per KV head needs {plan.threads} threads of "
+                             f"{plan.max_registers} registers per CTA; at most 1024 threads and {SM_REGISTERS} "
+                             "registers are possible")
         return self
 
     @property
@@ -94,7 +118,7 @@ class IncrementalAttention(Kind):
 
     @property
     def plan(self) -> AttentionPlan:
-        return AttentionPlan.of(self.config)
+        return attention_plan(self.config)
 
     def params(self) -> list[Param]:
         c, plan = self.config, self.plan
@@ -125,17 +149,19 @@ class IncrementalAttention(Kind):
             width = plan.max_splits  # the length lives on the device; the grid must not move
         else:
             width = maximum(1, plan.split(minimum(scalar("seq_len"), self.config.max_seq_len))[1])
-        return Geometry(grid=(width, self.config.num_kv_heads, 1), block=(plan.threads, 1, 1))
+        return Geometry(grid=(width, self.config.num_kv_heads, 1), block=(plan.threads, 1, 1),
+                        dynamic_shared=plan.shared_bytes)
 
     def launch_note(self) -> str:
         plan = self.plan
-        rule = (f"chunk = max({plan.tile}, round_up(ceil(L/{plan.max_splits}), {plan.tile})), "
+        rule = (f"chunk = max({plan.tile}, round_up(ceil(L/{plan.max_splits}), {plan.group_keys})), "
                 f"splits = ceil(L/chunk), L = min(seq_len, {self.config.max_seq_len})")
-        return (f"one CTA per (KV chunk, KV head) serving its {plan.group} query heads; {rule}; the last CTA "
-                "of a KV head to finish merges the splits")
+        return (f"one CTA per (KV chunk, KV head) serving its {plan.group} query heads ({plan.warps} warps, "
+                f"{plan.stages} ring stages of {plan.tile} keys); {rule}; the last CTA of a KV head to finish "
+                "merges the splits")
 
     def static_shared(self) -> int:
-        return self.plan.shared_bytes + 4
+        return 4  # the merge flag
 
     def template_vars(self) -> dict:
         return {"plan": self.plan, "indirect": self.config.indirect_seq_len}
@@ -204,6 +230,12 @@ class IncrementalAttention(Kind):
 
         return decode_attention_peers(torch, tensors["q"], tensors["k_cache"], tensors["v_cache"],
                                       self.clamped_length(scalars), self.config.softmax_scale)
+
+
+def attention_plan(config) -> AttentionPlan:
+    """The attention family's layout of a config, its tuning fields applied (ValueError if none fits)."""
+    return AttentionPlan.of(config, warps=config.warps, tile_keys=config.tile_keys, stages=config.stages,
+                            dims_per_warp=config.dims_per_warp, ctas_per_sm=config.ctas_per_sm)
 
 
 def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, length: int, scale: float) -> np.ndarray:

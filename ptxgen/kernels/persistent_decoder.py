@@ -74,7 +74,7 @@ from ..dtypes import DTYPES, from_float, to_float64
 from ..errors import LaunchError
 from ..q4k import BLOCK_BYTES, BLOCK_WEIGHTS, dequantize_f64, random_weights, row_bytes
 from .base import TOLERANCE, Call, Geometry, Kind, KernelConfig, Param, Traffic, ceil_div
-from .families.attention import AttentionPlan
+from .families.attention import MAX_HEADS_PER_SLICE, AttentionPlan
 from .families.q4k import STEP_BLOCKS, Q4kPlan, dequantize_x
 from .fused_rmsnorm_q4k_gemv import normed_activations
 from .fused_rmsnorm_q4k_gemv_group import FusedRmsnormQ4kGemvGroupConfig
@@ -103,9 +103,10 @@ MAX_CTAS = (1 << 18) // THREADS
 # rows in flight per warp (32 KB a SM of weight loads in flight with 8 warps).
 MAX_REGISTERS = 255
 UNROLL = 2
-# Query heads a warp keeps in registers in the attention phase: q and o take 2 * heads *
-# elements registers, kept to <= 64.
-ATTENTION_HEAD_ELEMENTS = 32
+# Shared memory the attention phase's K/V ring may take (1..4 stages). The CPU interpreter tracks
+# at most 8 MB of shared memory per wave and a grid barrier needs the whole grid in one wave, so
+# 128 CTAs (the tiny configs' grid) leave each about 64 KB.
+ATTENTION_RING = 40 * 1024
 # `ptxgen verify` runs a config only up to this many bytes of Q4_K weights (a Qwen3-8B stack
 # is 4.7 GB: no runtime size makes it small, so it is assemble-only).
 MAX_VERIFY_WEIGHTS = 64 << 20
@@ -172,11 +173,16 @@ def random_rows(rng, shape: tuple[int, ...], filled: int, dtype: str) -> np.ndar
 
 
 def decoder_attention(config) -> AttentionPlan:
-    """incremental_attention's plan run by this kernel's 8-warp CTAs, at most
-    ATTENTION_HEAD_ELEMENTS q values of heads per lane (the heads a warp serves)."""
-    size = DTYPES[config.kv_dtype].size
-    elements = config.head_dim // min(32, config.head_dim * size // 16)  # of a row, per lane
-    return AttentionPlan.of(config, WARPS, max_heads_per_warp=max(1, ATTENTION_HEAD_ELEMENTS // elements))
+    """incremental_attention's plan run by this kernel's 8-warp CTAs: 32 head dims a warp where a
+    key group (head slices x dim slices) fits 8 warps, else 64; as many ring stages (1..4) as
+    ATTENTION_RING bytes hold."""
+    slices = ceil_div(config.num_heads // config.num_kv_heads, MAX_HEADS_PER_SLICE)
+    dims = 32 if slices * config.head_dim // 32 <= WARPS else 64
+
+    def plan(stages: int) -> AttentionPlan:
+        return AttentionPlan.of(config, warps=WARPS, dims_per_warp=dims, stages=stages, ctas_per_sm=config.ctas_per_sm)
+
+    return plan(max(1, min(4, ATTENTION_RING // plan(1).stage_bytes)))
 
 
 def gemv_plan(n: int, k: int) -> Q4kPlan:
