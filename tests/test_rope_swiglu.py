@@ -141,6 +141,16 @@ def test_swiglu_extreme_gates_give_the_limits():
         assert np.all(out[big & (gate < 0)] == 0), "gate << 0 must give 0"
 
 
+def test_swiglu_negative_gates_stay_within_the_tolerance():
+    """Where the exponent's rounding error is largest (2u |g| relative: up to 1e-5 at g = -86):
+    a correct kernel must pass the relative L2 tolerance on every input, not only typical ones."""
+    kernel = make_kernel("swiglu", n=1024)
+    gate = np.linspace(-86.5, -20.0, 1024).astype(np.float32)
+    up = np.random.default_rng(9).standard_normal(1024).astype(np.float32)
+    arrays = run(kernel, {"gate": gate, "up": up}, {})
+    assert_passes(compare(kernel, arrays, {"out": silu_mul(gate, up)}, {}))
+
+
 def test_swiglu_reference_is_the_contract_formula():
     g = np.array([-3.0, -0.5, 0.0, 0.5, 3.0], dtype=np.float32)
     u = np.array([1.0, 2.0, 3.0, 4.0, 5.0], dtype=np.float32)

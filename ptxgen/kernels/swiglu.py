@@ -18,9 +18,9 @@ Error analysis per element (u = 2^-24; s(g) = sigmoid(g)):
 So |out - exact| <= ((1 + (1 - s) (2u|g| + EX2_REL)) (1 + u)^2 (1 + RCP_REL) - 1) |exact|
 + half an ulp, and where s(g) < FLUSHED (g < -86.6) + |exact|: once 1 + 2^t >= 2^126,
 rcp.approx.ftz flushes the subnormal sigmoid to 0 (or 2^t overflows): the result is +-0.
-The relative L2 error is at most that relative term at the largest |g| that weighs: the
-tolerance takes |g| <= GATE_RANGE (16; past it |out| < 16 e^-16 |up| = 2e-6 |up|) plus u for
-the last rounding: 2.3e-6.
+The relative L2 error is at most the largest relative term, at the lowest gate that does not
+flush (g = ln FLUSHED = -86.6: 2u * 86.6 dominates), plus u for the last rounding: 1.1e-5
+(tolerance; typical inputs show ~1e-7: the per-element bound is the tight check).
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from ..hardware_errors import EX2_REL, RCP_REL
 from .base import Kind, Param, Traffic
 from .families.elementwise import ElementwiseConfig, ElementwiseLaunch
 
-GATE_RANGE = 16.0
 FLUSHED = 2.0**-125  # above the largest sigmoid rcp.approx.ftz flushes to 0 (2^-126), with margin
 
 
@@ -78,7 +77,7 @@ class Swiglu(ElementwiseLaunch, Kind):
         return {"out": silu_mul(arrays["gate"], arrays["up"])}
 
     def tolerance(self, param: Param) -> float:
-        return float(swiglu_error(np.array(-GATE_RANGE))) + UNIT_ROUNDOFF["f32"]
+        return float(swiglu_error(np.log(FLUSHED))) + UNIT_ROUNDOFF["f32"]
 
     def error_bound(self, param, arrays, reference):
         gate = arrays["gate"].astype(np.float64)
