@@ -9,14 +9,17 @@ import numpy as np
 import pytest
 
 from ptxgen.dtypes import to_float64
+from ptxgen.kernels import kind_of
 from ptxgen.runner import prepare_arrays, run
 from ptxgen.spec import load_spec
 from ptxgen.verify import compare
 
 from helpers import SPECS, assert_passes, make_kernel, spec_kernel
 
+# The shipped kernels with inout parameters that the interpreter can run (the 36-layer 8B decoders'
+# 4.7 GB of weights are beyond it: one layer of them is tests/test_decoder_full_shape.py).
 INOUT = [(path, kernel.name) for path in SPECS for kernel in load_spec(path).spec.kernels
-         if kernel.kind in ("rope", "residual_add", "kv_append", "persistent_decoder")]
+         if kernel.kind in ("rope", "residual_add", "kv_append", "persistent_decoder") and kind_of(kernel).verify_scalars()]
 # Which inout arrays have elements the kernel writes without reading them.
 REWRITTEN = {"k_cache", "v_cache"}
 
@@ -30,8 +33,6 @@ def test_the_specs_have_every_inout_kind():
 def test_prepare_arrays_poisons_exactly_what_the_kernel_rewrites(path, name):
     kernel = spec_kernel(path, name)
     kind = kernel.definition
-    if not kind.verify_scalars():
-        pytest.skip(f"{name}: too large to interpret (one layer of it: tests/test_decoder_full_shape.py)")
     for scalars in kind.verify_scalars()[-1:]:  # the last position
         inputs = kind.sample_inputs(np.random.default_rng(0), scalars)
         arrays = prepare_arrays(kernel, inputs, scalars)
