@@ -397,15 +397,17 @@ def verify(
     for run in runs:
         tag = f" [{run.tool}]" if run.tool else ""
         if not run.checks and run.failure is None:
-            rows.append([run.kernel, "-", "-", "-", "-", "skipped (too large to interpret)"])
+            rows.append([run.kernel, "-", "-", "-", "-", "-", "skipped (too large to interpret)"])
         for check in run.checks:
-            verdict = "pass" if check.passed else (f"FAIL ({check.unwritten} unwritten)" if check.unwritten else "FAIL")
+            verdict = "pass" if check.passed else f"FAIL ({check.failure})"
+            element = "-" if check.element_error is None else f"{check.element_error:.2f}"
             rows.append([run.kernel, ", ".join(f"{k}={v}" for k, v in check.scalars.items()),
-                         f"{check.param}{list(check.shape)}", f"{check.error:.2e}", f"{check.tolerance:.0e}",
+                         f"{check.param}{list(check.shape)}", f"{check.error:.2e}", f"{check.tolerance:.1e}", element,
                          verdict + tag])
         if run.failure is not None:
-            rows.append([run.kernel, "-", "-", "-", "-", "FAIL (error below)" + tag])
-    print_table(f"verify {spec_path}", ["kernel", "scalars", "output", "rel. L2 error", "tolerance", "verdict"], rows)
+            rows.append([run.kernel, "-", "-", "-", "-", "-", "FAIL (error below)" + tag])
+    print_table(f"verify {spec_path}", ["kernel", "scalars", "output", "rel. L2 error", "tolerance",
+                                        "worst element / bound", "verdict"], rows)
     if tools:
         print_table("compute-sanitizer", ["kernel", "tool", "errors", "findings"],
                     [[run.kernel, run.tool, "-" if run.errors is None else str(run.errors),

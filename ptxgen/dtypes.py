@@ -26,6 +26,21 @@ DTYPES = {
     )
 }
 FLOAT_DTYPES = ("f32", "f16", "bf16")
+# Unit roundoff (the largest relative error of rounding a normal value to nearest) and the
+# exponent of the smallest normal value, per float dtype.
+UNIT_ROUNDOFF = {"f32": 2.0**-24, "f16": 2.0**-11, "bf16": 2.0**-8}
+MIN_NORMAL_EXPONENT = {"f32": -126, "f16": -14, "bf16": -126}
+
+
+def half_ulp(values: np.ndarray, dtype: str) -> np.ndarray:
+    """Half the spacing of `dtype` at each |value| (float64): the most a rounding to nearest of a
+    value from that binade moves it (below the normal range, half the subnormal spacing; 0 counts
+    as subnormal)."""
+    magnitude = np.abs(np.asarray(values, dtype=np.float64))
+    lowest = MIN_NORMAL_EXPONENT[dtype]
+    exponent = np.where(magnitude > 0, np.frexp(magnitude)[1] - 1, lowest)  # |v| = m 2^exponent, 1 <= m < 2
+    exponent = np.maximum(exponent, lowest)
+    return np.ldexp(UNIT_ROUNDOFF[dtype], exponent)
 
 
 def bf16_to_f32(bits: np.ndarray) -> np.ndarray:

@@ -43,9 +43,12 @@ def check_inputs(compiled: CompiledKernel, inputs: dict[str, np.ndarray], scalar
 
 def prepare_arrays(compiled: CompiledKernel, inputs: dict[str, np.ndarray],
                    scalars: dict[str, int]) -> dict[str, np.ndarray]:
-    """Copies of the inputs, NaN-poisoned outputs, zeroed workspaces: one array per array param."""
+    """Copies of the inputs, NaN-poisoned outputs, zeroed workspaces: one array per array param.
+    The elements of an inout parameter that its kind says the kernel rewrites without reading
+    them (Kind.rewritten) are poisoned too, so one the kernel fails to write shows."""
     compiled.check_scalars(scalars)
     check_inputs(compiled, inputs, scalars)
+    kind = compiled.definition
     arrays = {}
     for param in compiled.params:
         if param.read:
@@ -54,7 +57,11 @@ def prepare_arrays(compiled: CompiledKernel, inputs: dict[str, np.ndarray],
             arrays[param.name] = poison(param.concrete_shape(scalars), param.dtype)
         elif param.role == "workspace":
             arrays[param.name] = np.zeros(param.concrete_shape(scalars), dtype=DTYPES[param.dtype].numpy)
-    compiled.definition.check_arrays(arrays, scalars)
+    kind.check_arrays(arrays, scalars)
+    for param in compiled.params:
+        region = kind.rewritten(param, arrays, scalars) if param.role == "inout" else None
+        if region is not None:
+            arrays[param.name][region] = poison(arrays[param.name][region].shape, param.dtype)
     return arrays
 
 

@@ -17,13 +17,29 @@ class Check:
     param: str
     scalars: dict
     shape: tuple
-    error: float  # relative L2 error against the float64 reference
+    error: float  # relative L2 error against the float64 reference (over the graded elements)
     tolerance: float
-    unwritten: int  # output elements still NaN-poisoned (or NaN for another reason)
+    unwritten: int  # graded elements still NaN-poisoned (or NaN for another reason)
+    changed: int = 0  # elements the kernel must keep (outside Kind.rewritten) whose bits changed
+    # Largest |result - reference| / the kind's per-element bound (Kind.error_bound); None: no bound.
+    element_error: float | None = None
+
+    @property
+    def failure(self) -> str:
+        """Why the check fails, or "" when it passes."""
+        if self.unwritten:
+            return f"{self.unwritten} unwritten"
+        if self.changed:
+            return f"{self.changed} kept elements changed"
+        if not self.error <= self.tolerance:
+            return f"rel. L2 error {self.error:.3e} > {self.tolerance:.3e}"
+        if self.element_error is not None and not self.element_error <= 1:
+            return f"an element {self.element_error:.3g}x its error bound"
+        return ""
 
     @property
     def passed(self) -> bool:
-        return self.unwritten == 0 and self.error <= self.tolerance
+        return not self.failure
 
 
 def relative_l2(result: np.ndarray, reference: np.ndarray) -> float:
@@ -33,19 +49,48 @@ def relative_l2(result: np.ndarray, reference: np.ndarray) -> float:
     return float(difference / scale) if scale > 0 else float(difference)
 
 
+def worst_ratio(error: np.ndarray, bound: np.ndarray) -> float:
+    """max |error| / bound (an error where the bound is 0 counts as infinitely over it)."""
+    error = np.abs(error)
+    if error.size == 0:
+        return 0.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(error == 0, 0.0, error / bound)
+    return float(np.max(ratio))
+
+
+def changed_count(result: np.ndarray, expected: np.ndarray, kept: np.ndarray) -> int:
+    """Elements under `kept` whose value differs (-0.0 from 0.0 too; any NaN equals any NaN)."""
+    same = ((result == expected) & (np.signbit(result) == np.signbit(expected))) | (np.isnan(result) & np.isnan(expected))
+    return int(np.count_nonzero(~same & kept))
+
+
 def compare(compiled: CompiledKernel, arrays: dict[str, np.ndarray], reference: dict[str, np.ndarray],
             scalars: dict) -> list[Check]:
-    """One Check per written parameter, comparing the launch's arrays to the reference."""
+    """One Check per written parameter, comparing the launch's arrays to the reference. An inout
+    parameter whose kind names the elements it rewrites (Kind.rewritten) is graded on those;
+    its other elements must equal their reference (the input) exactly."""
     kind = compiled.definition
     checks = []
     for param in compiled.params:
         if not param.written:
             continue
         result = to_float64(arrays[param.name], param.dtype)
+        expected = np.asarray(reference[param.name], dtype=np.float64)
+        bound = kind.error_bound(param, arrays, expected)
+        region = kind.rewritten(param, arrays, scalars) if param.role == "inout" else None
+        changed = 0
+        if region is not None:
+            kept = np.ones(result.shape, bool)
+            kept[region] = False
+            changed = changed_count(result, expected, kept)
+            result, expected = result[region], expected[region]
+            bound = None if bound is None else bound[region]
         unwritten = int(np.count_nonzero(~np.isfinite(result)))
         finite = np.where(np.isfinite(result), result, 0.0)
-        checks.append(Check(compiled.name, param.name, dict(scalars), result.shape,
-                            relative_l2(finite, reference[param.name]), kind.tolerance(param), unwritten))
+        checks.append(Check(compiled.name, param.name, dict(scalars), arrays[param.name].shape,
+                            relative_l2(finite, expected), kind.tolerance(param), unwritten, changed,
+                            None if bound is None else worst_ratio(finite - expected, bound)))
     return checks
 
 

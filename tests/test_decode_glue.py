@@ -3,8 +3,9 @@ interpreter (sanitizer on) against float64 / ptxgen.dtypes, element by element a
 
 residual_add's x is read and written ("inout"), so it is not poisoned: every element is checked
 bit-exactly against the f32 sum, which an unwritten element would not equal (y != 0). kv_append's
-caches are "inout" too: row pos starts NaN (a row left unwritten fails), the new rows must be
-the exact from_float bits and every other byte of both caches must be unchanged.
+caches are "inout" too: row pos starts NaN (the runner poisons what Kind.rewritten names, so a
+row left unwritten fails), the new rows must be the exact from_float bits and every other byte of
+both caches must be unchanged (verify.compare checks those too).
 """
 
 from __future__ import annotations
@@ -209,12 +210,13 @@ def test_kv_append_kernel_itself_writes_nothing_past_the_cache(kv_dtype, head_di
     kind = kernel.definition
     inputs = kind.sample_inputs(np.random.default_rng(1), {"pos": 5})
     arrays = prepare_arrays(kernel, inputs, {"pos": 5})
+    before = {name: arrays[name].copy() for name in ("k_cache", "v_cache")}  # row 5 poisoned
     launch = kernel.launch({"pos": 5})
     for pos in (16, 17, 3 * 16, 2**31, 2**32 - 1):
         args = kernel.args(arrays, {"pos": pos})  # no launcher check
         interpret(kernel.ptx, kernel.name, launch.grid, launch.block, args, sanitize=True)
         for name in ("k_cache", "v_cache"):
-            assert np.array_equal(arrays[name].view(np.uint8), inputs[name].view(np.uint8)), \
+            assert np.array_equal(arrays[name].view(np.uint8), before[name].view(np.uint8)), \
                 f"kv_append {kv_dtype}: pos {pos} >= max_seq_len 16 changed {name}"
 
 

@@ -979,10 +979,10 @@ def _cvt(c):
 
 
 def _cvt_pack(c, dt_, at, mode):
-    """cvt.rn.f16x2.f32 d, a, b: a goes to the upper half, b to the lower half."""
+    """cvt.rn.f16x2.f32 d, a, b: a goes to the upper half, b to the lower half (.rn or .rz)."""
     c.need(3)
-    if at != "f32" or mode != "rn":
-        c.fail(f"only cvt.rn.{dt_}.f32 is supported")
+    if at != "f32" or mode not in ("rn", "rz"):
+        c.fail(f"only cvt.rn.{dt_}.f32 and cvt.rz.{dt_}.f32 are supported")
     kind = dt_[:-2]
     a, b, dst = c.read(1, "f32"), c.read(2, "f32"), c.write(0, "b32")
     relu = "relu" in c.mods
@@ -991,7 +991,7 @@ def _cvt_pack(c, dt_, at, mode):
         x = np.atleast_1d(np.asarray(x, np.float64))
         if relu:
             x = np.where(np.isnan(x), x, np.maximum(x, 0.0))
-        y = nm.narrow(x, kind, "rn")
+        y = nm.narrow(x, kind, mode)
         return (y.view(np.uint16) if kind == "f16" else y).astype(np.uint32)
 
     return c.alu(lambda st, sel: dst(st, sel, (half(a(st, sel)) << np.uint32(16)) | half(b(st, sel))))

@@ -9,8 +9,10 @@ Contract:
 
 Memory-bound: the launch plan and PTX skeleton shared with swiglu (ptxgen/kernels/families/elementwise.py):
 16-byte vectors of x and y, 4 of them in flight per thread for large n, an n % 4 scalar tail in
-CTA 0. x is read with plain loads (not .nc): this launch writes it. The f32 add is exact to half
-an ulp, so the result differs from the float64 reference by at most 2^-24 relative.
+CTA 0. x is read with plain loads (not .nc): this launch writes it.
+
+Error: one add.rn.f32 of two f32 values: each element within half an ulp of f32 of the exact sum
+(error_bound), so the relative L2 error is at most 2^-24, the f32 unit roundoff (tolerance).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Literal
 
 import numpy as np
 
+from ..dtypes import UNIT_ROUNDOFF, half_ulp
 from .base import Kind, Param, Traffic
 from .families.elementwise import ElementwiseConfig, ElementwiseLaunch
 
@@ -42,6 +45,12 @@ class ResidualAdd(ElementwiseLaunch, Kind):
 
     def reference(self, arrays, scalars):
         return {"x": arrays["x"].astype(np.float64) + arrays["y"].astype(np.float64)}
+
+    def tolerance(self, param: Param) -> float:
+        return UNIT_ROUNDOFF["f32"]
+
+    def error_bound(self, param, arrays, reference):
+        return half_ulp(reference, "f32")
 
     def traffic(self, scalars) -> Traffic:
         # x and y read, x written; one add per element.

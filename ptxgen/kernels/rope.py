@@ -19,19 +19,26 @@ The kernel instead:
 4. takes sin.approx/cos.approx of the reduced argument.
 
 Measured in an exact f32 emulation of these steps (head_dim 2..1022, theta 1..1e9, pos up to
-2^24) and in the interpreter on the real PTX: max |sin, cos error| <= 3.6e-7 (2^-21.4) against
-float64, max error of a rotated element <= 3.7e-7 of its pair's norm. On hardware sin.approx /
-cos.approx add up to about 2^-21.4 absolute on [-pi, pi] (CUDA's figure for __sinf/__cosf, which
-are these instructions; not measured here: no GPU). `ANGLE_ERROR` is the resulting device bound.
+2^24) and in the interpreter on the real PTX with exact sin/cos: max |sin, cos error| <= 3.6e-7
+(2^-21.4) against float64, max error of a rotated element <= ARITHMETIC_ERROR = 3.7e-7 of its
+pair's norm n. On an H100 sin.approx / cos.approx err by up to 3.4e-7 absolute on [-pi, pi]
+(measured; ptxgen.hardware_errors), which moves x1 cos a - x2 sin a by at most
+3.4e-7 (|x1| + |x2|) <= sqrt(2) 3.4e-7 n. So every element is within ANGLE_ERROR = 3.7e-7 +
+sqrt(2) 3.4e-7 = 8.5e-7 of n (error_bound; the pessimistic interpreter measures up to 6.8e-7 of
+n), and since the squared pair norms sum to ||x||^2 and a pair holds two elements, the relative
+L2 error is at most sqrt(2) ANGLE_ERROR = 1.2e-6 (ROPE_TOLERANCE; measured up to 4.4e-7). Other
+archs' sin/cos.approx are not measured.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import numpy as np
 from pydantic import Field
 
+from ..hardware_errors import SIN_COS_ABS
 from .base import Geometry, Kind, KernelConfig, Param, Traffic, ceil_div, round_up
 from .families.rope import RopePlan
 from .rmsnorm import vector_width
@@ -39,18 +46,22 @@ from .rmsnorm import vector_width
 MAX_POS = 2**24  # every integer up to here is exact in f32; verified bound of the accuracy claim
 MAX_HEAD_DIM = 1024
 MAX_THREADS = 128
-# Max |computed - exact| of a rotated element, relative to its pair's norm, on a device:
-# 3.7e-7 from the kernel's own arithmetic (measured, above) + 3.6e-7 from sin/cos.approx, with
-# margin for the approx error's spec being a typical-arch figure.
-ANGLE_ERROR = 1.5e-6
-# Relative L2 tolerance of the whole output: the element bound above is a worst case; the RMS of
-# the errors sits well below it (about 7e-8 measured in the interpreter).
-ROPE_TOLERANCE = 1.5e-6
+ARITHMETIC_ERROR = 3.7e-7  # of a pair's norm, with exact sin/cos (measured, above)
+# Max |computed - exact| of a rotated element, relative to its pair's norm, on an H100 (above).
+ANGLE_ERROR = ARITHMETIC_ERROR + math.sqrt(2) * SIN_COS_ABS[0][1]
+ROPE_TOLERANCE = math.sqrt(2) * ANGLE_ERROR
 
 
 def inv_freq(theta: float, head_dim: int) -> np.ndarray:
     """Float64 theta^(-2i/head_dim) for i < head_dim/2 (the reference's and the kernel's source)."""
     return theta ** (-2.0 * np.arange(head_dim // 2, dtype=np.float64) / head_dim)
+
+
+def pair_norms(x: np.ndarray) -> np.ndarray:
+    """|(x[..., i], x[..., i + half])| at both elements of each pair (a rotation keeps it)."""
+    half = x.shape[-1] // 2
+    norm = np.hypot(x[..., :half], x[..., half:])
+    return np.concatenate([norm, norm], axis=-1)
 
 
 def rotate_half(x: np.ndarray, pos: int, theta: float) -> np.ndarray:
@@ -126,6 +137,9 @@ class Rope(Kind):
 
     def tolerance(self, param: Param) -> float:
         return ROPE_TOLERANCE
+
+    def error_bound(self, param, arrays, reference):
+        return ANGLE_ERROR * pair_norms(reference)
 
     def traffic(self, scalars) -> Traffic:
         elements = self.config.num_heads * self.config.head_dim

@@ -153,6 +153,16 @@ def test_cvt_f16x2_and_bf16x2_order():
     assert out[0] == (0x3F80 << 16) | 0xC000
 
 
+def test_cvt_packed_round_toward_zero():
+    """Just past half an ulp: .rn rounds away from zero, .rz does not (a in the upper half)."""
+    a = f32([1 + 2**-11 + 2**-20, 1 + 2**-8 + 2**-20])
+    b = -a
+    assert list(elementwise("cvt.rn.f16x2.f32 %d, %a, %b;", a, b)) == [0x3C01BC01, 0x3C04BC04]
+    assert list(elementwise("cvt.rz.f16x2.f32 %d, %a, %b;", a, b)) == [0x3C00BC00, 0x3C04BC04]
+    assert list(elementwise("cvt.rn.bf16x2.f32 %d, %a, %b;", a, b)) == [0x3F80BF80, 0x3F81BF81]
+    assert list(elementwise("cvt.rz.bf16x2.f32 %d, %a, %b;", a, b)) == [0x3F80BF80, 0x3F80BF80]
+
+
 def test_cvt_float_to_int_saturates_and_nan_is_zero():
     x = f32([3.7, -3.7, 2.5, -2.5, 1e10, -1e10, np.nan, np.inf])
     rzi = elementwise("cvt.rzi.s32.f32 %d, %a;", x).view(np.int32)
