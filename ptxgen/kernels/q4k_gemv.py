@@ -12,7 +12,9 @@ quantisation of those weights moves y by 7.7%.
 
 The kernel is the family's (geometry, defaults, the int8 path in ptxgen/kernels/families/q4k.py,
 macros in templates/families/q4k.ptx.j2) under a 64-register cap: 32 warps an SM (occupancy 0.5
-on sm_80/sm_90, 0.67 on sm_86/sm_89), each lane with 48-96 bytes of weights in flight.
+on sm_80/sm_90, 0.67 on sm_86/sm_89), each lane with 48-96 bytes of weights in flight. Under the
+queue schedule (the default for large n) the kernel takes one more parameter, `queue`: a u32[2]
+workspace, zeroed once by its owner; every launch leaves it at zero again.
 """
 
 from __future__ import annotations

@@ -34,12 +34,29 @@ computed, so a lane always has unroll-1 .. unroll items (48 bytes each) in fligh
 the loop (through shared memory: lane r ends with row r's sum, and one store writes the warp's
 rows).
 
-Defaults aim at one wave of an H100 at 64 registers a thread (132 SMs x 32 warps): split-K until
-there are enough warps (parts of at most MAX_ROW_STEPS steps, even when possible), rows per warp
-to fill the wave (at most DEFAULT_MAX_ROWS), and the largest CTA (up to 32 warps) that still gives
->= MIN_CTAS CTAs, since each CTA quantises all of x once (fewer, larger CTAs quantise it fewer
-times), and at least enough warps to quantise x in one round where 32 warps can (k <= 16384);
-a warp group left without rows only helps with that.
+Schedules. A *unit* is rows_per_cta = (warps / split_k) * rows_per_warp consecutive rows of one
+matrix (a matrix's last unit clamps its groups' rows to the matrix, and stores only its own).
+- static: a CTA a unit. Defaults aim at one wave of an H100 at 64 registers a thread (132 SMs x
+  32 warps): split-K until there are enough warps (parts of at most MAX_ROW_STEPS steps, even when
+  possible), rows per warp to fill the wave (at most DEFAULT_MAX_ROWS), and the largest CTA (up to
+  32 warps) that still gives >= MIN_CTAS CTAs, since each CTA quantises all of x once (fewer,
+  larger CTAs quantise it fewer times), and at least enough warps to quantise x in one round
+  where 32 warps can (k <= 16384); a warp group left without rows only helps with that.
+- queue: a persistent grid (ctas_per_sm CTAs on each of sm_count SMs) stages x once per CTA, then
+  runs rounds of one unit each: CTA c's first unit is c, the others come from a work counter in
+  the `queue` workspace (units grid, grid+1, ...), so CTAs on SMs that get their bytes sooner take
+  more units. A one-wave static grid leaves that imbalance as idle SMs: Nsight Compute on the H100
+  (12288 x 4096, 128 CTAs) saw SMs active 17,203 of 23,472 cycles. A unit is QUEUE_ROW_STEPS
+  row-steps a warp (its loads are all in flight when its round starts), so whatever is left when
+  the counter runs dry is already on its way; a CTA holds two units ahead (one computing, the
+  next loading) plus the ticket being taken (at a round's end with late_grab, else its start).
+  The loads of the next unit go out during a round, so its ticket is read from shared memory
+  there (published by the previous round's bar.sync); the lane sums of a round go to shared
+  memory and the first threads (one a row) sum them at the start of the next (no shuffles or
+  warp barriers in the loop: nvJitLink turns those into a call-based fallback on sm_8x). The last
+  CTA to finish puts the counter back to 0 (acq_rel count of finished CTAs), so a CUDA graph
+  replays without re-zeroing; the launch is right on any grid. The default schedule queues
+  where the grid gets at least MIN_QUEUE_ROUNDS units a CTA.
 """
 
 from __future__ import annotations
