@@ -271,13 +271,14 @@ class Q4kPlan:
         count = self.rows_per_trip * self.part_steps
         return tuple(Item(i // self.part_steps, i % self.part_steps, i % self.unroll) for i in range(count))
 
-    def next_load(self, index: int) -> tuple[Item, bool] | None:
+    def next_load(self, index: int, chained: bool = False) -> tuple[Item, bool] | None:
         """What is loaded after item `index` of a trip: the item `unroll` further on, and whether
-        it is the next trip's; None past the last."""
+        it is the next trip's; None past the last trip, unless `chained` (the caller's next trip
+        follows: the queue's next unit, the persistent decoder's next task)."""
         later = index + self.unroll
         if later < len(self.items):
             return self.items[later], False
-        return (self.items[later - len(self.items)], True) if self.trips > 1 or self.queue else None
+        return (self.items[later - len(self.items)], True) if self.trips > 1 or chained else None
 
     def is_partial(self, item: Item) -> bool:
         """Whether the item is (in the last part) a row's last step with fewer than 8 blocks."""
