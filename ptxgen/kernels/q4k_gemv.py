@@ -138,10 +138,11 @@ class Q4kGemv(Kind):
     def launch_note(self) -> str:
         p = self.plan
         split = f", split over {p.split_k} warps" if p.split_k > 1 else ""
-        unit = (f"{p.ctas} CTAs take units of {p.rows_per_cta} rows ({p.units} of them) from a work counter"
-                if p.queue else f"{p.rows_per_cta} rows per CTA")
-        return (f"{unit}, {p.rows_per_warp} per warp{split}; a warp step covers 8 blocks "
-                f"of a row (4 lanes x 32 quant bytes per block), {p.unroll} row-steps of loads in flight")
+        rows = f"{p.rows_per_cta} rows ({p.rows_per_warp} per warp{split})"
+        unit = (f"{p.ctas} CTAs take {p.units} units of {rows} from a work counter" if p.queue
+                else f"{rows} per CTA")
+        return (f"{unit}; a warp step covers 8 blocks of a row (4 lanes x 32 quant bytes per block), "
+                f"{p.unroll} row-steps of loads in flight")
 
     def static_shared(self) -> int:
         tickets = 8 if self.plan.queue else 0  # the next two units
