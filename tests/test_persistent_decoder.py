@@ -197,6 +197,29 @@ def test_other_head_layouts(extra, pos):
     check_against_reference(kernel, out, inputs, pos)
 
 
+@pytest.mark.parametrize("hidden, intermediate, unrolls", [
+    (2304, 5376, {"qkv": 4, "o": 2, "gate_up": 4, "down": 3}),
+    (2048, 2560, {"qkv": 2, "o": 2, "gate_up": 2, "down": 4}),
+])
+def test_gemv_phases_over_several_steps_keep_loads_in_flight_across_tasks(hidden, intermediate, unrolls):
+    """Rows of 1 to 3 warp steps, some with a partial last step (2304: 9 blocks; 5376: 21; 2560:
+    10): 2 to 4 row-steps of loads in flight that run on into the next task, the phases' slots
+    declared for the largest. gemv_unroll changes when loads are issued, never the arithmetic:
+    the same bits at 1."""
+    config = dict(TINY, hidden=hidden, num_heads=2, num_kv_heads=1, intermediate=intermediate, max_seq_len=40,
+                  num_layers=1, ctas=6)
+    kernel = make_kernel("persistent_decoder", name="pd", **config)
+    plans = kernel.definition.plans
+    assert {name: plan.unroll for name, plan in plans.items()} == unrolls
+    pos = 17
+    inputs = kernel.definition.sample_inputs(np.random.default_rng(pos), {"pos": pos})
+    out = decoder_run(kernel, inputs, pos)
+    check_against_reference(kernel, out, inputs, pos)
+    one = decoder_run(make_kernel("persistent_decoder", name="pd", **config, gemv_unroll=1), inputs, pos)
+    for name in ("x", "k_cache", "v_cache"):
+        assert np.array_equal(one[name].view(np.uint8), out[name].view(np.uint8)), f"{name}: gemv_unroll 1 differs"
+
+
 def test_any_grid_gives_the_same_bits():
     """1 CTA, a few CTAs (uneven shares of every phase) and the default grid: identical outputs,
     since every work item is computed the same way whichever CTA runs it."""

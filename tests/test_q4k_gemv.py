@@ -14,11 +14,11 @@ import pytest
 
 from ptxgen import perf, q4k
 from ptxgen.errors import PtxgenError, SpecError
-from ptxgen.interp import numerics
+from ptxgen.interp import launch as interpret, numerics
 from ptxgen.kernels.families.q4k import MAX_K, X_GROUP, dequantize_x, quantize_x
 from ptxgen.kernels.q4k_gemv import QUANTISATION_ERROR
 from ptxgen.pipeline import compile_kernel
-from ptxgen.runner import run
+from ptxgen.runner import prepare_arrays, run
 from ptxgen.spec import load_spec
 from ptxgen.verify import relative_l2
 
@@ -83,14 +83,16 @@ def element_bound(kernel, w: np.ndarray, xq: np.ndarray, r: float) -> np.ndarray
     products of a lane's chunk are exact; each lane term d*(sc0*dx0*dot0 + sc1*dx1/16*dot1) -
     dmin*(m0*s0 + m1*s1) is on a path of at most 4 roundings (the int-to-float of sc*dot above
     2^24, a product, an fma, the staged s = dx*sum(q)), then 2 per item into the lane's
-    accumulator (part_steps items), 5 in the shuffle tree and split_k - 1 adding the parts. With
-    that many roundings on every term's path, |err| <= ops * 2^-24 * sum|terms| (first order), and
+    accumulator (part_steps items), then the sum over lanes and parts (plan.sum_roundings: the
+    static schedule's 5-level shuffle tree and split_k - 1 adds, the queue's four chains of
+    8 * split_k loads and 2 adds joining them). With that many roundings on every term's path,
+    |err| <= ops * 2^-24 * sum|terms| (first order), and
     sum|terms| <= (|d sc q| + |dmin m|) @ |xq|. The fused kinds multiply by an f32 RMS factor:
     x^2 summed by <= 16 fmas a thread and two 5-level trees (26 roundings on a positive sum),
     mean and eps (2), halved by the square root, then rsqrt.approx (2^-22.9, ~2 ulps) and the
     product: 17 ulps more, of |y| <= the same magnitude sum."""
     plan = kernel.definition.plan
-    ops = 4 + 2 * plan.part_steps + 5 + (plan.split_k - 1) + (17 if kernel.kind.startswith("fused") else 0)
+    ops = 4 + 2 * plan.part_steps + plan.sum_roundings + (17 if kernel.kind.startswith("fused") else 0)
     scaled, offsets = weight_parts(w)
     return ops * F32_EPS * ((scaled + offsets) @ np.abs(xq)) * r
 
@@ -146,7 +148,17 @@ GEOMETRIES = [
     dict(n=11, k=4096, warps=1, rows_per_warp=4, split_k=1, unroll=3), dict(n=2, k=768, unroll=4),
     dict(n=100, k=512, warps=16), dict(n=13, k=6144, rows_per_warp=5, split_k=3, warps=6),
     dict(n=6, k=2048, l1_no_allocate=True, l2_prefetch=256),
-]
+] + [dict(schedule="queue", **config) for config in (
+    # The queue schedule (a grid of sm_count * ctas_per_sm CTAs taking units from a counter): many
+    # rounds a CTA (sm_count 1-3), split-K parts of 1 and 2 steps with partial last steps (1280,
+    # 4352, 3840), a matrix end inside a unit (clamped groups storing nothing), two flushing warps
+    # (64 rows a unit), unroll 1, the ticket taken at the start of a round, and a grid larger than
+    # the units (CTAs past them compute a clamped unit and store nothing, then take tickets).
+    dict(n=100, k=4352, sm_count=3), dict(n=37, k=12288, sm_count=2, late_grab=False),
+    dict(n=45, k=1280, sm_count=2, warps=4, ctas_per_sm=1), dict(n=77, k=3840, warps=8, unroll=1, sm_count=1),
+    dict(n=130, k=256, rows_per_warp=4, warps=16, sm_count=1, ctas_per_sm=2), dict(n=9, k=4096, warps=2, split_k=2),
+    dict(n=50, k=6144, warps=6, split_k=3, rows_per_warp=2, sm_count=2, late_grab=False),
+)]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -162,6 +174,8 @@ GROUPS = [
     (4096, {"gate": 40, "up": 40}, dict(rows_per_warp=3)),
     (4352, {"k": 17, "v": 9}, dict(split_k=3, warps=6)),
     (12288, {"a": 1, "b": 2, "c": 33}, {}),
+    (1280, {"q": 33, "k": 9, "v": 20}, dict(schedule="queue", warps=4, sm_count=2)),
+    (4096, {"gate": 70, "up": 70}, dict(schedule="queue", sm_count=1)),
 ]
 
 
@@ -176,11 +190,53 @@ def test_groups_match_reference_and_the_single_kernels_bit_for_bit(kind, k, matr
     result = check_against_reference(kernel, arrays)
     single_kind = kind.removesuffix("_group")
     plan = kernel.definition.plan
+    schedule = "queue" if plan.queue else "static"
     for name, n in matrices.items():
-        single = make_kernel(single_kind, n=n, k=k, split_k=plan.split_k, warps=plan.warps)
+        single = make_kernel(single_kind, n=n, k=k, split_k=plan.split_k, warps=plan.warps, schedule=schedule)
         alone = run(single, {"w": arrays[f"w_{name}"], **{a: arrays[a] for a in ("x", "gamma") if a in arrays}}, {})
         np.testing.assert_array_equal(result[f"y_{name}"].view(np.uint32), alone["y"].view(np.uint32),
                                       err_msg=f"{kind} y_{name}: differs from {single_kind} of the same rows")
+
+
+# --- the queue schedule -------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", KINDS)
+def test_queue_is_right_on_any_grid_and_leaves_its_counter_at_zero(kind):
+    """The queue schedule's launch is any_grid: every grid (1 CTA, a few, its own, more CTAs than
+    units) and interleaving computes each row the same way, bit for bit; each launch puts the
+    work counter and the count of finished CTAs back to 0, so the same workspace serves the next
+    launch (a CUDA graph replay) as it is. (The interpreter's seed also draws the errors of
+    approximate instructions, which the fused kind's RMS factor takes: one seed for it.)"""
+    kernel = make_kernel(kind, n=150, k=1280, schedule="queue", warps=4, sm_count=1)
+    plan, launch = kernel.definition.plan, kernel.launch({})
+    assert launch.any_grid and launch.grid == (8, 1, 1) and plan.units == 19
+    arrays = prepare_arrays(kernel, inputs_for(kind, {"": 150}, 1280, seed=4), {})
+    first = check_against_reference(kernel, arrays)["y"]
+    seeds = (0, 0, 0, 0, 0) if kind.startswith("fused") else (0, 1, 2, 3, 4)
+    for grid, seed in zip((1, 3, 8, 8, 25), seeds):
+        interpret(kernel.ptx, kernel.name, (grid, 1, 1), launch.block, kernel.args(arrays, {}),
+                  dynamic_shared=launch.dynamic_shared, seed=seed)
+        assert not arrays["queue"].any(), f"grid {grid}: the queue workspace is left at {arrays['queue']}"
+        np.testing.assert_array_equal(arrays["y"].view(np.uint32), first.view(np.uint32), err_msg=f"grid {grid}")
+
+
+def test_queue_defaults_and_units():
+    """The default schedule queues where the grid gets at least MIN_QUEUE_ROUNDS units a CTA: a
+    unit is 2 row-steps a warp (split-K to make them), one round of x staging a CTA."""
+    gate_up = make_kernel("q4k_gemv", n=12288, k=4096).definition
+    plan = gate_up.plan
+    assert plan.queue and (plan.split_k, plan.rows_per_warp, plan.warps, plan.unroll) == (1, 1, 32, 2)
+    assert (plan.rows_per_cta, plan.units, plan.ctas) == (32, 384, 132)
+    assert [p.name for p in gate_up.params()] == ["y", "w", "x", "queue"]
+    assert gate_up.param("queue").role == "workspace" and gate_up.param("queue").shape == (2,)
+    down = make_kernel("q4k_gemv", n=4096, k=12288).definition.plan
+    assert down.queue and (down.split_k, down.rows_per_warp, down.warps, down.units) == (3, 1, 30, 410)
+    # Two CTAs an SM of 16 warps, or one: the grid follows ctas_per_sm.
+    assert make_kernel("q4k_gemv", n=12288, k=4096, warps=16).definition.plan.ctas == 264
+    assert make_kernel("q4k_gemv", n=12288, k=4096, warps=16, ctas_per_sm=1).definition.plan.ctas == 132
+    # Too few units for the grid: static (4096 x 4096: 128 units of 32 rows), unless asked.
+    assert not make_kernel("q4k_gemv", n=4096, k=4096).definition.plan.queue
+    assert make_kernel("q4k_gemv", n=4096, k=4096, schedule="queue").definition.plan.ctas == 128
+    assert not make_kernel("q4k_gemv", n=12288, k=4096, schedule="static").definition.plan.queue
 
 
 def test_group_params_and_launch():
@@ -283,11 +339,16 @@ def test_traffic_and_launch():
     assert plain.scalar_limits() == {} == fused.scalar_limits()
     # The defaults fill one wave of an H100 at 64 registers (132 SMs x 32 warps): a warp a row,
     # 1024-thread CTAs, x staged as 6 steps of 2560 bytes plus the lane sums (32 warps x 128 B).
-    launch = plain.launch({})
+    launch = make_kernel("q4k_gemv", n=4096, k=12288, schedule="static").launch({})
     assert launch.grid == (128, 1, 1) and launch.block == (1024, 1, 1)
     assert launch.dynamic_shared == 6 * 2560 + 32 * 128
-    gate_up = make_kernel("q4k_gemv", n=12288, k=4096).definition.plan
+    gate_up = make_kernel("q4k_gemv", n=12288, k=4096, schedule="static").definition.plan
     assert (gate_up.rows_per_warp, gate_up.warps, gate_up.ctas, gate_up.split_k) == (3, 32, 128, 1)
+    # The queue: 10 groups of 3 warps (split-K, 2 steps each), x staged as 6 steps, then two
+    # buffers of 10 rows' lane sums (3 parts x 128 bytes + 16 of padding a row).
+    queued = plain.launch({})
+    assert queued.grid == (132, 1, 1) and queued.block == (960, 1, 1)
+    assert queued.dynamic_shared == 6 * 2560 + 2 * 10 * (3 * 128 + 16)
     # 1024 rows: two warps a row (split-K), 16-warp CTAs, still 128 CTAs.
     small = make_kernel("q4k_gemv", n=1024, k=4096).definition.plan
     assert (small.split_k, small.warps, small.ctas) == (2, 16, 128)
@@ -308,6 +369,9 @@ def test_traffic_and_launch():
     (dict(n=4, k=256, warps=33), "warps", "less than or equal to 32"),
     (dict(n=4, k=256, rows_per_warp=33), "rows_per_warp", "less than or equal to 32"),
     (dict(n=4, k=256, l2_prefetch=512), "l2_prefetch", "0, 64, 128 or 256"),
+    (dict(n=4, k=4096, schedule='"queue"', rows_per_warp=5), "rows_per_warp", "rows_per_warp x 2 steps"),
+    (dict(n=4, k=256, schedule='"dynamic"'), "schedule", "'static' or 'queue'"),
+    (dict(n=4, k=256, ctas_per_sm=0), "ctas_per_sm", "greater than or equal to 1"),
 ])
 @pytest.mark.parametrize("kind", KINDS)
 def test_spec_errors_name_the_field(tmp_path, kind, config, field, message):

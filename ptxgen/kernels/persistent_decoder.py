@@ -44,8 +44,10 @@ previous layer's last, and a CTA spinning there would run forever).
 Registers: the phases share one register allocation (ptxas allocates the whole layer loop at
 once). At 128 registers a thread (two 256-thread CTAs an SM) every geometry tried spilled, the
 attention phase alone wanting ~170; so a CTA is 256 threads with up to 255 registers, one per
-SM, and the GEMV phases keep 2 row-steps (48 bytes each a lane) of a 2-row task in flight
-(24 KB of weight loads in flight a SM). Staging once per SM instead of twice halves the redundant activation reads.
+SM, and the GEMV phases keep `gemv_unroll` row-steps (48 bytes each a lane; default 4: 48 KB
+of weight loads a SM, headers counted per lane) of a warp's 2-row tasks in flight, the last
+loads of a task being the next task's first (no drain between tasks). Staging once per SM
+instead of twice halves the redundant activation reads.
 Predicated writes of temporaries are avoided in the shared macros used here (they keep a stale
 value alive around every loop), and thread-derived values are recomputed per phase from a
 volatile shared zero (else ptxas keeps ~10 of them live through all phases).
@@ -99,10 +101,10 @@ MAX_POS = 2**24  # rope's exactness bound for the position
 MAX_CTAS = (1 << 18) // THREADS
 # One 256-thread CTA per SM, up to 255 registers a thread: the phases share one register
 # allocation (ptxas allocates the whole loop at once), and the attention phase alone wants ~170;
-# at 128 (two CTAs an SM) every geometry tried spilled. The GEMV phases keep UNROLL steps of 2
-# rows in flight per warp (32 KB a SM of weight loads in flight with 8 warps).
+# at 128 (two CTAs an SM) every geometry tried spilled. The GEMV phases keep `gemv_unroll`
+# row-steps of a warp's loads in flight, from one task into the next (at the default 4, 36 KB of
+# weights a SM with 8 warps; Little's law at 3 TB/s and 600 ns wants 13.6 KB, more under load).
 MAX_REGISTERS = 255
-UNROLL = 2
 # Shared memory the attention phase's K/V ring may take (1..4 stages). The CPU interpreter tracks
 # at most 8 MB of shared memory per wave and a grid barrier needs the whole grid in one wave, so
 # 128 CTAs (the tiny configs' grid) leave each about 64 KB.
@@ -132,6 +134,8 @@ class PersistentDecoderConfig(KernelConfig):
     sm_count: int = Field(default=132, ge=1, le=1024)
     ctas_per_sm: int = Field(default=1, ge=1, le=32)
     ctas: int | None = Field(default=None, ge=1, le=MAX_CTAS)
+    # Row-steps of weight loads a warp keeps in flight in the GEMV phases (48 bytes a lane each).
+    gemv_unroll: int = Field(default=4, ge=1, le=4)
 
     @model_validator(mode="after")
     def consistent(self) -> PersistentDecoderConfig:
@@ -185,12 +189,13 @@ def decoder_attention(config) -> AttentionPlan:
     return plan(max(1, min(4, ATTENTION_RING // plan(1).stage_bytes)))
 
 
-def gemv_plan(n: int, k: int) -> Q4kPlan:
+def gemv_plan(n: int, k: int, unroll: int) -> Q4kPlan:
     """The Q4_K family's geometry of one phase: 8 warps, a task of 2 rows (unrolled, no split),
-    UNROLL row-steps of loads in flight."""
-    steps = ceil_div(k // BLOCK_WEIGHTS, STEP_BLOCKS)
+    at most `unroll` row-steps of loads in flight: the most that divides a task's row-steps, so
+    that the slots line up from one task to the next."""
+    items = ROWS_PER_TASK * ceil_div(k // BLOCK_WEIGHTS, STEP_BLOCKS)
     return Q4kPlan(matrices=(n,), k=k, warps=WARPS, rows_per_warp=ROWS_PER_TASK, split_k=1,
-                   unroll=min(UNROLL, ROWS_PER_TASK * steps), trip_rows=ROWS_PER_TASK)
+                   unroll=max(u for u in range(1, unroll + 1) if items % u == 0), trip_rows=ROWS_PER_TASK)
 
 
 def decoder_reference(arrays: dict[str, np.ndarray], config, pos: int,
@@ -292,10 +297,10 @@ class PersistentDecoder(Kind):
     def plans(self) -> dict[str, Q4kPlan]:
         c = self.config
         return {
-            "qkv": gemv_plan(self.q_dim + 2 * self.kv_dim, c.hidden),
-            "o": gemv_plan(c.hidden, self.q_dim),
-            "gate_up": gemv_plan(c.intermediate, c.hidden),
-            "down": gemv_plan(c.hidden, c.intermediate),
+            "qkv": gemv_plan(self.q_dim + 2 * self.kv_dim, c.hidden, c.gemv_unroll),
+            "o": gemv_plan(c.hidden, self.q_dim, c.gemv_unroll),
+            "gate_up": gemv_plan(c.intermediate, c.hidden, c.gemv_unroll),
+            "down": gemv_plan(c.hidden, c.intermediate, c.gemv_unroll),
         }
 
     def tasks(self) -> dict[str, int]:

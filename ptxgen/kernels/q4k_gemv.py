@@ -12,7 +12,9 @@ quantisation of those weights moves y by 7.7%.
 
 The kernel is the family's (geometry, defaults, the int8 path in ptxgen/kernels/families/q4k.py,
 macros in templates/families/q4k.ptx.j2) under a 64-register cap: 32 warps an SM (occupancy 0.5
-on sm_80/sm_90, 0.67 on sm_86/sm_89), each lane with 48-96 bytes of weights in flight.
+on sm_80/sm_90, 0.67 on sm_86/sm_89), each lane with 48-96 bytes of weights in flight. Under the
+queue schedule (the default for large n) the kernel takes one more parameter, `queue`: a u32[2]
+workspace, zeroed once by its owner; every launch leaves it at zero again.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from pydantic import Field, field_validator, model_validator
 
 from ..q4k import BLOCK_BYTES, BLOCK_WEIGHTS, dequantize_f64, random_weights, row_bytes
 from .base import Geometry, Kind, KernelConfig, Param, Traffic
-from .families.q4k import MAX_K, MAX_REGISTERS, MAX_ROWS, MAX_WARPS, Q4kPlan, dequantize_x, divisors, min_warps
+from .families.q4k import (MAX_K, MAX_REGISTERS, MAX_ROW_STEPS, MAX_ROWS, MAX_WARPS, SM_COUNT, Q4kPlan, dequantize_x,
+                           divisors, min_warps, queue_split)
 
 MAX_N = 2**31 - 1
 # Relative L2 error of dequant(w) @ xq against dequant(w) @ x on Gaussian data (see the docstring).
@@ -49,6 +52,15 @@ class Q4kTuning(KernelConfig):
     unroll: int | None = Field(default=None, ge=1, le=4)
     l1_no_allocate: bool = False
     l2_prefetch: Literal[0, 64, 128, 256] = 0
+    # static: a CTA a unit of rows; queue: a persistent grid takes units from a work counter
+    # (the `queue` workspace); None: queue where the grid gets at least MIN_QUEUE_ROUNDS units a CTA.
+    schedule: Literal["static", "queue"] | None = None
+    # The queue's grid: ctas_per_sm CTAs (default: what an SM holds, 32 warps) on each of sm_count SMs.
+    sm_count: int = Field(default=SM_COUNT, ge=1, le=1024)
+    ctas_per_sm: int | None = Field(default=None, ge=1, le=32)
+    # The queue takes a CTA's next unit at the end of each round (True) or at its start: later
+    # binds fewer units ahead, so the last ones go to the CTAs that finish first.
+    late_grab: bool = True
 
     @field_validator("k")
     @classmethod
@@ -66,6 +78,12 @@ class Q4kTuning(KernelConfig):
         if self.warps is not None and self.warps < min_warps(self.k):
             raise ValueError(f"warps: k = {self.k} needs at least {min_warps(self.k)} warps to quantise x "
                              f"(16 values a thread, at most 8 rounds), got {self.warps}")
+        if self.schedule == "queue" and self.rows_per_warp is not None:
+            part = steps // (self.split_k or queue_split(steps, self.warps))
+            if self.rows_per_warp * part > MAX_ROW_STEPS:
+                raise ValueError(f"rows_per_warp: with schedule = \"queue\" a warp's rows of a unit are unrolled: "
+                                 f"rows_per_warp x {part} steps (k / 2048 / split_k) must be at most "
+                                 f"{MAX_ROW_STEPS}, got {self.rows_per_warp}")
         return self
 
 
@@ -106,28 +124,36 @@ class Q4kGemv(Kind):
         outputs = [Param(f"y{name}", "f32", (n,), "out") for name, n in self.matrices.items()]
         weights = [q4k_param(f"w{name}", n, k) for name, n in self.matrices.items()]
         extra = [Param("gamma", "f32", (k,))] if self.fused else []
-        return [*outputs, *weights, Param("x", "f32", (k,)), *extra]
+        # The queue's work counter and the count of CTAs done (the last CTA puts both back to 0).
+        queue = [Param("queue", "u32", (2,), "workspace")] if self.plan.queue else []
+        return [*outputs, *weights, Param("x", "f32", (k,)), *extra, *queue]
 
     # --- geometry --------------------------------------------------------------------------
     def geometry(self) -> Geometry:
         plan = self.plan
-        return Geometry(grid=(plan.ctas, 1, 1), block=(plan.threads, 1, 1), dynamic_shared=plan.shared_bytes)
+        # The queue schedule is right with any grid (units past the grid's come from the counter).
+        return Geometry(grid=(plan.ctas, 1, 1), block=(plan.threads, 1, 1), dynamic_shared=plan.shared_bytes,
+                        any_grid=plan.queue)
 
     def launch_note(self) -> str:
         p = self.plan
         split = f", split over {p.split_k} warps" if p.split_k > 1 else ""
-        return (f"{p.rows_per_cta} rows per CTA, {p.rows_per_warp} per warp{split}; a warp step covers 8 blocks "
-                f"of a row (4 lanes x 32 quant bytes per block), {p.unroll} row-steps of loads in flight")
+        rows = f"{p.rows_per_cta} rows ({p.rows_per_warp} per warp{split})"
+        unit = (f"{p.ctas} CTAs take {p.units} units of {rows} from a work counter" if p.queue
+                else f"{rows} per CTA")
+        return (f"{unit}; a warp step covers 8 blocks of a row (4 lanes x 32 quant bytes per block), "
+                f"{p.unroll} row-steps of loads in flight")
 
     def static_shared(self) -> int:
-        return 8 * self.plan.warps + 4 if self.fused else 4  # warp sums and RMS factors; a zero word
+        tickets = 8 if self.plan.queue else 0  # the next two units
+        return (8 * self.plan.warps + 4 if self.fused else 4) + tickets  # warp sums and RMS factors; a zero word
 
     def template_vars(self) -> dict:
         plan = self.plan
         matrices, start = [], 0
-        for (name, n), ctas in zip(self.matrices.items(), plan.matrix_ctas):
-            matrices.append({"y": f"y{name}", "w": f"w{name}", "n": n, "cta_start": start})
-            start += ctas
+        for (name, n), units in zip(self.matrices.items(), plan.matrix_units):
+            matrices.append({"y": f"y{name}", "w": f"w{name}", "n": n, "unit_start": start})
+            start += units
         weight_rows = [("%wq", "%wh", r * plan.row_bytes) for r in range(plan.rows_per_trip)]
         return {"plan": plan, "matrices": matrices, "weight_rows": weight_rows, "max_registers": MAX_REGISTERS,
                 "fused": self.fused, "eps": getattr(self.config, "eps", 0.0)}

@@ -34,16 +34,34 @@ computed, so a lane always has unroll-1 .. unroll items (48 bytes each) in fligh
 the loop (through shared memory: lane r ends with row r's sum, and one store writes the warp's
 rows).
 
-Defaults aim at one wave of an H100 at 64 registers a thread (132 SMs x 32 warps): split-K until
-there are enough warps (parts of at most MAX_ROW_STEPS steps, even when possible), rows per warp
-to fill the wave (at most DEFAULT_MAX_ROWS), and the largest CTA (up to 32 warps) that still gives
->= MIN_CTAS CTAs, since each CTA quantises all of x once (fewer, larger CTAs quantise it fewer
-times), and at least enough warps to quantise x in one round where 32 warps can (k <= 16384);
-a warp group left without rows only helps with that.
+Schedules. A *unit* is rows_per_cta = (warps / split_k) * rows_per_warp consecutive rows of one
+matrix (a matrix's last unit clamps its groups' rows to the matrix, and stores only its own).
+- static: a CTA a unit. Defaults aim at one wave of an H100 at 64 registers a thread (132 SMs x
+  32 warps): split-K until there are enough warps (parts of at most MAX_ROW_STEPS steps, even when
+  possible), rows per warp to fill the wave (at most DEFAULT_MAX_ROWS), and the largest CTA (up to
+  32 warps) that still gives >= MIN_CTAS CTAs, since each CTA quantises all of x once (fewer,
+  larger CTAs quantise it fewer times), and at least enough warps to quantise x in one round
+  where 32 warps can (k <= 16384); a warp group left without rows only helps with that.
+- queue: a persistent grid (ctas_per_sm CTAs on each of sm_count SMs) stages x once per CTA, then
+  runs rounds of one unit each: CTA c's first unit is c, the others come from a work counter in
+  the `queue` workspace (units grid, grid+1, ...), so CTAs on SMs that get their bytes sooner take
+  more units. A one-wave static grid leaves that imbalance as idle SMs: Nsight Compute on the H100
+  (12288 x 4096, 128 CTAs) saw SMs active 17,203 of 23,472 cycles. A unit is QUEUE_ROW_STEPS
+  row-steps a warp (its loads are all in flight when its round starts), so whatever is left when
+  the counter runs dry is already on its way; a CTA holds two units ahead (one computing, the
+  next loading) plus the ticket being taken (at a round's end with late_grab, else its start).
+  The loads of the next unit go out during a round, so its ticket is read from shared memory
+  there (published by the previous round's bar.sync); the lane sums of a round go to shared
+  memory and the first threads (one a row) sum them at the start of the next (no shuffles or
+  warp barriers in the loop: nvJitLink turns those into a call-based fallback on sm_8x). The last
+  CTA to finish puts the counter back to 0 (acq_rel count of finished CTAs), so a CUDA graph
+  replays without re-zeroing; the launch is right on any grid. The default schedule queues
+  where the grid gets at least MIN_QUEUE_ROUNDS units a CTA.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import cached_property
@@ -77,6 +95,17 @@ MAX_WARPS = 32  # 1024 threads: one CTA an SM at 64 registers
 MAX_REGISTERS = 64
 # x is quantised in rounds of one 16-value unit a thread, unrolled (see q8_stage): at most this many.
 MAX_STAGE_ROUNDS = 8
+# The queue schedule (see the module docstring). A warp's row-steps of one unit: the loads of a
+# whole unit are in flight when its round starts (unroll 2), so when the queue runs dry every
+# CTA has at most what it already waits for left to do.
+QUEUE_ROW_STEPS = 2
+SM_COUNT = 132  # the default GPU of the queue's grid: an H100 SXM
+# The default schedule queues when every CTA of the grid can take at least this many units (one
+# or two units a CTA leave nothing to balance).
+MIN_QUEUE_ROUNDS = 2
+# A queued CTA's lane sums of one row: 32 f32 a part, then 16 bytes of padding so that the
+# flushing lanes (one row each) read different banks.
+ROW_SUMS_PAD = 16
 
 
 @dataclass(frozen=True)
@@ -90,7 +119,7 @@ class Item:
 
 @dataclass(frozen=True)
 class Q4kPlan:
-    matrices: tuple[int, ...]  # rows of each matrix (one for q4k_gemv); each has its own CTAs
+    matrices: tuple[int, ...]  # rows of each matrix (one for q4k_gemv); each has its own units
     k: int
     warps: int
     rows_per_warp: int
@@ -100,13 +129,20 @@ class Q4kPlan:
     trip_rows: int = 0
     l1_no_allocate: bool = False
     l2_prefetch: int = 0  # bytes: the .L2::<N>B prefetch hint on weight loads (0: none)
+    # The queue schedule: `grid` CTAs take units from a work counter (0: static, a CTA a unit).
+    grid: int = 0
+    late_grab: bool = False  # queue: the next ticket is taken at the end of a round, not its start
 
     @classmethod
     def of(cls, config, matrices: tuple[int, ...]) -> Q4kPlan:
         """The geometry of a config (fields k, warps, rows_per_warp, split_k, unroll,
-        l1_no_allocate, l2_prefetch) over matrices of these row counts: its tuning fields, else
-        the defaults described in the module. The config's validators have checked the fields
-        against each other (see q4k_gemv.Q4kTuning)."""
+        l1_no_allocate, l2_prefetch, schedule, sm_count, ctas_per_sm, late_grab) over matrices of
+        these row counts: its tuning fields, else the defaults described in the module. The
+        config's validators have checked the fields against each other (see q4k_gemv.Q4kTuning)."""
+        if config.schedule != "static":
+            queued = cls.queued(config, matrices)
+            if config.schedule == "queue" or queued.units >= MIN_QUEUE_ROUNDS * queued.grid:
+                return queued
         n = sum(matrices)
         steps = ceil_div(config.k // BLOCK_WEIGHTS, STEP_BLOCKS)
         split, rows = config.split_k, config.rows_per_warp
@@ -147,6 +183,28 @@ class Q4kPlan:
         return cls(tuple(matrices), config.k, warps, rows, split, unroll, trip_rows, config.l1_no_allocate,
                    config.l2_prefetch)
 
+    @classmethod
+    def queued(cls, config, matrices: tuple[int, ...]) -> Q4kPlan:
+        """The queue schedule's geometry: a unit is QUEUE_ROW_STEPS row-steps a warp (split-K and
+        rows to make them, unless the config sets them), the largest CTA, and `ctas_per_sm` CTAs
+        (default: as many as an SM holds at 64 registers a thread) on each of `sm_count` SMs, or
+        fewer if there are fewer units."""
+        steps = ceil_div(config.k // BLOCK_WEIGHTS, STEP_BLOCKS)
+        split = config.split_k or queue_split(steps, config.warps)
+        part = steps // split
+        rows = min(config.rows_per_warp or max(1, QUEUE_ROW_STEPS // part), MAX_ROWS, *matrices)
+        warps = config.warps or MAX_WARPS // split * split
+        # The slots must line up from one round to the next: unroll divides the round's row-steps.
+        unroll = max(u for u in divisors(rows * part) if u <= (config.unroll or 2))
+        plan = cls(tuple(matrices), config.k, warps, rows, split, unroll, rows, config.l1_no_allocate,
+                   config.l2_prefetch, late_grab=config.late_grab)
+        per_sm = config.ctas_per_sm or max(1, MAX_WARPS // warps)
+        return dataclasses.replace(plan, grid=min(plan.units, config.sm_count * per_sm))
+
+    @property
+    def queue(self) -> bool:
+        return self.grid > 0
+
     # --- shapes ----------------------------------------------------------------------------
     @property
     def blocks(self) -> int:
@@ -184,12 +242,17 @@ class Q4kPlan:
         return self.groups * self.rows_per_warp
 
     @property
-    def matrix_ctas(self) -> tuple[int, ...]:
+    def matrix_units(self) -> tuple[int, ...]:
+        """Units (rows_per_cta rows: a CTA's under the static schedule) of each matrix."""
         return tuple(ceil_div(n, self.rows_per_cta) for n in self.matrices)
 
     @property
+    def units(self) -> int:
+        return sum(self.matrix_units)
+
+    @property
     def ctas(self) -> int:
-        return sum(self.matrix_ctas)
+        return self.grid or self.units
 
     # --- the warp's sequence -----------------------------------------------------------------
     @property
@@ -199,6 +262,7 @@ class Q4kPlan:
 
     @property
     def trips(self) -> int:
+        """Trips of the warp's row loop (under the queue schedule: per unit)."""
         return self.rows_per_warp // self.rows_per_trip
 
     @cached_property
@@ -207,13 +271,14 @@ class Q4kPlan:
         count = self.rows_per_trip * self.part_steps
         return tuple(Item(i // self.part_steps, i % self.part_steps, i % self.unroll) for i in range(count))
 
-    def next_load(self, index: int) -> tuple[Item, bool] | None:
+    def next_load(self, index: int, chained: bool = False) -> tuple[Item, bool] | None:
         """What is loaded after item `index` of a trip: the item `unroll` further on, and whether
-        it is the next trip's; None past the last."""
+        it is the next trip's; None past the last trip, unless `chained` (the caller's next trip
+        follows: the queue's next unit, the persistent decoder's next task)."""
         later = index + self.unroll
         if later < len(self.items):
             return self.items[later], False
-        return (self.items[later - len(self.items)], True) if self.trips > 1 else None
+        return (self.items[later - len(self.items)], True) if self.trips > 1 or chained else None
 
     def is_partial(self, item: Item) -> bool:
         """Whether the item is (in the last part) a row's last step with fewer than 8 blocks."""
@@ -235,28 +300,42 @@ class Q4kPlan:
 
     @property
     def lane_sums_offset(self) -> int:
-        """Each lane's part of each of its rows' dot products: [warp][row][lane] f32 (summed over
-        the warp after its row loop: a shuffle inside a loop makes ptxas add a slow path that calls
-        a subroutine, and spill around it)."""
+        """Each lane's part of each of its rows' dot products. Static: [warp][row][lane] f32
+        (summed over the warp after its row loop: a shuffle inside a loop makes ptxas add a slow
+        path that calls a subroutine, and spill around it). Queue: two buffers (rounds alternate)
+        of [row of the unit][part][lane] f32, a row's record row_sums_bytes long."""
         return self.x_bytes
 
     @property
+    def row_sums_bytes(self) -> int:
+        return 128 * self.split_k + ROW_SUMS_PAD
+
+    @property
     def partials_offset(self) -> int:
-        """With split_k: each part's row sums, [row of the CTA][part] f32."""
+        """Static with split_k: each part's row sums, [row of the CTA][part] f32."""
         return self.lane_sums_offset + 128 * self.warps * self.rows_per_warp
 
     @property
     def shared_bytes(self) -> int:
+        if self.queue:
+            return self.lane_sums_offset + 2 * self.rows_per_cta * self.row_sums_bytes
         partials = 4 * self.rows_per_cta * self.split_k if self.split_k > 1 else 0
         return self.partials_offset + partials
 
     @property
-    def units(self) -> int:
+    def sum_roundings(self) -> int:
+        """Roundings on a lane's path from its accumulator to the row's sum: static, the 5-level
+        shuffle tree and the parts added; queued, 4 chains of 8 * split_k adds (the first a
+        copy) and 2 to join them."""
+        return 8 * self.split_k + 1 if self.queue else 5 + self.split_k - 1
+
+    @property
+    def stage_units(self) -> int:
         """Staging units of STAGE_VALUES values (half a scale group)."""
         return self.k // STAGE_VALUES
 
     def stage_rounds(self, threads: int) -> int:
-        return ceil_div(self.units, threads)
+        return ceil_div(self.stage_units, threads)
 
 
 def default_rows(n: int, split: int) -> int:
@@ -279,6 +358,13 @@ def single_slot(part: int, rows: int, unroll: int = 2) -> bool:
     no few rows whose row-steps are a multiple of `unroll` (and at most MAX_ROW_STEPS) divide them."""
     trip_rows = unroll // math.gcd(unroll, part)
     return rows * part > MAX_ROW_STEPS and (rows % trip_rows > 0 or trip_rows * part > MAX_ROW_STEPS)
+
+
+def queue_split(steps: int, warps: int | None) -> int:
+    """The queue's default split-K: the fewest parts of at most QUEUE_ROW_STEPS steps (that
+    `warps` is a multiple of, when given)."""
+    fits = [p for p in divisors(steps) if warps is None or warps % p == 0]
+    return next((p for p in fits if steps // p <= QUEUE_ROW_STEPS), fits[-1])
 
 
 def min_warps(k: int) -> int:
