@@ -1,6 +1,6 @@
 """The split-KV decode attention family (incremental_attention, persistent_decoder's phase C):
 one query token against a KV cache, a CTA per (chunk of keys, KV head). The PTX is the macros
-attn_split_rule / attn_split / attn_count_in of templates/families/attention.ptx.j2;
+attn_chunk / attn_active / attn_split / attn_count_in of templates/families/attention.ptx.j2;
 `AttentionPlan` is what they take. The design is described in
 ptxgen/kernels/incremental_attention.py.
 """
@@ -282,7 +282,7 @@ class AttentionPlan:
         return min(own, max(1, 16 // self.items_per_thread))
 
     def split(self, length: Formula) -> tuple[Formula, Formula]:
-        """(chunk, splits) for a clamped length: the rule attn_split_rule evaluates on the device
+        """(chunk, splits) for a clamped length: the rule attn_chunk and attn_active evaluate on the device
         (ints for a known length, launch formulas for one given by a runtime scalar). A chunk
         is at least one ring tile (every key group busy: below that, more splits add more fixed
         work per CTA than they save), in steps of group_keys."""
