@@ -42,6 +42,17 @@ TARGET_WARPS = {"f16": 16, "bf16": 8, "f32": 8}
 SM_REGISTERS, SM_WARPS, SM_SHARED, CTA_RESERVED_SHARED = 65536, 64, 228 * 1024, 1024
 
 
+def division_magic(divisor: int, bound: int) -> tuple[int, int]:
+    """(multiplier, shift) with (n * multiplier) >> shift == n // divisor for every 0 <= n < bound
+    (Granlund and Montgomery: with n < 2^b, shift = b + ceil(log2 divisor) and multiplier =
+    ceil(2^shift / divisor), the rounding excess times n stays below 2^shift). The multiplier
+    fits 32 bits for bound <= 2^30, so a u32 mul.wide and a 64-bit shift do it."""
+    if divisor < 1 or not 1 <= bound <= 1 << 30:
+        raise ValueError(f"division_magic: divisor {divisor}, bound {bound}")
+    shift = (bound - 1).bit_length() + (divisor - 1).bit_length()
+    return -(-(1 << shift) // divisor), shift
+
+
 @dataclass(frozen=True)
 class AttentionPlan:
     """Warp, tile and split layout of one config (all compile-time constants).
@@ -97,6 +108,11 @@ class AttentionPlan:
         max_splits = max(1, min(config.sm_count * resident // config.num_kv_heads,
                                 ceil_div(config.max_seq_len, plan.tile)))
         return replace(plan, max_splits=max_splits)
+
+    @staticmethod
+    def magic(divisor: int, bound: int) -> tuple[int, int]:
+        """division_magic, for the templates (div_const)."""
+        return division_magic(divisor, bound)
 
     @property
     def max_registers(self) -> int:
