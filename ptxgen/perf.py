@@ -9,12 +9,16 @@ of them differs (`sass_counts` counts it offline when the optional nvdisasm whee
 The time model has three terms, all in microseconds:
 - bandwidth: traffic bytes / the GPU's copy bandwidth (the floor);
 - issue: warp-instructions / (SMs x 4 schedulers x 1 instruction a cycle x clock);
-- latency: each warp waits `rounds` dependent DRAM round trips (a round: global loads issued
-  together and waited for together), and each SM runs ceil(CTAs / (SMs x resident CTAs))
-  generations of CTAs one after another.
-If the warps of an SM overlap perfectly, the time is the largest term ("overlapped"); if they
-issue their loads together, wait together and compute together (a CTA barrier, or few rounds
-per warp, keeps them in step), the terms add ("serialized"). Beside them, Little's law: the
+- latency: each warp waits `rounds` dependent DRAM round trips (a round: global loads, or
+  atomics that return a value, issued together and waited for together), and each SM runs
+  ceil(CTAs / (SMs x resident CTAs)) generations of CTAs one after another;
+- tail: rounds that only some warps wait through (a last CTA's merge of the others' partials)
+  come after the rest of the grid is done, so the slowest warp's rounds, not the mean, end the
+  launch: (critical rounds - mean rounds) x latency, on top of either estimate below.
+If the warps of an SM overlap perfectly, the time is the largest of the first three terms plus
+the tail ("overlapped"); if they issue their loads together, wait together and compute
+together (a CTA barrier, or few rounds per warp, keeps them in step), the terms add
+("serialized"). Beside them, Little's law: the
 global-load bytes a thread has in flight when it waits x resident threads, against bandwidth x
 latency / SMs. There is no term for launch and ramp-up, so kernels of a few microseconds
 measure slower than either (an H100 rmsnorm of one 4096 row takes 4.7 us in a CUDA graph), nor
@@ -175,8 +179,9 @@ def _reads_writes(ins) -> tuple[set, set]:
 
 def _loaded(ins) -> dict:
     """Global-load bytes this instruction puts in flight, by what a later wait is on: each
-    destination register, or for cp.async (global to shared) a key of its own."""
-    if ins.base == "ld" and "global" in ins.mods:
+    destination register, or for cp.async (global to shared) a key of its own. An atomic that
+    returns a value is a round trip too (its bytes: the value)."""
+    if ins.base in ("ld", "atom") and "global" in ins.mods:
         size = next(TYPES[m][0] for m in reversed(ins.mods) if m in TYPES)
         return {reg: size for reg in _registers(ins.operands[0])}
     if ins.base == "cp" and ins.mods[:1] == ["async"] and "global" in ins.mods:
@@ -255,6 +260,10 @@ class Count:
     thread_instructions: int  # PTX, whole grid (scaled when sampled)
     warp_instructions: int  # a warp issues once however many of its lanes take part
     rounds_per_warp: float  # dependent global-load round trips a warp waits through
+    # Rounds of the slowest warp: a round start that only some warps reach counts whole (exact for
+    # work a few CTAs do after the others, such as a last CTA's merge; more than the truth where
+    # CTAs split between two paths that each load).
+    critical_rounds: int
     # Global-load bytes a thread has in flight at the wait it reaches most often (the main loop's).
     outstanding_bytes: int
     ctas_run: int
@@ -289,6 +298,7 @@ def count_instructions(ptx: str, entry: str, launch: Launch, args: list,
         thread_instructions=round(stats.thread_instructions * ctas / run),
         warp_instructions=round(stats.warp_instructions * ctas / run),
         rounds_per_warp=float(sum(stats.warps_at[i] for i in rounds.starts)) / warps_run,
+        critical_rounds=sum(-(-int(stats.warps_at[i]) // warps_run) for i in rounds.starts),
         outstanding_bytes=rounds.waits[busiest] if busiest is not None else 0,
         ctas_run=run,
         ctas=ctas,
@@ -344,12 +354,15 @@ def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str,
         "issue": issue_time_us(count.warp_instructions, gpu),
         "latency": generations * count.rounds_per_warp * gpu.latency_ns * 1e-3,
     }
-    overlapped, serialized = max(times.values()), sum(times.values())
+    tail = (count.critical_rounds - count.rounds_per_warp) * gpu.latency_ns * 1e-3
+    overlapped, serialized = max(times.values()) + tail, sum(times.values()) + tail
     report.update({
         "bandwidth_floor_us": round(times["bandwidth"], 3),
         "issue_time_us": round(times["issue"], 3),
         "latency_time_us": round(times["latency"], 3),
+        "tail_time_us": round(tail, 3),
         "rounds_per_warp": round(count.rounds_per_warp, 3),
+        "critical_rounds": count.critical_rounds,
         "generations": generations,
         "bytes_in_flight": {
             "per_thread": count.outstanding_bytes,
@@ -360,7 +373,7 @@ def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str,
         "estimate_us": {"overlapped": round(overlapped, 3), "serialized": round(serialized, 3)},
         "percent_of_bandwidth": {"overlapped": round(100 * times["bandwidth"] / overlapped, 1),
                                  "serialized": round(100 * times["bandwidth"] / serialized, 1)},
-        "verdict": verdict(times, count, in_flight, gpu),
+        "verdict": verdict(times, tail, count, in_flight, gpu),
     })
     return report
 
@@ -385,14 +398,15 @@ def evaluate_kernel(compiled: CompiledKernel, gpu: Gpu, *, resources: dict[str, 
                                            max_threads=max_threads)}
 
 
-def verdict(times: dict, count: Count, in_flight: float, gpu: Gpu) -> str:
+def verdict(times: dict, tail: float, count: Count, in_flight: float, gpu: Gpu) -> str:
     """One line naming the likely limiter and the range of bandwidth the model expects."""
-    overlapped, serialized = max(times.values()), sum(times.values())
+    overlapped, serialized = max(times.values()) + tail, sum(times.values()) + tail
     needed = gpu.bytes_in_flight_needed
+    tail_note = f" + tail {tail:.1f} us ({count.critical_rounds} rounds the slowest warp)" if tail else ""
     detail = (f"{100 * times['bandwidth'] / serialized:.0f}-{100 * times['bandwidth'] / overlapped:.0f}% of "
               f"{gpu.bandwidth_gbs:.0f} GB/s expected; bytes {times['bandwidth']:.1f} us + issue "
               f"{times['issue']:.1f} us + latency {times['latency']:.1f} us ({count.rounds_per_warp:.1f} rounds a "
-              f"warp); {in_flight / 1024:.1f} KB in flight per SM vs {needed / 1024:.1f} KB needed")
+              f"warp){tail_note}; {in_flight / 1024:.1f} KB in flight per SM vs {needed / 1024:.1f} KB needed")
     if times["bandwidth"] >= 0.75 * serialized:
         return f"bandwidth-bound: {detail}"
     if times["issue"] >= times["latency"]:

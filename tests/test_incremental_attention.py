@@ -10,6 +10,7 @@ import pytest
 
 from ptxgen.errors import LaunchError
 from ptxgen.interp import launch as interpret
+from ptxgen.kernels.families.attention import division_magic
 from ptxgen.kernels.incremental_attention import attention_reference
 from ptxgen.runner import prepare_arrays, run
 from ptxgen.spec import load_spec
@@ -42,6 +43,7 @@ CASES = [
     (32, 1, 64, "f16", 96),
     (12, 1, 128, "f32", 96),
     (16, 1, 256, "bf16", 64),
+    (24, 1, 64, "bf16", 96),  # 3 head slices: warp indices divided by a constant that is no power of 2
 ]
 LENGTHS = (0, 1, 2, 7, 31, 37, 61, 97, 131, 157)
 
@@ -87,6 +89,20 @@ def test_peaked_softmax_and_custom_scale():
     inputs["k_cache"][:, 150] *= 3  # one dominant late key (after several max updates)
     arrays = run(kernel, inputs, scalars)
     assert_passes(compare(kernel, arrays, kind.reference(inputs, scalars), scalars))
+
+
+@pytest.mark.parametrize("divisor", [1, 2, 3, 5, 7, 16, 33, 48, 100, 528, 1023, 4096, 65535])
+@pytest.mark.parametrize("bound", [1, 2, 3, 1000, 1 << 10, 40960 + 528, 1 << 24, (1 << 24) + 1, 1 << 30])
+def test_division_by_a_constant_is_exact_below_the_bound(divisor, bound):
+    """div_const's multiply-and-shift (ptxas expands div.u32 by an immediate into its generic
+    sequence): exact for every value below the bound (all of them up to 2^16, then the ends and
+    a sample), and the u32 product it needs fits 64 bits."""
+    multiplier, shift = division_magic(divisor, bound)
+    assert multiplier < 1 << 32 and (bound - 1) * multiplier < 1 << 64
+    values = np.unique(np.concatenate([np.arange(min(bound, 1 << 16)), np.arange(max(0, bound - 4096), bound),
+                                       np.random.default_rng(divisor).integers(0, bound, 4096)])).astype(object)
+    got = np.array([(int(n) * multiplier) >> shift for n in values], dtype=object)
+    assert (got == values // divisor).all(), (divisor, bound)
 
 
 # --- split-KV -------------------------------------------------------------------------------------

@@ -254,6 +254,77 @@ def test_evaluate_reports_the_model_of_the_stream_kernel():
     assert json.loads(json.dumps(report)) == report  # plain values, for `show --json`
 
 
+# --- the tail: a last CTA's extra round after everyone else ---------------------------------------
+# Each one-warp CTA (lane 0) loads its x (round 1), stores 2x as its partial and counts in with an
+# atomic that returns the count (round 2); the CTA that completes the count loads all 4 partials
+# at once (round 3, one CTA in 4) and stores their sum.
+
+LAST_SUM = """
+.version 7.0
+.target sm_80
+.address_size 64
+.visible .entry last_sum(.param .u64 out, .param .u64 x, .param .u64 partial, .param .u64 counter)
+{
+  .reg .pred %lead, %last;
+  .reg .b32 %t, %cta, %n, %old;
+  .reg .b64 %o, %px, %pp, %pc, %a;
+  .reg .f32 %v, %p<4>;
+  ld.param.u64 %o, [out];
+  ld.param.u64 %px, [x];
+  ld.param.u64 %pp, [partial];
+  ld.param.u64 %pc, [counter];
+  mov.u32 %t, %tid.x;
+  setp.eq.u32 %lead, %t, 0;
+  @!%lead bra DONE;
+  mov.u32 %cta, %ctaid.x;
+  mul.wide.u32 %a, %cta, 4;
+  add.u64 %px, %px, %a;
+  ld.global.f32 %v, [%px];
+  add.f32 %v, %v, %v;
+  add.u64 %a, %pp, %a;
+  st.global.f32 [%a], %v;
+  atom.acq_rel.gpu.global.add.u32 %old, [%pc], 1;
+  mov.u32 %n, %nctaid.x;
+  sub.u32 %n, %n, 1;
+  setp.eq.u32 %last, %old, %n;
+  @!%last bra DONE;
+  ld.global.f32 %p0, [%pp];
+  ld.global.f32 %p1, [%pp+4];
+  ld.global.f32 %p2, [%pp+8];
+  ld.global.f32 %p3, [%pp+12];
+  add.f32 %p0, %p0, %p1;
+  add.f32 %p2, %p2, %p3;
+  add.f32 %p0, %p0, %p2;
+  st.global.f32 [%o], %p0;
+DONE:
+  ret;
+}
+"""
+
+
+def last_sum_args(rng) -> list:
+    return [np.full(1, np.nan, np.float32), rng.standard_normal(4).astype(np.float32),
+            np.full(4, np.nan, np.float32), np.zeros(1, np.uint32)]
+
+
+def test_a_last_ctas_round_is_the_launchs_tail():
+    args = last_sum_args(np.random.default_rng(5))
+    launch(LAST_SUM, "last_sum", (4, 1, 1), (32, 1, 1), args)  # sanitizer and memory-ordering model on
+    assert args[0][0] == pytest.approx(2 * args[1].astype(np.float64).sum(), rel=1e-6) and args[3][0] == 4
+    count = perf.count_instructions(LAST_SUM, "last_sum", Launch((4, 1, 1), (32, 1, 1)),
+                                    last_sum_args(np.random.default_rng(5)))
+    # Rounds: x (all 4 warps), the atomic's count (all 4), the partials (1 warp of 4).
+    assert (count.rounds_per_warp, count.critical_rounds) == (2.25, 3)
+    report = perf.evaluate(LAST_SUM, "last_sum", Launch((4, 1, 1), (32, 1, 1)),
+                           last_sum_args(np.random.default_rng(5)), {"sm_90": {"registers": 16, "shared_bytes": 0}},
+                           4 * 4 * 3 + 4, TOY)
+    # The tail: 3 - 2.25 rounds of 500 ns after the others are done, on top of both estimates.
+    assert report["tail_time_us"] == 0.375 and report["critical_rounds"] == 3
+    latency = report["latency_time_us"]
+    assert latency == 2.25 * 0.5 and report["estimate_us"]["overlapped"] == pytest.approx(latency + 0.375, abs=1e-3)
+    assert "tail 0.4 us (3 rounds the slowest warp)" in report["verdict"]
+
+
 def test_a_cta_that_cannot_be_resident_gets_no_time():
     x = np.ones(1024 * TRIPS * 16, np.float32)
     report = perf.evaluate(STREAM, "stream", Launch((1, 1, 1), (1024, 1, 1)), [np.zeros(1024, np.float32), x, TRIPS],

@@ -10,6 +10,12 @@ it, the macros of templates/families/attention.ptx.j2 write it out):
   (stages - 1 tiles in flight while one is used; rows past the chunk are zero-filled), so the
   bytes in flight do not depend on registers: a CTA of 16 warps with 2 stages has 32 KB of
   K/V (f16, head_dim 128) in flight, 64 KB an SM at 2 CTAs.
+- Fixed costs: the time of a launch is about a fixed cost plus bytes / copy bandwidth (H100,
+  the previous version of this design: 12.8 us + bytes / 2.96 TB/s from 4k to 32k keys), so
+  the fixed steps are kept short. q is requested first and the ring's first tiles right after
+  it (about 45 SASS instructions from the start: no generic integer division before them,
+  every division by a constant is a shift or a multiply), and q's fragments and the shared
+  addresses are made while those loads travel.
 - Tensor cores do both products (mma.sync m16n8k16, f32 accumulation): S = Q K^T with the
   query heads as the rows of A (up to 8 heads a "head slice") and K rows as B straight from
   ldmatrix, then O += P V with the exponentiated scores as A and V through ldmatrix.trans.
@@ -33,11 +39,15 @@ it, the macros of templates/families/attention.ptx.j2 write it out):
   (-inf) - (-inf) ever occurs; keys past the end get a score of -inf and weigh exactly 0.
   o is rescaled only when a row's running max moves.
 - Split-KV with the last CTA combining: with one split the CTA writes `out` directly.
-  Otherwise it writes its unnormalised partial to the `partials` workspace, fences, and bumps
-  the per-KV-head counter in `counters`; the CTA that sees splits-1 merges every split's
-  partial (split_lanes lanes per output float4, each merging every split_lanes-th split with
-  up to 16 loads in flight, then shuffles), writes `out` and puts the counter back to 0, so
-  the next launch (or a CUDA graph replay) needs no re-zeroing.
+  Otherwise it writes its unnormalised partial to the `partials` workspace and, after a CTA
+  barrier, thread 0 bumps the per-KV-head counter in `counters` with one atom.acq_rel.gpu
+  (its release publishes the whole CTA's partial, its acquire gives the CTA that completes
+  the count everyone else's: SASS MEMBAR.ALL.GPU once a CTA, where membar.gl by every thread
+  was a MEMBAR.SC.GPU a warp, and another in the merging CTA). The CTA that sees splits-1
+  merges every split's partial (split_lanes lanes per output float4, each merging every
+  split_lanes-th split with up to 16 loads in flight, 4 partials at a time: one max, then
+  independent ex2s, then one fma each; then shuffles), writes `out` and puts the counter back
+  to 0, so the next launch (or a CUDA graph replay) needs no re-zeroing.
 - Split rule: max_splits = sm_count * ctas_per_sm // num_kv_heads (ctas_per_sm: what fits an
   sm_90 SM unless the config says); at runtime chunk = max(tile, round_up(ceil(L / max_splits),
   group_keys)) and splits = ceil(L / chunk). A chunk of at least one ring tile keeps every key

@@ -1,6 +1,6 @@
 """The split-KV decode attention family (incremental_attention, persistent_decoder's phase C):
 one query token against a KV cache, a CTA per (chunk of keys, KV head). The PTX is the macros
-attn_split_rule / attn_split / attn_count_in of templates/families/attention.ptx.j2;
+attn_chunk / attn_active / attn_split / attn_count_in of templates/families/attention.ptx.j2;
 `AttentionPlan` is what they take. The design is described in
 ptxgen/kernels/incremental_attention.py.
 """
@@ -40,6 +40,17 @@ MAX_REGISTERS = {
 TARGET_WARPS = {"f16": 16, "bf16": 8, "f32": 8}
 # The SM the default split rule plans for: sm_90's register file, warps and shared memory.
 SM_REGISTERS, SM_WARPS, SM_SHARED, CTA_RESERVED_SHARED = 65536, 64, 228 * 1024, 1024
+
+
+def division_magic(divisor: int, bound: int) -> tuple[int, int]:
+    """(multiplier, shift) with (n * multiplier) >> shift == n // divisor for every 0 <= n < bound
+    (Granlund and Montgomery: with n < 2^b, shift = b + ceil(log2 divisor) and multiplier =
+    ceil(2^shift / divisor), the rounding excess times n stays below 2^shift). The multiplier
+    fits 32 bits for bound <= 2^30, so a u32 mul.wide and a 64-bit shift do it."""
+    if divisor < 1 or not 1 <= bound <= 1 << 30:
+        raise ValueError(f"division_magic: divisor {divisor}, bound {bound}")
+    shift = (bound - 1).bit_length() + (divisor - 1).bit_length()
+    return -(-(1 << shift) // divisor), shift
 
 
 @dataclass(frozen=True)
@@ -97,6 +108,11 @@ class AttentionPlan:
         max_splits = max(1, min(config.sm_count * resident // config.num_kv_heads,
                                 ceil_div(config.max_seq_len, plan.tile)))
         return replace(plan, max_splits=max_splits)
+
+    @staticmethod
+    def magic(divisor: int, bound: int) -> tuple[int, int]:
+        """division_magic, for the templates (div_const)."""
+        return division_magic(divisor, bound)
 
     @property
     def max_registers(self) -> int:
@@ -282,7 +298,7 @@ class AttentionPlan:
         return min(own, max(1, 16 // self.items_per_thread))
 
     def split(self, length: Formula) -> tuple[Formula, Formula]:
-        """(chunk, splits) for a clamped length: the rule attn_split_rule evaluates on the device
+        """(chunk, splits) for a clamped length: the rule attn_chunk and attn_active evaluate on the device
         (ints for a known length, launch formulas for one given by a runtime scalar). A chunk
         is at least one ring tile (every key group busy: below that, more splits add more fixed
         work per CTA than they save), in steps of group_keys."""
