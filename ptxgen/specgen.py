@@ -83,7 +83,7 @@ def decoder_kernel(config: ModelConfig, prefix: str, max_seq_len: int) -> dict:
              "num_heads": c.num_heads, "num_kv_heads": c.num_kv_heads, "head_dim": c.head_dim,
              "intermediate": c.intermediate, "num_layers": c.num_layers, "max_seq_len": max_seq_len,
              "eps": c.eps, "rope_theta": c.rope_theta, "kv_dtype": KV_DTYPE}
-    if c.rope_style != "neox":
+    if c.rope_style != "rotate_half":
         entry["rope_style"] = c.rope_style
     if not c.qk_norm:
         entry["qk_norm"] = False
@@ -104,7 +104,7 @@ def spec_text(config: ModelConfig, source: str, max_seq_len: int | None = None, 
     max_seq_len = max_seq_len or c.context_length
     if max_seq_len < 1:
         raise PtxgenError(f"max_seq_len must be >= 1, got {max_seq_len}")
-    rope_style = {} if c.rope_style == "neox" else {"style": c.rope_style}
+    rope_style = {} if c.rope_style == "rotate_half" else {"style": c.rope_style}
     norm = {"head_dim": c.head_dim, "eps": c.eps}
     sections = [
         ("Whole decoder layers for one token, one launch", [decoder_kernel(c, prefix, max_seq_len)]),
