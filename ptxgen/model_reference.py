@@ -90,9 +90,21 @@ class ReferenceModel:
     def _cached(self, rows: np.ndarray) -> np.ndarray:
         return rows if self.kv_dtype is None else to_float64(from_float(rows, self.kv_dtype), self.kv_dtype)
 
-    def layer(self, index: int, x: np.ndarray, pos: int) -> np.ndarray:
-        """One decoder layer on the hidden state x [hidden] at position pos (appends to its cache)."""
+    def layer(self, index: int, x: np.ndarray, pos: int, forced: dict[str, np.ndarray] | None = None,
+              trace: dict[str, np.ndarray] | None = None) -> np.ndarray:
+        """One decoder layer on the hidden state x [hidden] at position pos (appends to its cache).
+
+        `forced` ("teacher forcing", as persistent_decoder's decoder_reference(stored=...)) puts
+        a kernel's own values in place of this model's: "k", "v" the rows cached at pos
+        [kv_heads, head_dim], "attn" the output projection's input [q_dim], "mlp" the down
+        projection's input [intermediate]. A value that sits next to a rounding boundary (of the
+        cache type, or of the int8 activations) may round either way in f32 and float64, and the
+        one-step difference then flows into everything after it; forced, only the arithmetic between
+        those points is compared. `trace`, a dict, receives this model's own values of the same
+        names (k and v before rounding to the cache type)."""
         c = self.config
+        forced = forced or {}
+        trace = {} if trace is None else trace
 
         def w(short: str) -> str:
             return f"blk.{index}.{short}.weight"
@@ -106,14 +118,15 @@ class ReferenceModel:
             k = rms_normalize(k, self.weight(w("attn_k_norm")), c.eps)
         q = rotate(q, pos, c.rope_theta, c.rope_style)
         k = rotate(k, pos, c.rope_theta, c.rope_style)
-        self.keys[index].append(self._cached(k))
-        self.values[index].append(self._cached(v))
+        trace["k"], trace["v"] = k, v
+        self.keys[index].append(forced.get("k", self._cached(k)))
+        self.values[index].append(forced.get("v", self._cached(v)))
         keys, values = np.stack(self.keys[index], axis=1), np.stack(self.values[index], axis=1)
-        o = attention_reference(q, keys, values, pos + 1, c.head_dim ** -0.5)
-        x = x + self.project(w("attn_output"), o.reshape(-1))
+        trace["attn"] = attention_reference(q, keys, values, pos + 1, c.head_dim ** -0.5).reshape(-1)
+        x = x + self.project(w("attn_output"), forced.get("attn", trace["attn"]))
         m = self.normed(x, w("ffn_norm"))
-        gate, up = self.weight(w("ffn_gate")) @ m, self.weight(w("ffn_up")) @ m
-        return x + self.project(w("ffn_down"), silu_mul(gate, up))
+        trace["mlp"] = silu_mul(self.weight(w("ffn_gate")) @ m, self.weight(w("ffn_up")) @ m)
+        return x + self.project(w("ffn_down"), forced.get("mlp", trace["mlp"]))
 
     def step(self, token: int) -> np.ndarray:
         """Feed one token at the next position; return the logits float64 [vocab]."""
@@ -124,7 +137,11 @@ class ReferenceModel:
         for index in range(c.num_layers):
             x = self.layer(index, x, self.position)
         self.position += 1
-        return self.project(c.lm_head.name, rms_normalize(x, self.weight("output_norm.weight"), c.eps))
+        return self.head(x)
+
+    def head(self, x: np.ndarray) -> np.ndarray:
+        """The logits of the last layer's output x: lm_head(rmsnorm(x, output_norm))."""
+        return self.project(self.config.lm_head.name, rms_normalize(x, self.weight("output_norm.weight"), self.config.eps))
 
     def run(self, tokens) -> np.ndarray:
         """Feed tokens one by one; the logits after each, float64 [len(tokens), vocab]."""
