@@ -528,6 +528,70 @@ def spec_from_hf_command(config: Annotated[Path, typer.Argument(help="A Hugging 
     emit_spec(spec_from_hf_config(config, quant, max_seq_len, prefix), output, force)
 
 
+# --- generate -------------------------------------------------------------------------------------------
+def parse_tokens(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise PtxgenError(f"--tokens: expected comma-separated token ids (e.g. 1,2,3), got {text!r}") from None
+
+
+@app.command()
+def generate(
+    model: Annotated[Path, typer.Argument(help="A .gguf model file (qwen3 or llama; layer matrices Q4_K).")],
+    tokens: Annotated[str, typer.Option("--tokens", help="Prompt token ids, comma-separated.")],
+    max_new: Annotated[int, typer.Option("--max-new", help="Tokens to generate.")] = 16,
+    backend: Annotated[Backend, typer.Option(help="device (GPU) or emulator (the PTX interpreter on the CPU: "
+                                                  "small models only).")] = Backend.device,
+    fused: Annotated[bool, typer.Option("--fused", help="Run the layers as one persistent_decoder launch a "
+                                                         "token instead of the separate kernels.")] = False,
+    max_seq_len: Annotated[Optional[int], typer.Option("--max-seq-len", min=1, help="KV-cache positions "
+                                                       "(default: the model's context length).")] = None,
+    save_logits: Annotated[Optional[Path], typer.Option("--save-logits", help="Write the logits of each generated "
+                                                        "token, float32 [generated, vocab], to this .npy file.")] = None,
+    as_json: JsonOption = False,
+):
+    """Greedy decoding with ptxgen's kernels: each token's embedding row (dequantised on the host),
+    every layer, the final norm, the lm_head GEMV and argmax on the device, the KV cache kept there.
+    The prompt is fed through the same decode kernels one token at a time (no prefill kernel).
+    tokens/s counts the decode steps after the first new token, wall clock, launches included."""
+    import io
+
+    import numpy as np
+
+    from .artifacts import write_file
+    from .generate import Generator
+    from .gguf_model import GGUFModel
+
+    prompt = parse_tokens(tokens)
+    loaded = GGUFModel(model)
+    with progress_bar("loading", 0, True) as progress:
+        task = progress.add_task("loading weights", total=None)
+        generator = Generator(loaded, backend.value, max_seq_len, fused,
+                              lambda done, total, tensor: progress.update(task, completed=done, total=total,
+                                                                          description=tensor))
+    try:
+        result = generator.generate(prompt, max_new, keep_logits=save_logits is not None)
+    finally:
+        generator.close()
+    if save_logits is not None:
+        buffer = io.BytesIO()
+        np.save(buffer, result.logits)
+        write_file(save_logits, buffer.getvalue(), "--save-logits")
+    rate = result.tokens_per_s
+    if as_json:
+        summary = {"prompt_tokens": result.prompt, "generated_tokens": result.tokens, "tokens_per_s": rate,
+                   "decode_steps": result.decode_steps, "device": generator.device, "backend": backend.value,
+                   "layers": "persistent_decoder" if fused else "separate kernels",
+                   "max_seq_len": generator.max_seq_len}
+        sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+        return
+    out.print(",".join(map(str, result.tokens)), markup=False)
+    speed = f"{rate:.1f} tokens/s over {plural(result.decode_steps, 'decode step')}" if rate else "no decode step timed"
+    err.print(f"{len(prompt)} prompt + {len(result.tokens)} generated tokens on {generator.device}: {speed}",
+              markup=False)
+
+
 # --- the cache ----------------------------------------------------------------------------------------
 @cache_app.command("info")
 def cache_info():

@@ -11,10 +11,11 @@ from pathlib import Path
 from .errors import PtxgenError
 from .quants import quant_type
 
-# llama.cpp's rope type per architecture (llama_model_rope_type): "neox" rotates pairs
-# (i, i + head_dim/2), "interleaved" (llama.cpp's "normal", GPT-J style) pairs (2i, 2i + 1).
-# GGUF conversion permutes llama's Q/K rows for the interleaved form; Qwen keeps HF's order.
-ROPE_STYLES = {"qwen3": "neox", "llama": "interleaved"}
+# llama.cpp's rope type per architecture (llama_model_rope_type), named as the rope kind's `style`:
+# "rotate_half" (llama.cpp's "neox") rotates pairs (i, i + head_dim/2), "interleaved" (llama.cpp's
+# "normal", GPT-J style) pairs (2i, 2i + 1). GGUF conversion permutes llama's Q/K rows for the
+# interleaved form; Qwen keeps HF's order.
+ROPE_STYLES = {"qwen3": "rotate_half", "llama": "interleaved"}
 ARCHITECTURES = tuple(ROPE_STYLES)
 
 # The weight matrices of one layer, GGUF names without "blk.N." and ".weight".

@@ -6,13 +6,20 @@ One step, for token t at position p (the KV cache holds positions 0..p-1)::
     per layer:  a = rmsnorm(x, attn_norm)
                 q, k, v = Wq a, Wk a, Wv a              (per head: q [heads, d], k, v [kv_heads, d])
                 qwen3: q, k = rmsnorm per head (attn_q_norm, attn_k_norm)
-                q, k = rope(q, p), rope(k, p)           (the file's convention: neox or interleaved)
+                q, k = rope(q, p), rope(k, p)           (the file's convention: rotate_half or interleaved)
                 cache k, v at p; o_h = softmax(K_g q_h / sqrt(d)) V_g over positions 0..p
                 x = x + Wo o;  m = rmsnorm(x, ffn_norm);  x = x + Wdown(silu(Wgate m) * Wup m)
     logits = lm_head(rmsnorm(x, output_norm))           (output.weight, or token_embd when tied)
 
 Weights are gguf-py's dequantisation widened to float64 (ptxgen.quants.dequantize_f64), kept
 once dequantised: 8 bytes a weight, meant for small models and layer-sized checks.
+
+`quantize_activations` multiplies each matrix by the vector the GEMV kernels multiply it by
+(ptxgen.kernels.families.q4k): the f32 input quantised to int8 per 32 values with an f32 scale
+(`dequantize_x`); after a norm, x * gamma quantised and the RMS factor applied to the product, as
+the fused norm + GEMV kinds do (`normed_activations`); the final norm is a plain rmsnorm whose f32
+output the lm_head GEMV quantises. Everything else stays float64. That is the model `ptxgen
+generate` computes up to f32 rounding; without it, the model as written.
 """
 
 from __future__ import annotations
@@ -24,24 +31,12 @@ import numpy as np
 from .dtypes import from_float, to_float64
 from .errors import PtxgenError
 from .gguf_model import GGUFModel
+from .kernels.families.q4k import dequantize_x
+from .kernels.fused_rmsnorm_q4k_gemv import normed_activations
 from .kernels.incremental_attention import attention_reference
 from .kernels.rmsnorm import rms_normalize
-from .kernels.rope import inv_freq, rotate_half
+from .kernels.rope import rotate
 from .kernels.swiglu import silu_mul
-
-
-def rope(x: np.ndarray, pos: int, theta: float, style: str) -> np.ndarray:
-    """Rotate the last axis (head_dim) of x at position pos, pair i by angle pos * theta^(-2i/d):
-    "neox" pairs (i, i + d/2), "interleaved" pairs (2i, 2i + 1)."""
-    if style == "neox":
-        return rotate_half(x, pos, theta)
-    angle = pos * inv_freq(theta, x.shape[-1])
-    cos, sin = np.cos(angle), np.sin(angle)
-    even, odd = x[..., 0::2], x[..., 1::2]
-    out = np.empty(x.shape)
-    out[..., 0::2] = even * cos - odd * sin
-    out[..., 1::2] = odd * cos + even * sin
-    return out
 
 
 @dataclass(frozen=True)
@@ -53,12 +48,14 @@ class Generation:
 
 class ReferenceModel:
     """Decode steps over a KV cache. `kv_dtype` ("f32", "f16", "bf16") rounds each cached k and v
-    row through that type, as a kernel storing its cache in it does; None keeps float64."""
+    row through that type, as a kernel storing its cache in it does; None keeps float64.
+    `quantize_activations`: multiply every matrix by the kernels' int8 activations (module doc)."""
 
-    def __init__(self, model: GGUFModel, kv_dtype: str | None = None):
+    def __init__(self, model: GGUFModel, kv_dtype: str | None = None, quantize_activations: bool = False):
         self.model = model
         self.config = model.config
         self.kv_dtype = kv_dtype
+        self.quantize_activations = quantize_activations
         self.reset()
 
         self._weights: dict[str, np.ndarray] = {}
@@ -79,32 +76,57 @@ class ReferenceModel:
         """The token's embedding row, dequantised from its own bytes of token_embd."""
         return self.model.dequantize("token_embd.weight", rows=[token])[0]
 
+    def project(self, name: str, v: np.ndarray) -> np.ndarray:
+        """Matrix `name` times v (quantised as the GEMV kernels quantise their f32 input, if asked)."""
+        return self.weight(name) @ (dequantize_x(v.astype(np.float32)) if self.quantize_activations else v)
+
+    def normed(self, x: np.ndarray, gain: str) -> np.ndarray:
+        """rmsnorm(x, gain) as a matrix's input: the fused norm + GEMV kinds' int8 vector, if asked."""
+        if self.quantize_activations:
+            return normed_activations({"x": x.astype(np.float32), "gamma": self.weight(gain).astype(np.float32)},
+                                      self.config.eps)
+        return rms_normalize(x, self.weight(gain), self.config.eps)
+
     def _cached(self, rows: np.ndarray) -> np.ndarray:
         return rows if self.kv_dtype is None else to_float64(from_float(rows, self.kv_dtype), self.kv_dtype)
 
-    def layer(self, index: int, x: np.ndarray, pos: int) -> np.ndarray:
-        """One decoder layer on the hidden state x [hidden] at position pos (appends to its cache)."""
+    def layer(self, index: int, x: np.ndarray, pos: int, forced: dict[str, np.ndarray] | None = None,
+              trace: dict[str, np.ndarray] | None = None) -> np.ndarray:
+        """One decoder layer on the hidden state x [hidden] at position pos (appends to its cache).
+
+        `forced` ("teacher forcing", as persistent_decoder's decoder_reference(stored=...)) puts
+        a kernel's own values in place of this model's: "k", "v" the rows cached at pos
+        [kv_heads, head_dim], "attn" the output projection's input [q_dim], "mlp" the down
+        projection's input [intermediate]. A value that sits next to a rounding boundary (of the
+        cache type, or of the int8 activations) may round either way in f32 and float64, and the
+        one-step difference then flows into everything after it; forced, only the arithmetic between
+        those points is compared. `trace`, a dict, receives this model's own values of the same
+        names (k and v before rounding to the cache type)."""
         c = self.config
+        forced = forced or {}
+        trace = {} if trace is None else trace
 
-        def w(short: str) -> np.ndarray:
-            return self.weight(f"blk.{index}.{short}.weight")
+        def w(short: str) -> str:
+            return f"blk.{index}.{short}.weight"
 
-        a = rms_normalize(x, w("attn_norm"), c.eps)
-        q = (w("attn_q") @ a).reshape(c.num_heads, c.head_dim)
-        k = (w("attn_k") @ a).reshape(c.num_kv_heads, c.head_dim)
-        v = (w("attn_v") @ a).reshape(c.num_kv_heads, c.head_dim)
+        a = self.normed(x, w("attn_norm"))
+        q = (self.weight(w("attn_q")) @ a).reshape(c.num_heads, c.head_dim)
+        k = (self.weight(w("attn_k")) @ a).reshape(c.num_kv_heads, c.head_dim)
+        v = (self.weight(w("attn_v")) @ a).reshape(c.num_kv_heads, c.head_dim)
         if c.qk_norm:
-            q = rms_normalize(q, w("attn_q_norm"), c.eps)
-            k = rms_normalize(k, w("attn_k_norm"), c.eps)
-        q = rope(q, pos, c.rope_theta, c.rope_style)
-        k = rope(k, pos, c.rope_theta, c.rope_style)
-        self.keys[index].append(self._cached(k))
-        self.values[index].append(self._cached(v))
+            q = rms_normalize(q, self.weight(w("attn_q_norm")), c.eps)
+            k = rms_normalize(k, self.weight(w("attn_k_norm")), c.eps)
+        q = rotate(q, pos, c.rope_theta, c.rope_style)
+        k = rotate(k, pos, c.rope_theta, c.rope_style)
+        trace["k"], trace["v"] = k, v
+        self.keys[index].append(forced.get("k", self._cached(k)))
+        self.values[index].append(forced.get("v", self._cached(v)))
         keys, values = np.stack(self.keys[index], axis=1), np.stack(self.values[index], axis=1)
-        o = attention_reference(q, keys, values, pos + 1, c.head_dim ** -0.5)
-        x = x + w("attn_output") @ o.reshape(-1)
-        m = rms_normalize(x, w("ffn_norm"), c.eps)
-        return x + w("ffn_down") @ silu_mul(w("ffn_gate") @ m, w("ffn_up") @ m)
+        trace["attn"] = attention_reference(q, keys, values, pos + 1, c.head_dim ** -0.5).reshape(-1)
+        x = x + self.project(w("attn_output"), forced.get("attn", trace["attn"]))
+        m = self.normed(x, w("ffn_norm"))
+        trace["mlp"] = silu_mul(self.weight(w("ffn_gate")) @ m, self.weight(w("ffn_up")) @ m)
+        return x + self.project(w("ffn_down"), forced.get("mlp", trace["mlp"]))
 
     def step(self, token: int) -> np.ndarray:
         """Feed one token at the next position; return the logits float64 [vocab]."""
@@ -115,15 +137,19 @@ class ReferenceModel:
         for index in range(c.num_layers):
             x = self.layer(index, x, self.position)
         self.position += 1
-        x = rms_normalize(x, self.weight("output_norm.weight"), c.eps)
-        return self.weight(c.lm_head.name) @ x
+        return self.head(x)
+
+    def head(self, x: np.ndarray) -> np.ndarray:
+        """The logits of the last layer's output x: lm_head(rmsnorm(x, output_norm))."""
+        return self.project(self.config.lm_head.name, rms_normalize(x, self.weight("output_norm.weight"), self.config.eps))
 
     def run(self, tokens) -> np.ndarray:
         """Feed tokens one by one; the logits after each, float64 [len(tokens), vocab]."""
         return np.stack([self.step(int(t)) for t in tokens]) if len(tokens) else np.zeros((0, self.config.vocab_size))
 
 
-def generate(model: GGUFModel, tokens, max_new: int, kv_dtype: str | None = None) -> Generation:
+def generate(model: GGUFModel, tokens, max_new: int, kv_dtype: str | None = None,
+             quantize_activations: bool = False) -> Generation:
     """Greedy decoding: feed the prompt token by token, then `max_new` tokens, each the argmax
     of the logits before it (the first from the prompt's last step)."""
     prompt = [int(t) for t in tokens]
@@ -131,7 +157,7 @@ def generate(model: GGUFModel, tokens, max_new: int, kv_dtype: str | None = None
         raise PtxgenError("generate needs at least one prompt token")
     if max_new < 0:
         raise PtxgenError(f"max_new must be >= 0, got {max_new}")
-    reference = ReferenceModel(model, kv_dtype)
+    reference = ReferenceModel(model, kv_dtype, quantize_activations)
     logits = reference.run(prompt)[-1]
     generated, steps = [], []
     for _ in range(max_new):

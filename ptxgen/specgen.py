@@ -3,8 +3,8 @@
 The kernels: the whole decoder as one ``persistent_decoder``, and the separate pieces of the
 same step (``rmsnorm``, Qwen3's ``per_head_rmsnorm``, one GEMV per distinct (rows, k, type)
 of matrix, lm_head included, ``rope``, ``swiglu``, ``residual_add``, ``kv_append``,
-``incremental_attention``), plus ``flash_attention`` for prefill. The token embedding is a
-row lookup, not a kernel.
+``incremental_attention``), ``argmax`` for greedy sampling, plus ``flash_attention`` for prefill.
+The token embedding is a row lookup, not a kernel.
 
 Fields today's kinds do not have yet are written only where a model needs them, so a Q4_K-only
 Qwen3 model gives a spec that validates now: GEMVs of other types use the kinds ``q6k_gemv``
@@ -83,7 +83,7 @@ def decoder_kernel(config: ModelConfig, prefix: str, max_seq_len: int) -> dict:
              "num_heads": c.num_heads, "num_kv_heads": c.num_kv_heads, "head_dim": c.head_dim,
              "intermediate": c.intermediate, "num_layers": c.num_layers, "max_seq_len": max_seq_len,
              "eps": c.eps, "rope_theta": c.rope_theta, "kv_dtype": KV_DTYPE}
-    if c.rope_style != "neox":
+    if c.rope_style != "rotate_half":
         entry["rope_style"] = c.rope_style
     if not c.qk_norm:
         entry["qk_norm"] = False
@@ -104,7 +104,7 @@ def spec_text(config: ModelConfig, source: str, max_seq_len: int | None = None, 
     max_seq_len = max_seq_len or c.context_length
     if max_seq_len < 1:
         raise PtxgenError(f"max_seq_len must be >= 1, got {max_seq_len}")
-    rope_style = {} if c.rope_style == "neox" else {"style": c.rope_style}
+    rope_style = {} if c.rope_style == "rotate_half" else {"style": c.rope_style}
     norm = {"head_dim": c.head_dim, "eps": c.eps}
     sections = [
         ("Whole decoder layers for one token, one launch", [decoder_kernel(c, prefix, max_seq_len)]),
@@ -127,6 +127,8 @@ def spec_text(config: ModelConfig, source: str, max_seq_len: int | None = None, 
         ("MLP activation and the residual adds (after o_proj and down_proj)",
          [{"name": f"{prefix}_swiglu", "kind": "swiglu", "n": c.intermediate},
           {"name": f"{prefix}_residual_add", "kind": "residual_add", "n": c.hidden}]),
+        ("Greedy sampling: the index of the largest logit",
+         [{"name": f"{prefix}_argmax", "kind": "argmax", "n": c.vocab_size}]),
         ("Prefill attention (causal)",
          [{"name": f"{prefix}_prefill_attention", "kind": "flash_attention", "num_heads": c.num_heads,
            "num_kv_heads": c.num_kv_heads, "head_dim": c.head_dim, "dtype": "f16", "out_dtype": "f16",

@@ -10,7 +10,7 @@ from fixtures.make_tiny_gguf import rewrite_gguf, tiny_config, write_tiny_gguf
 
 from ptxgen.errors import PtxgenError
 from ptxgen.gguf_model import GGUFModel, neox_row_order
-from ptxgen.model_reference import rope
+from ptxgen.kernels.rope import rotate
 from ptxgen.quants import QUANT_TYPES
 
 V = gguf.GGUFValueType
@@ -38,7 +38,7 @@ def test_config_read_back(tmp_path, arch, tied, quant):
     assert model.config == tiny_config(arch, tied, quant)
     c = model.config
     assert c.q_dim == 512 != c.hidden, "head_dim comes from key_length, not hidden / heads"
-    assert c.rope_style == {"qwen3": "neox", "llama": "interleaved"}[arch]
+    assert c.rope_style == {"qwen3": "rotate_half", "llama": "interleaved"}[arch]
     assert c.qk_norm == (arch == "qwen3")
     assert c.lm_head.name == ("token_embd.weight" if tied else "output.weight")
     types = {t.quant.name for t in model.tensors.values()}
@@ -81,8 +81,8 @@ def test_neox_row_order_turns_interleaved_rope_into_rotate_half():
     np.testing.assert_array_equal(order[:dim], [0, 2, 4, 6, 1, 3, 5, 7])
     x = np.random.default_rng(0).standard_normal(heads * dim)
     for pos in (0, 1, 37):
-        interleaved = rope(x.reshape(heads, dim), pos, 10000.0, "interleaved").reshape(-1)
-        neox = rope(x[order].reshape(heads, dim), pos, 10000.0, "neox").reshape(-1)
+        interleaved = rotate(x.reshape(heads, dim), pos, 10000.0, "interleaved").reshape(-1)
+        neox = rotate(x[order].reshape(heads, dim), pos, 10000.0, "rotate_half").reshape(-1)
         np.testing.assert_allclose(neox, interleaved[order], rtol=0, atol=1e-15)
 
 

@@ -134,7 +134,8 @@ def separate_kernels_step(kernel, inputs, pos, stored):
                 own[cache][layer] = buffers[cache][layer, :, pos]
                 buffers[cache][layer, :, pos] = stored[cache][layer, :, pos]
             layer += 1
-    assert layer == kernel.definition.config.num_layers and len(calls) == 13 * kernel.definition.config.num_layers
+    config = kernel.definition.config
+    assert layer == config.num_layers and len(calls) == (13 if config.qk_norm else 11) * config.num_layers
     return buffers["x"], own
 
 
@@ -218,6 +219,23 @@ def test_gemv_phases_over_several_steps_keep_loads_in_flight_across_tasks(hidden
     one = decoder_run(make_kernel("persistent_decoder", name="pd", **config, gemv_unroll=1), inputs, pos)
     for name in ("x", "k_cache", "v_cache"):
         assert np.array_equal(one[name].view(np.uint8), out[name].view(np.uint8)), f"{name}: gemv_unroll 1 differs"
+
+
+@pytest.mark.parametrize("extra, pos", [
+    (dict(rope_style="interleaved", qk_norm=False), 37),  # a GGUF llama layer
+    (dict(rope_style="interleaved", head_dim=64, num_heads=8, kv_dtype="f32"), 5),  # one pair a lane, f32 cache
+    (dict(qk_norm=False, head_dim=256, num_heads=2, num_kv_heads=1, kv_dtype="bf16"), 63),  # 4 pairs a lane
+], ids=("llama", "interleaved-hd64-f32", "no-qk-norm-hd256-bf16"))
+def test_rope_styles_and_no_qk_norm(extra, pos):
+    """llama's layer (no per-head norm, interleaved rope pairs) and each change alone, against the
+    reference and the separate kernels, which take the same fields (rope's `style`)."""
+    kernel = make_kernel("persistent_decoder", name="pd", **{**TINY, "num_layers": 1, "ctas": 6, **extra})
+    kind = kernel.definition
+    assert ("q_norm" in {p.name for p in kind.params()}) == kind.config.qk_norm
+    inputs = kind.sample_inputs(np.random.default_rng(pos), {"pos": pos})
+    out = decoder_run(kernel, inputs, pos)
+    check_against_reference(kernel, out, inputs, pos)
+    check_against_separate_kernels(kernel, out, inputs, pos)
 
 
 def test_any_grid_gives_the_same_bits():

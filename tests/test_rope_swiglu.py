@@ -13,7 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from ptxgen.errors import LaunchError
-from ptxgen.kernels.rope import ANGLE_ERROR, MAX_POS, ROPE_TOLERANCE, pair_norms, rotate_half
+from ptxgen.kernels.rope import ANGLE_ERROR, MAX_POS, ROPE_TOLERANCE, pair_norms, rotate
 from ptxgen.kernels.swiglu import silu_mul
 from ptxgen.runner import run
 from ptxgen.verify import compare, verify_kernel
@@ -26,11 +26,11 @@ POSITIONS = (0, 1, 4095, 40959, 2**20 - 1, MAX_POS)
 # error 3.4e-7; swiglu: its per-element analysis); assert_pairs_rotated re-checks rope's pairs here.
 
 
-def assert_pairs_rotated(x_in, x_out, pos, theta, bound=ANGLE_ERROR):
+def assert_pairs_rotated(x_in, x_out, pos, theta, bound=ANGLE_ERROR, style="rotate_half"):
     """Every (x1, x2) pair within bound * |(x1, x2)| of the float64 rotation."""
     x_in = x_in.astype(np.float64)
-    reference = rotate_half(x_in, pos, theta)
-    error = np.abs(x_out.astype(np.float64) - reference) / pair_norms(x_in)
+    reference = rotate(x_in, pos, theta, style)
+    error = np.abs(x_out.astype(np.float64) - reference) / pair_norms(x_in, style)
     worst = np.unravel_index(np.argmax(error), error.shape)
     assert error[worst] <= bound, (
         f"pos {pos}: x{list(worst)} = {x_out[worst]!r}, float64 rotation {reference[worst]!r}: "
@@ -43,9 +43,10 @@ def assert_pairs_rotated(x_in, x_out, pos, theta, bound=ANGLE_ERROR):
 ROPE_SHAPES = [(2, 1), (6, 3), (10, 5), (12, 1), (64, 3), (128, 32), (128, 8), (130, 3), (256, 2)]
 
 
+@pytest.mark.parametrize("style", ["rotate_half", "interleaved"])
 @pytest.mark.parametrize("head_dim, num_heads", ROPE_SHAPES)
-def test_rope_matches_float64_at_every_position(head_dim, num_heads):
-    kernel = make_kernel("rope", head_dim=head_dim, num_heads=num_heads)
+def test_rope_matches_float64_at_every_position(head_dim, num_heads, style):
+    kernel = make_kernel("rope", head_dim=head_dim, num_heads=num_heads, style=style)
     kind = kernel.definition
     rng = np.random.default_rng(head_dim * 100 + num_heads)
     for pos in POSITIONS:
@@ -53,7 +54,7 @@ def test_rope_matches_float64_at_every_position(head_dim, num_heads):
         inputs = kind.sample_inputs(rng, scalars)
         arrays = run(kernel, inputs, scalars)
         assert_passes(compare(kernel, arrays, kind.reference(inputs, scalars), scalars))
-        assert_pairs_rotated(inputs["x"], arrays["x"], pos, kernel.config["theta"])
+        assert_pairs_rotated(inputs["x"], arrays["x"], pos, kernel.config["theta"], style=style)
 
 
 @pytest.mark.parametrize("theta, head_dim", [(10000.0, 128), (500000.0, 64), (1.0, 6), (1e9, 256)])
@@ -84,6 +85,22 @@ def test_rope_rotation_is_the_contract_formula():
                 3 * np.cos(a[0]) + 1 * np.sin(a[0]), 4 * np.cos(a[1]) + 2 * np.sin(a[1])]
     np.testing.assert_allclose(y[0], expected, rtol=1e-15)
     assert kind.tolerance(kind.param("x")) == ROPE_TOLERANCE
+
+
+def test_interleaved_rotation_is_gptj_pairs_and_rotate_half_of_the_permuted_head():
+    """The interleaved reference: pairs (2i, 2i+1) by hand, and rotate-half of the same head with
+    its elements reordered (what GGUF conversion undoes for llama's Q/K rows)."""
+    kind = make_kernel("rope", head_dim=4, num_heads=1, theta=100.0, style="interleaved").definition
+    x = np.array([[1.0, 2.0, 3.0, 4.0]], dtype=np.float32)
+    y = kind.reference({"x": x}, {"pos": 3})["x"]
+    a = 3 * np.array([1.0, 100.0 ** (-2 / 4)])
+    expected = [1 * np.cos(a[0]) - 2 * np.sin(a[0]), 2 * np.cos(a[0]) + 1 * np.sin(a[0]),
+                3 * np.cos(a[1]) - 4 * np.sin(a[1]), 4 * np.cos(a[1]) + 3 * np.sin(a[1])]
+    np.testing.assert_allclose(y[0], expected, rtol=1e-15)
+    head = np.random.default_rng(0).standard_normal((3, 128))
+    order = np.arange(128).reshape(64, 2).T.reshape(128)  # evens, then odds
+    np.testing.assert_allclose(rotate(head, 77, 1e4, "interleaved")[:, order],
+                               rotate(head[:, order], 77, 1e4, "rotate_half"), rtol=1e-13, atol=1e-13)
 
 
 def test_rope_position_limits_are_enforced():

@@ -26,7 +26,7 @@ QWEN3_8B = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidde
             "max_position_embeddings": 40960, "vocab_size": 151936, "tie_word_embeddings": False,
             "rope_scaling": None, "torch_dtype": "bfloat16"}
 ONE_OF_EACH = ["persistent_decoder", "rmsnorm", "rope", "rope", "swiglu", "residual_add", "kv_append",
-               "incremental_attention", "flash_attention"]
+               "incremental_attention", "argmax", "flash_attention"]
 
 
 def kernels(text: str) -> list[dict]:

@@ -1,4 +1,6 @@
-"""persistent_decoder: `num_layers` whole Qwen3 decoder layers for one token in ONE launch.
+"""persistent_decoder: `num_layers` whole Qwen3 decoder layers for one token in ONE launch (llama's
+with `qk_norm = false`, no per-head Q/K norm, and `rope_style = "interleaved"`, as GGUF llama
+files need: the rope family's pairing, see ptxgen/kernels/families/rope.py).
 
 The "megakernel": at batch 1 a decoder layer is ~10 small launches whose gaps cost a large part
 of the decode time. Here one cooperative launch of a co-resident grid walks every layer; the
@@ -80,14 +82,14 @@ from .families.attention import MAX_HEADS_PER_SLICE, AttentionPlan
 from .families.q4k import STEP_BLOCKS, Q4kPlan, dequantize_x
 from .fused_rmsnorm_q4k_gemv import normed_activations
 from .fused_rmsnorm_q4k_gemv_group import FusedRmsnormQ4kGemvGroupConfig
-from .families.rope import RopePlan
+from .families.rope import RopePlan, RopeStyle
 from .incremental_attention import IncrementalAttentionConfig, attention_reference
 from .kv_append import KvAppendConfig
 from .per_head_rmsnorm import PerHeadRmsnormConfig
 from .q4k_gemv import Q4kGemvConfig
 from .residual_add import ResidualAddConfig
 from .rmsnorm import rms_normalize
-from .rope import RopeConfig, rotate_half
+from .rope import RopeConfig, rotate
 from .swiglu import SwigluConfig, silu_mul
 
 FloatDType = Literal["f32", "f16", "bf16"]
@@ -130,6 +132,8 @@ class PersistentDecoderConfig(KernelConfig):
     rope_theta: float = Field(default=1000000.0, ge=1.0, le=1e9)
     kv_dtype: FloatDType = "f16"
     indirect_pos: bool = False
+    rope_style: RopeStyle = "rotate_half"
+    qk_norm: bool = True  # Qwen3's per-head RMSNorm of q and k before rope (params q_norm, k_norm)
     # Grid rule: min(sm_count * ctas_per_sm, work) co-resident CTAs; `ctas` fixes the grid.
     sm_count: int = Field(default=132, ge=1, le=1024)
     ctas_per_sm: int = Field(default=1, ge=1, le=32)
@@ -229,10 +233,12 @@ def decoder_reference(arrays: dict[str, np.ndarray], config, pos: int,
         q = dequantize_f64(arrays["wq"][layer]) @ a
         k = dequantize_f64(arrays["wk"][layer]) @ a
         v = dequantize_f64(arrays["wv"][layer]) @ a
-        q = rms_normalize(q.reshape(c.num_heads, c.head_dim), to_float64(arrays["q_norm"][layer], "f32"), c.eps)
-        k = rms_normalize(k.reshape(c.num_kv_heads, c.head_dim), to_float64(arrays["k_norm"][layer], "f32"), c.eps)
-        q = rotate_half(q, pos, c.rope_theta)
-        k = rotate_half(k, pos, c.rope_theta)
+        q, k = q.reshape(c.num_heads, c.head_dim), k.reshape(c.num_kv_heads, c.head_dim)
+        if c.qk_norm:
+            q = rms_normalize(q, to_float64(arrays["q_norm"][layer], "f32"), c.eps)
+            k = rms_normalize(k, to_float64(arrays["k_norm"][layer], "f32"), c.eps)
+        q = rotate(q, pos, c.rope_theta, c.rope_style)
+        k = rotate(k, pos, c.rope_theta, c.rope_style)
         k_new[layer], v_new[layer] = k, v.reshape(c.num_kv_heads, c.head_dim)
         k_cache[layer, :, pos] = from_float(k_new[layer], dt)
         v_cache[layer, :, pos] = from_float(v_new[layer], dt)
@@ -345,8 +351,7 @@ class PersistentDecoder(Kind):
             Param("x", "f32", (H,), "inout"),
             Param("attn_norm", "f32", (L, H)),
             Param("ffn_norm", "f32", (L, H)),
-            Param("q_norm", "f32", (L, hd)),
-            Param("k_norm", "f32", (L, hd)),
+            *([Param("q_norm", "f32", (L, hd)), Param("k_norm", "f32", (L, hd))] if c.qk_norm else []),
             q4k("wq", self.q_dim, H),
             q4k("wk", self.kv_dim, H),
             q4k("wv", self.kv_dim, H),
@@ -407,7 +412,8 @@ class PersistentDecoder(Kind):
             "plans": self.plans,
             "tasks": self.tasks(),
             "attention": self.attention,
-            "rope": RopePlan.of(c.rope_theta, c.head_dim, vec),
+            "rope": RopePlan.of(c.rope_theta, c.head_dim, vec, c.rope_style),
+            "qk_norm": c.qk_norm,
             "counter_base": c.num_kv_heads,
         }
 
@@ -461,8 +467,7 @@ class PersistentDecoder(Kind):
             "x": (rng.standard_normal(H) + 0.25).astype(np.float32),
             "attn_norm": norm(L, H),
             "ffn_norm": norm(L, H),
-            "q_norm": norm(L, hd),
-            "k_norm": norm(L, hd),
+            **({"q_norm": norm(L, hd), "k_norm": norm(L, hd)} if c.qk_norm else {}),
             "wq": weights(self.q_dim, H, 1 / math.sqrt(H)),
             "wk": weights(self.kv_dim, H, 1 / math.sqrt(H)),
             "wv": weights(self.kv_dim, H, 1 / math.sqrt(H)),
@@ -491,17 +496,19 @@ class PersistentDecoder(Kind):
     # --- the same step as separate kernels -------------------------------------------------------
     def separate_step(self, scalars) -> tuple[list[Param], list[Call]]:
         """This kernel's work at `pos` as launches of the separate kinds, layer after layer:
-        fused_rmsnorm_q4k_gemv_group q/k/v (attn_norm), per_head_rmsnorm q/k, rope q/k, kv_append,
-        incremental_attention, q4k_gemv o, residual_add, fused_rmsnorm_q4k_gemv_group gate/up
-        (ffn_norm), swiglu, q4k_gemv down, residual_add (13 launches a layer). Returns the
+        fused_rmsnorm_q4k_gemv_group q/k/v (attn_norm), per_head_rmsnorm q/k (with qk_norm), rope
+        q/k, kv_append, incremental_attention, q4k_gemv o, residual_add, fused_rmsnorm_q4k_gemv_group
+        gate/up (ffn_norm), swiglu, q4k_gemv down, residual_add (13 launches a layer, 11 without
+        qk_norm: rope then turns q and k in place). Returns the
         temporary buffers it needs (f32, zeroed) and the calls; buffers named like this kernel's
         parameters are its arrays. The bench's baseline, and the tests' cross-check."""
         c = self.config
         pos = int(scalars["pos"])
         H, I, hd = c.hidden, c.intermediate, c.head_dim
-        temporaries = [Param(name, "f32", (size,), "workspace") for name, size in (
-            ("q", self.q_dim), ("k", self.kv_dim), ("v", self.kv_dim), ("q_rotated", self.q_dim),
-            ("k_rotated", self.kv_dim), ("attn", self.q_dim), ("proj", H), ("gate", I), ("up", I), ("mlp", I))]
+        q_rotated, k_rotated = ("q_rotated", "k_rotated") if c.qk_norm else ("q", "k")
+        temporaries = [Param(name, "f32", (size,), "workspace") for name, size in dict((
+            ("q", self.q_dim), ("k", self.kv_dim), ("v", self.kv_dim), (q_rotated, self.q_dim),
+            (k_rotated, self.kv_dim), ("attn", self.q_dim), ("proj", H), ("gate", I), ("up", I), ("mlp", I))).items()]
 
         def normed_group(name: str, matrices: dict[str, int]) -> FusedRmsnormQ4kGemvGroupConfig:
             return FusedRmsnormQ4kGemvGroupConfig(kind="fused_rmsnorm_q4k_gemv_group", name=f"step_norm_{name}",
@@ -511,7 +518,7 @@ class PersistentDecoder(Kind):
             return (PerHeadRmsnormConfig(kind="per_head_rmsnorm", name=f"step_head_norm_{count}", num_heads=count,
                                          head_dim=hd, eps=c.eps),
                     RopeConfig(kind="rope", name=f"step_rope_{count}", num_heads=count, head_dim=hd,
-                               theta=c.rope_theta))
+                               theta=c.rope_theta, style=c.rope_style))
 
         def gemv(n: int, k: int) -> Q4kGemvConfig:
             return Q4kGemvConfig(kind="q4k_gemv", name=f"step_q4k_gemv_{n}x{k}", n=n, k=k)
@@ -530,16 +537,17 @@ class PersistentDecoder(Kind):
         at_pos, one = {"pos": pos}, {}
         calls = []
         for l in range(c.num_layers):
+            calls.append(Call(qkv, {"y_q": "q", "y_k": "k", "y_v": "v", "w_q": ("wq", l), "w_k": ("wk", l),
+                                    "w_v": ("wv", l), "x": "x", "gamma": ("attn_norm", l)}, one))
+            if c.qk_norm:
+                calls += [Call(q_norm, {"x": "q", "gamma": ("q_norm", l), "y": q_rotated}, {"tokens": 1}),
+                          Call(k_norm, {"x": "k", "gamma": ("k_norm", l), "y": k_rotated}, {"tokens": 1})]
             calls += [
-                Call(qkv, {"y_q": "q", "y_k": "k", "y_v": "v", "w_q": ("wq", l), "w_k": ("wk", l), "w_v": ("wv", l),
-                           "x": "x", "gamma": ("attn_norm", l)}, one),
-                Call(q_norm, {"x": "q", "gamma": ("q_norm", l), "y": "q_rotated"}, {"tokens": 1}),
-                Call(k_norm, {"x": "k", "gamma": ("k_norm", l), "y": "k_rotated"}, {"tokens": 1}),
-                Call(q_rope, {"x": "q_rotated"}, at_pos),
-                Call(k_rope, {"x": "k_rotated"}, at_pos),
-                Call(append, {"k": "k_rotated", "v": "v", "k_cache": ("k_cache", l), "v_cache": ("v_cache", l)},
+                Call(q_rope, {"x": q_rotated}, at_pos),
+                Call(k_rope, {"x": k_rotated}, at_pos),
+                Call(append, {"k": k_rotated, "v": "v", "k_cache": ("k_cache", l), "v_cache": ("v_cache", l)},
                      at_pos),
-                Call(attention, {"q": "q_rotated", "k_cache": ("k_cache", l), "v_cache": ("v_cache", l),
+                Call(attention, {"q": q_rotated, "k_cache": ("k_cache", l), "v_cache": ("v_cache", l),
                                  "out": "attn"}, {"seq_len": pos + 1}),
                 Call(gemv(H, self.q_dim), {"y": "proj", "w": ("wo", l), "x": "attn"}, one),
                 Call(add, {"x": "x", "y": "proj"}, one),
@@ -557,7 +565,7 @@ class PersistentDecoder(Kind):
         H, I = c.hidden, c.intermediate
         rows_k = [(self.q_dim + 2 * self.kv_dim, H), (H, self.q_dim), (2 * I, H), (H, I)]
         weight_bytes = sum(n * (k // BLOCK_WEIGHTS) * BLOCK_BYTES for n, k in rows_k) * c.num_layers
-        norm_bytes = 4 * (2 * H + 2 * c.head_dim) * c.num_layers
+        norm_bytes = 4 * (2 * H + (2 * c.head_dim if c.qk_norm else 0)) * c.num_layers
         kv_bytes = 2 * c.num_kv_heads * (pos + 1) * c.head_dim * DTYPES[c.kv_dtype].size * c.num_layers
         weight_flops = 2 * sum(n * k for n, k in rows_k) * c.num_layers
         attention_flops = 4 * c.num_heads * (pos + 1) * c.head_dim * c.num_layers

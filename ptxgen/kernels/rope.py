@@ -1,4 +1,8 @@
-"""rope (Qwen3 / NeoX "rotate half"): rotate x[h, i] and x[h, i + head_dim/2] by pos * inv_freq[i].
+"""rope: rotate pair i of every head by pos * inv_freq[i], the pairs (x[h, i], x[h, i + head_dim/2])
+(`style = "rotate_half"`, the default: Qwen3 / NeoX) or (x[h, 2i], x[h, 2i + 1]) (`style =
+"interleaved"`: GPT-J, llama.cpp's rope for GGUF llama files, whose Q/K rows conversion permuted).
+The two differ only in where a thread loads and stores its pairs (the rope family's pair_load /
+pair_store); the angles and the rotation are the same, and so is the accuracy below.
 
 Accuracy at large positions is the whole difficulty. With theta = 1e6 the angle pos * inv_freq[0]
 equals pos, so an angle formed in f32 and fed to sin.approx is off by up to ulp(pos)/2 plus the
@@ -40,7 +44,7 @@ from pydantic import Field
 
 from ..hardware_errors import SIN_COS_ABS
 from .base import Geometry, Kind, KernelConfig, Param, Traffic, ceil_div, round_up
-from .families.rope import RopePlan
+from .families.rope import RopePlan, RopeStyle
 from .rmsnorm import vector_width
 
 MAX_POS = 2**24  # every integer up to here is exact in f32; verified bound of the accuracy claim
@@ -57,8 +61,10 @@ def inv_freq(theta: float, head_dim: int) -> np.ndarray:
     return theta ** (-2.0 * np.arange(head_dim // 2, dtype=np.float64) / head_dim)
 
 
-def pair_norms(x: np.ndarray) -> np.ndarray:
-    """|(x[..., i], x[..., i + half])| at both elements of each pair (a rotation keeps it)."""
+def pair_norms(x: np.ndarray, style: RopeStyle = "rotate_half") -> np.ndarray:
+    """|(x1, x2)| of the pair each element of x belongs to, in x's shape (a rotation keeps it)."""
+    if style == "interleaved":
+        return np.repeat(np.hypot(x[..., 0::2], x[..., 1::2]), 2, axis=-1)
     half = x.shape[-1] // 2
     norm = np.hypot(x[..., :half], x[..., half:])
     return np.concatenate([norm, norm], axis=-1)
@@ -74,6 +80,26 @@ def rotate_half(x: np.ndarray, pos: int, theta: float) -> np.ndarray:
     return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
+def interleaved(x: np.ndarray, pos: int, theta: float) -> np.ndarray:
+    """Float64 GPT-J (interleaved) rotation of the last axis at position pos: pairs (2i, 2i + 1)."""
+    x = np.asarray(x, dtype=np.float64)
+    angle = pos * inv_freq(theta, x.shape[-1])
+    cos, sin = np.cos(angle), np.sin(angle)
+    even, odd = x[..., 0::2], x[..., 1::2]
+    out = np.empty(x.shape)
+    out[..., 0::2] = even * cos - odd * sin
+    out[..., 1::2] = odd * cos + even * sin
+    return out
+
+
+ROTATIONS = {"rotate_half": rotate_half, "interleaved": interleaved}
+
+
+def rotate(x: np.ndarray, pos: int, theta: float, style: RopeStyle = "rotate_half") -> np.ndarray:
+    """Float64 rope of the last axis at position pos in the given pairing."""
+    return ROTATIONS[style](x, pos, theta)
+
+
 class RopeConfig(KernelConfig):
     kind: Literal["rope"]
     head_dim: int = Field(ge=2, le=MAX_HEAD_DIM, multiple_of=2)
@@ -81,6 +107,7 @@ class RopeConfig(KernelConfig):
     # theta >= 1 keeps every inv_freq <= 1, so the angle stays <= pos <= 2^24; the accuracy
     # claim above is verified for theta up to 1e9.
     theta: float = Field(default=1000000.0, ge=1.0, le=1e9)
+    style: RopeStyle = "rotate_half"
 
 
 class Rope(Kind):
@@ -97,7 +124,7 @@ class Rope(Kind):
     def plan(self) -> RopePlan:
         # Pairs per thread: the widest 16/8/4-byte f32 vector that tiles the half.
         half = self.config.head_dim // 2
-        return RopePlan.of(self.config.theta, self.config.head_dim, vector_width(half, 4))
+        return RopePlan.of(self.config.theta, self.config.head_dim, vector_width(half, 4), self.config.style)
 
     @property
     def units(self) -> int:
@@ -113,8 +140,8 @@ class Rope(Kind):
 
     def launch_note(self) -> str:
         plan = self.plan
-        return (f"one thread per "
-                f"head and {plan.vec} consecutive pairs ({self.units} = num_heads*{plan.chunks} threads)")
+        return (f"one thread per head and {plan.vec} consecutive {self.config.style} pairs "
+                f"({self.units} = num_heads*{plan.chunks} threads)")
 
     def template_vars(self) -> dict:
         return {"plan": self.plan, "head_dim": self.config.head_dim, "threads": self.threads, "units": self.units}
@@ -133,13 +160,13 @@ class Rope(Kind):
         return {"x": x.astype(np.float32)}
 
     def reference(self, arrays, scalars):
-        return {"x": rotate_half(arrays["x"], int(scalars["pos"]), self.config.theta)}
+        return {"x": rotate(arrays["x"], int(scalars["pos"]), self.config.theta, self.config.style)}
 
     def tolerance(self, param: Param) -> float:
         return ROPE_TOLERANCE
 
     def error_bound(self, param, arrays, reference):
-        return ANGLE_ERROR * pair_norms(reference)
+        return ANGLE_ERROR * pair_norms(reference, self.config.style)
 
     def traffic(self, scalars) -> Traffic:
         elements = self.config.num_heads * self.config.head_dim
@@ -148,13 +175,16 @@ class Rope(Kind):
         return Traffic(bytes=2 * 4 * elements, flops=3 * elements)
 
     def torch_peer(self, torch, tensors, scalars):
-        """bench's peer: rotate-half with a precomputed cos/sin row, as inference engines do."""
+        """bench's peer: the rotation with a precomputed cos/sin row, as inference engines do."""
         x, half = tensors["x"], self.config.head_dim // 2
         angle = torch.from_numpy(scalars["pos"] * inv_freq(self.config.theta, self.config.head_dim)).to(x.device)
         cos, sin = torch.cos(angle).float(), torch.sin(angle).float()
 
-        def rotate():
+        def rotate_pairs():
+            if self.config.style == "interleaved":
+                even, odd = x[..., 0::2], x[..., 1::2]
+                return torch.stack((even * cos - odd * sin, odd * cos + even * sin), dim=-1).flatten(-2)
             x1, x2 = x[..., :half], x[..., half:]
             return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
-        return rotate
+        return rotate_pairs

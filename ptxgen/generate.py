@@ -1,0 +1,377 @@
+"""Greedy decoding of a GGUF model with ptxgen's kernels, on the GPU or in the PTX interpreter
+(`ptxgen generate`).
+
+The kernels come from the model's spec (ptxgen.specgen, in memory), compiled through the cache.
+One decode step, token t at position p:
+
+    x = token_embd[t]        dequantised from the file's type on the host (one row of `hidden`
+                             values a token) and copied in
+    layers                   the persistent decoder's separate_step at p: launches of the separate
+                             kinds (fused norm + Q/K/V and gate/up GEMV groups, rope, kv_append,
+                             split-KV attention, ...), or with `fused` the persistent decoder itself
+    head                     rmsnorm(x, output_norm), the lm_head GEMV, argmax on the device; the
+                             4-byte index is read back
+
+The prompt goes through the same decode step token by token (no prefill kernel); its steps skip
+the head, but the last. The KV cache (f16) stays where the kernels run. On the device each weight
+tensor is copied once, straight from the file's memory map (no host copy); the interpreter gets
+host arrays (a copy: it is meant for small models such as the tests' fixture).
+
+Weight types: the layers are the decoder's separate step (or the decoder), which multiply Q4_K
+only today (LAYER_QUANTS); the lm_head takes the GEMV kind of its type (LM_HEAD_GEMVS). A type
+gets a GEMV kind there, and the decoder per-tensor types, when those kinds exist.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .abi import Param
+from .dtypes import DTYPES
+from .errors import LaunchError, PtxgenError
+from .kernels.base import Call
+from .model_config import ModelConfig
+from .quants import quant_type
+
+# The GEMV kind that multiplies the lm_head, by its weight type (params y, w, x as q4k_gemv's).
+LM_HEAD_GEMVS = {"q4_k": "q4k_gemv"}
+# The types the layer matrices may have: what persistent_decoder and its separate step multiply.
+LAYER_QUANTS = ("q4_k",)
+# The decoder's per-layer array parameters and the GGUF tensor (blk.N.<short>.weight) each holds.
+LAYER_TENSORS = {"attn_norm": "attn_norm", "ffn_norm": "ffn_norm", "q_norm": "attn_q_norm", "k_norm": "attn_k_norm",
+                 "wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output", "w_gate": "ffn_gate",
+                 "w_up": "ffn_up", "w_down": "ffn_down"}
+INTERPRETER = "PTX interpreter (CPU)"
+
+
+def check_supported(config: ModelConfig) -> None:
+    """Every matrix the decode step multiplies must have a kernel for its type."""
+    for matrix in config.matrices():
+        if matrix.name == "token_embd.weight" and not config.tied_embeddings:
+            continue  # looked up by row on the host: any type gguf-py dequantises
+        lm_head = matrix.name == config.lm_head.name
+        allowed = tuple(LM_HEAD_GEMVS) if lm_head else LAYER_QUANTS
+        if matrix.quant not in allowed:
+            role = "the lm_head" if lm_head else "a layer matrix"
+            raise PtxgenError(f"{config.name}: tensor {matrix.name!r} is {matrix.quant.upper()}; ptxgen generate has "
+                              f"no kernel for {role} of that type yet (supported: "
+                              f"{', '.join(q.upper() for q in allowed)})")
+
+
+@dataclass(frozen=True)
+class StepKernels:
+    """The configs of the kernels a decode step launches, taken from the model's spec."""
+
+    decoder: object  # persistent_decoder (its separate_step gives the layers' kernels)
+    norm: object  # rmsnorm over hidden (the final norm)
+    lm_head: object  # the lm_head's GEMV
+    argmax: object
+
+
+def step_kernels(config: ModelConfig, max_seq_len: int) -> StepKernels:
+    """The step's kernels from the spec `ptxgen spec from-gguf` writes for this model."""
+    import tomllib
+
+    from .spec import validate
+    from .specgen import spec_text
+
+    source = f"{config.name} (generated spec)"
+    spec = validate(Path(source), tomllib.loads(spec_text(config, source, max_seq_len)))
+    head = config.lm_head
+    lm_head = next(k for k in spec.kernels if k.kind == LM_HEAD_GEMVS[head.quant] and (k.n, k.k) == (head.rows, head.k))
+    return StepKernels(spec.find("persistent_decoder"), spec.find("rmsnorm"), lm_head, spec.find("argmax"))
+
+
+# --- where the buffers live ------------------------------------------------------------------------
+class HostMemory:
+    """Named host arrays; calls run in the PTX interpreter (sanitizer on), one launch after another."""
+
+    device = INTERPRETER
+
+    def __init__(self, compiled_of: Callable):
+        self.compiled_of = compiled_of
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def allocate(self, buffer: Param) -> None:
+        self.arrays[buffer.name] = np.zeros(buffer.shape, DTYPES[buffer.dtype].numpy)
+
+    def write(self, name: str, data: np.ndarray, index: int | None = None) -> None:
+        target = self.arrays[name] if index is None else self.arrays[name][index]
+        target.reshape(-1).view(np.uint8)[...] = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+
+    def read(self, name: str) -> np.ndarray:
+        return self.arrays[name].copy()
+
+    def run(self, calls: list[Call]) -> None:
+        from .runner import run_step
+
+        run_step(calls, self.arrays, self.compiled_of, "emulator")
+
+    def free(self) -> None:
+        self.arrays = {}
+
+
+class DeviceMemory:
+    """Named device buffers; calls launched on the session's stream. A call's prepared launch is
+    kept while the next step makes the same call (same kernel, buffers and scalars), so a step
+    packs anew only the launches whose position changed."""
+
+    def __init__(self, gpu, compiled_of: Callable):
+        self.gpu, self.compiled_of = gpu, compiled_of
+        self.device = gpu.name
+        self.buffers: dict[str, object] = {}  # name -> DeviceBuffer
+        self.params: dict[str, Param] = {}  # name -> its dtype and shape
+        self.workspaces: dict[tuple[str, str], object] = {}  # (kernel, param) -> DeviceBuffer, zeroed once
+        self.launches: dict[tuple, Callable[[], None]] = {}
+
+    def allocate(self, buffer: Param) -> None:
+        self.buffers[buffer.name] = self.gpu.alloc(buffer.nbytes({}))
+        self.params[buffer.name] = buffer
+        self.gpu.zero(self.buffers[buffer.name])
+
+    def slice(self, name: str, index: int | None):
+        """A buffer, or its slice `index` along the first axis."""
+        buffer = self.buffers[name]
+        if index is None:
+            return buffer
+        size = buffer.nbytes // self.params[name].shape[0]
+        return buffer.view(index * size, size)
+
+    def write(self, name: str, data: np.ndarray, index: int | None = None) -> None:
+        target = self.slice(name, index)
+        if data.nbytes != target.nbytes:
+            raise PtxgenError(f"{name}{'' if index is None else f'[{index}]'}: {data.nbytes} bytes for a buffer of "
+                              f"{target.nbytes}")
+        self.gpu.upload(target, data)
+
+    def read(self, name: str) -> np.ndarray:
+        param = self.params[name]
+        array = np.empty(param.shape, DTYPES[param.dtype].numpy)
+        self.gpu.download(array, self.buffers[name])
+        return array
+
+    def free(self) -> None:
+        if self.gpu.broken:  # a fault took the context, and everything in it
+            return
+        self.gpu.synchronize("generate")
+        for buffer in [*self.buffers.values(), *self.workspaces.values()]:
+            self.gpu.free(buffer, keep=False)
+        self.buffers, self.workspaces, self.launches = {}, {}, {}
+
+    def bound(self, call: Call, param: Param):
+        """The buffer (or slice) `call` binds to an array parameter, checked to hold it exactly."""
+        binding = call.args[param.name]
+        name, index = (binding, None) if isinstance(binding, str) else binding
+        view = self.slice(name, index)
+        if view.nbytes != param.nbytes(call.scalars):
+            raise LaunchError(f"{call.kernel.name}: {param.name} ({param.describe()}) cannot be {name}"
+                              f"{'' if index is None else f'[{index}]'} ({view.nbytes} bytes)")
+        return view
+
+    def launch(self, call: Call) -> Callable[[], None]:
+        compiled = self.compiled_of(call.kernel)
+        buffers = {}
+        for param in compiled.params:
+            if not param.is_array:
+                continue
+            if param.name in call.args:
+                buffers[param.name] = self.bound(call, param)
+                continue
+            key = (compiled.name, param.name)
+            if key not in self.workspaces:
+                self.workspaces[key] = self.gpu.alloc(param.nbytes(call.scalars))
+                self.gpu.zero(self.workspaces[key])
+            buffers[param.name] = self.workspaces[key]
+        launch = compiled.launch(call.scalars, self.gpu.arch)
+        return self.gpu.launcher(self.gpu.kernel(compiled), launch, compiled.args(buffers, call.scalars))
+
+    def run(self, calls: list[Call]) -> None:
+        launches = {}
+        for call in calls:
+            key = (call.kernel.name, tuple(call.args.items()), tuple(call.scalars.items()))
+            queue = launches[key] = self.launches.get(key) or launches.get(key) or self.launch(call)
+            queue()
+        self.launches = launches
+
+
+# --- the model on a backend --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Generation:
+    prompt: list[int]
+    tokens: list[int]  # the greedy continuation
+    logits: np.ndarray | None  # f32 [len(tokens), vocab] (row i chose tokens[i]) when kept
+    decode_steps: int  # steps that fed a generated token (and made the next): all but the first token
+    decode_seconds: float  # their wall-clock time: launches, kernels, the index read back
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        return self.decode_steps / self.decode_seconds if self.decode_steps else None
+
+
+class Generator:
+    """A model's kernels compiled, its weights in place on a backend ("device" or "emulator") and
+    an empty KV cache of `max_seq_len` positions (default: the model's context length).
+
+    `model` is a GGUFModel, or anything with its `config`, `tensor_bytes(name)` and
+    `dequantize(name, rows)` (e.g. RandomModel). `progress(done, total, tensor)` is called
+    after each tensor copied in."""
+
+    def __init__(self, model, backend: str = "device", max_seq_len: int | None = None, fused: bool = False,
+                 progress: Callable[[int, int, str], None] | None = None):
+        from .kernels import kind_of
+        from .pipeline import compiler
+
+        config = model.config
+        check_supported(config)
+        self.model, self.config, self.fused = model, config, fused
+        self.max_seq_len = max_seq_len or config.context_length
+        kernels = step_kernels(config, self.max_seq_len)
+        if backend == "device":
+            from .device import session
+
+            gpu = session()
+            # The attention split rule sizes its grid for this GPU's SMs (as bench does).
+            kernels = StepKernels(kernels.decoder.model_copy(update={"sm_count": gpu.sm_count}), kernels.norm,
+                                  kernels.lm_head, kernels.argmax)
+            self.memory = DeviceMemory(gpu, compiler((gpu.arch,)))
+        elif backend == "emulator":
+            self.memory = HostMemory(compiler(("sm_80",), until="ptx"))
+        else:
+            raise LaunchError(f"--backend: expected device or emulator, got {backend!r}")
+        self.kernels = kernels
+        self.decoder = kind_of(kernels.decoder)
+        self.device = self.memory.device
+        try:
+            self._place_weights(progress or (lambda done, total, tensor: None))
+        except BaseException:
+            self.memory.free()
+            raise
+
+    def _buffers(self) -> list[Param]:
+        """Every buffer of a step: the decoder's arrays (weights stacked by layer, the KV cache),
+        its separate step's temporaries, and the head's."""
+        c = self.config
+        decoder = [p for p in self.decoder.params() if p.is_array and p.role != "workspace"]
+        temporaries, _ = self.decoder.separate_step({"pos": 0})
+        head = c.lm_head
+        return [*decoder, *temporaries,
+                Param("output_norm", "f32", (c.hidden,)), Param("normed", "f32", (c.hidden,)),
+                Param("lm_head", "u8", (head.rows, quant_type(head.quant).row_bytes(head.k))),
+                Param("logits", "f32", (c.vocab_size,)), Param("token", "u32", (1,))]
+
+    def _place_weights(self, progress) -> None:
+        """Allocate every buffer (zeroed: the KV cache starts empty) and copy the weights in, each
+        matrix as the file's bytes (a view of its memory map), each norm gain as f32."""
+        c = self.config
+        for buffer in self._buffers():
+            self.memory.allocate(buffer)
+        decoder = {p.name for p in self.decoder.params()}
+        copies = [(param, layer, f"blk.{layer}.{short}.weight") for param, short in LAYER_TENSORS.items()
+                  if param in decoder for layer in range(c.num_layers)]
+        copies += [("output_norm", None, "output_norm.weight"), ("lm_head", None, c.lm_head.name)]
+        matrices = {m.name for m in c.matrices()}
+        for done, (buffer, layer, tensor) in enumerate(copies, 1):
+            if tensor in matrices:
+                data = self.model.tensor_bytes(tensor)
+            else:
+                data = self.model.dequantize(tensor).astype(np.float32)
+            self.memory.write(buffer, data, layer)
+            progress(done, len(copies), tensor)
+
+    # --- one step ------------------------------------------------------------------------------
+    def layer_calls(self, pos: int) -> list[Call]:
+        if self.fused:
+            arrays = {p.name: p.name for p in self.decoder.params() if p.is_array and p.role != "workspace"}
+            return [Call(self.kernels.decoder, arrays, {"pos": pos})]
+        return self.decoder.separate_step({"pos": pos})[1]
+
+    def head_calls(self) -> list[Call]:
+        k = self.kernels
+        return [Call(k.norm, {"x": "x", "gamma": "output_norm", "y": "normed"}, {"rows": 1}),
+                Call(k.lm_head, {"y": "logits", "w": "lm_head", "x": "normed"}, {}),
+                Call(k.argmax, {"x": "logits", "index": "token"}, {})]
+
+    def step(self, token: int, pos: int, head: bool = True) -> int | None:
+        """Feed `token` at position `pos`; with `head`, return the greedy next token."""
+        row = self.model.dequantize("token_embd.weight", rows=[token])[0]
+        self.memory.write("x", row.astype(np.float32))
+        self.memory.run(self.layer_calls(pos) + (self.head_calls() if head else []))
+        return int(self.memory.read("token")[0]) if head else None
+
+    def logits(self) -> np.ndarray:
+        """The last head's logits, f32 [vocab]."""
+        return self.memory.read("logits")
+
+    # --- greedy decoding -----------------------------------------------------------------------
+    def check_request(self, prompt: list[int], max_new: int) -> None:
+        c = self.config
+        if not prompt:
+            raise PtxgenError("--tokens: give at least one prompt token")
+        for token in prompt:
+            if not 0 <= token < c.vocab_size:
+                raise PtxgenError(f"--tokens: token {token} is outside the vocabulary (0..{c.vocab_size - 1})")
+        if max_new < 1:
+            raise PtxgenError(f"--max-new: expected at least 1, got {max_new}")
+        positions = len(prompt) + max_new - 1  # the last new token is not fed back
+        if positions > self.max_seq_len:
+            raise PtxgenError(f"--max-new {max_new}: the prompt's {len(prompt)} tokens and {max_new} new ones need "
+                              f"{positions} cache positions; the KV cache holds {self.max_seq_len} (--max-seq-len)")
+
+    def generate(self, prompt: list[int], max_new: int, keep_logits: bool = False) -> Generation:
+        """Greedy decoding from an empty cache: the prompt token by token, then `max_new` tokens,
+        each the argmax of the logits before it. Decode steps are timed on the wall clock."""
+        prompt = [int(t) for t in prompt]
+        self.check_request(prompt, max_new)
+        for pos, token in enumerate(prompt[:-1]):
+            self.step(token, pos, head=False)
+        generated = [self.step(prompt[-1], len(prompt) - 1)]
+        rows = [self.logits()] if keep_logits else []
+        seconds = 0.0
+        for pos in range(len(prompt), len(prompt) + max_new - 1):
+            start = time.perf_counter()
+            generated.append(self.step(generated[-1], pos))
+            seconds += time.perf_counter() - start
+            if keep_logits:
+                rows.append(self.logits())
+        return Generation(prompt, generated, np.stack(rows) if keep_logits else None, max_new - 1, seconds)
+
+    def close(self) -> None:
+        self.memory.free()
+
+
+class RandomModel:
+    """A ModelConfig's tensors as random quantised weights made on demand, the same for the same
+    seed and name (for benchmarks: no file). Matrices N(0, 1/k) (the embedding N(0, 1)), norm
+    gains 1 + N(0, 0.1^2). The embedding is made once and kept, for its row lookups."""
+
+    def __init__(self, config: ModelConfig, seed: int = 0):
+        self.config, self.seed = config, seed
+        self._matrices = {m.name: m for m in config.matrices()}
+        self._embedding = None
+
+    def _rng(self, name: str) -> np.random.Generator:
+        return np.random.default_rng([self.seed, zlib.crc32(name.encode())])
+
+    def tensor_bytes(self, name: str) -> np.ndarray:
+        if name == "token_embd.weight" and self._embedding is not None:
+            return self._embedding
+        m = self._matrices[name]
+        data = quant_type(m.quant).random_weights(self._rng(name), m.rows, m.k,
+                                                  1.0 if m.short == "token_embd" else m.k ** -0.5)
+        if name == "token_embd.weight":
+            self._embedding = data
+        return data
+
+    def dequantize(self, name: str, rows=None) -> np.ndarray:
+        if name in self._matrices:
+            packed = self.tensor_bytes(name)
+            quant = quant_type(self._matrices[name].quant)
+            return quant.dequantize_f64(packed if rows is None else packed[np.asarray(rows)])
+        size = self.config.head_dim if name.endswith(("attn_q_norm.weight", "attn_k_norm.weight")) else self.config.hidden
+        return 1.0 + 0.1 * self._rng(name).standard_normal(size)

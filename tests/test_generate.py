@@ -1,0 +1,251 @@
+"""`ptxgen generate` on the tiny Q4_K fixtures (qwen3 and llama), against the float64 whole-model
+reference (ptxgen.model_reference), in the PTX interpreter and on the simulated GPU of
+tests/simulated_gpu.py (the device path: buffers, uploads straight from the file's memory map,
+launches kept from step to step).
+
+Two references, two tolerances:
+- tight: the reference with the kernels' int8 activations (quantize_activations) and f16 KV cache,
+  teacher forced layer by layer: each layer fed the kernels' own input, cache rows and int8-bound
+  vectors (ReferenceModel.layer(forced=...)), so that only f32 arithmetic separates them. Every
+  layer's output, attention output, MLP activation and the logits within X_TOL; every new cache
+  element within half an f16 ulp of the exact value plus ROW_REL of its head's RMS.
+- loose (free running, as a user runs it): an activation or cache element next to a rounding
+  boundary may round the other way in f32 than in float64 (measured on these fixtures: an f16
+  flip of one k element at pos 1, then int8 flips in the next layer), and everything after it
+  follows another sample of the same quantisation noise. So the bound is that noise itself: E =
+  the largest relative L2 distance between the int8 reference and the exact float64 model over
+  the steps (computed here, ~1.1-1.3e-2 on the fixtures), and the kernels' logits are within 2E
+  of both (measured at most 0.9E from the int8 reference, 1.06E from the exact model). The greedy
+  tokens equal both references' (measured: every prompt tried).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+from fixtures.make_tiny_gguf import write_tiny_gguf, tiny_config
+
+from ptxgen import device
+from ptxgen.dtypes import to_float64
+from ptxgen.errors import PtxgenError
+from ptxgen.generate import LAYER_QUANTS, Generator, RandomModel, check_supported
+from ptxgen.gguf_model import GGUFModel
+from ptxgen.kernels.argmax import first_argmax
+from ptxgen.model_reference import ReferenceModel, generate as reference_generate
+from ptxgen.verify import relative_l2
+
+from helpers import run_cli_in_process
+from simulated_gpu import SimulatedDriver
+
+PROMPT = [5, 999, 17]
+MAX_NEW = 4
+# f32 pipelines of the same int8 products in other summation orders (measured at most 5e-7 for
+# x, attention, MLP and logits on both fixtures, 9 positions; the cache rows within half an ulp).
+X_TOL = 1e-5
+ROW_REL = 1e-5  # a new cache element's f32 error, relative to its head's RMS (as the decoder's tests)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("generate")
+    return {"qwen3": write_tiny_gguf(root / "qwen3.gguf", quant="q4_k"),
+            "llama": write_tiny_gguf(root / "llama.gguf", "llama", seed=1, quant="q4_k"),
+            "qwen3-tied": write_tiny_gguf(root / "qwen3-tied.gguf", seed=2, tied=True, quant="q4_k"),
+            "mixed": write_tiny_gguf(root / "mixed.gguf")}
+
+
+def quantisation_noise(model, prompt, tokens) -> float:
+    """E: the largest relative L2 distance of the int8-activation reference's logits from the exact
+    model's, over the steps that chose `tokens` after `prompt`."""
+    history = prompt + tokens[:-1]
+    int8 = ReferenceModel(model, "f16", quantize_activations=True).run(history)[len(prompt) - 1:]
+    exact = ReferenceModel(model).run(history)[len(prompt) - 1:]
+    return max(relative_l2(a, b) for a, b in zip(int8, exact))
+
+
+def check_against_references(model, prompt, tokens, logits) -> None:
+    """The greedy tokens of both references, and logits within 2E of both (module docstring)."""
+    int8 = reference_generate(model, prompt, len(tokens), "f16", quantize_activations=True)
+    exact = reference_generate(model, prompt, len(tokens))
+    assert tokens == int8.tokens == exact.tokens, f"tokens {tokens}, int8 reference {int8.tokens}, exact {exact.tokens}"
+    noise = quantisation_noise(model, prompt, tokens)
+    assert 1e-3 < noise < 5e-2, f"E = {noise:.2e}: the int8 activations' effect is not what the bound assumes"
+    for name, reference in (("int8 reference", int8.logits), ("exact model", exact.logits)):
+        for step, (mine, theirs) in enumerate(zip(logits.astype(np.float64), reference)):
+            error = relative_l2(mine, theirs)
+            assert error <= 2 * noise, f"step {step}: logits vs the {name}: relative L2 {error:.2e} > 2E = {2 * noise:.2e}"
+
+
+# --- tight: layer by layer, teacher forced ---------------------------------------------------------
+def f16_ulp(values: np.ndarray) -> np.ndarray:
+    return np.spacing(np.abs(values).astype(np.float16)).astype(np.float64)
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_each_layer_and_the_head_match_the_int8_reference(files, arch):
+    model = GGUFModel(files[arch])
+    c = model.config
+    generator = Generator(model, "emulator", max_seq_len=16)
+    reference = ReferenceModel(model, "f16", quantize_activations=True)
+    memory = generator.memory
+    for pos, token in enumerate([5, 999, 17, 256]):
+        memory.write("x", reference.embed(token).astype(np.float32))
+        calls = generator.layer_calls(pos)
+        per_layer = len(calls) // c.num_layers
+        assert per_layer == (13 if c.qk_norm else 11)
+        for layer in range(c.num_layers):
+            x = memory.read("x").astype(np.float64)
+            memory.run(calls[layer * per_layer:(layer + 1) * per_layer])
+            rows = {name: to_float64(memory.read(f"{name}_cache")[layer, :, pos], "f16") for name in ("k", "v")}
+            forced = {**rows, "attn": memory.read("attn").astype(np.float64), "mlp": memory.read("mlp").astype(np.float64)}
+            own: dict = {}
+            expected = reference.layer(layer, x, pos, forced, own)
+            where = f"{arch} pos {pos} layer {layer}"
+            for name, mine, theirs in (("x", memory.read("x"), expected), ("attention output", forced["attn"], own["attn"]),
+                                       ("MLP activation", forced["mlp"], own["mlp"])):
+                error = relative_l2(mine.astype(np.float64), theirs)
+                assert error <= X_TOL, f"{where}: {name} relative L2 {error:.2e} > {X_TOL:.0e}"
+            for name, row in rows.items():
+                exact = own[name]
+                bound = 0.5 * f16_ulp(exact) + ROW_REL * np.sqrt(np.mean(exact**2, axis=-1, keepdims=True))
+                assert (np.abs(row - exact) <= bound).all(), f"{where}: {name}_cache row off by more than half an f16 ulp"
+        reference.position += 1
+        memory.run(generator.head_calls())
+        logits = generator.logits()
+        error = relative_l2(logits.astype(np.float64), reference.head(memory.read("x").astype(np.float64)))
+        assert error <= X_TOL, f"{arch} pos {pos}: logits relative L2 {error:.2e}"
+        assert int(memory.read("token")[0]) == first_argmax(logits), "argmax on the device is the logits' argmax"
+
+
+# --- loose: the command as a user runs it ------------------------------------------------------------
+@pytest.mark.parametrize("arch, fused", [("qwen3", False), ("llama", False), ("llama", True)],
+                         ids=["qwen3", "llama", "llama-fused"])  # (qwen3's decoder: tests/test_persistent_decoder.py)
+def test_generate_command_matches_the_references(files, tmp_path, arch, fused):
+    out = tmp_path / "logits.npy"
+    result = run_cli_in_process("generate", str(files[arch]), "--tokens", ",".join(map(str, PROMPT)),
+                                "--max-new", str(MAX_NEW), "--backend", "emulator", "--json", "--save-logits", str(out),
+                                *(["--fused"] if fused else []))
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["prompt_tokens"] == PROMPT and len(summary["generated_tokens"]) == MAX_NEW
+    assert summary["device"] == "PTX interpreter (CPU)" and summary["decode_steps"] == MAX_NEW - 1
+    assert summary["tokens_per_s"] > 0 and summary["layers"] == ("persistent_decoder" if fused else "separate kernels")
+    logits = np.load(out)
+    assert logits.dtype == np.float32 and logits.shape == (MAX_NEW, 1000)
+    assert summary["generated_tokens"] == [first_argmax(row) for row in logits]
+    check_against_references(GGUFModel(files[arch]), PROMPT, summary["generated_tokens"], logits)
+
+
+def test_tied_lm_head_and_plain_output(files):
+    result = run_cli_in_process("generate", str(files["qwen3-tied"]), "--tokens", "640,1", "--max-new", "3",
+                                "--backend", "emulator")
+    assert result.returncode == 0, result.stderr
+    tokens = [int(t) for t in result.stdout.strip().split(",")]
+    assert tokens == reference_generate(GGUFModel(files["qwen3-tied"]), [640, 1], 3, "f16", True).tokens
+    assert "2 prompt + 3 generated tokens on PTX interpreter (CPU)" in result.stderr
+    assert "tokens/s over 2 decode steps" in result.stderr
+
+
+def test_random_model_generates_like_its_reference():
+    """The benchmark's weights (RandomModel: no file) through the same path."""
+    model = RandomModel(tiny_config(quant="q4_k"), seed=3)
+    generator = Generator(model, "emulator", max_seq_len=8)
+    result = generator.generate([1, 2], 3, keep_logits=True)
+    check_against_references(model, [1, 2], result.tokens, result.logits)
+    assert np.array_equal(model.tensor_bytes("blk.1.ffn_up.weight"), RandomModel(model.config, 3).tensor_bytes(
+        "blk.1.ffn_up.weight")), "the same weights for the same seed"
+
+
+# --- the device path, on the simulated GPU ----------------------------------------------------------
+@pytest.fixture
+def simulated(monkeypatch):
+    simulated = SimulatedDriver({})
+    monkeypatch.setattr(device, "driver", lambda: simulated)
+    monkeypatch.setattr(device, "_SESSIONS", {})
+    monkeypatch.setattr(device, "lost_context", None)
+    return simulated
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["separate", "fused"])
+def test_device_path_on_the_simulated_gpu(files, simulated, monkeypatch, fused):
+    """Weights copied once, each straight from the file's memory map; the KV cache and every
+    buffer on the device; a step re-packs only the launches whose position changed. (The
+    simulated GPU runs each kernel's float64 reference, not its PTX.)"""
+    model = GGUFModel(files["llama"])
+    gpu = device.session()
+    uploads, packed = [], []
+    real_upload, real_launcher = gpu.upload, gpu.launcher
+    monkeypatch.setattr(gpu, "upload", lambda buffer, array: (uploads.append(array), real_upload(buffer, array))[1])
+    monkeypatch.setattr(gpu, "launcher", lambda *args: (packed.append(args[0].entry), real_launcher(*args))[1])
+    generator = Generator(model, "device", max_seq_len=16, fused=fused)
+    c = model.config
+    matrices = [a for a in uploads if a.dtype == np.uint8]
+    assert len(matrices) == 7 * c.num_layers + 1, "every layer matrix and the lm_head, once"
+    assert all(np.shares_memory(a, model.reader.data) for a in matrices), "a matrix was copied on the host"
+    kernels = [generator.kernels.norm, generator.kernels.lm_head, generator.kernels.argmax, generator.kernels.decoder]
+    kernels += [call.kernel for call in generator.decoder.separate_step({"pos": 0})[1]]
+    simulated.kernels.update({k.name: k for k in kernels})
+    result = generator.generate(PROMPT, MAX_NEW, keep_logits=True)
+    check_against_references(model, PROMPT, result.tokens, result.logits)
+    assert generator.device == "Simulated GPU"
+    # The last step re-packed only what depends on the position.
+    before = len(packed)
+    generator.step(result.tokens[-1], len(PROMPT) + MAX_NEW - 1)
+    # The decoder; or rope q and k (the same launches for every layer) and a layer's kv_append and attention.
+    expected = 1 if fused else 2 + 2 * c.num_layers
+    assert len(packed) - before == expected, packed[before:]
+    generator.close()
+    assert not gpu.allocations, "every buffer and workspace freed"
+
+
+# --- the model's spec --------------------------------------------------------------------------------
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_the_models_spec_builds_and_verifies(files, tmp_path, arch):
+    spec = tmp_path / f"{arch}.toml"
+    assert run_cli_in_process("spec", "from-gguf", str(files[arch]), "--max-seq-len", "32", "-o", str(spec)).returncode == 0
+    built = run_cli_in_process("build", str(spec), "-o", str(tmp_path / "out"), "--arch", "sm_90", "-q")
+    assert built.returncode == 0, built.stderr
+    verified = run_cli_in_process("verify", str(spec))
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert "FAIL" not in verified.stdout and "argmax" in verified.stdout
+
+
+# --- bad input -----------------------------------------------------------------------------------
+def test_unsupported_weight_types_are_named(files):
+    with pytest.raises(PtxgenError, match=r"tensor 'blk\.0\.attn_v\.weight' is Q6_K; ptxgen generate has no kernel for "
+                                          r"a layer matrix of that type yet \(supported: Q4_K\)"):
+        check_supported(GGUFModel(files["mixed"]).config)
+    assert LAYER_QUANTS == ("q4_k",)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["{missing}"], r"missing\.gguf: cannot read GGUF file"),
+    (["{text}"], r"not-a-model\.gguf: not a readable GGUF file"),
+    (["{qwen3}", "--tokens", "1,x"], r"--tokens: expected comma-separated token ids \(e\.g\. 1,2,3\), got '1,x'"),
+    (["{qwen3}", "--tokens", "1,1000"], r"--tokens: token 1000 is outside the vocabulary \(0\.\.999\)"),
+    (["{qwen3}", "--tokens", "-1"], r"token -1 is outside the vocabulary"),
+    (["{qwen3}", "--max-seq-len", "4", "--max-new", "3"],
+     r"--max-new 3: the prompt's 3 tokens and 3 new ones need 5 cache positions; the KV cache holds 4"),
+    (["{qwen3}", "--max-new", "0"], r"--max-new: expected at least 1, got 0"),
+    (["{mixed}"], r"tensor 'blk\.0\.attn_v\.weight' is Q6_K"),
+    (["{qwen3}", "--save-logits", "{folder}"], r"--save-logits .*: is a folder; give a file name"),
+    (["{qwen3}", "--save-logits", "/dev/null"], r"--save-logits /dev/null: is not a regular file"),
+])
+def test_bad_input_is_one_message_and_exit_2(files, tmp_path, args, message):
+    (tmp_path / "not-a-model.gguf").write_text("hello")
+    (tmp_path / "folder").mkdir()
+    names = {"missing": tmp_path / "missing.gguf", "text": tmp_path / "not-a-model.gguf", "folder": tmp_path / "folder",
+             "qwen3": files["qwen3"], "mixed": files["mixed"]}
+    args = [a.format(**names) for a in args]
+    defaults = [option for name, value in (("--tokens", "1,2,3"), ("--max-new", "2")) if name not in args
+                for option in (name, value)]
+    result = run_cli_in_process("generate", *args, *defaults, "--backend", "emulator")
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert re.search(message, lines[0]), lines[0]
+    assert not result.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "not-a-model.gguf"], "nothing written"
