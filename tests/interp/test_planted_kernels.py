@@ -51,8 +51,12 @@ def test_clean_attention_passes(attention):
 
 
 @pytest.mark.parametrize("bug, pattern, replacement, count, finding", [
-    ("membar.gl dropped from the count-in", r"\n\tmembar\.gl;", "", 2,
-     r"global-memory race: reads partials\[.*without releasing"),
+    ("count-in atomic relaxed", r"atom\.acq_rel\.gpu", "atom.relaxed.gpu", 1,
+     r"global-memory race: reads partials\[.*signalled with .*atom\.relaxed.* without releasing"),
+    ("count-in atomic without its release", r"atom\.acq_rel\.gpu", "atom.acquire.gpu", 1,
+     r"global-memory race: reads partials\[.*signalled with .*atom\.acquire.* without releasing"),
+    ("count-in atomic without its acquire", r"atom\.acq_rel\.gpu", "atom.release.gpu", 1,
+     r"global-memory race: reads partials\[.*this CTA never acquired a release"),
     ("partials read with ld.global.nc", r"ld\.global\.cg\.", "ld.global.nc.", None,
      r"non-coherent load \(.nc / ldu\) of partials\["),
 ])
