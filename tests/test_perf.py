@@ -229,7 +229,7 @@ def test_unpacking_a_load_is_not_waiting_for_it():
 # --- the report -----------------------------------------------------------------------------------
 
 TOY = perf.Gpu("toy", "sm_90", sms=2, clock_ghz=1.0, datasheet_gbs=100, copy_gbs=None, latency_ns=500,
-               sources="test figures")
+               launch_us=None, sources="test figures")
 
 
 def test_evaluate_reports_the_model_of_the_stream_kernel():
@@ -251,7 +251,17 @@ def test_evaluate_reports_the_model_of_the_stream_kernel():
     serialized = traffic / 100e3 + 3 * 2 * PER_THREAD / 8e3 + 2.5
     assert report["estimate_us"] == {"overlapped": 2.5, "serialized": pytest.approx(serialized, abs=1e-3)}
     assert report["verdict"].startswith("latency-bound, too few bytes in flight")
+    assert "(launch cost not measured)" in report["verdict"] and report["launch_us"] is None
     assert json.loads(json.dumps(report)) == report  # plain values, for `show --json`
+    # A measured launch cost adds to both estimates; where it is most of the time, it is the verdict.
+    for launch_us, verdict in ((2.0, "latency-bound, too few bytes in flight"),
+                               (100.0, "launch-bound, the fixed cost of a launch is most of the time")):
+        gpu = dataclasses.replace(TOY, launch_us=launch_us)
+        timed = perf.evaluate(STREAM, "stream", Launch((3, 1, 1), (BLOCK, 1, 1)),
+                              stream_args(3, np.random.default_rng(3)), cubins, traffic, gpu)
+        assert timed["estimate_us"] == {"overlapped": pytest.approx(2.5 + launch_us, abs=1e-3),
+                                        "serialized": pytest.approx(serialized + launch_us, abs=1e-3)}
+        assert timed["verdict"].startswith(verdict) and f"launch {launch_us:.1f} us + bytes" in timed["verdict"]
 
 
 # --- the tail: a last CTA's extra round after everyone else ---------------------------------------

@@ -1,0 +1,70 @@
+"""The performance model (`ptxgen show`) against recorded GPU timings, no GPU needed.
+
+    python bench/model_check.py bench/results/H100-2026-11-23-session3/gemv_sweep.json [...] [--gpu h100-sxm]
+
+For every timed row of a `ptxgen bench --json` / `make bench` file: the row's kernel is rebuilt
+from its recorded config with today's code, the model evaluated at the row's runtime scalars,
+and the measured median printed beside the model's range (overlapped .. serialized, launch
+cost included). A row whose measured time falls outside that range by more than 10% is marked;
+the code may have changed since the recording (its commit is printed), and the model has no
+term for tensor-core pipes (prefill attention is compute-bound: its rows are listed, not judged).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ptxgen import perf
+from ptxgen.kernels import config_from_json
+from ptxgen.pipeline import compile_kernel
+
+MARGIN = 0.10  # how far outside the model's range a measurement may sit before it is marked
+COMPUTE_BOUND = {"flash_attention"}  # the model has no tensor-core term
+
+
+def rows_of(path: Path) -> tuple[dict, list[dict]]:
+    data = json.loads(path.read_text())
+    return data, [row for row in data["rows"] if row.get("median_us")]
+
+
+def check_row(row: dict, gpu: perf.Gpu) -> dict:
+    """The model's range for one recorded row and where the measurement falls."""
+    config = config_from_json({"name": row["kernel"], "kind": row["kind"], **row["config"]})
+    compiled = compile_kernel(config, archs=(gpu.arch,))
+    report = perf.evaluate_kernel(compiled, gpu, scalars=row["scalars"])
+    low, high = report["estimate_us"]["overlapped"], report["estimate_us"]["serialized"]
+    measured = row["median_us"]
+    inside = low * (1 - MARGIN) <= measured <= high * (1 + MARGIN)
+    judged = row["kind"] not in COMPUTE_BOUND
+    return {"kernel": row["kernel"], "scalars": row["scalars"], "measured_us": measured, "model_us": (low, high),
+            "verdict": "inside" if inside else ("outside" if judged else "not judged (tensor cores)")}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", nargs="+", type=Path)
+    parser.add_argument("--gpu", default=perf.DEFAULT_GPU, choices=sorted(perf.GPUS))
+    args = parser.parse_args(argv)
+    gpu = perf.gpu_named(args.gpu)
+    print(f"model: {gpu.name}, launch {gpu.launch_us} us, copy {gpu.bandwidth_gbs} GB/s, latency {gpu.latency_ns} ns")
+    outside = 0
+    for path in args.results:
+        data, rows = rows_of(path)
+        print(f"\n{path} (commit {data.get('git_commit', '?')}, {data['device']['name']})")
+        print(f"{'kernel':<28} {'scalars':<18} {'measured us':>11} {'model us':>17}  verdict")
+        for row in rows:
+            result = check_row(row, gpu)
+            outside += result["verdict"] == "outside"
+            low, high = result["model_us"]
+            scalars = ",".join(f"{k}={v}" for k, v in result["scalars"].items())
+            print(f"{result['kernel']:<28} {scalars:<18} {result['measured_us']:>11.2f} {low:>8.2f}..{high:<8.2f} "
+                  f"{result['verdict']}")
+    print(f"\n{outside} row(s) outside the model's range by more than {MARGIN:.0%}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
