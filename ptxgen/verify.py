@@ -77,7 +77,7 @@ def compare(compiled: CompiledKernel, arrays: dict[str, np.ndarray], reference: 
             continue
         result = to_float64(arrays[param.name], param.dtype)
         expected = np.asarray(reference[param.name], dtype=np.float64)
-        bound = kind.error_bound(param, arrays, expected)
+        bound = kind.error_bound(param, arrays, expected, scalars)
         region = kind.rewritten(param, arrays, scalars) if param.role == "inout" else None
         changed = 0
         if region is not None:
