@@ -73,11 +73,17 @@ from ..errors import LaunchError
 from ..abi import maximum, minimum, scalar
 from ..hardware_errors import EX2_REL, MMA_SUM
 from .base import Geometry, Kind, KernelConfig, Param, Traffic, ceil_div
-from .families.attention import SM_REGISTERS, AttentionPlan
+from .families.attention import LOG2E, SM_REGISTERS, AttentionPlan
 
 FloatDType = Literal["f32", "f16", "bf16"]
 HEAD_DIMS = (64, 128, 256)
 MAX_SEQ_LEN = 1 << 24
+# Running maxima start at -3e38 (NEG_BIG of templates/families/attention.ptx.j2), so every score
+# in the exp2 domain, scale * log2(e) * q.k, must stay finite and above it, its rounding included:
+# the spec's scale is bounded so that scores of q and K in f16's range (|q.k| <= head_dim * 65504^2)
+# stay within 2^127 (1.7e38) in magnitude.
+MAX_SCORE = 2.0**127
+F16_MAX = 65504.0
 
 
 class IncrementalAttentionConfig(KernelConfig):
@@ -87,7 +93,7 @@ class IncrementalAttentionConfig(KernelConfig):
     head_dim: int
     max_seq_len: int = Field(ge=1, le=MAX_SEQ_LEN)
     kv_dtype: FloatDType = "f16"
-    scale: float | None = Field(default=None, gt=0)
+    scale: float | None = Field(default=None, gt=0)  # at most max_scale(head_dim): see MAX_SCORE
     indirect_seq_len: bool = False
     # The split rule: about `ctas_per_sm` CTAs on each of `sm_count` SMs at long contexts (default:
     # 32 warps an SM, e.g. 2 CTAs of 16 warps).
@@ -108,6 +114,10 @@ class IncrementalAttentionConfig(KernelConfig):
             raise ValueError(f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})")
         if self.num_kv_heads * self.max_seq_len > (1 << 32) - (1 << 16):
             raise ValueError("num_kv_heads * max_seq_len must be below 2^32 - 2^16 (cache rows are indexed in u32)")
+        if self.scale is not None and self.scale > max_scale(self.head_dim):
+            raise ValueError(f"scale: at most {max_scale(self.head_dim):.4g} for head_dim {self.head_dim} (scores of "
+                             "q and K in f16's range times scale * log2(e) must stay within 2^127, above the kernel's "
+                             f"initial running max -3e38), got {self.scale!r}")
         plan = attention_plan(self)
         if self.num_kv_heads * plan.max_splits * plan.group * plan.row >= 1 << 31:
             raise ValueError("the split-KV workspace would need 2^31 floats or more")
@@ -249,6 +259,11 @@ class IncrementalAttention(Kind):
                                       self.clamped_length(scalars), self.config.softmax_scale)
 
 
+def max_scale(head_dim: int) -> float:
+    """The largest softmax scale whose exp2-domain scores of f16-range q and K stay within MAX_SCORE."""
+    return MAX_SCORE / (LOG2E * head_dim * F16_MAX**2)
+
+
 def attention_plan(config) -> AttentionPlan:
     """The attention family's layout of a config, its tuning fields applied (ValueError if none fits)."""
     return AttentionPlan.of(config, warps=config.warps, tile_keys=config.tile_keys, stages=config.stages,
@@ -336,7 +351,9 @@ def decode_attention_error_bound(plan: AttentionPlan, q, k, v, length: int) -> n
             floor += 2.0**-39 * np.abs(qx).max() * np.abs(keys).sum(axis=1)
         exponent = score_error * (np.abs(keys) @ np.abs(qx)) + floor
         exponent += 3 * U * (top - t + 2 * exponent.max())
-        relative = np.expm1(math.log(2) * exponent + ex2_per_key * EX2_REL)
+        # Capped, not inf: a key of weight 0 (a score error of 2^1000 on it) must add 0, not NaN.
+        with np.errstate(over="ignore"):
+            relative = np.minimum(np.expm1(math.log(2) * exponent + ex2_per_key * EX2_REL), 1e300)
         spread = (weights * relative) @ np.abs(values - o)
         # Weights flushed below 2^-126, and P parts below their type's normal range (f16: P is
         # scaled by 2^15 first), as absolute errors of each weight (l >= 1 in units of M).
@@ -344,6 +361,9 @@ def decode_attention_error_bound(plan: AttentionPlan, q, k, v, length: int) -> n
         part_floor = (F16_PART_FLOOR / plan.p_scale if parts == "f16" else BF16_PART_FLOOR)
         absolute = ((weights * (1 + relative)) @ np.abs(values)) * o_error + part_floor * np.abs(values).sum(axis=0) / p.sum()
         shrink = (1 - (weights * relative).sum() - length * F32_FLUSH) * (1 - l_error)
+        if not shrink > 0:  # scores so large that their errors can reorder the softmax: no bound
+            out[h] = np.inf
+            continue
         softmax = (spread + flushed + absolute + l_error * np.abs(o)) / shrink
         softmax += l_error * softmax / shrink  # |o'| <= |o| + its own error
         out[h] = softmax + 2 * U * (1 + 2 * U) * (np.abs(o) + softmax)
