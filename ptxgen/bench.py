@@ -368,7 +368,7 @@ def bench_row(compiled: CompiledKernel, scalars: dict, iters: int, graph: bool, 
     Returns the row and those checks."""
     from .device import session
     from .runner import prepare_arrays, run
-    from .verify import compare, verify_kernel
+    from .verify import compare, ran_target, verify_kernel
 
     gpu = session()
     kind = compiled.definition
@@ -381,7 +381,8 @@ def bench_row(compiled: CompiledKernel, scalars: dict, iters: int, graph: bool, 
     reference = None
     if traffic.flops <= REFERENCE_FLOPS:  # and at the timed sizes, as verify_kernel does
         reference = kind.reference(inputs, scalars)
-        checks += compare(compiled, run(compiled, inputs, scalars, backend="device"), reference, scalars)
+        checks += compare(compiled, run(compiled, inputs, scalars, backend="device"), reference, scalars,
+                          ran_target(compiled, "device", None))
     else:
         row["notes"].append(f"{compiled.name}: float64 reference too costly at this size: checked at the kind's "
                             f"verify sizes ({len(checks)} checks)")

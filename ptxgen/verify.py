@@ -65,19 +65,42 @@ def changed_count(result: np.ndarray, expected: np.ndarray, kept: np.ndarray) ->
     return int(np.count_nonzero(~same & kept))
 
 
+def graded_kind(compiled: CompiledKernel, target: str | None):
+    """The kind whose error analysis grades results of PTX `target`: an arch-specific variant's
+    own (its arithmetic may differ), else the portable kind."""
+    if target is None or target == compiled.portable.target:
+        return compiled.definition
+    from .kernels import kind_from_json
+
+    return kind_from_json(dict(compiled.config), target)
+
+
+def ran_target(compiled: CompiledKernel, backend: str, arch: str | None) -> str:
+    """The PTX target whose code a launch ran: the interpreter's `arch` variant, or on the device
+    the cubin (or JIT-compiled PTX) that fits its GPU."""
+    if backend != "device":
+        return compiled.variant(arch).target
+    from .device import session
+
+    gpu_arch = session().arch
+    binary = compiled.binary_for(gpu_arch)
+    return binary.target if binary is not None else compiled.jit_variant(gpu_arch).target
+
+
 def compare(compiled: CompiledKernel, arrays: dict[str, np.ndarray], reference: dict[str, np.ndarray],
-            scalars: dict) -> list[Check]:
-    """One Check per written parameter, comparing the launch's arrays to the reference. An inout
-    parameter whose kind names the elements it rewrites (Kind.rewritten) is graded on those;
-    its other elements must equal their reference (the input) exactly."""
-    kind = compiled.definition
+            scalars: dict, target: str | None = None) -> list[Check]:
+    """One Check per written parameter, comparing the launch's arrays (made by the PTX of
+    `target`, default the portable one) to the reference. An inout parameter whose kind names the
+    elements it rewrites (Kind.rewritten) is graded on those; its other elements must equal their
+    reference (the input) exactly."""
+    kind = graded_kind(compiled, target)
     checks = []
     for param in compiled.params:
         if not param.written:
             continue
         result = to_float64(arrays[param.name], param.dtype)
         expected = np.asarray(reference[param.name], dtype=np.float64)
-        bound = kind.error_bound(param, arrays, expected)
+        bound = kind.error_bound(param, arrays, expected, scalars)
         region = kind.rewritten(param, arrays, scalars) if param.role == "inout" else None
         changed = 0
         if region is not None:
@@ -101,4 +124,4 @@ def verify_kernel(compiled: CompiledKernel, scalars: dict, seed: int = 0, backen
     rng = np.random.default_rng(seed)
     inputs = kind.sample_inputs(rng, scalars)
     arrays = run(compiled, inputs, scalars, backend=backend, sanitize=sanitize, arch=arch)
-    return compare(compiled, arrays, kind.reference(inputs, scalars), scalars)
+    return compare(compiled, arrays, kind.reference(inputs, scalars), scalars, ran_target(compiled, backend, arch))

@@ -41,7 +41,7 @@ def verify_sm90a(kernel, seq_len, seed, inputs=None):
     if inputs is None:
         return verify_kernel(kernel, scalars, seed=seed, arch="sm_90a")
     reference = kernel.definition.reference(inputs, scalars)
-    return compare(kernel, run(kernel, inputs, scalars, arch="sm_90a"), reference, scalars)
+    return compare(kernel, run(kernel, inputs, scalars, arch="sm_90a"), reference, scalars, "sm_90a")
 
 
 # (num_heads, num_kv_heads, head_dim, seq_len, causal, dtype, out_dtype, knobs); the default plan

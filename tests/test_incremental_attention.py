@@ -8,10 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ptxgen.dtypes import from_float
 from ptxgen.errors import LaunchError
 from ptxgen.interp import launch as interpret
 from ptxgen.kernels.families.attention import division_magic
-from ptxgen.kernels.incremental_attention import attention_reference
+from ptxgen.kernels.incremental_attention import attention_reference, max_scale
 from ptxgen.runner import prepare_arrays, run
 from ptxgen.spec import load_spec
 from ptxgen.verify import compare, verify_kernel
@@ -306,10 +307,37 @@ def test_launcher_rejects_lengths_past_the_cache():
     ({"num_heads": 8, "num_kv_heads": 2, "head_dim": 128, "tile_keys": 48}, "tile_keys: expected 4 key groups"),
     ({"num_heads": 8, "num_kv_heads": 2, "head_dim": 128, "dims_per_warp": 16}, "dims_per_warp: expected one of"),
     ({"num_heads": 8, "num_kv_heads": 2, "head_dim": 128, "stages": 5}, "stages"),
+    ({"num_heads": 8, "num_kv_heads": 2, "head_dim": 128, "scale": 1e27},
+     r"scale: at most 2\.147e\+26 for head_dim 128 \(scores of q and K in f16's range"),
+    ({"num_heads": 8, "num_kv_heads": 2, "head_dim": 64, "scale": 5e26}, r"scale: at most 4\.295e\+26 for head_dim 64"),
+    ({"num_heads": 8, "num_kv_heads": 2, "head_dim": 128, "scale": float("inf")}, "finite, normal f32"),
+    ({"num_heads": 8, "num_kv_heads": 2, "head_dim": 128, "scale": 1e-50}, "finite, normal f32"),
+    ({"num_heads": 8, "num_kv_heads": 2, "head_dim": 128, "scale": 0.0}, "scale"),
 ])
 def test_config_errors(config, message):
     with pytest.raises(Exception, match=message):
         make_kernel("incremental_attention", max_seq_len=64, **config)
+
+
+@pytest.mark.parametrize("kv_dtype", ["f16", "bf16", "f32"])
+def test_scale_at_its_limit_keeps_f16_range_scores_finite(kv_dtype):
+    """At the largest scale a spec may give (max_scale) and the smallest normal one, q and K of
+    f16's largest magnitude (scores of +-2^127 in the exp2 domain: the most positive ones tie, the
+    others weigh 0, past the first split too) give finite results; a scale twice the limit would
+    make them inf - inf = NaN."""
+    length = 150
+    keys = np.where(np.arange(length) % 3 == 0, 1.0, -1.0)[None, :, None] * np.full((1, length, 64), 65504.0)
+    q = np.full((4, 64), 65504.0, np.float32)
+    q[1] *= -1  # the negative keys win
+    q[2] *= np.float32(1e-3)
+    q[3, ::2] *= -1  # every score 0: uniform weights
+    for scale in (max_scale(64), 1.2e-38):
+        kernel = attention(4, 1, 64, length, kv_dtype, scale=scale)
+        kind, scalars = kernel.definition, {"seq_len": length}
+        assert kind.splits(length) > 1
+        inputs = kind.sample_inputs(np.random.default_rng(0), scalars)
+        inputs["q"], inputs["k_cache"] = q, from_float(keys, kv_dtype)
+        assert_passes(compare(kernel, run(kernel, inputs, scalars), kind.reference(inputs, scalars), scalars))
 
 
 # --- metadata and performance properties ------------------------------------------------------------

@@ -182,10 +182,12 @@ class Kind:
             raise NotImplementedError(f"{self.name}: no tolerance derived for {param.dtype} output {param.name!r}")
         return F32_TOLERANCE
 
-    def error_bound(self, param: Param, arrays: dict[str, np.ndarray], reference: np.ndarray) -> np.ndarray | None:
+    def error_bound(self, param: Param, arrays: dict[str, np.ndarray], reference: np.ndarray,
+                    scalars: dict[str, int]) -> np.ndarray | None:
         """Per-element bound on |result - reference| for written `param` (float64, the reference's
         shape), from the kind's error analysis; None where the kind gives only `tolerance`.
-        `arrays` are the launch's arrays: read only its read-only parameters (they hold the inputs)."""
+        `arrays` are the launch's arrays: read only its read-only parameters (they hold the inputs);
+        `scalars` its runtime scalars."""
         return None
 
     def rewritten(self, param: Param, arrays: dict[str, np.ndarray], scalars: dict[str, int]) -> tuple | None:

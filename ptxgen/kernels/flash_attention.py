@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..abi import scalar
 from ..dtypes import DTYPES, from_float, to_float64
+from ..hardware_errors import MMA_SUM, RCP_REL
 from .base import Geometry, Kind, KernelConfig, Param, Traffic, ceil_div
 
 MAX_SEQ_LEN = 1 << 24  # keeps every in-kernel u32 row index far from overflow
@@ -108,15 +109,17 @@ def attention_reference(q, k, v, scale: float, causal: bool) -> np.ndarray:
 
 
 UNIT_ROUNDOFF = {"f32": 0.0, "f16": 2.0**-11, "bf16": 2.0**-8}
-# Largest rounding error of a P below the smallest normal number of the input dtype.
-SUBNORMAL_ERROR = {"f16": 2.0**-25, "bf16": 2.0**-134}
+# Largest error of a P the kernel rounds below the normal range: half the f16 subnormal spacing;
+# for bf16 the flush of ex2.approx.ftz below 2^-126 (bf16 has f32's exponent range).
+SUBNORMAL_ERROR = {"f16": 2.0**-25, "bf16": 2.0**-126}
 F32_ROUNDOFF = 2.0**-24
-MMA_ERROR = 3.6 * F32_ROUNDOFF  # per mma.sync: this times (sum |a*b| + |c|) (NOTES.md, measured)
+MMA_ERROR = MMA_SUM  # per mma: this times (sum |a*b| + |c|) (hardware_errors, measured)
 EX2_ERROR = 2.0**-21  # ex2.approx.ftz.f32: 2^-22 relative (PTX ISA), doubled
 ERROR_ROWS = 64  # rows per step of the bound's [rows, keys, head_dim] temporary
 
 
-def attention_error_bound(q, k, v, scale: float, causal: bool, dtype: str, out_dtype: str, block_n: int) -> np.ndarray:
+def attention_error_bound(q, k, v, scale: float, causal: bool, dtype: str, out_dtype: str, block_n: int,
+                          rounded_sum: bool = True) -> np.ndarray:
     """Per-element bound on |kernel o - exact o| (float64 q [H, S, D], k/v [G, S, D] of the stored inputs).
 
     In row i the kernel weighs key j by P_j = p_j (1 + d_j) + a_j, p_j = 2^(c (s_j - m)) for its
@@ -125,8 +128,15 @@ def attention_error_bound(q, k, v, scale: float, causal: bool, dtype: str, out_d
     subnormal rounding error. With sum_j p_j (v_j - o) = 0,
         o_kernel - o = sum_j (p_j d_j + a_j) (v_j - o) / sum_j P_j,
         |o_kernel - o| <= ((u + eta) sum_j w_j |v_j - o| + a sum_j |v_j - o|) / (1 - u - eta - n a).
-    On top: the f32 mma chains summing P V and l (MMA_ERROR per mma, one per 16 keys), the O/l
-    rescales (one rounding per tile), rcp and the final multiply, and the output rounding.
+    That holds when the row sum l adds the same rounded P as P V does (`rounded_sum`, sm_80: l is
+    P times a ones matrix). The sm_90a kernel adds the unrounded f32 P into l, so the rounding r_j
+    (|r_j| <= u) reaches O alone: o_kernel - o = (sum_j p_j d_j (v_j - o) + sum_j p_j r_j v_j) / sum_j P_j
+    with |d_j| <= eta, and the rounding is bounded by u sum_j w_j |v_j| (|v_j|, not |v_j - o|: up to
+    36x more where a row's values agree in a dimension, measured on the tests' shapes).
+    On top: the f32 mma chains summing P V and l (MMA_ERROR per mma, one per 16 keys; sm_90a: l
+    by f32 adds, block_n / 4 a tile and thread plus 2 shuffles), the O/l rescales (one rounding
+    per tile), the reciprocal (rcp.rn, or sm_90a's rcp.approx) and the final multiply, and the
+    output rounding.
     """
     heads, seq_len, head_dim = q.shape
     group = heads // k.shape[0]
@@ -134,6 +144,12 @@ def attention_error_bound(q, k, v, scale: float, causal: bool, dtype: str, out_d
     unit, tiny = UNIT_ROUNDOFF[dtype], SUBNORMAL_ERROR[dtype]
     tiles = ceil_div(seq_len, block_n)
     accumulate = MMA_ERROR * (ceil_div(seq_len, 16) + 2) + F32_ROUNDOFF * (tiles + 4)
+    if rounded_sum:
+        row_sum, consistent = accumulate, unit
+    else:
+        row_sum = F32_ROUNDOFF * (tiles * (block_n // 4 + 1) + 4) + RCP_REL
+        accumulate += RCP_REL
+        consistent = 0.0
     visible = np.tril(np.ones((seq_len, seq_len), bool)) if causal else np.ones((seq_len, seq_len), bool)
     keys = visible.sum(axis=1)[:, None]
     bound = np.empty_like(q)
@@ -154,10 +170,15 @@ def attention_error_bound(q, k, v, scale: float, causal: bool, dtype: str, out_d
             deviation = np.abs(v32[None, :, :] - out32[part, None, :])
             spread[part] = (weights32[part, None, :] @ deviation)[:, 0, :]
         spread = spread * (1 + (seq_len + 3) * 2.0**-23)
-        below_normal = tiny * (visible @ np.abs(vh) + keys * np.abs(out))  # >= tiny sum_j |v_j - o_i|
-        softmax = ((unit + eta) * spread + below_normal) / (1 - unit - eta - keys * tiny)
         absolute = (weights @ np.abs(vh)) * (1 + unit + eta) / (1 - unit - eta)
-        total = softmax + accumulate * (absolute + np.abs(out) + softmax) / (1 - accumulate)
+        if rounded_sum:
+            below_normal = tiny * (visible @ np.abs(vh) + keys * np.abs(out))  # >= tiny sum_j |v_j - o_i|
+            softmax = ((unit + eta) * spread + below_normal) / (1 - unit - eta - keys * tiny)
+        else:
+            rounded_in_o = unit * absolute + tiny * (visible @ np.abs(vh))
+            softmax = (eta * spread + rounded_in_o) / (1 - eta - keys * tiny)
+        softmax = softmax + row_sum * (np.abs(out) + softmax) / (1 - row_sum)
+        total = softmax + accumulate * absolute / (1 - row_sum)
         bound[h] = total + UNIT_ROUNDOFF[out_dtype] * (np.abs(out) + total)
     return bound
 
@@ -284,6 +305,11 @@ class FlashAttention(Kind):
         # 0.8 u_in. (2) An f16/bf16 output is rounded once on store: RMS u_out/sqrt(3); allowed
         # u_out. f32 accumulation and ex2.approx add ~1e-6.
         return 0.8 * UNIT_ROUNDOFF[self.config.dtype] + UNIT_ROUNDOFF[param.dtype]
+
+    def error_bound(self, param, arrays, reference, scalars):
+        c = self.config
+        q, k, v = (to_float64(arrays[name], c.dtype) for name in ("q", "k", "v"))
+        return attention_error_bound(q, k, v, self.scale, c.causal, c.dtype, c.out_dtype, c.block_n)
 
     def traffic(self, scalars) -> Traffic:
         c = self.config

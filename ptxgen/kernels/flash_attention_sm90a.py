@@ -44,8 +44,9 @@ import math
 from dataclasses import dataclass
 
 from ..abi import scalar
+from ..dtypes import to_float64
 from .base import Geometry, ceil_div
-from .flash_attention import FlashAttention, FlashAttentionConfig
+from .flash_attention import FlashAttention, FlashAttentionConfig, attention_error_bound
 
 WARPGROUP = 128
 REGISTER_FILE = 65536
@@ -197,3 +198,10 @@ class FlashAttentionSm90a(FlashAttention):
 
     def static_shared(self) -> int:
         return self.plan.static_shared
+
+    def error_bound(self, param, arrays, reference, scalars):
+        """attention_error_bound of this kernel's arithmetic: l adds the f32 P, P V the rounded P."""
+        c = self.config
+        q, k, v = (to_float64(arrays[name], c.dtype) for name in ("q", "k", "v"))
+        return attention_error_bound(q, k, v, self.scale, c.causal, c.dtype, c.out_dtype, self.plan.block_n,
+                                     rounded_sum=False)

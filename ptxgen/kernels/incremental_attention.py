@@ -37,7 +37,8 @@ it, the macros of templates/families/attention.ptx.j2 write it out):
 - Online softmax in the exp2 domain: q is multiplied once by scale*log2(e), so every
   probability is a single ex2.approx. Running maxima start at -3e38 (not -inf), so no
   (-inf) - (-inf) ever occurs; keys past the end get a score of -inf and weigh exactly 0.
-  o is rescaled only when a row's running max moves.
+  o is rescaled only when a row's running max moves. Per-element error bound:
+  decode_attention_error_bound (the score's error, not P's rounding, dominates it).
 - Split-KV with the last CTA combining: with one split the CTA writes `out` directly.
   Otherwise it writes its unnormalised partial to the `partials` workspace and, after a CTA
   barrier, thread 0 bumps the per-KV-head counter in `counters` with one atom.acq_rel.gpu
@@ -68,15 +69,22 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from ..dtypes import DTYPES, from_float, to_float64
+from ..dtypes import DTYPES, UNIT_ROUNDOFF, from_float, to_float64
 from ..errors import LaunchError
 from ..abi import maximum, minimum, scalar
-from .base import Geometry, Kind, KernelConfig, Param, Traffic
-from .families.attention import SM_REGISTERS, AttentionPlan
+from ..hardware_errors import EX2_REL, MMA_SUM
+from .base import F32_TOLERANCE, Geometry, Kind, KernelConfig, Param, Traffic, ceil_div
+from .families.attention import LOG2E, SM_REGISTERS, AttentionPlan
 
 FloatDType = Literal["f32", "f16", "bf16"]
 HEAD_DIMS = (64, 128, 256)
 MAX_SEQ_LEN = 1 << 24
+# Running maxima start at -3e38 (NEG_BIG of templates/families/attention.ptx.j2), so every score
+# in the exp2 domain, scale * log2(e) * q.k, must stay finite and above it, its rounding included:
+# the spec's scale is bounded so that scores of q and K in f16's range (|q.k| <= head_dim * 65504^2)
+# stay within 2^127 (1.7e38) in magnitude.
+MAX_SCORE = 2.0**127
+F16_MAX = 65504.0
 
 
 class IncrementalAttentionConfig(KernelConfig):
@@ -86,7 +94,7 @@ class IncrementalAttentionConfig(KernelConfig):
     head_dim: int
     max_seq_len: int = Field(ge=1, le=MAX_SEQ_LEN)
     kv_dtype: FloatDType = "f16"
-    scale: float | None = Field(default=None, gt=0)
+    scale: float | None = Field(default=None, gt=0)  # at most max_scale(head_dim): see MAX_SCORE
     indirect_seq_len: bool = False
     # The split rule: about `ctas_per_sm` CTAs on each of `sm_count` SMs at long contexts (default:
     # 32 warps an SM, e.g. 2 CTAs of 16 warps).
@@ -107,6 +115,10 @@ class IncrementalAttentionConfig(KernelConfig):
             raise ValueError(f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})")
         if self.num_kv_heads * self.max_seq_len > (1 << 32) - (1 << 16):
             raise ValueError("num_kv_heads * max_seq_len must be below 2^32 - 2^16 (cache rows are indexed in u32)")
+        if self.scale is not None and self.scale > max_scale(self.head_dim):
+            raise ValueError(f"scale: at most {max_scale(self.head_dim):.4g} for head_dim {self.head_dim} (scores of "
+                             "q and K in f16's range times scale * log2(e) must stay within 2^127, above the kernel's "
+                             f"initial running max -3e38), got {self.scale!r}")
         plan = attention_plan(self)
         if self.num_kv_heads * plan.max_splits * plan.group * plan.row >= 1 << 31:
             raise ValueError("the split-KV workspace would need 2^31 floats or more")
@@ -228,6 +240,20 @@ class IncrementalAttention(Kind):
             to_float64(arrays["q"], "f32"), to_float64(arrays["k_cache"], c.kv_dtype),
             to_float64(arrays["v_cache"], c.kv_dtype), length, c.softmax_scale)}
 
+    def tolerance(self, param: Param) -> float:
+        """Relative L2 (decode_attention_error_bound is the per-element bound): the f32 default.
+        Correct kernels measure at most 6e-7 over the tests' shapes in the pessimistic interpreter;
+        the bound itself sums every rounding at its worst (relative L2 of the bound 5e-6..7e-5 for
+        sample inputs), which independent roundings do not reach, so the tolerance is the tighter
+        aggregate check (a probability exponent off by 2^-16 measures 0.8-1.0x of it)."""
+        return F32_TOLERANCE
+
+    def error_bound(self, param, arrays, reference, scalars):
+        c = self.config
+        return decode_attention_error_bound(
+            self.plan, to_float64(arrays["q"], "f32"), to_float64(arrays["k_cache"], c.kv_dtype),
+            to_float64(arrays["v_cache"], c.kv_dtype), self.device_length(arrays, scalars))
+
     def traffic(self, scalars) -> Traffic:
         c = self.config
         length = self.clamped_length(scalars)
@@ -240,6 +266,11 @@ class IncrementalAttention(Kind):
 
         return decode_attention_peers(torch, tensors["q"], tensors["k_cache"], tensors["v_cache"],
                                       self.clamped_length(scalars), self.config.softmax_scale)
+
+
+def max_scale(head_dim: int) -> float:
+    """The largest softmax scale whose exp2-domain scores of f16-range q and K stay within MAX_SCORE."""
+    return MAX_SCORE / (LOG2E * head_dim * F16_MAX**2)
 
 
 def attention_plan(config) -> AttentionPlan:
@@ -260,4 +291,89 @@ def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, length: int
         scores = scale * (keys @ q[h])
         weights = np.exp(scores - scores.max())
         out[h] = (weights / weights.sum()) @ values
+    return out
+
+
+U = UNIT_ROUNDOFF["f32"]
+# Relative error of an f32 operand as the sum of its mma-type parts (split_pair): 2 f16 parts
+# keep 22 bits; 3 bf16 parts keep all 24 (each residual has at most 8 bits fewer); an f32 cache
+# drops the products of parts below 2^-24 of the whole (q2 k3 and q3 k2: 2^-8 * 2^-16 each).
+PART_ERROR = {"f16": 2.0**-22, "bf16": 0.0, "f32": 2.0**-23}
+# Absolute error of a part below the normal range of its type (half its subnormal spacing).
+F16_PART_FLOOR, BF16_PART_FLOOR, F32_FLUSH = 2.0**-25, 2.0**-134, 2.0**-126
+
+
+def decode_attention_error_bound(plan: AttentionPlan, q, k, v, length: int) -> np.ndarray:
+    """Per-element bound on |kernel out - exact out| of the attention family's arithmetic
+    (templates/families/attention.ptx.j2) for float64 q [H, D], k/v [G, >= L, D] (the stored values).
+
+    Notation (one head): t_j = c q.k_j the exact scores in the exp2 domain (c = scale log2 e),
+    M = max t, p_j = 2^(t_j - M), l = sum p, w = p / l, o = w V, A_j = c sum_d |q_d k_jd|, S = sum_j p_j |v_j|.
+    1. Each weight reaches O and l as p_j (1 + d_j) with |d_j| <= D_j = 2^E_j e^(n_ex2 EX2_REL) - 1,
+       E_j = g A_j + floor_j + 3u (M - t_j + 2 max E). g: q c rounded (u), q as parts (PART_ERROR),
+       the score mmas (MMA_SUM of sum |ab|, one per k-step; chained over the slice for f32 caches)
+       and the f32 adds of the rows, k-steps and dim slices (u sum |ab| each at most). 3u (M - t_j):
+       c rounded to f32, s_j - m, and every later max difference of the rescales and merges,
+       which telescope (each is at most the step of a running max from m_j up to M). n_ex2: the
+       key's ex2 and each rescale or merge weight applied after it.
+    2. O and l sum these weights in f32 with errors E_O <= e_O S (mma chains: MMA_SUM of the
+       running sum each; rescale and merge roundings: u each; P as parts: PART_ERROR) and
+       E_l <= e_l l (every f32 add, rescale and merge rounding: u each).
+    3. With sum_j p_j (v_j - o) = 0:  O/l' - o = (sum_j p_j d_j (v_j - o) + E_O - o E_l) / (l' + E_l), so
+       |out - o| <= (sum w_j D_j |v_j - o| + e_O sum w_j (1 + D_j) |v_j| + e_l |o'|) / ((1 - sum w D)(1 - e_l)),
+       plus the rcp.rn and the final multiply: 2u of the result. Weights the kernel flushes to 0
+       (below 2^-126 of a running max) and parts below their type's normal range add floors."""
+    num_heads, head_dim = q.shape
+    out = np.zeros((num_heads, head_dim))
+    if length == 0:
+        return out  # the kernel writes 0 exactly
+    parts = plan.mma_type if plan.kv_dtype != "f32" else "f32"
+    chunk, splits = plan.split(length)
+    tiles = ceil_div(min(chunk, length), plan.tile)
+    key_groups, terms = plan.key_groups, len(plan.terms)
+    natural = plan.kv_dtype != "f32"
+    # The score: q c and its parts, the mmas, the adds (rows, k-steps, dim slices).
+    mma_steps = 1 if natural else terms * plan.k_steps
+    adds = (2 * plan.k_steps - 1 if natural else 1) + plan.dim_warps - 1
+    score_error = U + PART_ERROR[parts] + MMA_SUM * (1 + 2.0**-7) * mma_steps + U * adds
+    # The final combine (several splits): merge calls a lane chains, and the partials it adds.
+    lanes = plan.split_lanes
+    calls = (ceil_div(splits, plan.splits_per_round * lanes) * ceil_div(plan.splits_per_round, 4)
+             + lanes.bit_length() - 1) if splits > 1 else 0
+    merge_roundings = key_groups + (2 * calls + splits if splits > 1 else 0)
+    ex2_per_key = tiles + (key_groups > 1) + (1 + calls if splits > 1 else 0)
+    o_error = (MMA_SUM * (1 + 2.0**-7) * tiles * (plan.group_keys // 16) * terms + PART_ERROR[parts]
+               + U * (tiles + merge_roundings))
+    l_error = U * (tiles * (plan.scores + 1) + 2 + merge_roundings)
+    c = plan.q_scale
+    group = num_heads // k.shape[0]
+    for h in range(num_heads):
+        keys, values = k[h // group, :length], v[h // group, :length]
+        qx = c * q[h]
+        t = keys @ qx
+        top = t.max()
+        p = np.exp2(t - top)
+        weights = p / p.sum()
+        o = weights @ values
+        floor = F32_FLUSH * np.abs(keys).sum(axis=1)
+        if parts == "f16":
+            floor += 2.0**-39 * np.abs(qx).max() * np.abs(keys).sum(axis=1)
+        exponent = score_error * (np.abs(keys) @ np.abs(qx)) + floor
+        exponent += 3 * U * (top - t + 2 * exponent.max())
+        # Capped, not inf: a key of weight 0 (a score error of 2^1000 on it) must add 0, not NaN.
+        with np.errstate(over="ignore"):
+            relative = np.minimum(np.expm1(math.log(2) * exponent + ex2_per_key * EX2_REL), 1e300)
+        spread = (weights * relative) @ np.abs(values - o)
+        # Weights flushed below 2^-126, and P parts below their type's normal range (f16: P is
+        # scaled by 2^15 first), as absolute errors of each weight (l >= 1 in units of M).
+        flushed = F32_FLUSH * np.abs(values - o).sum(axis=0) / p.sum()
+        part_floor = (F16_PART_FLOOR / plan.p_scale if parts == "f16" else BF16_PART_FLOOR)
+        absolute = ((weights * (1 + relative)) @ np.abs(values)) * o_error + part_floor * np.abs(values).sum(axis=0) / p.sum()
+        shrink = (1 - (weights * relative).sum() - length * F32_FLUSH) * (1 - l_error)
+        if not shrink > 0:  # scores so large that their errors can reorder the softmax: no bound
+            out[h] = np.inf
+            continue
+        softmax = (spread + flushed + absolute + l_error * np.abs(o)) / shrink
+        softmax += l_error * softmax / shrink  # |o'| <= |o| + its own error
+        out[h] = softmax + 2 * U * (1 + 2 * U) * (np.abs(o) + softmax)
     return out

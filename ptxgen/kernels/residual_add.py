@@ -49,7 +49,7 @@ class ResidualAdd(ElementwiseLaunch, Kind):
     def tolerance(self, param: Param) -> float:
         return UNIT_ROUNDOFF["f32"]
 
-    def error_bound(self, param, arrays, reference):
+    def error_bound(self, param, arrays, reference, scalars):
         return half_ulp(reference, "f32")
 
     def traffic(self, scalars) -> Traffic:

@@ -181,7 +181,7 @@ class Rmsnorm(Kind):
     def tolerance(self, param: Param) -> float:
         return self.f32_error() + UNIT_ROUNDOFF[param.dtype]
 
-    def error_bound(self, param, arrays, reference):
+    def error_bound(self, param, arrays, reference, scalars):
         return self.f32_error() * np.abs(reference) + half_ulp(reference, param.dtype)
 
     def traffic(self, scalars) -> Traffic:

@@ -165,7 +165,7 @@ class Rope(Kind):
     def tolerance(self, param: Param) -> float:
         return ROPE_TOLERANCE
 
-    def error_bound(self, param, arrays, reference):
+    def error_bound(self, param, arrays, reference, scalars):
         return ANGLE_ERROR * pair_norms(reference, self.config.style)
 
     def traffic(self, scalars) -> Traffic:

@@ -79,7 +79,7 @@ class Swiglu(ElementwiseLaunch, Kind):
     def tolerance(self, param: Param) -> float:
         return float(swiglu_error(np.log(FLUSHED))) + UNIT_ROUNDOFF["f32"]
 
-    def error_bound(self, param, arrays, reference):
+    def error_bound(self, param, arrays, reference, scalars):
         gate = arrays["gate"].astype(np.float64)
         flushed = np.where(sigmoid(gate) < FLUSHED, np.abs(reference), 0.0)
         return swiglu_error(gate) * np.abs(reference) + half_ulp(reference, "f32") + flushed
