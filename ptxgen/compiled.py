@@ -79,12 +79,16 @@ class CompiledKernel:
         return {arch: binary.cubin for arch, binary in self.binaries.items()}
 
     def variant(self, arch: str | None = None) -> Variant:
-        """The variant that serves `arch` (its own PTX target if it has one), else the portable one."""
+        """The variant whose code runs on a GPU of `arch`: the one its cubin was made from
+        (binary_for: an sm_90 GPU runs the sm_90a cubin when there is one), else the PTX the driver
+        would JIT; the portable one for None. Launch geometry, the interpreter and grading all
+        follow it, so they agree with what the device loads."""
         if arch is None:
             return self.portable
-        if arch in self.binaries:
-            return self.variants[self.binaries[arch].target]
-        return self.variants.get(arch, self.portable)
+        binary = self.binary_for(arch)
+        if binary is not None:
+            return self.variants[binary.target]
+        return self.jit_variant(arch) or self.portable
 
     def binary_for(self, device_arch: str) -> Binary | None:
         """The cubin that runs on a GPU of `device_arch` (e.g. sm_90): its arch-specific (sm_90a)

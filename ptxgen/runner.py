@@ -68,9 +68,14 @@ def prepare_arrays(compiled: CompiledKernel, inputs: dict[str, np.ndarray],
 def launch_arrays(compiled: CompiledKernel, arrays: dict[str, np.ndarray], scalars: dict[str, int],
                   backend: str = "emulator", sanitize: bool = True, arch: str | None = None) -> None:
     """One launch over host arrays (every array parameter, workspaces included), updated in place.
-    `arch` picks an arch-specific variant for the emulator (default: the portable PTX)."""
+    `arch`: the GPU whose variant runs (CompiledKernel.variant); default: the portable PTX in the
+    emulator, the device's own on the device."""
     if backend not in BACKENDS:
         raise LaunchError(f"--backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == "device" and arch is None:
+        from .device import session
+
+        arch = session().arch  # the geometry of the variant the device loads (sm_90a on an H100, if built)
     launch = compiled.launch(scalars, arch)
     if launch.empty:
         return

@@ -82,9 +82,7 @@ def ran_target(compiled: CompiledKernel, backend: str, arch: str | None) -> str:
         return compiled.variant(arch).target
     from .device import session
 
-    gpu_arch = session().arch
-    binary = compiled.binary_for(gpu_arch)
-    return binary.target if binary is not None else compiled.jit_variant(gpu_arch).target
+    return compiled.variant(session().arch).target
 
 
 def compare(compiled: CompiledKernel, arrays: dict[str, np.ndarray], reference: dict[str, np.ndarray],

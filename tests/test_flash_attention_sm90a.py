@@ -116,3 +116,16 @@ def test_plan_overlaps_where_registers_allow():
     assert sm90a_plan(attention_config(4, 1, 64)).overlap
     assert not sm90a_plan(attention_config(4, 1, 128)).overlap
     assert sm90a_plan(attention_config(4, 1, 128), block_n=64).overlap
+
+
+def test_an_sm90_gpu_runs_the_sm90a_variant_with_its_geometry():
+    """Built for sm_80, sm_90 and sm_90a: a GPU of sm_90 loads the sm_90a cubin (binary_for), so the
+    variant, launch geometry and grading for "sm_90" are sm_90a's; sm_80 and sm_86 GPUs get the
+    portable ones. (Before, variant("sm_90") gave the portable geometry for the sm_90a cubin.)"""
+    kernel = compile_kernel(attention_config(2, 1, 64), ("sm_80", "sm_90", "sm_90a"))
+    scalars = {"seq_len": 300}
+    assert kernel.binary_for("sm_90").target == "sm_90a"
+    assert kernel.variant("sm_90").target == "sm_90a"
+    assert kernel.launch(scalars, "sm_90") == kernel.launch(scalars, "sm_90a") != kernel.launch(scalars, "sm_80")
+    for arch in ("sm_80", "sm_86"):
+        assert kernel.variant(arch) is kernel.portable and kernel.binary_for(arch).target == kernel.portable.target
