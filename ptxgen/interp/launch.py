@@ -400,6 +400,7 @@ def _barrier(st, ex, pc, active, sel, cohorts, waiting, arrived, waiting_pc, exi
     released = np.flatnonzero(done)
     arrived[released] = 0
     waiting_pc[released] = -1
+    st.ordering.barrier(st.cta_ids[released])
     if st.races is not None:
         st.races.barrier(released)
     if st.async_state is not None:
