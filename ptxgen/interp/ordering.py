@@ -259,17 +259,18 @@ class Ordering:
         return (np.where(seen, got[np.arange(len(writer)), writer], 0),
                 np.where(seen, got[np.arange(len(writer)), writer + self.num_ctas], 0))
 
-    def _covered(self, writer, epoch, thread, release, cover):
-        """Whether a release of CTA writer at epoch `release`, covering all threads' writes
-        below `cover`, orders a write at `epoch` by thread `thread` (None: look it up): the
-        write precedes a bar.sync before the release, or its own thread released after it."""
+    def _covered(self, writer, epoch, threads, release, cover):
+        """Whether a release of CTA writer at epoch `release`, covering every thread's writes
+        below epoch `cover`, orders a write at `epoch`: the write precedes a bar.sync before the
+        release, or its thread released after it. threads(k): the writing threads of writes k,
+        [len(k), bytes] (a write's bytes may have several)."""
         ok = epoch < cover
         maybe = np.flatnonzero(~ok & (epoch < release))
         if len(maybe) and self.by_thread and len(self.own):
-            base = (writer[maybe] << OWN_CTA_SHIFT) | (thread(maybe) << OWN_THREAD_SHIFT)
-            at = np.searchsorted(self.own, base + epoch[maybe] + 1)
+            base = (writer[maybe, None] << OWN_CTA_SHIFT) | (threads(maybe) << OWN_THREAD_SHIFT)
+            at = np.searchsorted(self.own, base + epoch[maybe, None] + 1)
             found = self.own[np.minimum(at, len(self.own) - 1)]
-            ok[maybe] = (at < len(self.own)) & (found <= base + release[maybe])
+            ok[maybe] = ((at < len(self.own)) & (found <= base + release[maybe, None])).all(axis=1)
         return ok
 
     # -- records
@@ -294,16 +295,16 @@ class Ordering:
                 self.before[region] = np.zeros(self.memory.sizes[region], np.uint8)
         return self.records[region]
 
-    def _thread_of(self, region, off, per, size):
-        """thread(k): the writing thread of record k (the latest of its bytes' writers)."""
-        def thread(k):
+    def _threads_of(self, region, off, per, size):
+        """threads(k): the writing threads of records k's bytes, [len(k), bytes]."""
+        def threads(k):
             stamps = self.threads[region]
             if per == 1:            # one record for the access's bytes, maybe several writers
-                return stamps[off[k][:, None] + np.arange(size)].max(axis=1).astype(np.int64)
-            return stamps[off[k // per] + k % per].astype(np.int64)
-        return thread
+                return stamps[off[k][:, None] + np.arange(size)].astype(np.int64)
+            return stamps[off[k // per] + k % per][:, None].astype(np.int64)
+        return threads
 
-    def _unordered(self, rec, readers, thread):
+    def _unordered(self, rec, readers, threads):
         """Which records (CTA w wrote weakly, at epoch e) no acquire by the reading CTA orders
         before its read: the reader is another CTA and has acquired no release of w covering it."""
         writer = rec >> np.uint64(CTA_SHIFT)       # the strong bit lands above the CTA field
@@ -315,7 +316,7 @@ class Ordering:
         epoch = ((rec[k] >> np.uint64(EPOCH_SHIFT)) & np.uint64((1 << EPOCH_BITS) - 1)).astype(np.int64)
         writer = writer[k].astype(np.int64) - 1
         release, cover = self._acquired(writer, readers[k])
-        foreign[k] = ~self._covered(writer, epoch, lambda j: thread(k[j]), release, cover)
+        foreign[k] = ~self._covered(writer, epoch, lambda j: threads(k[j]), release, cover)
         return foreign
 
     @staticmethod
@@ -337,7 +338,7 @@ class Ordering:
         if region not in self.records:
             return raw
         rec, readers, per = self._records(region, off, size, ctas)
-        bad = rec != 0 if access.nc else self._unordered(rec, readers, self._thread_of(region, off, per, size))
+        bad = rec != 0 if access.nc else self._unordered(rec, readers, self._threads_of(region, off, per, size))
         if not bad.any():
             return raw
         if self.sanitize:
@@ -381,7 +382,7 @@ class Ordering:
         self._region(region)
         rec, writers, per = self._records(region, off, size, ctas)
         if self.sanitize:
-            bad = self._unordered(rec, writers, self._thread_of(region, off, per, size))
+            bad = self._unordered(rec, writers, self._threads_of(region, off, per, size))
             if bad.any():
                 self._report(what, region, off, per, rec, bad, threads)
         new = _stamp(ctas, self.epoch[ctas], access.strong, self.st.pc)
@@ -463,11 +464,8 @@ class Ordering:
         access = {"read": "reads", "write": "overwrites", "atomic": "atomically updates"}[what]
         signal = self.signals.get(writer)
         wrote_by = int(self.threads[region][int(off[i]) + j]) if self.by_thread else 0
-        one = lambda v: np.array([v], np.int64)        # noqa: E731
-
-        def covers(release, cover):
-            return self._covered(one(writer), one(epoch), lambda _: one(wrote_by), one(release), one(cover))[0]
-        release, cover = (int(x[0]) for x in self._acquired(one(writer), one(self.st.cta_global[threads[i]])))
+        writers, epochs = np.array([writer]), np.array([epoch])
+        release, cover = (int(x[0]) for x in self._acquired(writers, self.st.cta_global[threads[i:i + 1]]))
         if signal is not None and signal[1] <= epoch <= signal[2]:
             why = (f"CTA {self.where_cta(writer)} signalled with {self._instruction(signal[0])} without "
                    "releasing that write first (a flag or counter atomic needs fence.acq_rel.gpu / "
@@ -479,7 +477,8 @@ class Ordering:
                    f"{self._thread(wrote_by)}: a release covers its own thread's earlier writes and "
                    "those a bar.sync ordered before it (a bar.sync between the write and the release "
                    "is missing)")
-        elif covers(self.release_at[writer], self.cover_at[writer]):
+        elif self._covered(writers, epochs, lambda _: np.array([[wrote_by]]), self.release_at[writers],
+                           self.cover_at[writers])[0]:
             why = ("this CTA never acquired a release of it (a fence.acq_rel.gpu / membar.gl after the "
                    "atomic or ld.relaxed that observed the writer, or an .acquire, is missing)")
         else:
