@@ -335,8 +335,8 @@ def test_release_does_not_cover_other_threads_writes_without_a_barrier_before_it
 
 
 def test_a_word_whose_bytes_two_threads_wrote_needs_both_covered():
-    """Threads 0 and 1 store one byte each of a word (one instruction: one record), thread 1
-    releases; CTA 1 reads the word: thread 0's byte is not covered."""
+    """Threads 0-3 store one byte each of a word (one instruction: one record), thread 3
+    releases; CTA 1 reads the word: threads 0-2's bytes are not covered."""
     ptx = module("""
   .reg .b32 %c, %t, %v, %g;
   .reg .b64 %d, %f, %o, %off;
@@ -352,7 +352,7 @@ def test_a_word_whose_bytes_two_threads_wrote_needs_both_covered():
   add.s64 %off, %d, %off;
   add.u32 %v, %t, 1;
   st.global.u8 [%off], %v;
-  setp.ne.u32 %p, %t, 1;
+  setp.ne.u32 %p, %t, 3;
   @%p bra PRODUCED;
   st.release.gpu.global.u32 [%f], 1;
 PRODUCED:
@@ -364,9 +364,9 @@ CONSUMER:
   ld.global.u32 %v, [%d];
   st.global.u32 [%o], %v;
   ret;""", ".param .u64 data, .param .u64 flag, .param .u64 out")
-    with pytest.raises(SanitizerError, match=r"reads data\[0\].* by thread \(1,0,0\)\) does not cover that write by "
+    with pytest.raises(SanitizerError, match=r"reads data\[0\].* by thread \(3,0,0\)\) does not cover that write by "
                        r"thread \(0,0,0\)"):
-        launch(ptx, "k", (2, 1, 1), (2, 1, 1), [np.zeros(1, np.uint32), np.zeros(1, np.uint32), np.zeros(1, np.uint32)])
+        launch(ptx, "k", (2, 1, 1), (4, 1, 1), [np.zeros(1, np.uint32), np.zeros(1, np.uint32), np.zeros(1, np.uint32)])
 
 
 # ---- a grid barrier (the persistent decoder's shape, spin out of line) ------------------
