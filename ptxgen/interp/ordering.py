@@ -1,14 +1,23 @@
-"""Global-memory ordering of one launch: which CTA wrote each global byte under which release,
-and which releases each CTA has acquired. A simplified release/acquire happens-before of the
-PTX memory consistency model (PTX ISA chapter 8) at CTA granularity: all threads of a CTA count
-as one agent (bar.sync orders them), and only .gpu/.sys scope operations order across CTAs.
+"""Global-memory ordering of one launch: which CTA and thread wrote each global byte, which of
+its CTA's releases cover that write, and which releases each CTA has acquired. A simplified
+release/acquire happens-before of the PTX memory consistency model (PTX ISA chapter 8): a
+release is cumulative over the writes that precede it in causality order (the releasing
+thread's own, and other threads' writes that a bar.sync put before it); acquisitions and
+reads count per CTA (all its threads as one agent); only .gpu/.sys scope operations order
+across CTAs.
 
 Rules
-- Epoch: each CTA counts its releases. Every global write is stamped with (CTA, epoch, strong?,
-  instruction).
+- Epoch: each CTA counts its events: releases, and completed bar.syncs after which some write
+  of the CTA came before it (a bar.sync with no global write since the last event needs no
+  epoch of its own). Every global write is stamped with (CTA, epoch, strong?, instruction),
+  and the writing thread (when the program releases at all).
 - Release: fence.sc / fence.acq_rel / fence.release / membar.gl|sys at .gpu or .sys scope, or a
-  st/atom/red with .release or .acq_rel, by any thread of the CTA: its epoch goes up by one, and
-  its clock (the epochs it has acquired, and its own new epoch) becomes its released clock.
+  st/atom/red with .release or .acq_rel, by some threads of the CTA: its epoch goes up by one;
+  the release covers the releasing threads' own earlier writes (each thread's first release
+  after a write of its own is kept) and every thread's writes before the CTA's last bar.sync
+  (all its threads' writes when every thread of the CTA releases in that one step). Its clock
+  (per CTA, the newest release acquired and the epoch below which that release covers every
+  thread's writes; its own new release and cover) becomes its released clock.
 - Publication (a release pattern's write, ISA 8.8): a strong write at .gpu/.sys scope
   (st.relaxed|release|volatile, atom, red) attaches the writer's released clock to the
   location. An atomic joins it to the clock the location carries (read-modify-writes continue
@@ -18,21 +27,30 @@ Rules
   volatile, atom; not red, whose read forms no acquire pattern) takes the location's clock;
   with .acquire/.acq_rel the CTA acquires it at once, otherwise at its next fence.sc/acq_rel/
   acquire.
-- A read of bytes that CTA w wrote at epoch e, by another CTA r, is ordered iff r has acquired an
-  epoch of w above e (a release of w after the write). Unordered it is a finding, unless both
-  accesses are strong (morally strong: no data race). A .nc / ldu read (non-coherent path) of
-  any byte written in this launch is a finding; so is a weak write over bytes another CTA wrote
-  weakly (unordered) and an atomic on bytes another CTA wrote weakly (unordered).
-- A publishing atomic not preceded by a release of the data it publishes (a flag or counter)
-  is reported where that data is read: the finding names the atomic.
+- A read of bytes that thread t of CTA w wrote at epoch e, by another CTA r, is ordered iff r
+  acquired a release of w, newest at epoch K, with a bar.sync of w between the write and that
+  release (e below its cover), or with a release by t itself after the write at an epoch up to
+  K. Unordered it is a finding, unless both accesses are strong (morally strong: no data
+  race). A .nc / ldu read (non-coherent path) of any byte written in this launch is a finding;
+  so is a weak write over bytes another CTA wrote weakly (unordered) and an atomic on bytes
+  another CTA wrote weakly (unordered).
+- Findings name why: a publishing atomic not preceded by a release of the data it publishes
+  (a flag or counter) names the atomic; an acquired release that does not cover the write (no
+  bar.sync between another thread's write and it) names the release and both threads.
 
 Values: an unordered weak or .nc read sees the bytes as they were before that write (the
 writer's store still in flight, or a stale line of the non-coherent cache), so with the
-sanitizer off an ordering bug gives a wrong answer rather than only a finding.
+sanitizer off an ordering bug gives a wrong answer rather than only a finding. The same
+coverage decides, so a store no release covers reads as stale even when lockstep scheduling
+ran it before the release.
 
-Limits: a fence releases every earlier write of its CTA, also writes of threads that no
-bar.sync ordered before the fencing thread; a read-then-write by two CTAs (write-after-read)
-is not tracked; .cluster scope counts as .cta (the interpreter launches no clusters).
+Limits: only the newest acquired release of each CTA is kept, so a release of thread t at an
+epoch up to it counts even if the reader acquired only a later release of another thread;
+acquisitions are per CTA (a thread's acquire orders its whole CTA's later reads, as the
+bar.sync that kernels put after it would); mbarrier waits order no global writes (only
+bar.sync does); reads of the writer's own CTA are never checked; a read-then-write by two
+CTAs (write-after-read) is not tracked; .cluster scope counts as .cta (the interpreter
+launches no clusters).
 """
 from typing import NamedTuple
 
@@ -202,7 +220,7 @@ class Ordering:
         own earlier writes, and all its threads' writes before its last bar.sync (all of them
         when every thread of the CTA releases at once)."""
         st = self.st
-        ctas, count = np.unique(st.cta_global[threads], return_counts=True)
+        ctas, lead, count = np.unique(st.cta_global[threads], return_index=True, return_counts=True)
         self._bump(ctas)
         whole = count == st.cta_threads
         self.release_at[ctas] = self.epoch[ctas]
@@ -221,8 +239,7 @@ class Ordering:
             clock[cta], clock[n + cta] = self.release_at[cta], self.cover_at[cta]
             self.released[cta] = clock
         if self.sanitize:
-            first = threads[np.unique(st.cta_global[threads], return_index=True)[1]]
-            for cta, t in zip(ctas.tolist(), st.lin[first].tolist()):
+            for cta, t in zip(ctas.tolist(), st.lin[threads[lead]].tolist()):
                 self.releases[(cta, int(self.epoch[cta]))] = (st.pc, t)
 
     def _publish(self, clock, cta):
@@ -254,10 +271,9 @@ class Ordering:
         if self.used == 0:
             zero = np.zeros(len(writer), np.int64)
             return zero, zero
-        got = self.rows[np.maximum(row, 0)]
-        seen = row >= 0
-        return (np.where(seen, got[np.arange(len(writer)), writer], 0),
-                np.where(seen, got[np.arange(len(writer)), writer + self.num_ctas], 0))
+        row, seen = np.maximum(row, 0), row >= 0
+        return (np.where(seen, self.rows[row, writer], 0),
+                np.where(seen, self.rows[row, writer + self.num_ctas], 0))
 
     def _covered(self, writer, epoch, threads, release, cover):
         """Whether a release of CTA writer at epoch `release`, covering every thread's writes
