@@ -228,7 +228,8 @@ class Ordering:
         if self.by_thread:
             mine = threads[self.thread_wrote[threads]]
             self.thread_wrote[mine] = False
-            mine = mine[~np.isin(st.cta_global[mine], ctas[whole])]
+            if whole.any():
+                mine = mine[~np.isin(st.cta_global[mine], ctas[whole])]
             if len(mine):
                 cta = st.cta_global[mine]
                 keys = np.sort((cta << OWN_CTA_SHIFT) | (st.lin[mine] << OWN_THREAD_SHIFT) | self.epoch[cta])
