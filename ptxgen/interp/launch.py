@@ -370,7 +370,8 @@ def _run_wave(st, code, sync_points, stats, name, rng, members):
 
 
 def _barrier(st, ex, pc, active, sel, cohorts, waiting, arrived, waiting_pc, exited, code):
-    """bar.sync: park the arriving threads; release each CTA once all its threads arrived."""
+    """bar.sync: park the arriving threads; release each CTA once all its threads arrived (for
+    the global-memory ordering, an event that orders its threads' writes before later releases)."""
     if ex.run is not None:
         count = np.asarray(ex.run(st, sel))
         if (count != st.cta_threads).any():
@@ -400,6 +401,7 @@ def _barrier(st, ex, pc, active, sel, cohorts, waiting, arrived, waiting_pc, exi
     released = np.flatnonzero(done)
     arrived[released] = 0
     waiting_pc[released] = -1
+    st.ordering.barrier(st.cta_ids[released])
     if st.races is not None:
         st.races.barrier(released)
     if st.async_state is not None:

@@ -1,14 +1,23 @@
-"""Global-memory ordering of one launch: which CTA wrote each global byte under which release,
-and which releases each CTA has acquired. A simplified release/acquire happens-before of the
-PTX memory consistency model (PTX ISA chapter 8) at CTA granularity: all threads of a CTA count
-as one agent (bar.sync orders them), and only .gpu/.sys scope operations order across CTAs.
+"""Global-memory ordering of one launch: which CTA and thread wrote each global byte, which of
+its CTA's releases cover that write, and which releases each CTA has acquired. A simplified
+release/acquire happens-before of the PTX memory consistency model (PTX ISA chapter 8): a
+release is cumulative over the writes that precede it in causality order (the releasing
+thread's own, and other threads' writes that a bar.sync put before it); acquisitions and
+reads count per CTA (all its threads as one agent); only .gpu/.sys scope operations order
+across CTAs.
 
 Rules
-- Epoch: each CTA counts its releases. Every global write is stamped with (CTA, epoch, strong?,
-  instruction).
+- Epoch: each CTA counts its events: releases, and completed bar.syncs after which some write
+  of the CTA came before it (a bar.sync with no global write since the last event needs no
+  epoch of its own). Every global write is stamped with (CTA, epoch, strong?, instruction),
+  and the writing thread (when the program releases at all).
 - Release: fence.sc / fence.acq_rel / fence.release / membar.gl|sys at .gpu or .sys scope, or a
-  st/atom/red with .release or .acq_rel, by any thread of the CTA: its epoch goes up by one, and
-  its clock (the epochs it has acquired, and its own new epoch) becomes its released clock.
+  st/atom/red with .release or .acq_rel, by some threads of the CTA: its epoch goes up by one;
+  the release covers the releasing threads' own earlier writes (each thread's first release
+  after a write of its own is kept) and every thread's writes before the CTA's last bar.sync
+  (all its threads' writes when every thread of the CTA releases in that one step). Its clock
+  (per CTA, the newest release acquired and the epoch below which that release covers every
+  thread's writes; its own new release and cover) becomes its released clock.
 - Publication (a release pattern's write, ISA 8.8): a strong write at .gpu/.sys scope
   (st.relaxed|release|volatile, atom, red) attaches the writer's released clock to the
   location. An atomic joins it to the clock the location carries (read-modify-writes continue
@@ -18,21 +27,30 @@ Rules
   volatile, atom; not red, whose read forms no acquire pattern) takes the location's clock;
   with .acquire/.acq_rel the CTA acquires it at once, otherwise at its next fence.sc/acq_rel/
   acquire.
-- A read of bytes that CTA w wrote at epoch e, by another CTA r, is ordered iff r has acquired an
-  epoch of w above e (a release of w after the write). Unordered it is a finding, unless both
-  accesses are strong (morally strong: no data race). A .nc / ldu read (non-coherent path) of
-  any byte written in this launch is a finding; so is a weak write over bytes another CTA wrote
-  weakly (unordered) and an atomic on bytes another CTA wrote weakly (unordered).
-- A publishing atomic not preceded by a release of the data it publishes (a flag or counter)
-  is reported where that data is read: the finding names the atomic.
+- A read of bytes that thread t of CTA w wrote at epoch e, by another CTA r, is ordered iff r
+  acquired a release of w, newest at epoch K, with a bar.sync of w between the write and that
+  release (e below its cover), or with a release by t itself after the write at an epoch up to
+  K. Unordered it is a finding, unless both accesses are strong (morally strong: no data
+  race). A .nc / ldu read (non-coherent path) of any byte written in this launch is a finding;
+  so is a weak write over bytes another CTA wrote weakly (unordered) and an atomic on bytes
+  another CTA wrote weakly (unordered).
+- Findings name why: a publishing atomic not preceded by a release of the data it publishes
+  (a flag or counter) names the atomic; an acquired release that does not cover the write (no
+  bar.sync between another thread's write and it) names the release and both threads.
 
 Values: an unordered weak or .nc read sees the bytes as they were before that write (the
 writer's store still in flight, or a stale line of the non-coherent cache), so with the
-sanitizer off an ordering bug gives a wrong answer rather than only a finding.
+sanitizer off an ordering bug gives a wrong answer rather than only a finding. The same
+coverage decides, so a store no release covers reads as stale even when lockstep scheduling
+ran it before the release.
 
-Limits: a fence releases every earlier write of its CTA, also writes of threads that no
-bar.sync ordered before the fencing thread; a read-then-write by two CTAs (write-after-read)
-is not tracked; .cluster scope counts as .cta (the interpreter launches no clusters).
+Limits: only the newest acquired release of each CTA is kept, so a release of thread t at an
+epoch up to it counts even if the reader acquired only a later release of another thread;
+acquisitions are per CTA (a thread's acquire orders its whole CTA's later reads, as the
+bar.sync that kernels put after it would); mbarrier waits order no global writes (only
+bar.sync does); reads of the writer's own CTA are never checked; a read-then-write by two
+CTAs (write-after-read) is not tracked; .cluster scope counts as .cta (the interpreter
+launches no clusters).
 """
 from typing import NamedTuple
 
@@ -47,6 +65,9 @@ CTA_SHIFT, CTA_BITS = 39, 24
 EPOCH_SHIFT, EPOCH_BITS = 19, 20
 PC_BITS = 19
 KEY_MASK = np.uint64((1 << (CTA_BITS + EPOCH_BITS)) - 1)     # (CTA, epoch) after >> EPOCH_SHIFT
+# A release by a thread that wrote since its previous release, as a sorted int64 key:
+# CTA | thread in its CTA (a CTA has at most 1024) | epoch of the release.
+OWN_THREAD_SHIFT, OWN_CTA_SHIFT = EPOCH_BITS, EPOCH_BITS + 10
 _SCOPES = ("cta", "cluster", "gpu", "sys")
 _SEMANTICS = ("relaxed", "acquire", "release", "acq_rel", "volatile", "mmio", "sc")
 
@@ -110,8 +131,21 @@ def _stamp(ctas, epochs, strong, pc):
     return rec | STRONG if strong else rec
 
 
+def _releases(program):
+    """Whether any instruction of the program releases at .gpu/.sys scope."""
+    for ins in program.instructions:
+        if ins.base in ("fence", "membar"):
+            effect = fence_of(ins.base, ins.mods)
+            if effect is not None and effect[1]:
+                return True
+        elif ins.base in ("st", "atom", "red") and access_of(ins.base, ins.mods).release:
+            return True
+    return False
+
+
 class Ordering:
-    """The ordering state of one launch; WaveState calls it for every global access."""
+    """The ordering state of one launch; WaveState calls it for every global access, launch
+    at every completed CTA barrier."""
 
     def __init__(self, memory, grid, program, sanitize):
         num_ctas = grid[0] * grid[1] * grid[2]
@@ -120,12 +154,22 @@ class Ordering:
                               f"instructions (grid {grid}, {len(program.instructions)} instructions)")
         self.memory, self.grid, self.program, self.sanitize = memory, grid, program, sanitize
         self.num_ctas = num_ctas
-        self.epoch = np.zeros(num_ctas, np.int64)          # releases per CTA
+        self.epoch = np.zeros(num_ctas, np.int64)          # events (releases, barriers) per CTA
+        self.wrote = np.zeros(num_ctas, bool)              # a global write since the last event
+        self.barrier_at = np.zeros(num_ctas, np.int64)     # writes at epochs below: before a bar.sync
+        self.release_at = np.zeros(num_ctas, np.int64)     # epoch of each CTA's last release
+        self.cover_at = np.zeros(num_ctas, np.int64)       # what it covers of all threads' writes
         self.dirty = np.full(num_ctas, -1, np.int64)       # epoch of each CTA's last weak write
-        self.signals = {}          # CTA -> (pc, epoch): a strong write with unreleased weak writes
+        self.signals = {}          # CTA -> (pc, release_at, epoch): a strong write, unreleased weak ones
+        self.releases = {}         # (CTA, epoch) -> (pc, thread in CTA) of a release (sanitizer)
+        # Releases by threads that wrote since their previous one (sorted keys), and each
+        # written byte's thread: only kept when the program releases at all.
+        self.by_thread = _releases(program)
+        self.own = np.zeros(0, np.int64)
+        self.threads = {}          # region -> uint16 thread in its CTA per byte
         self.records = {}          # region -> uint64 record per byte (allocated at first write)
         self.before = {}           # region -> each byte's value before its record's write
-        self.clocks = {}           # region -> {byte offset: int32 clock over CTAs}
+        self.clocks = {}           # region -> {byte offset: int32 clock, [released | covered]}
         self.released = {}         # CTA that acquired something -> clock at its last release
         self.pending = {}          # CTA -> clocks observed by relaxed reads, for its next fence
         self.writes = 0            # global writes so far (the scheduler's spin detection)
@@ -135,15 +179,17 @@ class Ordering:
     def start_wave(self, st, first_cta):
         self.st, self.first = st, first_cta
         self.row_of = np.full(st.num_ctas, -1, np.int64)     # wave CTA -> row of `rows`
-        self.rows = np.zeros((0, self.num_ctas), np.int32)   # acquired epochs per CTA
+        self.rows = np.zeros((0, 2 * self.num_ctas), np.int32)   # acquired clock per CTA
         self.used = 0
+        self.thread_wrote = np.zeros(st.n, bool)              # since the thread's last release
 
-    # -- clocks
+    # -- clocks: per CTA w, the epoch of the newest release of w acquired, then (at w + num_ctas)
+    # the epoch below which that release covers every thread's writes of w (a bar.sync before it)
     def _row(self, cta):
         local = cta - self.first
         if self.row_of[local] < 0:
             if self.used == len(self.rows):
-                grown = np.zeros((max(4, 2 * len(self.rows)), self.num_ctas), np.int32)
+                grown = np.zeros((max(4, 2 * len(self.rows)), 2 * self.num_ctas), np.int32)
                 grown[: self.used] = self.rows[: self.used]
                 self.rows = grown
             self.row_of[local] = self.used
@@ -155,20 +201,55 @@ class Ordering:
             row = self._row(cta)
             np.maximum(row, clock, out=row)
 
-    def _release(self, cta):
-        if self.epoch[cta] + 1 >= 1 << EPOCH_BITS:
-            raise InterpError(f"CTA {self.where_cta(cta)} released more than 2^{EPOCH_BITS} times")
-        self.epoch[cta] += 1
-        if self.row_of[cta - self.first] >= 0:
+    def _bump(self, ctas):
+        if (self.epoch[ctas] + 1 >= 1 << EPOCH_BITS).any():
+            cta = int(ctas[np.argmax(self.epoch[ctas])])
+            raise InterpError(f"CTA {self.where_cta(cta)} passed more than 2^{EPOCH_BITS} releases "
+                              "and barriers after global writes")
+        self.epoch[ctas] += 1
+        self.wrote[ctas] = False
+
+    def barrier(self, ctas):
+        """A bar.sync completed in these CTAs: it orders every thread's earlier writes before
+        each thread's later releases. A new epoch only where the CTA wrote since the last one."""
+        self._bump(ctas[self.wrote[ctas]])
+        self.barrier_at[ctas] = self.epoch[ctas]
+
+    def _release(self, threads):
+        """A release by these wave threads: each CTA's new epoch covers the releasing threads'
+        own earlier writes, and all its threads' writes before its last bar.sync (all of them
+        when every thread of the CTA releases at once)."""
+        st = self.st
+        ctas, lead, count = np.unique(st.cta_global[threads], return_index=True, return_counts=True)
+        self._bump(ctas)
+        whole = count == st.cta_threads
+        self.release_at[ctas] = self.epoch[ctas]
+        self.cover_at[ctas] = np.where(whole, self.epoch[ctas], self.barrier_at[ctas])
+        if self.by_thread:
+            mine = threads[self.thread_wrote[threads]]
+            self.thread_wrote[mine] = False
+            if whole.any():
+                mine = mine[~np.isin(st.cta_global[mine], ctas[whole])]
+            if len(mine):
+                cta = st.cta_global[mine]
+                keys = np.sort((cta << OWN_CTA_SHIFT) | (st.lin[mine] << OWN_THREAD_SHIFT) | self.epoch[cta])
+                self.own = np.insert(self.own, np.searchsorted(self.own, keys), keys)
+        n = self.num_ctas
+        for cta in ctas[self.row_of[ctas - self.first] >= 0].tolist():
             clock = self._row(cta).copy()
-            clock[cta] = self.epoch[cta]
+            clock[cta], clock[n + cta] = self.release_at[cta], self.cover_at[cta]
             self.released[cta] = clock
+        if self.sanitize:
+            for cta, t in zip(ctas.tolist(), st.lin[threads[lead]].tolist()):
+                self.releases[(cta, int(self.epoch[cta]))] = (st.pc, t)
 
     def _publish(self, clock, cta):
         """Join CTA cta's released clock into a location's clock."""
         if cta in self.released:
             np.maximum(clock, self.released[cta], out=clock)
-        clock[cta] = max(clock[cta], self.epoch[cta])
+        n = self.num_ctas
+        clock[cta] = max(clock[cta], self.release_at[cta])
+        clock[n + cta] = max(clock[n + cta], self.cover_at[cta])
 
     def _observe(self, cta, clock, now):
         if now:
@@ -179,18 +260,35 @@ class Ordering:
             self.pending[cta] = clock.copy()
 
     def fence(self, threads, acquire, release):
-        for cta in np.unique(self.st.cta_global[threads]).tolist():
-            if acquire:
+        if acquire:
+            for cta in np.unique(self.st.cta_global[threads]).tolist():
                 self._acquire(cta, self.pending.pop(cta, None))
-            if release:
-                self._release(cta)
+        if release:
+            self._release(threads)
 
-    def _ordered(self, writer, epoch, reader):
-        """Whether each read by CTA reader of a write by CTA writer at epoch is ordered after it."""
+    def _acquired(self, writer, reader):
+        """Per read: the reading CTA's acquired (release, cover) epochs of the writing CTA."""
         row = self.row_of[reader - self.first]
         if self.used == 0:
-            return np.zeros(len(writer), bool)
-        return (row >= 0) & (self.rows[np.maximum(row, 0), writer] > epoch)
+            zero = np.zeros(len(writer), np.int64)
+            return zero, zero
+        row, seen = np.maximum(row, 0), row >= 0
+        return (np.where(seen, self.rows[row, writer], 0),
+                np.where(seen, self.rows[row, writer + self.num_ctas], 0))
+
+    def _covered(self, writer, epoch, threads, release, cover):
+        """Whether a release of CTA writer at epoch `release`, covering every thread's writes
+        below epoch `cover`, orders a write at `epoch`: the write precedes a bar.sync before the
+        release, or its thread released after it. threads(k): the writing threads of writes k,
+        [len(k), bytes] (a write's bytes may have several)."""
+        ok = epoch < cover
+        maybe = np.flatnonzero(~ok & (epoch < release))
+        if len(maybe) and self.by_thread and len(self.own):
+            base = (writer[maybe, None] << OWN_CTA_SHIFT) | (threads(maybe) << OWN_THREAD_SHIFT)
+            at = np.searchsorted(self.own, base + epoch[maybe, None] + 1)
+            found = self.own[np.minimum(at, len(self.own) - 1)]
+            ok[maybe] = ((at < len(self.own)) & (found <= base + release[maybe, None])).all(axis=1)
+        return ok
 
     # -- records
     def _records(self, region, off, size, ctas):
@@ -206,23 +304,36 @@ class Ordering:
 
     def _region(self, region):
         if region not in self.records:
-            size = self.memory.sizes[region]
-            self.records[region] = np.zeros(-(-size // 64) * 64, np.uint64)   # every view size divides it
+            size = -(-self.memory.sizes[region] // 64) * 64       # every view size divides it
+            self.records[region] = np.zeros(size, np.uint64)
+            if self.by_thread:
+                self.threads[region] = np.zeros(size, np.uint16)
             if not self.sanitize:
-                self.before[region] = np.zeros(size, np.uint8)
+                self.before[region] = np.zeros(self.memory.sizes[region], np.uint8)
         return self.records[region]
 
-    def _unordered(self, rec, readers):
+    def _threads_of(self, region, off, per, size):
+        """threads(k): the writing threads of records k's bytes, [len(k), bytes]."""
+        def threads(k):
+            stamps = self.threads[region]
+            if per == 1:            # one record for the access's bytes, maybe several writers
+                return stamps[off[k][:, None] + np.arange(size)].astype(np.int64)
+            return stamps[off[k // per] + k % per][:, None].astype(np.int64)
+        return threads
+
+    def _unordered(self, rec, readers, threads):
         """Which records (CTA w wrote weakly, at epoch e) no acquire by the reading CTA orders
-        before its read: the reader is another CTA and has acquired no epoch of w above e."""
+        before its read: the reader is another CTA and has acquired no release of w covering it."""
         writer = rec >> np.uint64(CTA_SHIFT)       # the strong bit lands above the CTA field
         foreign = (writer != 0) & (writer < np.uint64(1 << CTA_BITS)) & (
             writer != readers.astype(np.uint64) + np.uint64(1))
         if not foreign.any():
             return foreign
         k = np.flatnonzero(foreign)
-        epoch = (rec[k] >> np.uint64(EPOCH_SHIFT)) & np.uint64((1 << EPOCH_BITS) - 1)
-        foreign[k] = ~self._ordered(writer[k].astype(np.int64) - 1, epoch.astype(np.int64), readers[k])
+        epoch = ((rec[k] >> np.uint64(EPOCH_SHIFT)) & np.uint64((1 << EPOCH_BITS) - 1)).astype(np.int64)
+        writer = writer[k].astype(np.int64) - 1
+        release, cover = self._acquired(writer, readers[k])
+        foreign[k] = ~self._covered(writer, epoch, lambda j: threads(k[j]), release, cover)
         return foreign
 
     @staticmethod
@@ -244,7 +355,7 @@ class Ordering:
         if region not in self.records:
             return raw
         rec, readers, per = self._records(region, off, size, ctas)
-        bad = rec != 0 if access.nc else self._unordered(rec, readers)
+        bad = rec != 0 if access.nc else self._unordered(rec, readers, self._threads_of(region, off, per, size))
         if not bad.any():
             return raw
         if self.sanitize:
@@ -262,8 +373,7 @@ class Ordering:
         access = access or WEAK
         ctas = self.st.cta_global[threads]
         if access.release:
-            for cta in np.unique(ctas).tolist():
-                self._release(cta)
+            self._release(threads)
         self._write(region, off, size, ctas, threads, access, "write")
         clocks = self.clocks.get(region)
         if access.strong:
@@ -279,8 +389,7 @@ class Ordering:
         """An atom (or red) by threads, serialised in `order` (positions into off)."""
         ctas = self.st.cta_global[threads]
         if access.release:
-            for cta in np.unique(ctas).tolist():
-                self._release(cta)
+            self._release(threads)
         self._chain(region, off, ctas, order, observe=access.observes, publish=access.strong,
                     now=access.acquire)
         self._write(region, off, size, ctas, threads, access, "atomic")
@@ -290,7 +399,7 @@ class Ordering:
         self._region(region)
         rec, writers, per = self._records(region, off, size, ctas)
         if self.sanitize:
-            bad = self._unordered(rec, writers)
+            bad = self._unordered(rec, writers, self._threads_of(region, off, per, size))
             if bad.any():
                 self._report(what, region, off, per, rec, bad, threads)
         new = _stamp(ctas, self.epoch[ctas], access.strong, self.st.pc)
@@ -302,16 +411,24 @@ class Ordering:
                 self.before[region][idx] = self.memory.bytes[region][idx]
         rows = self._views[(region, size)]
         np.put(rows, off // size, np.repeat(new, size).view(rows.dtype))
+        self.wrote[ctas] = True
+        if self.by_thread:
+            self.thread_wrote[threads] = True
+            key = ("threads", region, size)
+            if key not in self._views:
+                self._views[key] = self.threads[region].view(item(2 * size))
+            stamps = self._views[key]
+            np.put(stamps, off // size, np.repeat(self.st.lin[threads].astype(np.uint16), size).view(stamps.dtype))
         if self.sanitize and not access.strong:       # several CTAs writing a row in this step
             kept = np.take(rows, off // size).view(np.uint64).reshape(-1, size)[:, 0]
             lost = (kept >> np.uint64(CTA_SHIFT)) != (new >> np.uint64(CTA_SHIFT))
             if lost.any():
                 self._report(what, region, off, 1, kept, lost, threads)
-        if access.strong:
-            signal = self.dirty[ctas] == self.epoch[ctas]
+        if access.strong:            # a signal after weak writes that no release followed
+            signal = self.dirty[ctas] >= self.release_at[ctas]
             if signal.any():
                 for cta in np.unique(ctas[signal]).tolist():
-                    self.signals[cta] = (self.st.pc, int(self.epoch[cta]))
+                    self.signals[cta] = (self.st.pc, int(self.release_at[cta]), int(self.epoch[cta]))
         else:
             self.dirty[ctas] = self.epoch[ctas]
 
@@ -319,7 +436,7 @@ class Ordering:
         """Walk the accesses to each location in serial order: each observes the location's
         clock as left by those before it, then publishes its CTA's released clock to it."""
         clocks = self.clocks.setdefault(region, {})
-        if publish and not (self.epoch[ctas] > 0).any():
+        if publish and not (self.release_at[ctas] > 0).any():
             publish = False                  # nothing released yet: nothing to publish
         if not publish:                      # only accesses to locations with a clock matter
             if not clocks:
@@ -332,13 +449,17 @@ class Ordering:
                 self._observe(int(ctas[k]), clock, now)
             if publish:
                 if clock is None:
-                    clock = clocks[o] = np.zeros(self.num_ctas, np.int32)
+                    clock = clocks[o] = np.zeros(2 * self.num_ctas, np.int32)
                 self._publish(clock, int(ctas[k]))
 
     # -- findings
     def where_cta(self, cta):
         gx, gy, _ = self.grid
         return f"({cta % gx},{cta // gx % gy},{cta // (gx * gy)})"
+
+    def _thread(self, lin):
+        bx, by, _ = self.st.block
+        return f"({lin % bx},{lin // bx % by},{lin // (bx * by)})"
 
     def _instruction(self, pc):
         ins = self.program.instructions[pc]
@@ -359,11 +480,22 @@ class Ordering:
                           "ld.global.cg", threads[i])
         access = {"read": "reads", "write": "overwrites", "atomic": "atomically updates"}[what]
         signal = self.signals.get(writer)
-        if signal is not None and signal[1] == epoch:
+        wrote_by = int(self.threads[region][int(off[i]) + j]) if self.by_thread else 0
+        writers, epochs = np.array([writer]), np.array([epoch])
+        release, cover = (int(x[0]) for x in self._acquired(writers, self.st.cta_global[threads[i:i + 1]]))
+        if signal is not None and signal[1] <= epoch <= signal[2]:
             why = (f"CTA {self.where_cta(writer)} signalled with {self._instruction(signal[0])} without "
                    "releasing that write first (a flag or counter atomic needs fence.acq_rel.gpu / "
                    "membar.gl before it, or .release)")
-        elif self.epoch[writer] > epoch:
+        elif release > epoch:
+            at, by_thread = self.releases[(writer, release)]
+            why = (f"the release of CTA {self.where_cta(writer)} it acquired ({self._instruction(at)} by "
+                   f"thread {self._thread(by_thread)}) does not cover that write by thread "
+                   f"{self._thread(wrote_by)}: a release covers its own thread's earlier writes and "
+                   "those a bar.sync ordered before it (a bar.sync between the write and the release "
+                   "is missing)")
+        elif self._covered(writers, epochs, lambda _: np.array([[wrote_by]]), self.release_at[writers],
+                           self.cover_at[writers])[0]:
             why = ("this CTA never acquired a release of it (a fence.acq_rel.gpu / membar.gl after the "
                    "atomic or ld.relaxed that observed the writer, or an .acquire, is missing)")
         else:

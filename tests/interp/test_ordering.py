@@ -251,6 +251,124 @@ def test_a_spin_that_nothing_ends_is_a_deadlock():
         flag(publish="", wait="ld.acquire.gpu.global.u32 %g, [%f];")
 
 
+# ---- which writes of its CTA a release covers: its thread's own, and those before a bar.sync --
+# CTA 0: the writers store data[tid % 32] = tid + 100, thread 0 fences and raises the flag;
+# CTA 1 waits for the flag and copies data to out.
+COVERAGE = """
+  .reg .b32 %c, %t, %v, %g;
+  .reg .b64 %d, %f, %o, %off;
+  .reg .pred %p, %writer;
+  ld.param.u64 %d, [data];
+  ld.param.u64 %f, [flag];
+  ld.param.u64 %o, [out];
+  mov.u32 %c, %ctaid.x;
+  mov.u32 %t, %tid.x;
+  and.b32 %v, %t, 31;
+  mul.wide.u32 %off, %v, 4;
+  add.s64 %d, %d, %off;
+  setp.ne.u32 %p, %c, 0;
+  @%p bra CONSUMER;
+  {writers}
+  add.u32 %v, %t, 100;
+  @%writer st.global.u32 [%d], %v;
+  {between}
+  setp.ne.u32 %p, %t, 0;
+  @%p bra PRODUCED;
+  fence.acq_rel.gpu;
+  st.relaxed.gpu.global.u32 [%f], 1;
+PRODUCED:
+  {after}
+  ret;
+CONSUMER:
+  ld.acquire.gpu.global.u32 %g, [%f];
+  setp.eq.u32 %p, %g, 0;
+  @%p bra CONSUMER;
+  ld.global.u32 %v, [%d];   // READ
+  mul.wide.u32 %off, %t, 4;
+  add.s64 %o, %o, %off;
+  st.global.u32 [%o], %v;
+  ret;
+"""
+WARP1 = "setp.ge.u32 %writer, %t, 32;"
+THREAD0 = "setp.eq.u32 %writer, %t, 0;"
+
+
+def coverage(writers, between="", after="", seed=0, sanitize=True):
+    """out, and what it must be: data as the writers left it, read by CTA 1's 64 threads."""
+    ptx = module(COVERAGE.format(writers=writers, between=between, after=after),
+                 ".param .u64 data, .param .u64 flag, .param .u64 out")
+    out = np.zeros(64, np.uint32)
+    launch(ptx, "k", (2, 1, 1), (64, 1, 1), [np.zeros(32, np.uint32), np.zeros(1, np.uint32), out],
+           seed=seed, sanitize=sanitize, kernel_name="coverage")
+    data = np.zeros(32, np.uint32)
+    if writers == WARP1:
+        data[:] = np.arange(32, 64) + 100
+    else:
+        data[0] = 100
+    return out, np.tile(data, 2)
+
+
+@pytest.mark.parametrize("writers, between", [(WARP1, "bar.sync 0;"), (THREAD0, "")],
+                         ids=["bar.sync-then-thread-0-releases", "thread-0-releases-its-own-store"])
+def test_release_covers_its_own_and_barrier_ordered_writes(writers, between):
+    for seed in SEEDS:
+        out, want = coverage(writers, between, seed=seed)
+        np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("after", ["", "bar.sync 0;"], ids=["no-bar.sync", "bar.sync-after-the-release"])
+def test_release_does_not_cover_other_threads_writes_without_a_barrier_before_it(after):
+    """Warp 1 stores, thread 0 fences and flags: no bar.sync puts warp 1's stores before the
+    fence (PTX ISA 8.9: a release is cumulative only over writes that precede it in causality
+    order), and one after the release comes too late."""
+    line = next(i + 1 for i, text in enumerate(module(COVERAGE, "").splitlines()) if "// READ" in text)
+    for seed in SEEDS:
+        with pytest.raises(SanitizerError) as err:
+            coverage(WARP1, after=after, seed=seed)
+        msg = str(err.value)
+        assert msg.startswith(f"coverage: line {line}: `ld.global.u32"), msg
+        assert re.search(r"reads data\[\d+\], which CTA \(0,0,0\) wrote \(line \d+ `@%writer st\.global\.u32 "
+                         r"\[%d\], %v;`\).*the release of CTA \(0,0,0\) it acquired \(line \d+ `fence\.acq_rel\.gpu;` "
+                         r"by thread \(0,0,0\)\) does not cover that write by thread \((3[2-9]|[4-6]\d),0,0\)", msg), msg
+    out, want = coverage(WARP1, after=after, sanitize=False)
+    assert (out == 0).all() and (want != 0).all(), "the uncovered stores must read as stale"
+
+
+def test_a_word_whose_bytes_two_threads_wrote_needs_both_covered():
+    """Threads 0-3 store one byte each of a word (one instruction: one record), thread 3
+    releases; CTA 1 reads the word: threads 0-2's bytes are not covered."""
+    ptx = module("""
+  .reg .b32 %c, %t, %v, %g;
+  .reg .b64 %d, %f, %o, %off;
+  .reg .pred %p;
+  ld.param.u64 %d, [data];
+  ld.param.u64 %f, [flag];
+  ld.param.u64 %o, [out];
+  mov.u32 %c, %ctaid.x;
+  mov.u32 %t, %tid.x;
+  setp.ne.u32 %p, %c, 0;
+  @%p bra CONSUMER;
+  cvt.u64.u32 %off, %t;
+  add.s64 %off, %d, %off;
+  add.u32 %v, %t, 1;
+  st.global.u8 [%off], %v;
+  setp.ne.u32 %p, %t, 3;
+  @%p bra PRODUCED;
+  st.release.gpu.global.u32 [%f], 1;
+PRODUCED:
+  ret;
+CONSUMER:
+  ld.acquire.gpu.global.u32 %g, [%f];
+  setp.eq.u32 %p, %g, 0;
+  @%p bra CONSUMER;
+  ld.global.u32 %v, [%d];
+  st.global.u32 [%o], %v;
+  ret;""", ".param .u64 data, .param .u64 flag, .param .u64 out")
+    with pytest.raises(SanitizerError, match=r"reads data\[0\].* by thread \(3,0,0\)\) does not cover that write by "
+                       r"thread \(0,0,0\)"):
+        launch(ptx, "k", (2, 1, 1), (4, 1, 1), [np.zeros(1, np.uint32), np.zeros(1, np.uint32), np.zeros(1, np.uint32)])
+
+
 # ---- a grid barrier (the persistent decoder's shape, spin out of line) ------------------
 GRID_BARRIER = """
   .reg .b32 %c, %n, %t, %v, %seen, %arr, %g;
