@@ -95,7 +95,8 @@ class Q4kTuning(KernelConfig):
             raise ValueError(f"warps: k = {self.k} needs at least {min_warps(self.k)} warps to quantise x "
                              f"(16 values a thread, at most 8 rounds), got {self.warps}")
         if self.schedule == "queue" and self.rows_per_warp is not None:
-            part = steps // (self.split_k or queue_split(steps, self.warps))
+            unit_steps = FORMATS[self.quant].queue_row_steps
+            part = steps // (self.split_k or queue_split(steps, self.warps, unit_steps))
             if self.rows_per_warp * part > MAX_ROW_STEPS:
                 raise ValueError(f"rows_per_warp: with schedule = \"queue\" a warp's rows of a unit are unrolled: "
                                  f"rows_per_warp x {part} steps (k / 2048 / split_k) must be at most "

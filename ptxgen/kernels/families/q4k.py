@@ -130,6 +130,11 @@ class GemvFormat:
     # and those each later item's accumulation adds (item_adds); see the kinds' error analysis.
     item_roundings: int
     item_adds: int
+    # Row-steps of a queued unit (QUEUE_ROW_STEPS) and the most default rows a warp
+    # (DEFAULT_MAX_ROWS): Q6_K's 30-register slot spilled with longer unrolled bodies (ptxas
+    # hoists the next item's loads into fresh registers), Q8_0's 21 with queued units of 2.
+    queue_row_steps: int = 2
+    max_default_rows: int = 8
 
     @property
     def block_weights(self) -> int:
@@ -153,9 +158,9 @@ FORMATS = {
     "q4_k": GemvFormat("q4_k", min_k=256, record_planes=1, unaligned=False, default_unroll=2,
                        item_roundings=4, item_adds=2),
     "q6_k": GemvFormat("q6_k", min_k=256, record_planes=2, unaligned=True, default_unroll=1,
-                       item_roundings=5, item_adds=1),
+                       item_roundings=5, item_adds=1, queue_row_steps=1, max_default_rows=1),
     "q8_0": GemvFormat("q8_0", min_k=64, record_planes=1, unaligned=True, default_unroll=1,
-                       item_roundings=3, item_adds=2),
+                       item_roundings=3, item_adds=2, queue_row_steps=1),
 }
 
 
@@ -195,7 +200,7 @@ class Q4kPlan:
             queued = cls.queued(config, matrices, quant)
             if config.schedule == "queue" or queued.units >= MIN_QUEUE_ROUNDS * queued.grid:
                 return queued
-        n = sum(matrices)
+        n, fmt = sum(matrices), FORMATS[quant]
         steps = ceil_div(config.k, STEP_WEIGHTS)
         split, rows = config.split_k, config.rows_per_warp
         if split is None or rows is None:
@@ -205,7 +210,7 @@ class Q4kPlan:
             # below: the one-slot fallback spilled on sm_86), an even part, the fewest parts.
             splits = [split] if split else [p for p in divisors(steps) if steps // p <= MAX_ROW_STEPS
                                             and (config.warps is None or config.warps % p == 0)] or [1]
-            pairs = [(p, r) for p in splits for r in ([rows] if rows else sorted({default_rows(n, p), 1}))]
+            pairs = [(p, r) for p in splits for r in ([rows] if rows else sorted({default_rows(n, p, fmt.max_default_rows), 1}))]
             # At most two waves where that can be had; past that the last wave matters little and
             # the most rows a warp (the fewest CTAs: each quantises all of x) win.
             pairs = [pr for pr in pairs if waves(n, *pr) <= 2] or [max(pairs, key=lambda pr: pr[1])]
@@ -242,9 +247,10 @@ class Q4kPlan:
         (default: as many as an SM holds at 64 registers a thread) on each of `sm_count` SMs, or
         fewer if there are fewer units."""
         steps = ceil_div(config.k, STEP_WEIGHTS)
-        split = config.split_k or queue_split(steps, config.warps)
+        unit_steps = FORMATS[quant].queue_row_steps
+        split = config.split_k or queue_split(steps, config.warps, unit_steps)
         part = steps // split
-        rows = min(config.rows_per_warp or max(1, QUEUE_ROW_STEPS // part), MAX_ROWS, *matrices)
+        rows = min(config.rows_per_warp or max(1, unit_steps // part), MAX_ROWS, *matrices)
         warps = config.warps or MAX_WARPS // split * split
         # The slots must line up from one round to the next: unroll divides the round's row-steps.
         unroll = max(u for u in divisors(rows * part) if u <= (config.unroll or FORMATS[quant].default_unroll))
@@ -406,9 +412,9 @@ class Q4kPlan:
         return ceil_div(self.stage_units, threads)
 
 
-def default_rows(n: int, split: int) -> int:
-    """Rows a warp by default: the warps of the rows' parts in about one wave."""
-    return max(1, min(round(n * split / RESIDENT_WARPS), DEFAULT_MAX_ROWS))
+def default_rows(n: int, split: int, most: int = DEFAULT_MAX_ROWS) -> int:
+    """Rows a warp by default: the warps of the rows' parts in about one wave, at most `most`."""
+    return max(1, min(round(n * split / RESIDENT_WARPS), most))
 
 
 def waves(n: int, split: int, rows: int) -> float:
@@ -428,11 +434,11 @@ def single_slot(part: int, rows: int, unroll: int = 2) -> bool:
     return rows * part > MAX_ROW_STEPS and (rows % trip_rows > 0 or trip_rows * part > MAX_ROW_STEPS)
 
 
-def queue_split(steps: int, warps: int | None) -> int:
-    """The queue's default split-K: the fewest parts of at most QUEUE_ROW_STEPS steps (that
-    `warps` is a multiple of, when given)."""
+def queue_split(steps: int, warps: int | None, unit_steps: int = QUEUE_ROW_STEPS) -> int:
+    """The queue's default split-K: the fewest parts of at most `unit_steps` steps (that `warps`
+    is a multiple of, when given)."""
     fits = [p for p in divisors(steps) if warps is None or warps % p == 0]
-    return next((p for p in fits if steps // p <= QUEUE_ROW_STEPS), fits[-1])
+    return next((p for p in fits if steps // p <= unit_steps), fits[-1])
 
 
 def min_warps(k: int) -> int:
