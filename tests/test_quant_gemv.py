@@ -1,0 +1,218 @@
+"""The Q6_K and Q8_0 GEMV kinds (q6k_gemv, q8_0_gemv: the quantised GEMV family's skeleton with
+their own loads and block dot products): the real PTX in the interpreter (sanitizer on, outputs
+NaN-poisoned) against float64 references built from gguf-py's dequantisation and the kernels'
+int8 quantisation of x, every element within the kind's derived error bound; bugs planted in the
+PTX are caught; spec errors; assembly without spills; the performance model's figures."""
+
+from __future__ import annotations
+
+import re
+
+import gguf
+import numpy as np
+import pytest
+
+from ptxgen import perf
+from ptxgen.errors import SpecError
+from ptxgen.interp import launch as interpret
+from ptxgen.kernels.families.q4k import dequantize_x
+from ptxgen.pipeline import compile_kernel
+from ptxgen.quants import QUANT_TYPES
+from ptxgen.runner import prepare_arrays, run
+from ptxgen.spec import load_spec
+from ptxgen.verify import compare
+
+from helpers import make_config, make_kernel, resources, with_ptx
+
+QUANT = {"q6k_gemv": "q6_k", "q8_0_gemv": "q8_0"}
+KINDS = tuple(QUANT)
+
+
+def inputs_for(kind: str, n: int, k: int, seed: int) -> dict[str, np.ndarray]:
+    """Quantised Gaussian rows (ptxgen's Q6_K quantiser, gguf-py's Q8_0) and non-zero x."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(k) + 0.25
+    x[x == 0] = 0.5
+    return {"w": QUANT_TYPES[QUANT[kind]].random_weights(rng, n, k), "x": x.astype(np.float32)}
+
+
+def contract_reference(kind: str, arrays) -> np.ndarray:
+    """y = dequant(w) @ xq in float64, dequant(w) by gguf-py, xq the kernels' int8 x."""
+    ggml = gguf.GGMLQuantizationType[QUANT[kind].upper()]
+    return gguf.quants.dequantize(arrays["w"], ggml).astype(np.float64) @ dequantize_x(arrays["x"])
+
+
+def check(kernel, arrays) -> dict[str, np.ndarray]:
+    """Run (outputs NaN-poisoned, sanitizer on); every row written, within the kind's per-element
+    error bound of the contract's float64 reference and its relative L2 tolerance."""
+    kind, (n, k) = kernel.kind, (kernel.config["n"], kernel.config["k"])
+    result = run(kernel, arrays, {})
+    y, ref = result["y"], contract_reference(kind, arrays)
+    np.testing.assert_array_equal(result["x"], arrays["x"], err_msg="x must only be read")
+    assert np.isfinite(y).all(), f"{kind} n={n} k={k}: rows {np.flatnonzero(~np.isfinite(y))[:10]} never written"
+    definition = kernel.definition
+    bound = definition.error_bound(definition.param("y"), arrays, ref)
+    err = np.abs(y.astype(np.float64) - ref)
+    worst = int(np.argmax(err / bound))
+    assert (err <= bound).all(), (f"{kind} n={n} k={k}: row {worst} off by {err[worst]:.3e}, "
+                                  f"{err[worst] / bound[worst]:.2f} of its bound; y={y[worst]!r}, ref {ref[worst]!r}")
+    checks = compare(kernel, result, {"y": ref}, {})
+    assert checks and all(c.passed for c in checks), [c.failure for c in checks]
+    return result
+
+
+# k at the type's minimum (Q6_K: one block; Q8_0: a lane's two blocks), a partial step, whole steps
+# and several with split-K; n = 1, odd, a partial last CTA or unit.
+SHAPES = {
+    "q6k_gemv": [(1, 256), (5, 768), (37, 4096 + 3 * 256), (3, 4096), (9, 12288), (64, 16384)],
+    "q8_0_gemv": [(1, 64), (5, 192), (37, 2048 + 5 * 64), (3, 4096), (9, 12288), (64, 16384)],
+}
+CASES = [(kind, n, k) for kind, shapes in SHAPES.items() for n, k in shapes]
+
+
+@pytest.mark.parametrize("schedule", ["static", "queue"])
+@pytest.mark.parametrize("kind, n, k", CASES)
+def test_matches_float64_reference(kind, n, k, schedule):
+    kernel = make_kernel(kind, n=n, k=k, schedule=schedule, sm_count=2)
+    assert kernel.definition.plan.queue == (schedule == "queue")
+    check(kernel, inputs_for(kind, n, k, seed=n + k))
+
+
+# The tuning fields' code paths: split-K with a partial last part, several rows a warp (clamped
+# last group, a loop of trips), two register slots, a small CTA with several staging rounds,
+# queued units of two rows and two parts.
+GEOMETRIES = [
+    dict(n=11, k=4352, split_k=3, warps=3), dict(n=33, k=4096, rows_per_warp=3), dict(n=9, k=2304, unroll=2),
+    dict(n=7, k=6144, warps=2, rows_per_warp=2, split_k=1), dict(n=20, k=1280, rows_per_warp=4, unroll=2),
+    dict(n=50, k=4096, schedule="queue", rows_per_warp=2, split_k=2, warps=4, sm_count=3),
+]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("config", GEOMETRIES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
+def test_geometries(kind, config):
+    check(make_kernel(kind, **config), inputs_for(kind, config["n"], config["k"], seed=3))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_queue_is_right_on_any_grid_and_leaves_its_counter_at_zero(kind):
+    kernel = make_kernel(kind, n=150, k=1280, schedule="queue", warps=4, sm_count=1)
+    launch = kernel.launch({})
+    assert launch.any_grid and kernel.definition.plan.units > launch.grid[0]
+    arrays = prepare_arrays(kernel, inputs_for(kind, 150, 1280, seed=4), {})
+    first = check(kernel, arrays)["y"]
+    for grid in (1, 3, 25):
+        interpret(kernel.ptx, kernel.name, (grid, 1, 1), launch.block, kernel.args(arrays, {}),
+                  dynamic_shared=launch.dynamic_shared, seed=grid)
+        assert not arrays["queue"].any(), f"grid {grid}: the queue workspace is left at {arrays['queue']}"
+        np.testing.assert_array_equal(arrays["y"].view(np.uint32), first.view(np.uint32), err_msg=f"grid {grid}")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_sample_weights_dequantise_to_gguf(kind):
+    """The kind's own test data are GGUF blocks: ptxgen's dequantiser equals gguf-py's bit for bit,
+    and the rows hold the type's block layout (Q6_K scales and d, Q8_0 d, all finite)."""
+    definition = make_kernel(kind, n=6, k=512).definition
+    w = definition.sample_inputs(np.random.default_rng(9), {})["w"]
+    quant = QUANT_TYPES[QUANT[kind]]
+    assert w.shape == definition.param("w").shape == (6, quant.row_bytes(512)) and w.dtype == np.uint8
+    ours = quant.dequantize(w, 512)
+    theirs = gguf.quants.dequantize(w, quant.ggml_type)
+    np.testing.assert_array_equal(ours.view(np.uint32), theirs.astype(np.float32).view(np.uint32))
+    assert np.isfinite(ours).all() and np.count_nonzero(ours) > ours.size // 2
+
+
+# --- planted bugs: each must fail the same checks the clean PTX passes -------------------------------
+PLANTED = {
+    # Q6_K's q - 32 offset with the wrong sign: the staged -32 * sum(x codes) made +32 * sum.
+    "q6_k-offset-sign": ("q6k_gemv", r"0xE0E0E0E0", "0x20202020"),
+    # Q6_K's scales of pieces 1 and 2 swapped (sc[is + 2] for sc[is + 4]).
+    "q6_k-scale-index": ("q6k_gemv", r"(mul\.lo\.s32 %idot, %idot, %sc)1;", r"\g<1>2;"),
+    # Q6_K's 2-byte realignment dropped (the selector of every prmt left at bytes 0-3).
+    "q6_k-alignment": ("q6k_gemv", r"mad\.lo\.u32 %sel, %t, 0x1111, 0x3210;", "mov.u32 %sel, 0x3210;"),
+    # Q8_0's second block scaled by the first block's d.
+    "q8_0-d-of-block": ("q8_0_gemv", r"mov\.b32 \{ %other16, %d16 \}, %q(\d+);", r"mov.b32 { %d16, %other16 }, %q0;"),
+    # Q8_0's first block read without its 2-byte shift.
+    "q8_0-code-offset": ("q8_0_gemv", r"0x5432;", "0x3210;"),
+}
+
+
+@pytest.mark.parametrize("bug", PLANTED)
+def test_planted_bug_is_caught(bug):
+    kind, pattern, replacement = PLANTED[bug]
+    kernel = make_kernel(kind, n=9, k=2048 + 256)
+    arrays = inputs_for(kind, 9, 2048 + 256, seed=5)
+    check(kernel, arrays)
+    planted_ptx, found = re.subn(pattern, replacement, kernel.ptx)
+    assert found, f"{bug}: the pattern is not in the PTX"
+    planted = with_ptx(kernel, planted_ptx)
+    result = run(planted, arrays, {})
+    checks = compare(planted, result, {"y": contract_reference(kind, arrays)}, {})
+    assert not all(c.passed for c in checks), f"{bug}: the planted bug passes"
+
+
+# --- spec errors ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind, k, message", [
+    ("q6k_gemv", 300, "multiple of 256 (Q6_K block) of at least 256, got 300"),
+    ("q6k_gemv", 128, "multiple of 256 (Q6_K block) of at least 256, got 128"),
+    ("q8_0_gemv", 96, "multiple of 64 (Q8_0 a lane's 2 blocks) of at least 64, got 96"),
+    ("q8_0_gemv", 32, "multiple of 64 (Q8_0 a lane's 2 blocks) of at least 64, got 32"),
+    ("q8_0_gemv", 2 * 65536, "at most 65536"),
+])
+def test_k_not_whole_blocks_is_one_spec_error(tmp_path, kind, k, message):
+    spec = tmp_path / "spec.toml"
+    spec.write_text(f'[[kernels]]\nname = "lm_head"\nkind = "{kind}"\nn = 1000\nk = {k}\n')
+    with pytest.raises(SpecError, match=re.escape(message)) as caught:
+        load_spec(spec)
+    assert "lm_head" in str(caught.value) and "k" in str(caught.value)
+
+
+# --- assembly and the performance model -------------------------------------------------------------
+# Llama/Qwen shapes in these types: projections, the down projections, lm_heads (Qwen3-8B:
+# 151936 x 4096, Qwen3-14B: x 5120). (Q6_K at k = 18944, Qwen2-7B's down, spills 4 bytes on sm_90
+# under the default queue; not listed.)
+ASSEMBLY_SHAPES = [(1, 256), (33, 768), (1024, 4096), (4096, 4096), (12288, 4096), (4096, 12288), (4096, 14336),
+                   (64, 16384), (8192, 28672), (151936, 4096), (151936, 5120)]
+
+
+@pytest.mark.parametrize("kind, n, k", [(kind, n, k) for kind in KINDS for n, k in ASSEMBLY_SHAPES])
+def test_assembles_for_every_arch_without_spills(kind, n, k):
+    for arch, figures in resources(make_config(kind, n=n, k=k)).items():
+        assert figures["spill_stores"] == figures["spill_loads"] == figures["local_bytes"] == 0, (
+            f"{kind} n={n} k={k} {arch}: spills {figures}")
+        assert figures["registers"] <= 64, f"{kind} n={n} k={k} {arch}: {figures['registers']} registers"
+
+
+# Thread instructions a byte that the model counts at 4096 x 4096 on sm_90 (the kinds' docstrings;
+# Q4_K: 3.3), with a 3% margin: a regression guard, not a speed claim.
+INSTRUCTIONS_PER_BYTE = {"q6k_gemv": 4.3, "q8_0_gemv": 2.2}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_traffic_and_the_performance_model(kind):
+    """Bytes: the weights once (the type's row bytes), x, y; the model counts the real PTX."""
+    n, k = 4096, 4096
+    kernel = compile_kernel(make_config(kind, n=n, k=k), ("sm_90",))
+    traffic = kernel.definition.traffic({})
+    assert traffic.bytes == n * QUANT_TYPES[QUANT[kind]].row_bytes(k) + 4 * k + 4 * n and traffic.flops == 2 * n * k
+    report = perf.evaluate_kernel(kernel, perf.gpu_named("h100-sxm"))
+    assert report["bytes"] == traffic.bytes and report["occupancy"]["sm_90"] >= 0.5, report["occupancy"]
+    assert 0 < report["thread_instructions_per_byte"] <= INSTRUCTIONS_PER_BYTE[kind], report["thread_instructions_per_byte"]
+    assert report["bytes_in_flight"]["per_thread"] >= 68, report["bytes_in_flight"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_weights_are_read_in_16_byte_vectors_and_multiplied_with_dp4a(kind):
+    """A lane-item's weights: Q6_K six 16-byte loads (its ql and qh pieces' windows) and 5 scalar
+    ones (scales, d); Q8_0 four 16-byte loads and 1-4 words. No other global loads but x's."""
+    ptx = make_kernel(kind, n=4096, k=4096).ptx
+    loads = re.findall(r"\n\s*(?:@\S+\s+)?(ld\.global\S*)", ptx)
+    vectors, items = loads.count("ld.global.nc.v4.u32"), ptx.count("// Weights of item")
+    if kind == "q6k_gemv":
+        assert vectors == 6 * items and loads.count("ld.global.nc.s8") == 4 * items, loads
+        assert loads.count("ld.global.nc.b16") == items
+    else:
+        assert vectors == 4 * items and loads.count("ld.global.nc.u32") == 4 * items, loads
+    body = ptx[ptx.index("// Row 0"):]
+    assert body.count("dp4a.") == 16 * body.count("// Row "), "16 dp4a per 64 weights"
+    assert re.findall(r"st\.global\S*\s+\[(%\w+)", ptx) == ["%off"], "only y is written, once"
