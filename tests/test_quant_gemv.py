@@ -11,18 +11,22 @@ import re
 import gguf
 import numpy as np
 import pytest
+from fixtures.make_tiny_gguf import rewrite_gguf, write_tiny_gguf
 
 from ptxgen import perf
 from ptxgen.errors import SpecError
+from ptxgen.generate import LM_HEAD_GEMVS
+from ptxgen.gguf_model import GGUFModel
 from ptxgen.interp import launch as interpret
 from ptxgen.kernels.families.q4k import dequantize_x
+from ptxgen.model_reference import generate as reference_generate
 from ptxgen.pipeline import compile_kernel
 from ptxgen.quants import QUANT_TYPES
 from ptxgen.runner import prepare_arrays, run
 from ptxgen.spec import load_spec
 from ptxgen.verify import compare
 
-from helpers import make_config, make_kernel, resources, with_ptx
+from helpers import make_config, make_kernel, resources, run_cli_in_process, with_ptx
 
 QUANT = {"q6k_gemv": "q6_k", "q8_0_gemv": "q8_0"}
 KINDS = tuple(QUANT)
@@ -216,3 +220,31 @@ def test_weights_are_read_in_16_byte_vectors_and_multiplied_with_dp4a(kind):
     body = ptx[ptx.index("// Row 0"):]
     assert body.count("dp4a.") == 16 * body.count("// Row "), "16 dp4a per 64 weights"
     assert re.findall(r"st\.global\S*\s+\[(%\w+)", ptx) == ["%off"], "only y is written, once"
+
+
+# --- models whose lm_head is Q6_K (a Q4_K_M file's output.weight) or Q8_0 ------------------------------
+@pytest.mark.parametrize("quant", ["q6_k", "q8_0"])
+def test_model_with_such_an_lm_head_gets_a_spec_that_builds_verifies_and_generates(tmp_path, quant):
+    """The tiny Qwen3 fixture, its layers Q4_K and its output.weight of the type: `spec from-gguf`
+    gives the lm_head this type's GEMV, and the spec builds and verifies; `generate` in the
+    interpreter picks the same tokens as the float64 reference model with the kernels' int8 x."""
+    base = write_tiny_gguf(tmp_path / "q4k.gguf", quant="q4_k")
+    head = GGUFModel(base).config.lm_head
+    weights = QUANT_TYPES[quant].random_weights(np.random.default_rng(8), head.rows, head.k, 2 * head.k ** -0.5)
+    model = rewrite_gguf(base, tmp_path / "model.gguf", drop_tensors=("output.weight",),
+                         add_tensors=(("output.weight", weights, QUANT_TYPES[quant].ggml_type),))
+    assert GGUFModel(model).config.lm_head.quant == quant
+    spec = tmp_path / "model.toml"
+    assert run_cli_in_process("spec", "from-gguf", str(model), "--max-seq-len", "16", "-o", str(spec)).returncode == 0
+    heads = [k for k in load_spec(spec).spec.kernels
+             if k.kind == LM_HEAD_GEMVS[quant] and (k.n, k.k) == (head.rows, head.k)]
+    assert len(heads) == 1, [k.kind for k in load_spec(spec).spec.kernels]
+    built = run_cli_in_process("build", str(spec), "-o", str(tmp_path / "out"), "--arch", "sm_90", "-q")
+    assert built.returncode == 0, built.stderr
+    verified = run_cli_in_process("verify", str(spec), "--kernel", heads[0].name)
+    assert verified.returncode == 0 and "FAIL" not in verified.stdout, verified.stdout + verified.stderr
+    generated = run_cli_in_process("generate", str(model), "--tokens", "5,999,17", "--max-new", "3",
+                                   "--backend", "emulator")
+    assert generated.returncode == 0, generated.stderr
+    tokens = [int(t) for t in generated.stdout.strip().split(",")]
+    assert tokens == reference_generate(GGUFModel(model), [5, 999, 17], 3, "f16", True).tokens
