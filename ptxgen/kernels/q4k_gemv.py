@@ -117,12 +117,16 @@ def weight_param(name: str, n: int, k: int, quant: str) -> Param:
 
 class Q4kGemv(Kind):
     """The single-matrix kind; the group kinds override `matrices` (name -> rows), q6k_gemv and
-    q8_0_gemv `quant`."""
+    q8_0_gemv the config's `quant`."""
 
     name = "q4k_gemv"
     Config = Q4kGemvConfig
     fused = False
-    quant: ClassVar[str] = "q4_k"
+
+    @property
+    def quant(self) -> str:
+        """The weights' type: the config's (Q4kTuning.quant)."""
+        return self.Config.quant
 
     @property
     def ptx_version(self) -> tuple[int, int]:

@@ -30,19 +30,14 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field
-
-from .q4k_gemv import MAX_N, Q4kGemv, Q4kTuning
+from .q4k_gemv import Q4kGemv, Q4kGemvConfig
 
 
-class Q6kGemvConfig(Q4kTuning):
+class Q6kGemvConfig(Q4kGemvConfig):
     quant: ClassVar[str] = "q6_k"
     kind: Literal["q6k_gemv"]
-    n: int = Field(ge=1, le=MAX_N)
 
 
 class Q6kGemv(Q4kGemv):
     name = "q6k_gemv"
     Config = Q6kGemvConfig
-    quant: ClassVar[str] = "q6_k"
-

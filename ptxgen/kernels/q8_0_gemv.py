@@ -24,19 +24,14 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field
-
-from .q4k_gemv import MAX_N, Q4kGemv, Q4kTuning
+from .q4k_gemv import Q4kGemv, Q4kGemvConfig
 
 
-class Q80GemvConfig(Q4kTuning):
+class Q80GemvConfig(Q4kGemvConfig):
     quant: ClassVar[str] = "q8_0"
     kind: Literal["q8_0_gemv"]
-    n: int = Field(ge=1, le=MAX_N)
 
 
 class Q80Gemv(Q4kGemv):
     name = "q8_0_gemv"
     Config = Q80GemvConfig
-    quant: ClassVar[str] = "q8_0"
-

@@ -1,6 +1,10 @@
-"""The quantised GEMV family (q4k_gemv, fused_rmsnorm_q4k_gemv, the grouped kinds and
-persistent_decoder's GEMV phases): y = dequant(w) @ x for GGML Q4_K rows at batch 1, bandwidth
-bound. The PTX is the macros of templates/families/q4k.ptx.j2; `Q4kPlan` is what they take.
+"""The quantised GEMV family (q4k_gemv, fused_rmsnorm_q4k_gemv, the grouped kinds,
+persistent_decoder's GEMV phases, q6k_gemv, q8_0_gemv): y = dequant(w) @ x for GGML Q4_K, Q6_K or
+Q8_0 rows at batch 1, bandwidth bound. The PTX is the macros of templates/families/q4k.ptx.j2;
+`Q4kPlan` is what they take, its `quant` the weight type. (The names are Q4_K's, the first type:
+persistent_decoder imports them.) Everything below holds for every type but a lane's loads and
+block dot product and the records of x scales they read (GemvFormat, FORMATS; the Q6_K and Q8_0
+kinds' docstrings); what is said of blocks and quant bytes is Q4_K's.
 
 x is quantised once per CTA (x is k floats, the weights n*k*0.56 bytes: every CTA reading x from
 L2 costs nothing) into shared memory, as llama.cpp's Q8_1 path does: blocks of 32 values, each
@@ -17,7 +21,8 @@ compute is therefore dequant(w) @ xq, xq the int8 quantisation of x; `quantize_x
 bit for bit and the kinds' references use it (error against the unquantised product: see
 q4k_gemv's docstring).
 
-Geometry: a lane takes one 64-weight chunk c (32 quant bytes: sub-blocks 2c and 2c+1 whole) of a
+Geometry: every type gives lane L of a warp weights 64L .. 64L+63 of a 2048-weight step. Q4_K: a
+lane takes one 64-weight chunk c (32 quant bytes: sub-blocks 2c and 2c+1 whole) of a
 block, so its 6-bit scale/min decode (7 instructions for both sub-blocks' scales and mins) and the
 f16 d/dmin serve 64 weights; 4 lanes a block, 8 blocks (1152 bytes) a warp *step*. Per step a lane
 loads its 32 quant bytes (two 16-byte loads; each instruction uses half of every 32-byte sector,
