@@ -261,3 +261,25 @@ def test_spec_instances():
     # verify` skips it (the kinds' tests cover its code paths; ASSEMBLY_SHAPES its assembly).
     assert kind_of(kernels["qwen3_8b_lm_head"]).verify_scalars() == []
     assert kind_of(kernels["qwen3_8b_gate_up_proj_q8_0"]).verify_scalars() == [{}]
+
+
+# --- the Q4_K kinds' derived tolerance and bounds ------------------------------------------------------
+@pytest.mark.parametrize("kind, config", [
+    ("q4k_gemv", dict(n=37, k=4352, split_k=3, warps=6)),
+    ("q4k_gemv", dict(n=150, k=1280, schedule="queue", warps=4, sm_count=1)),
+    ("fused_rmsnorm_q4k_gemv", dict(n=33, k=12288)),
+    ("q4k_gemv_group", dict(k=1280, matrices={"q": 33, "k": 9}, schedule="queue", warps=4, sm_count=2)),
+    ("fused_rmsnorm_q4k_gemv_group", dict(k=768, matrices={"gate": 40, "up": 40}, rows_per_warp=3)),
+], ids=lambda v: v if isinstance(v, str) else "-".join(f"{k}{v}" for k, v in v.items() if k != "matrices"))
+def test_q4k_kinds_meet_their_derived_bounds(kind, config):
+    """verify's checks with the kinds' own tolerance and per-element bound (gamma of the rounding
+    depth, times the terms' magnitudes: q4k_gemv's error analysis; the fused kinds add the RMS
+    factor's error) on sampled inputs, every output."""
+    kernel = make_kernel(kind, **config)
+    definition = kernel.definition
+    arrays = definition.sample_inputs(np.random.default_rng(6), {})
+    checks = compare(kernel, run(kernel, arrays, {}), definition.reference(arrays, {}), {})
+    assert len(checks) == len(definition.matrices) and all(c.passed for c in checks), [c.failure for c in checks]
+    u = 2.0**-24
+    depth = definition.plan.output_roundings
+    assert depth * u < definition.tolerance(definition.param(checks[0].param)) < 2 * depth * u + 1e-6
