@@ -160,8 +160,8 @@ def test_planted_bug_is_caught(bug):
 @pytest.mark.parametrize("kind, k, message", [
     ("q6k_gemv", 300, "multiple of 256 (Q6_K block) of at least 256, got 300"),
     ("q6k_gemv", 128, "multiple of 256 (Q6_K block) of at least 256, got 128"),
-    ("q8_0_gemv", 96, "multiple of 64 (Q8_0 a lane's 2 blocks) of at least 64, got 96"),
-    ("q8_0_gemv", 32, "multiple of 64 (Q8_0 a lane's 2 blocks) of at least 64, got 32"),
+    ("q8_0_gemv", 96, "multiple of 64 (2 Q8_0 blocks: a lane's part of a row) of at least 64, got 96"),
+    ("q8_0_gemv", 32, "multiple of 64 (2 Q8_0 blocks: a lane's part of a row) of at least 64, got 32"),
     ("q8_0_gemv", 2 * 65536, "at most 65536"),
 ])
 def test_k_not_whole_blocks_is_one_spec_error(tmp_path, kind, k, message):

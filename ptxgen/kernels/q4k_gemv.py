@@ -43,8 +43,9 @@ def check_k(k: int, quant: str) -> int:
     """k for weights of type `quant`: whole parts of a lane (format.min_k), at most MAX_K."""
     fmt = FORMATS[quant]
     if k < fmt.min_k or k % fmt.min_k:
-        why = "block" if fmt.min_k == fmt.block_weights else f"a lane's {fmt.min_k // fmt.block_weights} blocks"
-        raise ValueError(f"expected a multiple of {fmt.min_k} ({quant.upper()} {why}) of at least {fmt.min_k}, got {k}")
+        blocks = fmt.min_k // fmt.block_weights
+        why = f"{quant.upper()} block" if blocks == 1 else f"{blocks} {quant.upper()} blocks: a lane's part of a row"
+        raise ValueError(f"expected a multiple of {fmt.min_k} ({why}) of at least {fmt.min_k}, got {k}")
     if k > MAX_K:
         raise ValueError(f"expected at most {MAX_K} (a warp's row-steps are unrolled), got {k}")
     return k
