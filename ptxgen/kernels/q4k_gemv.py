@@ -1,7 +1,8 @@
 """q4k_gemv: y = dequant(w) @ xq for GGML Q4_K rows (decode GEMV at batch 1, bandwidth bound),
 where xq is x quantised to int8 in blocks of 32 with an f32 scale, exactly as the kernel does it
 (`families.q4k.quantize_x`; llama.cpp's mmvq quantises x to Q8_1 the same way). The reference is
-that product in float64, so the kind's tolerance is f32 accumulation only.
+that product in float64, so the kind's tolerance and per-element bound are its f32 summation's
+(the error analysis above `f32_error`, shared by every kind of the family).
 
 How far xq's product is from the unquantised dequant(w) @ x (the KERNELS.md formula): x is
 rounded to 8 bits relative to each block's max|x|, so each element moves by at most dx/2 =

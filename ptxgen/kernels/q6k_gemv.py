@@ -17,9 +17,9 @@ loaded as the 16-byte-aligned 32 bytes around it (6 loads of 16 bytes, the two q
 adjacent: 96 bytes) and shifted into place (per piece 6 + 5 selp and 4 prmt, one selector per lane); the
 scales and d are 5 scalar loads (a window would read past the last block). Codes: nibble | 2 bits
 << 4 by one lop3 a word, dp4a.u32.s32 with the int8 x, the -32 folded into the chain's start
-(-32 * sum of the x codes, staged with x). One slot (unroll 1, 30 registers) of 101 bytes a
-lane in flight: 32 warps an SM hold 101 KB of loads, for 52.5 bytes of weights a lane-item. Expected instructions
-a lane-item: about 160 (loads and addresses 20, alignment 46, codes and dp4a 68, x loads 6, scales
+(-32 * sum of the x codes, staged with x). One slot (unroll 1, 30 registers) of 102 bytes a
+lane in flight: 32 warps an SM hold 102 KB of loads, for 52.5 bytes of weights a lane-item.
+Expected instructions a lane-item: about 160 (loads and addresses 20, alignment 46, codes and dp4a 68, x loads 6, scales
 and sums 20) for 52.5 bytes, ~3 per weight byte (Q4_K: ~63 for 36, 1.75); with the staging and the
 reductions, `ptxgen show`'s model counts 4.2 thread instructions a byte at 4096 x 4096 and 3.9 at
 12288 x 4096 (Q4_K: 3.3, 2.5), an issue time of about a third of the bytes' time on an H100.
