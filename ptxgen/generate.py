@@ -40,7 +40,7 @@ from .model_config import ModelConfig
 from .quants import quant_type
 
 # The GEMV kind that multiplies the lm_head, by its weight type (params y, w, x as q4k_gemv's).
-LM_HEAD_GEMVS = {"q4_k": "q4k_gemv"}
+LM_HEAD_GEMVS = {"q4_k": "q4k_gemv", "q6_k": "q6k_gemv", "q8_0": "q8_0_gemv"}
 # The types the layer matrices may have: what persistent_decoder and its separate step multiply.
 LAYER_QUANTS = ("q4_k",)
 # The decoder's per-layer array parameters and the GGUF tensor (blk.N.<short>.weight) each holds.

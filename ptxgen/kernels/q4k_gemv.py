@@ -1,7 +1,8 @@
 """q4k_gemv: y = dequant(w) @ xq for GGML Q4_K rows (decode GEMV at batch 1, bandwidth bound),
 where xq is x quantised to int8 in blocks of 32 with an f32 scale, exactly as the kernel does it
 (`families.q4k.quantize_x`; llama.cpp's mmvq quantises x to Q8_1 the same way). The reference is
-that product in float64, so the kind's tolerance is f32 accumulation only.
+that product in float64, so the kind's tolerance and per-element bound are its f32 summation's
+(the error analysis above `f32_error`, shared by every kind of the family).
 
 How far xq's product is from the unquantised dequant(w) @ x (the KERNELS.md formula): x is
 rounded to 8 bits relative to each block's max|x|, so each element moves by at most dx/2 =
@@ -19,32 +20,49 @@ workspace, zeroed once by its owner; every launch leaves it at zero again.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 from pydantic import Field, field_validator, model_validator
 
-from ..q4k import BLOCK_BYTES, BLOCK_WEIGHTS, dequantize_f64, random_weights, row_bytes
+from ..dtypes import UNIT_ROUNDOFF
+from ..q4k import unpack
+from ..quants import QUANT_TYPES
 from .base import Geometry, Kind, KernelConfig, Param, Traffic
-from .families.q4k import (MAX_K, MAX_REGISTERS, MAX_ROW_STEPS, MAX_ROWS, MAX_WARPS, SM_COUNT, Q4kPlan, dequantize_x,
-                           divisors, min_warps, queue_split)
+from .families.q4k import (FORMATS, MAX_K, MAX_REGISTERS, MAX_ROW_STEPS, MAX_ROWS, MAX_WARPS, SM_COUNT, STEP_WEIGHTS,
+                           X_GROUP, Q4kPlan, dequantize_x, divisors, min_warps, queue_split)
 
 MAX_N = 2**31 - 1
+# `ptxgen verify` (the interpreter) runs a config only up to this many weights: the float64
+# reference holds 8 bytes a weight (a Qwen3-8B lm_head, 151936 x 4096, would take 5 GB).
+MAX_VERIFY_WEIGHTS = 1 << 27
 # Relative L2 error of dequant(w) @ xq against dequant(w) @ x on Gaussian data (see the docstring).
 QUANTISATION_ERROR = 6e-3
 
 
-def check_k(k: int) -> int:
-    if k < BLOCK_WEIGHTS or k % BLOCK_WEIGHTS:
-        raise ValueError(f"expected a multiple of {BLOCK_WEIGHTS} (Q4_K block) of at least {BLOCK_WEIGHTS}, got {k}")
+def check_k(k: int, quant: str) -> int:
+    """k for weights of type `quant`: whole parts of a lane (format.min_k), at most MAX_K."""
+    fmt = FORMATS[quant]
+    if k < fmt.min_k or k % fmt.min_k:
+        blocks = fmt.min_k // fmt.block_weights
+        why = f"{quant.upper()} block" if blocks == 1 else f"{blocks} {quant.upper()} blocks: a lane's part of a row"
+        raise ValueError(f"expected a multiple of {fmt.min_k} ({why}) of at least {fmt.min_k}, got {k}")
     if k > MAX_K:
         raise ValueError(f"expected at most {MAX_K} (a warp's row-steps are unrolled), got {k}")
     return k
 
 
-class Q4kTuning(KernelConfig):
-    """The family's tuning fields (None: the plan's defaults, see Q4kPlan.of)."""
+def gamma(m: int) -> float:
+    """Higham's gamma_m = m u / (1 - m u) for f32: the relative error bound of m roundings."""
+    u = UNIT_ROUNDOFF["f32"]
+    return m * u / (1 - m * u)
 
+
+class Q4kTuning(KernelConfig):
+    """The family's tuning fields (None: the plan's defaults, see Q4kPlan.of), for weights of type
+    `quant` (the subclasses of the other formats set it)."""
+
+    quant: ClassVar[str] = "q4_k"
     k: int
     warps: int | None = Field(default=None, ge=1, le=MAX_WARPS)
     rows_per_warp: int | None = Field(default=None, ge=1, le=MAX_ROWS)
@@ -65,11 +83,11 @@ class Q4kTuning(KernelConfig):
     @field_validator("k")
     @classmethod
     def k_is_blocks(cls, k: int) -> int:
-        return check_k(k)
+        return check_k(k, cls.quant)
 
     @model_validator(mode="after")
     def tuning_fits(self):
-        steps = -(-self.k // BLOCK_WEIGHTS // 8)
+        steps = -(-self.k // STEP_WEIGHTS)
         if self.split_k is not None and steps % self.split_k:
             raise ValueError(f"split_k: expected a divisor of the {steps} warp steps of a row (k/2048 rounded up): "
                              f"one of {', '.join(map(str, divisors(steps)))}; got {self.split_k}")
@@ -79,7 +97,8 @@ class Q4kTuning(KernelConfig):
             raise ValueError(f"warps: k = {self.k} needs at least {min_warps(self.k)} warps to quantise x "
                              f"(16 values a thread, at most 8 rounds), got {self.warps}")
         if self.schedule == "queue" and self.rows_per_warp is not None:
-            part = steps // (self.split_k or queue_split(steps, self.warps))
+            unit_steps = FORMATS[self.quant].queue_row_steps
+            part = steps // (self.split_k or queue_split(steps, self.warps, unit_steps))
             if self.rows_per_warp * part > MAX_ROW_STEPS:
                 raise ValueError(f"rows_per_warp: with schedule = \"queue\" a warp's rows of a unit are unrolled: "
                                  f"rows_per_warp x {part} steps (k / 2048 / split_k) must be at most "
@@ -92,17 +111,24 @@ class Q4kGemvConfig(Q4kTuning):
     n: int = Field(ge=1, le=MAX_N)
 
 
-def q4k_param(name: str, n: int, k: int) -> Param:
-    """A Q4_K weight matrix parameter: u8[n, (k/256)*144], loadable from a GGUF tensor."""
-    return Param(name, "u8", (n, row_bytes(k)), layout="q4_k")
+def weight_param(name: str, n: int, k: int, quant: str) -> Param:
+    """A weight matrix parameter of type `quant`: u8[n, row bytes] (Q4_K: (k/256)*144), loadable
+    from a GGUF tensor."""
+    return Param(name, "u8", (n, QUANT_TYPES[quant].row_bytes(k)), layout=quant)
 
 
 class Q4kGemv(Kind):
-    """The single-matrix kind; the group kinds override `matrices` (name -> rows)."""
+    """The single-matrix kind; the group kinds override `matrices` (name -> rows), q6k_gemv and
+    q8_0_gemv the config's `quant`."""
 
     name = "q4k_gemv"
     Config = Q4kGemvConfig
     fused = False
+
+    @property
+    def quant(self) -> str:
+        """The weights' type: the config's (Q4kTuning.quant)."""
+        return self.Config.quant
 
     @property
     def ptx_version(self) -> tuple[int, int]:
@@ -117,12 +143,12 @@ class Q4kGemv(Kind):
 
     @property
     def plan(self) -> Q4kPlan:
-        return Q4kPlan.of(self.config, tuple(self.matrices.values()))
+        return Q4kPlan.of(self.config, tuple(self.matrices.values()), self.quant)
 
     def params(self) -> list[Param]:
         k = self.config.k
         outputs = [Param(f"y{name}", "f32", (n,), "out") for name, n in self.matrices.items()]
-        weights = [q4k_param(f"w{name}", n, k) for name, n in self.matrices.items()]
+        weights = [weight_param(f"w{name}", n, k, self.quant) for name, n in self.matrices.items()]
         extra = [Param("gamma", "f32", (k,))] if self.fused else []
         # The queue's work counter and the count of CTAs done (the last CTA puts both back to 0).
         queue = [Param("queue", "u32", (2,), "workspace")] if self.plan.queue else []
@@ -141,8 +167,8 @@ class Q4kGemv(Kind):
         rows = f"{p.rows_per_cta} rows ({p.rows_per_warp} per warp{split})"
         unit = (f"{p.ctas} CTAs take {p.units} units of {rows} from a work counter" if p.queue
                 else f"{rows} per CTA")
-        return (f"{unit}; a warp step covers 8 blocks of a row (4 lanes x 32 quant bytes per block), "
-                f"{p.unroll} row-steps of loads in flight")
+        return (f"{unit}; a warp step covers 2048 weights of a row (64 a lane: {p.step_bytes} bytes of "
+                f"{self.quant.upper()} blocks), {p.unroll} row-steps of loads in flight")
 
     def static_shared(self) -> int:
         tickets = 8 if self.plan.queue else 0  # the next two units
@@ -165,9 +191,14 @@ class Q4kGemv(Kind):
     def example_scalars(self) -> dict[str, int]:
         return {}
 
+    def verify_scalars(self) -> list[dict[str, int]]:
+        """The one launch; none when the weights are too many for the interpreter (MAX_VERIFY_WEIGHTS)."""
+        return [] if sum(self.matrices.values()) * self.config.k > MAX_VERIFY_WEIGHTS else [{}]
+
     def sample_inputs(self, rng, scalars):
         k = self.config.k
-        inputs = {f"w{name}": random_weights(rng, n, k) for name, n in self.matrices.items()}
+        quant = QUANT_TYPES[self.quant]
+        inputs = {f"w{name}": quant.random_weights(rng, n, k) for name, n in self.matrices.items()}
         inputs["x"] = (rng.standard_normal(k) + 0.25).astype(np.float32)
         if self.fused:
             inputs["gamma"] = (1.0 + 0.25 * rng.standard_normal(k)).astype(np.float32)
@@ -179,12 +210,54 @@ class Q4kGemv(Kind):
 
     def reference(self, arrays, scalars):
         xq = self.activations(arrays)
-        return {f"y{name}": dequantize_f64(arrays[f"w{name}"]) @ xq for name in self.matrices}
+        quant = QUANT_TYPES[self.quant]
+        return {f"y{name}": quant.dequantize_f64(arrays[f"w{name}"]) @ xq for name in self.matrices}
+
+    # --- error analysis -------------------------------------------------------------------------
+    # The integer dot products are exact (dp4a on codes; |sc * dot| < 2^24, so its int-to-float is
+    # exact too, except Q4_K's high-nibble dot, counted below). What rounds is f32 arithmetic on
+    # the way from each product of weight and x codes to y, in the kernel's order:
+    # - in the lane's item (format.item_roundings, its first accumulation included): Q4_K
+    #   cvt(16 sc1 dot1) (>= 2^24 possible), * dx, fma with the other sub-block, fma into acc with
+    #   d, fma with dmin (the min term: the staged s = dx * sum(q), * m, fma, fma: 4 as well);
+    #   Q6_K * dx_0 then 3 fmas over the pieces, fma into acc with d (5); Q8_0 * dx, fma into acc
+    #   with d, the second block's fma (3);
+    # - each later item of the warp's part of the row: one fma into acc (Q6_K) or two (Q4_K, Q8_0);
+    # - the sum over lanes and parts (plan.sum_roundings): static, the 5-level shuffle tree then
+    #   split_k - 1 adds of the parts in order; queue, 4 chains of 8 * split_k adds and 2 joins.
+    # Every term of y goes through at most depth = plan.output_roundings roundings, so (Higham,
+    # the bound of recursive and tree summation) |y - ref| <= gamma(depth) * sum |term|, with
+    # gamma(m) = m u / (1 - m u), u = 2^-24, and sum |term| <= magnitudes(w) @ |xq|: |dequant w|
+    # for Q6_K and Q8_0 (one term a weight), |d sc q| + |dmin m| for Q4_K (its two terms).
+    # Relative L2: a rounding at node v of the sum moves it by at most u |S_v|; over a row's terms
+    # (independent, zero-mean: Gaussian weights and x) each level of the summation tree splits the
+    # terms, so the partial sums' variances add up to depth * var(y) and the error's RMS is about
+    # u sqrt(depth) |y|: gamma(depth) (>= that, with a margin of sqrt(depth)) is the tolerance.
+    def f32_error(self) -> float:
+        """Relative bound (against magnitudes(w) @ |xq|) of y's f32 arithmetic."""
+        return gamma(self.plan.output_roundings)
+
+    def magnitudes(self, w: np.ndarray) -> np.ndarray:
+        """float64 [n, k]: each weight's terms in the kernel, in absolute value (see above)."""
+        if self.quant != "q4_k":
+            return np.abs(QUANT_TYPES[self.quant].dequantize_f64(w))
+        d, dmin, scales, mins, codes = (a.astype(np.float64) for a in unpack(w))
+        n = w.shape[0]
+        scaled = np.repeat((d[..., None] * scales).reshape(n, -1), X_GROUP, axis=1) * codes
+        offsets = np.repeat((dmin[..., None] * mins).reshape(n, -1), X_GROUP, axis=1)
+        return np.abs(scaled) + np.abs(offsets)
+
+    def tolerance(self, param: Param) -> float:
+        return self.f32_error()
+
+    def error_bound(self, param, arrays, reference):
+        weights = arrays["w" + param.name.removeprefix("y")]
+        return self.f32_error() * (self.magnitudes(weights) @ np.abs(self.activations(arrays)))
 
     def traffic(self, scalars) -> Traffic:
         k, rows = self.config.k, sum(self.matrices.values())
         vectors = 2 if self.fused else 1  # x (and gamma)
-        return Traffic(bytes=rows * (k // BLOCK_WEIGHTS) * BLOCK_BYTES + 4 * k * vectors + 4 * rows,
+        return Traffic(bytes=rows * QUANT_TYPES[self.quant].row_bytes(k) + 4 * k * vectors + 4 * rows,
                        flops=2 * rows * k)
 
     def torch_activations(self, torch, tensors):
@@ -192,11 +265,18 @@ class Q4kGemv(Kind):
         return tensors["x"]
 
     def torch_peer(self, torch, tensors, scalars):
-        """bench's peers: torch's int4 GEMV and a bf16 cuBLAS GEMV over the same weights (ptxgen.peers); of
-        the first matrix for the group kinds."""
-        from ..peers import q4k_gemv_peers
+        """bench's peers: for Q4_K torch's int4 GEMV and a bf16 cuBLAS GEMV over the same weights
+        (ptxgen.peers), for the other types the cuBLAS one; of the first matrix for the group kinds."""
+        from ..dtypes import f32_to_bf16
+        from ..peers import bf16_row, q4k_gemv_peers
 
         name, n = next(iter(self.matrices.items()))
-
-        return q4k_gemv_peers(torch, tensors[f"w{name}"], n, self.config.k,
-                              lambda: self.torch_activations(torch, tensors))
+        activations = lambda: self.torch_activations(torch, tensors)  # noqa: E731
+        w = tensors[f"w{name}"]
+        if self.quant == "q4_k":
+            return q4k_gemv_peers(torch, w, n, self.config.k, activations)
+        dense_bits = f32_to_bf16(QUANT_TYPES[self.quant].dequantize(w.cpu().numpy(), self.config.k))
+        dense = torch.from_numpy(dense_bits.view(np.int16)).to(w.device).view(torch.bfloat16)
+        x = bf16_row(torch, activations)
+        ratio = 2 * self.config.k / self.plan.row_bytes
+        return {f"cuBLAS bf16 GEMV ({ratio:.1f}x the bytes)": lambda: torch.mv(dense, x()[0])}

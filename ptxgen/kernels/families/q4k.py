@@ -1,6 +1,10 @@
-"""The quantised GEMV family (q4k_gemv, fused_rmsnorm_q4k_gemv, the grouped kinds and
-persistent_decoder's GEMV phases): y = dequant(w) @ x for GGML Q4_K rows at batch 1, bandwidth
-bound. The PTX is the macros of templates/families/q4k.ptx.j2; `Q4kPlan` is what they take.
+"""The quantised GEMV family (q4k_gemv, fused_rmsnorm_q4k_gemv, the grouped kinds,
+persistent_decoder's GEMV phases, q6k_gemv, q8_0_gemv): y = dequant(w) @ x for GGML Q4_K, Q6_K or
+Q8_0 rows at batch 1, bandwidth bound. The PTX is the macros of templates/families/q4k.ptx.j2;
+`Q4kPlan` is what they take, its `quant` the weight type. (The names are Q4_K's, the first type:
+persistent_decoder imports them.) Everything below holds for every type but a lane's loads and
+block dot product and the records of x scales they read (GemvFormat, FORMATS; the Q6_K and Q8_0
+kinds' docstrings); what is said of blocks and quant bytes is Q4_K's.
 
 x is quantised once per CTA (x is k floats, the weights n*k*0.56 bytes: every CTA reading x from
 L2 costs nothing) into shared memory, as llama.cpp's Q8_1 path does: blocks of 32 values, each
@@ -17,7 +21,8 @@ compute is therefore dequant(w) @ xq, xq the int8 quantisation of x; `quantize_x
 bit for bit and the kinds' references use it (error against the unquantised product: see
 q4k_gemv's docstring).
 
-Geometry: a lane takes one 64-weight chunk c (32 quant bytes: sub-blocks 2c and 2c+1 whole) of a
+Geometry: every type gives lane L of a warp weights 64L .. 64L+63 of a 2048-weight step. Q4_K: a
+lane takes one 64-weight chunk c (32 quant bytes: sub-blocks 2c and 2c+1 whole) of a
 block, so its 6-bit scale/min decode (7 instructions for both sub-blocks' scales and mins) and the
 f16 d/dmin serve 64 weights; 4 lanes a block, 8 blocks (1152 bytes) a warp *step*. Per step a lane
 loads its 32 quant bytes (two 16-byte loads; each instruction uses half of every 32-byte sector,
@@ -68,17 +73,21 @@ from functools import cached_property
 
 import numpy as np
 
-from ...q4k import BLOCK_WEIGHTS, row_bytes
+from ...q4k import BLOCK_WEIGHTS
+from ...quants import QUANT_TYPES
 from ..base import ceil_div
 
-LANES_PER_BLOCK = 4  # a lane takes one 64-weight chunk (32 quant bytes) of a block
-STEP_BLOCKS = 32 // LANES_PER_BLOCK  # blocks a warp step covers
+LANE_WEIGHTS = 64  # a lane's part of a step, whatever the type (its x: two groups of 32)
+STEP_WEIGHTS = 32 * LANE_WEIGHTS  # 2048 weights a warp step
+LANES_PER_BLOCK = BLOCK_WEIGHTS // LANE_WEIGHTS  # Q4_K: a lane takes one 64-weight chunk (32 quant bytes)
+STEP_BLOCKS = 32 // LANES_PER_BLOCK  # Q4_K blocks a warp step covers
 X_GROUP = 32  # values per x scale (llama.cpp's Q8_1 block)
 STAGE_VALUES = 16  # x values one thread quantises (two threads a scale group, one shuffle apart)
-# Staged x per step: the int8 values (4 loads of 16 bytes a lane), then the scales (16 bytes a
-# lane), side by side so that one pointer register reaches both.
-STEP_X_BYTES = STEP_BLOCKS * BLOCK_WEIGHTS
-STEP_STAGE_BYTES = STEP_X_BYTES + STEP_BLOCKS * (BLOCK_WEIGHTS // X_GROUP) * 8
+# Staged x per step: the int8 values (4 loads of 16 bytes a lane), then each lane's record of
+# scales, 16 bytes a lane in each of the format's record planes (512 bytes a plane), side by
+# side so that one pointer register reaches both.
+STEP_X_BYTES = STEP_WEIGHTS
+RECORD_PLANE_BYTES = 32 * 16
 # Row-steps one warp's part of a row may have (its unrolled loop body holds at least a row: ~70
 # PTX instructions a row-step); the defaults keep to MAX_ROW_STEPS.
 MAX_ITEMS = 32
@@ -87,7 +96,7 @@ MAX_ROWS = 32  # rows a warp computes: row r's sum ends in lane r
 # The default rows a warp: past one wave, more CTAs cost nothing, while each row takes 128 bytes
 # a warp of shared memory for its lane sums (32 warps x 8 rows: 32 KB).
 DEFAULT_MAX_ROWS = 8
-MAX_K = STEP_BLOCKS * BLOCK_WEIGHTS * MAX_ITEMS  # 65536: longer rows would need split-K > 1 always
+MAX_K = STEP_WEIGHTS * MAX_ITEMS  # 65536: longer rows would need split-K > 1 always
 # The wave the defaults fill: an H100's 132 SMs x 32 resident warps (occupancy 0.5: 64 registers).
 RESIDENT_WARPS = 132 * 32
 MIN_CTAS = 128
@@ -106,6 +115,58 @@ MIN_QUEUE_ROUNDS = 2
 # A queued CTA's lane sums of one row: 32 f32 a part, then 16 bytes of padding so that the
 # flushing lanes (one row each) read different banks.
 ROW_SUMS_PAD = 16
+
+
+@dataclass(frozen=True)
+class GemvFormat:
+    """What a weight type changes in the family: its lane's loads and block dot product (the
+    template's <type>_load / <type>_item macros), its staged x record, and its f32 roundings.
+    Every type gives a lane 64 consecutive weights of a 2048-weight step and x in the same int8
+    layout, so the skeleton (staging, rows, schedules, reductions) is one."""
+
+    quant: str  # a QUANT_TYPES name
+    min_k: int  # the shortest row (and its multiple): a lane's 64 weights are whole blocks' parts
+    record_planes: int  # 16-byte record planes a lane's staged x carries per step (see q8_unit)
+    # Blocks are only 2-byte aligned (Q6_K 210 bytes, Q8_0 34): each 16-byte piece is loaded as
+    # the aligned 16-byte words around it and shifted into place (see unaligned_words).
+    unaligned: bool
+    default_unroll: int  # row-steps of loads a lane has in flight (register slots)
+    # f32 roundings on the path of a lane's first item's term into its accumulator (item_roundings),
+    # and those each later item's accumulation adds (item_adds); see the kinds' error analysis.
+    item_roundings: int
+    item_adds: int
+    # Row-steps of a queued unit (QUEUE_ROW_STEPS) and the most default rows a warp
+    # (DEFAULT_MAX_ROWS): Q6_K's 30-register slot spilled with longer unrolled bodies (ptxas
+    # hoists the next item's loads into fresh registers), Q8_0's 21 with queued units of 2.
+    queue_row_steps: int = 2
+    max_default_rows: int = 8
+
+    @property
+    def block_weights(self) -> int:
+        return QUANT_TYPES[self.quant].block_weights
+
+    @property
+    def block_bytes(self) -> int:
+        return QUANT_TYPES[self.quant].block_bytes
+
+    def row_bytes(self, k: int) -> int:
+        return QUANT_TYPES[self.quant].row_bytes(k)
+
+
+# Q4_K: 4 lanes a block, each a 64-weight chunk (32 quant bytes, two 16-byte loads) and the
+# block's 16-byte header; records {dx, -s, dx/16, -s} of its two sub-blocks (q4k_item).
+# Q6_K: 4 lanes a block, lane (n, h) = (L/2 % 2, L % 2) the weights l, l+32, l+64, l+96 for
+# l = 16h .. 16h+15 of half n (ql bytes 64n+16h.., 64n+32+16h.., qh bytes 32n+16h..: three
+# 16-byte pieces), its 4 scales and d; records {dx_j} and {-32 * sum of the x codes_j} of its
+# four 16-weight pieces (q6k_item). Q8_0: 2 blocks (68 bytes) a lane; records {dx, dx} of each.
+FORMATS = {
+    "q4_k": GemvFormat("q4_k", min_k=256, record_planes=1, unaligned=False, default_unroll=2,
+                       item_roundings=4, item_adds=2),
+    "q6_k": GemvFormat("q6_k", min_k=256, record_planes=2, unaligned=True, default_unroll=1,
+                       item_roundings=5, item_adds=1, queue_row_steps=1, max_default_rows=1),
+    "q8_0": GemvFormat("q8_0", min_k=64, record_planes=1, unaligned=True, default_unroll=1,
+                       item_roundings=3, item_adds=2, queue_row_steps=1),
+}
 
 
 @dataclass(frozen=True)
@@ -132,19 +193,20 @@ class Q4kPlan:
     # The queue schedule: `grid` CTAs take units from a work counter (0: static, a CTA a unit).
     grid: int = 0
     late_grab: bool = False  # queue: the next ticket is taken at the end of a round, not its start
+    quant: str = "q4_k"  # the weights' type (FORMATS)
 
     @classmethod
-    def of(cls, config, matrices: tuple[int, ...]) -> Q4kPlan:
+    def of(cls, config, matrices: tuple[int, ...], quant: str = "q4_k") -> Q4kPlan:
         """The geometry of a config (fields k, warps, rows_per_warp, split_k, unroll,
         l1_no_allocate, l2_prefetch, schedule, sm_count, ctas_per_sm, late_grab) over matrices of
         these row counts: its tuning fields, else the defaults described in the module. The
         config's validators have checked the fields against each other (see q4k_gemv.Q4kTuning)."""
         if config.schedule != "static":
-            queued = cls.queued(config, matrices)
+            queued = cls.queued(config, matrices, quant)
             if config.schedule == "queue" or queued.units >= MIN_QUEUE_ROUNDS * queued.grid:
                 return queued
-        n = sum(matrices)
-        steps = ceil_div(config.k // BLOCK_WEIGHTS, STEP_BLOCKS)
+        n, fmt = sum(matrices), FORMATS[quant]
+        steps = ceil_div(config.k, STEP_WEIGHTS)
         split, rows = config.split_k, config.rows_per_warp
         if split is None or rows is None:
             # Parts of at most MAX_ROW_STEPS steps (longer unrolled rows spilled on sm_80); of
@@ -153,7 +215,7 @@ class Q4kPlan:
             # below: the one-slot fallback spilled on sm_86), an even part, the fewest parts.
             splits = [split] if split else [p for p in divisors(steps) if steps // p <= MAX_ROW_STEPS
                                             and (config.warps is None or config.warps % p == 0)] or [1]
-            pairs = [(p, r) for p in splits for r in ([rows] if rows else sorted({default_rows(n, p), 1}))]
+            pairs = [(p, r) for p in splits for r in ([rows] if rows else sorted({default_rows(n, p, fmt.max_default_rows), 1}))]
             # At most two waves where that can be had; past that the last wave matters little and
             # the most rows a warp (the fewest CTAs: each quantises all of x) win.
             pairs = [pr for pr in pairs if waves(n, *pr) <= 2] or [max(pairs, key=lambda pr: pr[1])]
@@ -172,7 +234,7 @@ class Q4kPlan:
             # skip the rows).
             staging = ceil_div(ceil_div(config.k, 32 * STAGE_VALUES), split)
             warps = split * min(max(groups, staging), MAX_WARPS // split)
-        unroll = min(config.unroll or 2, rows * part)
+        unroll = min(config.unroll or FORMATS[quant].default_unroll, rows * part)
         # The loop body: all the rows if they make at most MAX_ROW_STEPS row-steps (longer bodies
         # spilled), else the fewest rows whose row-steps are a multiple of unroll (so the slots
         # line up from one trip to the next) if they divide the rows and are few enough, else one
@@ -181,23 +243,24 @@ class Q4kPlan:
         if single_slot(part, rows, unroll):
             trip_rows, unroll = 1, 1
         return cls(tuple(matrices), config.k, warps, rows, split, unroll, trip_rows, config.l1_no_allocate,
-                   config.l2_prefetch)
+                   config.l2_prefetch, quant=quant)
 
     @classmethod
-    def queued(cls, config, matrices: tuple[int, ...]) -> Q4kPlan:
+    def queued(cls, config, matrices: tuple[int, ...], quant: str = "q4_k") -> Q4kPlan:
         """The queue schedule's geometry: a unit is QUEUE_ROW_STEPS row-steps a warp (split-K and
         rows to make them, unless the config sets them), the largest CTA, and `ctas_per_sm` CTAs
         (default: as many as an SM holds at 64 registers a thread) on each of `sm_count` SMs, or
         fewer if there are fewer units."""
-        steps = ceil_div(config.k // BLOCK_WEIGHTS, STEP_BLOCKS)
-        split = config.split_k or queue_split(steps, config.warps)
+        steps = ceil_div(config.k, STEP_WEIGHTS)
+        unit_steps = FORMATS[quant].queue_row_steps
+        split = config.split_k or queue_split(steps, config.warps, unit_steps)
         part = steps // split
-        rows = min(config.rows_per_warp or max(1, QUEUE_ROW_STEPS // part), MAX_ROWS, *matrices)
+        rows = min(config.rows_per_warp or max(1, unit_steps // part), MAX_ROWS, *matrices)
         warps = config.warps or MAX_WARPS // split * split
         # The slots must line up from one round to the next: unroll divides the round's row-steps.
-        unroll = max(u for u in divisors(rows * part) if u <= (config.unroll or 2))
+        unroll = max(u for u in divisors(rows * part) if u <= (config.unroll or FORMATS[quant].default_unroll))
         plan = cls(tuple(matrices), config.k, warps, rows, split, unroll, rows, config.l1_no_allocate,
-                   config.l2_prefetch, late_grab=config.late_grab)
+                   config.l2_prefetch, late_grab=config.late_grab, quant=quant)
         per_sm = config.ctas_per_sm or max(1, MAX_WARPS // warps)
         return dataclasses.replace(plan, grid=min(plan.units, config.sm_count * per_sm))
 
@@ -207,16 +270,21 @@ class Q4kPlan:
 
     # --- shapes ----------------------------------------------------------------------------
     @property
-    def blocks(self) -> int:
-        return self.k // BLOCK_WEIGHTS
+    def format(self) -> GemvFormat:
+        return FORMATS[self.quant]
 
     @property
     def row_bytes(self) -> int:
-        return row_bytes(self.k)
+        return self.format.row_bytes(self.k)
+
+    @property
+    def step_bytes(self) -> int:
+        """Weight bytes of a warp step (a row's 2048 weights)."""
+        return self.format.row_bytes(STEP_WEIGHTS)
 
     @property
     def steps(self) -> int:
-        return ceil_div(self.blocks, STEP_BLOCKS)
+        return ceil_div(self.k, STEP_WEIGHTS)
 
     @property
     def part_steps(self) -> int:
@@ -224,9 +292,9 @@ class Q4kPlan:
         return self.steps // self.split_k
 
     @property
-    def partial_blocks(self) -> int:
-        """Blocks of a row's last step when it is partial (lanes of the other blocks idle), else 0."""
-        return self.blocks % STEP_BLOCKS
+    def partial_lanes(self) -> int:
+        """Lanes with weights in a row's last step when it is partial (the others idle), else 0."""
+        return self.k % STEP_WEIGHTS // LANE_WEIGHTS
 
     @property
     def threads(self) -> int:
@@ -281,8 +349,8 @@ class Q4kPlan:
         return (self.items[later - len(self.items)], True) if self.trips > 1 or chained else None
 
     def is_partial(self, item: Item) -> bool:
-        """Whether the item is (in the last part) a row's last step with fewer than 8 blocks."""
-        return self.partial_blocks > 0 and item.step == self.part_steps - 1
+        """Whether the item is (in the last part) a row's last step with fewer than 32 lanes' weights."""
+        return self.partial_lanes > 0 and item.step == self.part_steps - 1
 
     @property
     def weight_load(self) -> str:
@@ -294,9 +362,13 @@ class Q4kPlan:
     # --- staged x (shared memory) ---------------------------------------------------------------
     @property
     def x_bytes(self) -> int:
-        """Staged x, per step STEP_STAGE_BYTES: the int8 values (load t = 0..3 of lane L at
-        512 t + 16 L), then 16 bytes a lane {dx, -s} of its two sub-blocks (at 2048 + 16 L)."""
-        return self.steps * STEP_STAGE_BYTES
+        """Staged x, per step stage_step_bytes: the int8 values (load t = 0..3 of lane L at
+        512 t + 16 L), then the format's record planes p, 16 bytes a lane (at 2048 + 512 p + 16 L)."""
+        return self.steps * self.stage_step_bytes
+
+    @property
+    def stage_step_bytes(self) -> int:
+        return STEP_X_BYTES + self.format.record_planes * RECORD_PLANE_BYTES
 
     @property
     def lane_sums_offset(self) -> int:
@@ -330,6 +402,13 @@ class Q4kPlan:
         return 8 * self.split_k + 1 if self.queue else 5 + self.split_k - 1
 
     @property
+    def output_roundings(self) -> int:
+        """The most f32 roundings on any term's path into a row's result (the kinds' error
+        analysis): the lane's first item (format.item_roundings, its accumulation included),
+        format.item_adds for each later item of the warp's part, then sum_roundings."""
+        return self.format.item_roundings + self.format.item_adds * (self.part_steps - 1) + self.sum_roundings
+
+    @property
     def stage_units(self) -> int:
         """Staging units of STAGE_VALUES values (half a scale group)."""
         return self.k // STAGE_VALUES
@@ -338,9 +417,9 @@ class Q4kPlan:
         return ceil_div(self.stage_units, threads)
 
 
-def default_rows(n: int, split: int) -> int:
-    """Rows a warp by default: the warps of the rows' parts in about one wave."""
-    return max(1, min(round(n * split / RESIDENT_WARPS), DEFAULT_MAX_ROWS))
+def default_rows(n: int, split: int, most: int = DEFAULT_MAX_ROWS) -> int:
+    """Rows a warp by default: the warps of the rows' parts in about one wave, at most `most`."""
+    return max(1, min(round(n * split / RESIDENT_WARPS), most))
 
 
 def waves(n: int, split: int, rows: int) -> float:
@@ -360,11 +439,11 @@ def single_slot(part: int, rows: int, unroll: int = 2) -> bool:
     return rows * part > MAX_ROW_STEPS and (rows % trip_rows > 0 or trip_rows * part > MAX_ROW_STEPS)
 
 
-def queue_split(steps: int, warps: int | None) -> int:
-    """The queue's default split-K: the fewest parts of at most QUEUE_ROW_STEPS steps (that
-    `warps` is a multiple of, when given)."""
+def queue_split(steps: int, warps: int | None, unit_steps: int = QUEUE_ROW_STEPS) -> int:
+    """The queue's default split-K: the fewest parts of at most `unit_steps` steps (that `warps`
+    is a multiple of, when given)."""
     fits = [p for p in divisors(steps) if warps is None or warps % p == 0]
-    return next((p for p in fits if steps // p <= QUEUE_ROW_STEPS), fits[-1])
+    return next((p for p in fits if steps // p <= unit_steps), fits[-1])
 
 
 def min_warps(k: int) -> int:
