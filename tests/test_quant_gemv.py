@@ -56,7 +56,7 @@ def check(kernel, arrays) -> dict[str, np.ndarray]:
     np.testing.assert_array_equal(result["x"], arrays["x"], err_msg="x must only be read")
     assert np.isfinite(y).all(), f"{kind} n={n} k={k}: rows {np.flatnonzero(~np.isfinite(y))[:10]} never written"
     definition = kernel.definition
-    bound = definition.error_bound(definition.param("y"), arrays, ref)
+    bound = definition.error_bound(definition.param("y"), arrays, ref, {})
     err = np.abs(y.astype(np.float64) - ref)
     worst = int(np.argmax(err / bound))
     assert (err <= bound).all(), (f"{kind} n={n} k={k}: row {worst} off by {err[worst]:.3e}, "

@@ -250,7 +250,7 @@ class Q4kGemv(Kind):
     def tolerance(self, param: Param) -> float:
         return self.f32_error()
 
-    def error_bound(self, param, arrays, reference):
+    def error_bound(self, param, arrays, reference, scalars):
         weights = arrays["w" + param.name.removeprefix("y")]
         return self.f32_error() * (self.magnitudes(weights) @ np.abs(self.activations(arrays)))
 
