@@ -1,7 +1,7 @@
-"""`ptxgen generate` on the tiny fixtures (qwen3 and llama Q4_K, and a Q4_K_M-like qwen3 mixing Q6_K and Q8_0), against the float64 whole-model
-reference (ptxgen.model_reference), in the PTX interpreter and on the simulated GPU of
-tests/simulated_gpu.py (the device path: buffers, uploads straight from the file's memory map,
-launches kept from step to step).
+"""`ptxgen generate` on the tiny fixtures (qwen3 and llama all Q4_K, and a Q4_K_M-like qwen3 that
+mixes Q6_K and Q8_0 layers), against the float64 whole-model reference (ptxgen.model_reference),
+in the PTX interpreter and on the simulated GPU of tests/simulated_gpu.py (the device path:
+buffers, uploads straight from the file's memory map, launches kept from step to step).
 
 Two references, two tolerances:
 - tight: the reference with the kernels' int8 activations (quantize_activations) and f16 KV cache,
