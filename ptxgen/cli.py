@@ -345,15 +345,17 @@ def run(
 
 
 def gguf_weights(compiled, path: Path, tensor: str) -> dict:
-    """The kernel's one Q4_K parameter, read from a GGUF tensor."""
-    from .q4k import BLOCK_BYTES, BLOCK_WEIGHTS, load_gguf_tensor
+    """The kernel's one quantised weight parameter (Q4_K, Q6_K, Q8_0, ...), read from a GGUF tensor."""
+    from .gguf_model import load_gguf_tensor
+    from .quants import QUANT_TYPES
 
-    quantized = [p for p in compiled.params if p.layout == "q4_k"]
+    quantized = [p for p in compiled.params if p.layout in QUANT_TYPES]
     if len(quantized) != 1:
-        raise LaunchError(f"{compiled.name}: --gguf needs a kernel with one Q4_K weight parameter")
+        raise LaunchError(f"{compiled.name}: --gguf needs a kernel with one quantised weight parameter")
     param = quantized[0]
+    quant = QUANT_TYPES[param.layout]
     n, row = param.shape[-2], param.shape[-1]
-    return {param.name: load_gguf_tensor(path, tensor, n, row // BLOCK_BYTES * BLOCK_WEIGHTS)}
+    return {param.name: load_gguf_tensor(path, tensor, n, row // quant.block_bytes * quant.block_weights, quant)}
 
 
 @app.command()

@@ -17,9 +17,10 @@ the head, but the last. The KV cache (f16) stays where the kernels run. On the d
 tensor is copied once, straight from the file's memory map (no host copy); the interpreter gets
 host arrays (a copy: it is meant for small models such as the tests' fixture).
 
-Weight types: the layers are the decoder's separate step (or the decoder), which multiply Q4_K
-only today (LAYER_QUANTS); the lm_head takes the GEMV kind of its type (LM_HEAD_GEMVS). A type
-gets a GEMV kind there, and the decoder per-tensor types, when those kinds exist.
+Weight types: every matrix (the lm_head included) is multiplied by the GEMV kind of its type
+(quants.GEMV_KINDS: Q4_K, Q6_K, Q8_0), a layer's through the decoder's separate step with its
+per-layer types (`weight_quants`); with `fused` the layers must be Q4_K (the persistent
+decoder's GEMV phases), the lm_head may be any.
 """
 
 from __future__ import annotations
@@ -36,13 +37,10 @@ from .abi import Param
 from .dtypes import DTYPES
 from .errors import LaunchError, PtxgenError
 from .kernels.base import Call
+from .kernels.persistent_decoder import WEIGHTS, weight_slot
 from .model_config import ModelConfig
-from .quants import quant_type
+from .quants import GEMV_KINDS, quant_type
 
-# The GEMV kind that multiplies the lm_head, by its weight type (params y, w, x as q4k_gemv's).
-LM_HEAD_GEMVS = {"q4_k": "q4k_gemv", "q6_k": "q6k_gemv", "q8_0": "q8_0_gemv"}
-# The types the layer matrices may have: what persistent_decoder and its separate step multiply.
-LAYER_QUANTS = ("q4_k",)
 # The decoder's per-layer array parameters and the GGUF tensor (blk.N.<short>.weight) each holds.
 LAYER_TENSORS = {"attn_norm": "attn_norm", "ffn_norm": "ffn_norm", "q_norm": "attn_q_norm", "k_norm": "attn_k_norm",
                  "wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output", "w_gate": "ffn_gate",
@@ -50,18 +48,18 @@ LAYER_TENSORS = {"attn_norm": "attn_norm", "ffn_norm": "ffn_norm", "q_norm": "at
 INTERPRETER = "PTX interpreter (CPU)"
 
 
-def check_supported(config: ModelConfig) -> None:
-    """Every matrix the decode step multiplies must have a kernel for its type."""
+def check_supported(config: ModelConfig, fused: bool = False) -> None:
+    """Every matrix the decode step multiplies must have a GEMV kind for its type (with `fused`,
+    the layers' must be Q4_K: the persistent decoder's GEMV phases)."""
     for matrix in config.matrices():
         if matrix.name == "token_embd.weight" and not config.tied_embeddings:
             continue  # looked up by row on the host: any type gguf-py dequantises
-        lm_head = matrix.name == config.lm_head.name
-        allowed = tuple(LM_HEAD_GEMVS) if lm_head else LAYER_QUANTS
-        if matrix.quant not in allowed:
-            role = "the lm_head" if lm_head else "a layer matrix"
+        if matrix.quant not in GEMV_KINDS:
             raise PtxgenError(f"{config.name}: tensor {matrix.name!r} is {matrix.quant.upper()}; ptxgen generate has "
-                              f"no kernel for {role} of that type yet (supported: "
-                              f"{', '.join(q.upper() for q in allowed)})")
+                              f"no GEMV kernel of that type (supported: {', '.join(q.upper() for q in GEMV_KINDS)})")
+        if fused and matrix.quant != "q4_k" and matrix.name != config.lm_head.name:
+            raise PtxgenError(f"--fused: tensor {matrix.name!r} is {matrix.quant.upper()}; the persistent decoder "
+                              "multiplies Q4_K only (without --fused the layers run as separate kernels of each type)")
 
 
 @dataclass(frozen=True)
@@ -78,14 +76,18 @@ def step_kernels(config: ModelConfig, max_seq_len: int) -> StepKernels:
     """The step's kernels from the spec `ptxgen spec from-gguf` writes for this model."""
     import tomllib
 
+    from .kernels import config_from_json
     from .spec import validate
-    from .specgen import spec_text
+    from .specgen import decoder_kernel, model_prefix, spec_text
 
     source = f"{config.name} (generated spec)"
     spec = validate(Path(source), tomllib.loads(spec_text(config, source, max_seq_len)))
     head = config.lm_head
-    lm_head = next(k for k in spec.kernels if k.kind == LM_HEAD_GEMVS[head.quant] and (k.n, k.k) == (head.rows, head.k))
-    return StepKernels(spec.find("persistent_decoder"), spec.find("rmsnorm"), lm_head, spec.find("argmax"))
+    lm_head = next(k for k in spec.kernels if k.kind == GEMV_KINDS[head.quant] and (k.n, k.k) == (head.rows, head.k))
+    # The spec leaves out a decoder whose layers are not all Q4_K (no fused kernel): its separate
+    # step is still the layers' plan.
+    decoder = config_from_json(decoder_kernel(config, model_prefix(config.name), max_seq_len))
+    return StepKernels(decoder, spec.find("rmsnorm"), lm_head, spec.find("argmax"))
 
 
 # --- where the buffers live ------------------------------------------------------------------------
@@ -228,7 +230,7 @@ class Generator:
         from .pipeline import compiler
 
         config = model.config
-        check_supported(config)
+        check_supported(config, fused)
         self.model, self.config, self.fused = model, config, fused
         self.max_seq_len = max_seq_len or config.context_length
         kernels = step_kernels(config, self.max_seq_len)
@@ -272,8 +274,9 @@ class Generator:
         for buffer in self._buffers():
             self.memory.allocate(buffer)
         decoder = {p.name for p in self.decoder.params()}
-        copies = [(param, layer, f"blk.{layer}.{short}.weight") for param, short in LAYER_TENSORS.items()
-                  if param in decoder for layer in range(c.num_layers)]
+        slots = [(weight_slot(self.decoder.config, param, layer) if param in WEIGHTS else (param, layer),
+                  f"blk.{layer}.{short}.weight") for param, short in LAYER_TENSORS.items() for layer in range(c.num_layers)]
+        copies = [(param, index, tensor) for (param, index), tensor in slots if param in decoder]
         copies += [("output_norm", None, "output_norm.weight"), ("lm_head", None, c.lm_head.name)]
         matrices = {m.name for m in c.matrices()}
         for done, (buffer, layer, tensor) in enumerate(copies, 1):

@@ -153,6 +153,8 @@ QUANT_TYPES: dict[str, QuantType] = {
     )
 }
 Q4_K = QUANT_TYPES["q4_k"]
+# The kernel kind that multiplies a matrix of each type by a vector (y = W x, params y, w, x).
+GEMV_KINDS = {"q4_k": "q4k_gemv", "q6_k": "q6k_gemv", "q8_0": "q8_0_gemv"}
 
 
 def quant_type(value) -> QuantType:

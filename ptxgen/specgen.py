@@ -4,13 +4,14 @@ The kernels: the whole decoder as one ``persistent_decoder``, and the separate p
 same step (``rmsnorm``, Qwen3's ``per_head_rmsnorm``, one GEMV per distinct (rows, k, type)
 of matrix, lm_head included, ``rope``, ``swiglu``, ``residual_add``, ``kv_append``,
 ``incremental_attention``), ``argmax`` for greedy sampling, plus ``flash_attention`` for prefill.
-The token embedding is a row lookup, not a kernel.
+The token embedding is a row lookup, not a kernel. The fused decoder multiplies Q4_K only: for
+a model whose layers hold other types it is left out (a comment says why), and ``ptxgen
+generate`` runs those layers as the separate kernels.
 
-Fields today's kinds do not have yet are written only where a model needs them, so a Q4_K-only
-Qwen3 model gives a spec that validates now: GEMVs of other types use the kinds ``q6k_gemv``
-and ``q8_0_gemv``; a llama file's rope says ``style = "interleaved"`` (and its decoder
-``rope_style``, ``qk_norm = false``); a decoder whose projections are not all Q4_K lists
-their types per layer in ``weight_quants``.
+GEMVs of other types than Q4_K use the kinds ``q6k_gemv`` and ``q8_0_gemv``; a llama file's
+rope says ``style = "interleaved"`` (and its decoder ``rope_style``, ``qk_norm = false``); a
+decoder whose projections are not all Q4_K lists their types per layer in ``weight_quants``
+(the in-memory decoder `ptxgen generate` takes its separate step from).
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from pathlib import Path
 from .artifacts import write_file
 from .errors import PtxgenError
 from .model_config import ModelConfig, from_hf_config
+from .quants import GEMV_KINDS
 
-GEMV_KINDS = {"q4_k": "q4k_gemv", "q6_k": "q6k_gemv", "q8_0": "q8_0_gemv"}
 # Short GGUF matrix names -> the stem of their GEMV kernel's name, in a layer's order.
 STEMS = {"attn_q": "q", "attn_k": "k", "attn_v": "v", "attn_output": "o", "ffn_gate": "gate", "ffn_up": "up",
          "ffn_down": "down", "output": "lm_head", "token_embd": "lm_head"}
@@ -87,7 +88,7 @@ def decoder_kernel(config: ModelConfig, prefix: str, max_seq_len: int) -> dict:
         entry["rope_style"] = c.rope_style
     if not c.qk_norm:
         entry["qk_norm"] = False
-    quants = {weight: [c.quants[f"blk.{layer}.{short}.weight"] for layer in range(c.num_layers)]
+    quants = {weight: tuple(c.quants[f"blk.{layer}.{short}.weight"] for layer in range(c.num_layers))
               for short, weight in DECODER_WEIGHTS.items()}
     mixed = {weight: types for weight, types in quants.items() if set(types) != {"q4_k"}}
     if mixed:
@@ -106,8 +107,18 @@ def spec_text(config: ModelConfig, source: str, max_seq_len: int | None = None, 
         raise PtxgenError(f"max_seq_len must be >= 1, got {max_seq_len}")
     rope_style = {} if c.rope_style == "rotate_half" else {"style": c.rope_style}
     norm = {"head_dim": c.head_dim, "eps": c.eps}
+    decoder = decoder_kernel(c, prefix, max_seq_len)
+    # Two m16 tiles a warp share each K/V fragment (half the ldmatrix per MMA): 320/372 TFLOP/s at
+    # 4k/8k keys against 292/323 on an H100 at head_dim 128; 4 warps load rows of up to 128.
+    wide = c.head_dim <= 128
+    if "weight_quants" in decoder:  # the fused kernel's GEMV phases are Q4_K's
+        mixed = ", ".join(f"{weight} {'/'.join(sorted(set(types))).upper()}" for weight, types in decoder["weight_quants"].items())
+        whole = (f"Whole decoder layers in one launch: none, the fused persistent_decoder multiplies Q4_K only "
+                 f"({mixed} here); ptxgen generate runs the layers as the kernels below", [])
+    else:
+        whole = ("Whole decoder layers for one token, one launch", [decoder])
     sections = [
-        ("Whole decoder layers for one token, one launch", [decoder_kernel(c, prefix, max_seq_len)]),
+        whole,
         ("RMSNorm (attention, MLP and final norms share a shape)" + (", Qwen3's per-head Q/K norms" if c.qk_norm else ""),
          [{"name": f"{prefix}_rmsnorm", "kind": "rmsnorm", "hidden": c.hidden, "eps": c.eps}]
          + ([{"name": f"{prefix}_q_norm", "kind": "per_head_rmsnorm", "num_heads": c.num_heads, **norm},
@@ -129,10 +140,10 @@ def spec_text(config: ModelConfig, source: str, max_seq_len: int | None = None, 
           {"name": f"{prefix}_residual_add", "kind": "residual_add", "n": c.hidden}]),
         ("Greedy sampling: the index of the largest logit",
          [{"name": f"{prefix}_argmax", "kind": "argmax", "n": c.vocab_size}]),
-        ("Prefill attention (causal)",
+        ("Prefill attention (causal)" + (", 128-row CTAs of 32-row warps: faster from 4k keys on an H100" if wide else ""),
          [{"name": f"{prefix}_prefill_attention", "kind": "flash_attention", "num_heads": c.num_heads,
            "num_kv_heads": c.num_kv_heads, "head_dim": c.head_dim, "dtype": "f16", "out_dtype": "f16",
-           "causal": True}]),
+           "causal": True, **({"block_m": 128, "warp_rows": 32} if wide else {})}]),
     ]
     types = sorted({q.upper() for q in c.quants.values()})
     lines = [

@@ -47,5 +47,5 @@ def test_one_qwen3_8b_layer_at_full_shape():
     forced = decoder_reference(inputs, config, POS, stored=out)
     error = relative_l2(out["x"].astype(np.float64), forced["x"])
     assert error <= X_TOL, f"x: rel. L2 error {error:.3e} against the teacher-forced reference > {X_TOL:.0e}"
-    check_new_rows(kernel, out, inputs, forced, POS)
+    check_new_rows(kernel.definition.config, out, inputs, forced, POS)
     assert not out["counters"].any() and out["barrier"][0] == 0, "counters and barrier arrivals back at 0"

@@ -1,7 +1,7 @@
-"""`ptxgen generate` on the tiny Q4_K fixtures (qwen3 and llama), against the float64 whole-model
-reference (ptxgen.model_reference), in the PTX interpreter and on the simulated GPU of
-tests/simulated_gpu.py (the device path: buffers, uploads straight from the file's memory map,
-launches kept from step to step).
+"""`ptxgen generate` on the tiny fixtures (qwen3 and llama all Q4_K, and a Q4_K_M-like qwen3 that
+mixes Q6_K and Q8_0 layers), against the float64 whole-model reference (ptxgen.model_reference),
+in the PTX interpreter and on the simulated GPU of tests/simulated_gpu.py (the device path:
+buffers, uploads straight from the file's memory map, launches kept from step to step).
 
 Two references, two tolerances:
 - tight: the reference with the kernels' int8 activations (quantize_activations) and f16 KV cache,
@@ -21,6 +21,7 @@ Two references, two tolerances:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -31,7 +32,7 @@ from fixtures.make_tiny_gguf import write_tiny_gguf, tiny_config
 from ptxgen import device
 from ptxgen.dtypes import to_float64
 from ptxgen.errors import PtxgenError
-from ptxgen.generate import LAYER_QUANTS, Generator, RandomModel, check_supported
+from ptxgen.generate import Generator, RandomModel, check_supported
 from ptxgen.gguf_model import GGUFModel
 from ptxgen.kernels.argmax import first_argmax
 from ptxgen.model_reference import ReferenceModel, generate as reference_generate
@@ -121,8 +122,8 @@ def test_each_layer_and_the_head_match_the_int8_reference(files, arch):
 
 
 # --- loose: the command as a user runs it ------------------------------------------------------------
-@pytest.mark.parametrize("arch, fused", [("qwen3", False), ("llama", False), ("llama", True)],
-                         ids=["qwen3", "llama", "llama-fused"])  # (qwen3's decoder: tests/test_persistent_decoder.py)
+@pytest.mark.parametrize("arch, fused", [("qwen3", False), ("llama", False), ("llama", True), ("mixed", False)],
+                         ids=["qwen3", "llama", "llama-fused", "q4_k_m-mixed"])  # (qwen3's decoder: test_persistent_decoder.py)
 def test_generate_command_matches_the_references(files, tmp_path, arch, fused):
     out = tmp_path / "logits.npy"
     result = run_cli_in_process("generate", str(files[arch]), "--tokens", ",".join(map(str, PROMPT)),
@@ -202,8 +203,10 @@ def test_device_path_on_the_simulated_gpu(files, simulated, monkeypatch, fused):
 
 
 # --- the model's spec --------------------------------------------------------------------------------
-@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+@pytest.mark.parametrize("arch", ["qwen3", "llama", "mixed"])
 def test_the_models_spec_builds_and_verifies(files, tmp_path, arch):
+    """A Q4_K file's spec has the fused decoder; the mixed file's (Q4_K_M: Q6_K and Q8_0 layers)
+    has none, and says why, and every GEMV kind its types need."""
     spec = tmp_path / f"{arch}.toml"
     assert run_cli_in_process("spec", "from-gguf", str(files[arch]), "--max-seq-len", "32", "-o", str(spec)).returncode == 0
     built = run_cli_in_process("build", str(spec), "-o", str(tmp_path / "out"), "--arch", "sm_90", "-q")
@@ -211,14 +214,25 @@ def test_the_models_spec_builds_and_verifies(files, tmp_path, arch):
     verified = run_cli_in_process("verify", str(spec))
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert "FAIL" not in verified.stdout and "argmax" in verified.stdout
+    text = spec.read_text()
+    if arch == "mixed":
+        assert "persistent_decoder" not in verified.stdout and "the fused persistent_decoder multiplies Q4_K only" in text
+        assert all(kind in verified.stdout for kind in ("q4k_gemv", "q6k_gemv", "q8_0_gemv"))
+    else:
+        assert "persistent_decoder" in verified.stdout
 
 
 # --- bad input -----------------------------------------------------------------------------------
 def test_unsupported_weight_types_are_named(files):
-    with pytest.raises(PtxgenError, match=r"tensor 'blk\.0\.attn_v\.weight' is Q6_K; ptxgen generate has no kernel for "
-                                          r"a layer matrix of that type yet \(supported: Q4_K\)"):
-        check_supported(GGUFModel(files["mixed"]).config)
-    assert LAYER_QUANTS == ("q4_k",)
+    config = GGUFModel(files["mixed"]).config
+    check_supported(config)
+    with pytest.raises(PtxgenError, match=r"--fused: tensor 'blk\.0\.attn_v\.weight' is Q6_K; the persistent decoder "
+                                          r"multiplies Q4_K only \(without --fused"):
+        check_supported(config, fused=True)
+    f16 = dataclasses.replace(config, quants={**config.quants, "blk.1.ffn_up.weight": "f16"})
+    with pytest.raises(PtxgenError, match=r"tensor 'blk\.1\.ffn_up\.weight' is F16; ptxgen generate has no GEMV kernel "
+                                          r"of that type \(supported: Q4_K, Q6_K, Q8_0\)"):
+        check_supported(f16)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -230,7 +244,7 @@ def test_unsupported_weight_types_are_named(files):
     (["{qwen3}", "--max-seq-len", "4", "--max-new", "3"],
      r"--max-new 3: the prompt's 3 tokens and 3 new ones need 5 cache positions; the KV cache holds 4"),
     (["{qwen3}", "--max-new", "0"], r"--max-new: expected at least 1, got 0"),
-    (["{mixed}"], r"tensor 'blk\.0\.attn_v\.weight' is Q6_K"),
+    (["{mixed}", "--fused"], r"--fused: tensor 'blk\.0\.attn_v\.weight' is Q6_K"),
     (["{qwen3}", "--save-logits", "{folder}"], r"--save-logits .*: is a folder; give a file name"),
     (["{qwen3}", "--save-logits", "/dev/null"], r"--save-logits /dev/null: is not a regular file"),
 ])

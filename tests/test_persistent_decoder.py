@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import functools
 import re
+from typing import get_args
 
 import numpy as np
 import pytest
 
 from ptxgen.dtypes import to_float64
-from ptxgen.errors import LaunchError, SanitizerError, SpecError
+from ptxgen.errors import LaunchError, PtxgenError, SanitizerError, SpecError
 from ptxgen.interp import launch as interpret
-from ptxgen.kernels.persistent_decoder import BARRIER_WORDS, PHASE_BARRIERS, decoder_reference
+from ptxgen.kernels import kind_of
+from ptxgen.kernels.persistent_decoder import BARRIER_WORDS, PHASE_BARRIERS, GemvQuant, decoder_reference
 from ptxgen.pipeline import compiler
+from ptxgen.quants import GEMV_KINDS
 from ptxgen.runner import prepare_arrays, run, run_step
 from ptxgen.spec import load_spec
 from ptxgen.verify import relative_l2
@@ -74,9 +77,9 @@ def ulp(values: np.ndarray, dtype: str) -> np.ndarray:
     return 2.0 ** (exponent - 7)
 
 
-def check_new_rows(kernel, out, inputs, reference, pos):
-    """Every layer's cache row pos holds k/v rounded to kv_dtype; every other row is untouched."""
-    c = kernel.definition.config
+def check_new_rows(c, out, inputs, reference, pos):
+    """Every layer's cache row pos holds k/v rounded to kv_dtype; every other row is untouched
+    (c: the decoder's config)."""
     for cache, new in (("k_cache", "k_new"), ("v_cache", "v_new")):
         got, before = out[cache], inputs[cache]
         assert got.dtype == before.dtype and got.shape == before.shape
@@ -101,7 +104,7 @@ def check_against_reference(kernel, out, inputs, pos):
     forced = decoder_reference(inputs, kernel.definition.config, pos, stored=out)
     err = relative_l2(out["x"].astype(np.float64), forced["x"])
     assert err <= X_TOL, f"layers={kernel.definition.config.num_layers} pos={pos}: x rel. L2 error {err:.3e} > {X_TOL:.0e}"
-    check_new_rows(kernel, out, inputs, forced, pos)
+    check_new_rows(kernel.definition.config, out, inputs, forced, pos)
     # The free-running reference (what `ptxgen verify` compares against) within the kind's tolerance.
     kind = kernel.definition
     free = decoder_reference(inputs, kernel.definition.config, pos)
@@ -309,13 +312,13 @@ def test_next_launch_needs_no_rezeroing_and_the_generation_wraps():
     launch_raw(kernel, arrays, pos)
     assert arrays["barrier"][0] == 0 and arrays["barrier"][32] == PHASE_BARRIERS - 1 - 2
     first = {name: arrays[name].copy() for name in ("x", "k_cache", "v_cache")}
-    check_new_rows(kernel, arrays, inputs, decoder_reference(inputs, kernel.definition.config, pos, stored=arrays), pos)
+    check_new_rows(kernel.definition.config, arrays, inputs, decoder_reference(inputs, kernel.definition.config, pos, stored=arrays), pos)
     nxt = {**inputs, **first}  # the second step starts from the first one's x and caches
     launch_raw(kernel, arrays, pos + 1)
     forced = decoder_reference(nxt, kernel.definition.config, pos + 1, stored=arrays)
     err = relative_l2(arrays["x"].astype(np.float64), forced["x"])
     assert err <= X_TOL, f"second launch on the same workspace: x rel. L2 error {err:.3e}"
-    check_new_rows(kernel, arrays, nxt, forced, pos + 1)
+    check_new_rows(kernel.definition.config, arrays, nxt, forced, pos + 1)
     assert arrays["barrier"][0] == 0 and arrays["barrier"][32] == 2 * PHASE_BARRIERS - 2 - 2
     assert not arrays["counters"].any()
 
@@ -439,3 +442,70 @@ def test_ptx_has_the_fast_paths():
     assert ptx.count("atom.relaxed.gpu.global.add.u32") == PHASE_BARRIERS
     assert ptx.index("BARRIER_SPIN:") > ptx.index("FINISHED:")
     assert ".maxnreg 255" in ptx and ".maxntid 256, 1, 1" in ptx
+
+
+# --- weight types per layer (weight_quants): the separate step ---------------------------------
+MIXED_ONE_LAYER = {"wq": ("q6_k",), "wk": ("q8_0",), "wv": ("q6_k",), "wo": ("q8_0",), "w_up": ("q6_k",),
+                   "w_down": ("q8_0",)}  # w_gate stays Q4_K: the gate/up group mixes
+MIXED_TWO_LAYERS = {"wv": ("q6_k", "q8_0"), "w_down": ("q6_k", "q4_k"), "wo": ("q4_k", "q8_0")}
+
+
+def mixed_decoder(layers, weight_quants):
+    """The kind only: a decoder with non-Q4_K weights has no fused kernel to compile."""
+    return kind_of(make_config("persistent_decoder", name="pd", **TINY, num_layers=layers, weight_quants=weight_quants))
+
+
+def mixed_step(kind, pos, seed):
+    """The separate step of a decoder with weight_quants, run from its sample inputs (every launch
+    real PTX in the interpreter): (inputs, arrays after the step)."""
+    inputs = kind.sample_inputs(np.random.default_rng(seed), {"pos": pos})
+    temporaries, calls = kind.separate_step({"pos": pos})
+    buffers = {name: array.copy() for name, array in inputs.items()}
+    buffers.update({t.name: np.full(t.shape, np.nan, np.float32) for t in temporaries})
+    run_step(calls, buffers, COMPILED_OF)
+    return inputs, buffers
+
+
+def test_mixed_weight_types_one_layer_teacher_forced():
+    """Q6_K, Q8_0 and Q4_K matrices in one layer: x within X_TOL of the float64 reference fed the
+    step's own cache rows and activations (so every matrix of every type is exercised exactly),
+    and the new rows within half an ulp of the reference's. The gate/up group mixes types, so it
+    runs as rmsnorm and two GEMVs; q/k/v are all non-Q4_K."""
+    kind = mixed_decoder(1, MIXED_ONE_LAYER)
+    assert {p.name: p.layout for p in kind.weight_params()} == {
+        "wq": "q6_k", "wk": "q8_0", "wv": "q6_k", "wo": "q8_0", "w_gate": "q4_k", "w_up": "q6_k", "w_down": "q8_0"}
+    kinds = [call.kernel.kind for call in kind.separate_step({"pos": 5})[1]]
+    assert kinds.count("rmsnorm") == 2 and "fused_rmsnorm_q4k_gemv_group" not in kinds, kinds
+    pos = 5
+    inputs, out = mixed_step(kind, pos, seed=3)
+    forced = decoder_reference(inputs, kind.config, pos, stored=out)
+    err = relative_l2(out["x"].astype(np.float64), forced["x"])
+    assert err <= X_TOL, f"x vs the teacher-forced reference: {err:.3e}"
+    check_new_rows(kernel.definition.config, out, inputs, forced, pos)
+
+
+def test_mixed_weight_types_two_layers_free_running():
+    """Each weight's layers in per-type stacks (wv: one Q6_K and one Q8_0 layer): the step against
+    the free-running float64 reference within the kind's own tolerance (what verify grades)."""
+    kind = mixed_decoder(2, MIXED_TWO_LAYERS)
+    shapes = {p.name: p.shape for p in kind.weight_params()}
+    assert shapes["wv_q6_k"][0] == shapes["wv_q8_0"][0] == 1 and shapes["wq"][0] == 2
+    assert "wv" not in shapes and {"w_down_q6_k", "w_down_q4_k", "wo_q4_k", "wo_q8_0"} <= set(shapes)
+    for pos in (0, 37):
+        inputs, out = mixed_step(kind, pos, seed=pos)
+        free = decoder_reference(inputs, kind.config, pos)
+        err = relative_l2(out["x"].astype(np.float64), free["x"])
+        assert err <= kind.tolerance(kind.param("x")), f"pos={pos}: x vs free-running reference {err:.3e}"
+
+
+def test_mixed_weight_types_have_no_fused_kernel_and_are_checked():
+    with pytest.raises(PtxgenError, match=r"pd: weight_quants \(wv q6_k/q8_0, w_down q6_k/q4_k, wo q4_k/q8_0\): "
+                                          r"the fused persistent_decoder multiplies Q4_K only"):
+        make_kernel("persistent_decoder", name="pd", **TINY, num_layers=2, weight_quants=MIXED_TWO_LAYERS)
+    with pytest.raises(ValueError, match=r"weight_quants\.wv: expected one type a layer \(2\), got 1"):
+        make_config("persistent_decoder", name="pd", **TINY, num_layers=2, weight_quants={"wv": ("q6_k",)})
+    with pytest.raises(ValueError, match=r"weight_quants"):
+        make_config("persistent_decoder", name="pd", **TINY, num_layers=1, weight_quants={"wx": ("q6_k",)})
+    with pytest.raises(ValueError, match=r"weight_quants"):
+        make_config("persistent_decoder", name="pd", **TINY, num_layers=1, weight_quants={"wv": ("q5_k",)})
+    assert set(get_args(GemvQuant)) == set(GEMV_KINDS), "every GEMV kind's type may be a layer's"

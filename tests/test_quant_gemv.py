@@ -15,7 +15,7 @@ from fixtures.make_tiny_gguf import rewrite_gguf, write_tiny_gguf
 
 from ptxgen import perf
 from ptxgen.errors import SpecError
-from ptxgen.generate import LM_HEAD_GEMVS
+from ptxgen.quants import GEMV_KINDS
 from ptxgen.gguf_model import GGUFModel
 from ptxgen.interp import launch as interpret
 from ptxgen.kernels import kind_of
@@ -239,7 +239,7 @@ def test_model_with_such_an_lm_head_gets_a_spec_that_builds_verifies_and_generat
     spec = tmp_path / "model.toml"
     assert run_cli_in_process("spec", "from-gguf", str(model), "--max-seq-len", "16", "-o", str(spec)).returncode == 0
     heads = [k for k in load_spec(spec).spec.kernels
-             if k.kind == LM_HEAD_GEMVS[quant] and (k.n, k.k) == (head.rows, head.k)]
+             if k.kind == GEMV_KINDS[quant] and (k.n, k.k) == (head.rows, head.k)]
     assert len(heads) == 1, [k.kind for k in load_spec(spec).spec.kernels]
     built = run_cli_in_process("build", str(spec), "-o", str(tmp_path / "out"), "--arch", "sm_90", "-q")
     assert built.returncode == 0, built.stderr

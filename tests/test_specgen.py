@@ -17,7 +17,9 @@ from fixtures.make_tiny_gguf import tiny_config, write_tiny_gguf
 from ptxgen.errors import PtxgenError
 from ptxgen.model_config import from_hf_config
 from ptxgen.spec import load_spec
-from ptxgen.specgen import GEMV_KINDS, model_prefix, spec_from_gguf, spec_from_hf_config, spec_text, write_spec
+from ptxgen.kernels import config_from_json
+from ptxgen.specgen import (GEMV_KINDS, decoder_kernel, model_prefix, spec_from_gguf, spec_from_hf_config, spec_text,
+                            write_spec)
 
 ROOT = Path(__file__).resolve().parents[1]
 QWEN3_8B = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 4096,
@@ -48,15 +50,20 @@ def test_mixed_fixture_spec(tmp_path):
     assert len({e["name"] for e in entries}) == len(entries) and all(e["name"].startswith("tiny_qwen3_") for e in entries)
     gemvs = [(e["kind"], e["n"], e["k"]) for e in entries if e["kind"] in GEMV_KINDS.values()]
     others = Counter(e["kind"] for e in entries if e["kind"] not in GEMV_KINDS.values())
-    assert others == Counter(ONE_OF_EACH + ["per_head_rmsnorm"] * 2)
+    assert others == Counter(ONE_OF_EACH + ["per_head_rmsnorm"] * 2) - Counter(["persistent_decoder"])
     needed = {(GEMV_KINDS[m.quant], m.rows, m.k) for m in config.matrices() if m.name != "token_embd.weight"}
     assert sorted(gemvs) == sorted(needed), "one GEMV per distinct (type, n, k), lm_head included"
     assert {kind for kind, _, _ in gemvs} == {"q4k_gemv", "q6k_gemv", "q8_0_gemv"}
-    decoder = entries[0]
+    # No fused decoder for layers that are not all Q4_K; the comment says why. generate takes the
+    # decoder (its separate step) from decoder_kernel, with each layer's types.
+    assert "the fused persistent_decoder multiplies Q4_K only (wq Q4_K/Q8_0" in text
+    decoder = decoder_kernel(config, "tiny_qwen3", 256)
     assert decoder["kind"] == "persistent_decoder" and (decoder["num_layers"], decoder["max_seq_len"]) == (2, 256)
-    assert decoder["weight_quants"]["wv"] == [config.quants[f"blk.{i}.attn_v.weight"] for i in range(2)] == ["q6_k", "q8_0"]
+    assert decoder["weight_quants"]["wv"] == tuple(config.quants[f"blk.{i}.attn_v.weight"] for i in range(2)) == (
+        "q6_k", "q8_0")
     assert "wq" in decoder["weight_quants"] and "w_up" not in decoder["weight_quants"], "only weights not all Q4_K"
-    assert "rope_style" not in decoder and "qk_norm" not in decoder, "Qwen3 needs no field today's kind lacks"
+    assert "rope_style" not in decoder and "qk_norm" not in decoder, "Qwen3 needs neither field"
+    assert config_from_json(decoder).weight_quants == decoder["weight_quants"], "the kind takes it"
 
 
 def test_q4k_only_spec_validates_with_todays_kinds(tmp_path):
@@ -92,9 +99,10 @@ def test_llama_spec_says_its_rope_and_has_no_qk_norm(tmp_path):
     entries = kernels(spec_from_gguf(write_tiny_gguf(tmp_path / "l.gguf", "llama", tied=True, quant="q8_0")))
     ropes = [e for e in entries if e["kind"] == "rope"]
     assert len(ropes) == 2 and all(e["style"] == "interleaved" for e in ropes)
-    decoder = entries[0]
+    assert "persistent_decoder" not in {e["kind"] for e in entries}, "Q8_0 layers: no fused decoder"
+    decoder = decoder_kernel(tiny_config("llama", tied=True, quant="q8_0"), "tiny_llama", 256)
     assert decoder["rope_style"] == "interleaved" and decoder["qk_norm"] is False
-    assert decoder["weight_quants"] == {w: ["q8_0", "q8_0"] for w in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")}
+    assert decoder["weight_quants"] == {w: ("q8_0", "q8_0") for w in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")}
     assert not [e for e in entries if e["kind"] == "per_head_rmsnorm"]
     lm_head = next(e for e in entries if e["name"].endswith("lm_head"))
     assert (lm_head["kind"], lm_head["n"], lm_head["k"]) == ("q8_0_gemv", 1000, 256), "tied: token_embd's type"

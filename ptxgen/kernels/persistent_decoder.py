@@ -69,14 +69,15 @@ barrier needs the whole grid in one wave, so no grid exceeds MAX_CTAS = 1024.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 from pydantic import Field, model_validator
 
 from ..dtypes import DTYPES, UNIT_ROUNDOFF, from_float, to_float64
-from ..errors import LaunchError
-from ..q4k import BLOCK_BYTES, BLOCK_WEIGHTS, dequantize_f64, random_weights, row_bytes
+from ..errors import LaunchError, PtxgenError
+from ..q4k import BLOCK_WEIGHTS, row_bytes
+from ..quants import GEMV_KINDS, quant_type
 from .base import Call, Geometry, Kind, KernelConfig, Param, Traffic, ceil_div
 from .families.attention import MAX_HEADS_PER_SLICE, AttentionPlan
 from .families.q4k import STEP_BLOCKS, Q4kPlan, dequantize_x
@@ -86,9 +87,8 @@ from .families.rope import RopePlan, RopeStyle
 from .incremental_attention import IncrementalAttentionConfig, attention_reference
 from .kv_append import KvAppendConfig
 from .per_head_rmsnorm import PerHeadRmsnormConfig
-from .q4k_gemv import Q4kGemvConfig
 from .residual_add import ResidualAddConfig
-from .rmsnorm import rms_normalize
+from .rmsnorm import RmsnormConfig, rms_normalize
 from .rope import RopeConfig, rotate
 from .swiglu import SwigluConfig, silu_mul
 
@@ -117,6 +117,9 @@ MAX_VERIFY_WEIGHTS = 64 << 20
 BARRIER_WORDS = 64  # arrival count at word 0, generation at word 32 (separate 128-byte lines)
 PHASE_BARRIERS = 5  # per layer (the last layer's final one is skipped)
 ROWS_PAST_POS = 64  # random cache rows sample_inputs writes beyond pos
+WeightName = Literal["wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"]
+WEIGHTS: tuple[str, ...] = get_args(WeightName)  # a layer's matrices, in its order
+GemvQuant = Literal["q4_k", "q6_k", "q8_0"]  # the types of GEMV_KINDS
 
 
 class PersistentDecoderConfig(KernelConfig):
@@ -140,6 +143,11 @@ class PersistentDecoderConfig(KernelConfig):
     ctas: int | None = Field(default=None, ge=1, le=MAX_CTAS)
     # Row-steps of weight loads a warp keeps in flight in the GEMV phases (48 bytes a lane each).
     gemv_unroll: int = Field(default=4, ge=1, le=4)
+    # The GGML type of each layer's matrix, per weight (a Q4_K_M file stores about half of attn_v
+    # and ffn_down as Q6_K); a weight not named is Q4_K in every layer. The fused kernel's GEMV
+    # phases multiply Q4_K only: other types run as the separate step (`separate_step`, what
+    # `ptxgen generate` runs by default), and rendering the fused kernel refuses them.
+    weight_quants: dict[WeightName, tuple[GemvQuant, ...]] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def consistent(self) -> PersistentDecoderConfig:
@@ -162,6 +170,10 @@ class PersistentDecoderConfig(KernelConfig):
                                                      (self.intermediate, self.hidden), (self.hidden, self.intermediate)))
         if largest >= 1 << 32:
             raise ValueError(f"a layer's weight matrix must be below 4 GiB (32-bit offsets), got {largest} bytes")
+        for weight, types in self.weight_quants.items():
+            if len(types) != self.num_layers:
+                raise ValueError(f"weight_quants.{weight}: expected one type a layer ({self.num_layers}), "
+                                 f"got {len(types)}")
         try:
             decoder_attention(self)
         except ValueError as error:
@@ -202,6 +214,25 @@ def gemv_plan(n: int, k: int, unroll: int) -> Q4kPlan:
                    unroll=max(u for u in range(1, unroll + 1) if items % u == 0), trip_rows=ROWS_PER_TASK)
 
 
+def layer_quants(config, weight: str) -> tuple[str, ...]:
+    """`weight`'s type in each layer."""
+    return config.weight_quants.get(weight, ("q4_k",) * config.num_layers)
+
+
+def weight_slot(config, weight: str, layer: int) -> tuple[str, int]:
+    """The parameter that holds `weight` of `layer`, and the layer's index there: the weight's own
+    name when its layers share a type, else `<weight>_<type>` (that type's layers, in order)."""
+    types = layer_quants(config, weight)
+    quant = types[layer]
+    return (weight if len(set(types)) == 1 else f"{weight}_{quant}"), types[:layer].count(quant)
+
+
+def layer_matrix(arrays: dict[str, np.ndarray], config, weight: str, layer: int) -> np.ndarray:
+    """`weight` of `layer` dequantised in float64 (gguf-py's values)."""
+    name, index = weight_slot(config, weight, layer)
+    return quant_type(layer_quants(config, weight)[layer]).dequantize_f64(arrays[name][index])
+
+
 def decoder_reference(arrays: dict[str, np.ndarray], config, pos: int,
                       stored: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Float64 Qwen3 decode step over all layers, written from the KERNELS.md formula. The new
@@ -230,9 +261,9 @@ def decoder_reference(arrays: dict[str, np.ndarray], config, pos: int,
     v_new = np.empty_like(k_new)
     for layer in range(c.num_layers):
         a = normed_activations({"x": x.astype(np.float32), "gamma": arrays["attn_norm"][layer]}, c.eps)
-        q = dequantize_f64(arrays["wq"][layer]) @ a
-        k = dequantize_f64(arrays["wk"][layer]) @ a
-        v = dequantize_f64(arrays["wv"][layer]) @ a
+        q = layer_matrix(arrays, c, "wq", layer) @ a
+        k = layer_matrix(arrays, c, "wk", layer) @ a
+        v = layer_matrix(arrays, c, "wv", layer) @ a
         q, k = q.reshape(c.num_heads, c.head_dim), k.reshape(c.num_kv_heads, c.head_dim)
         if c.qk_norm:
             q = rms_normalize(q, to_float64(arrays["q_norm"][layer], "f32"), c.eps)
@@ -250,12 +281,12 @@ def decoder_reference(arrays: dict[str, np.ndarray], config, pos: int,
         o = attention_reference(q, keys, values, pos + 1, c.softmax_scale)
         forced = stored is not None and "attn" in stored and layer == c.num_layers - 1
         o = stored["attn"] if forced else o.ravel().astype(np.float32)
-        x = x + dequantize_f64(arrays["wo"][layer]) @ dequantize_x(o)
+        x = x + layer_matrix(arrays, c, "wo", layer) @ dequantize_x(o)
         m = normed_activations({"x": x.astype(np.float32), "gamma": arrays["ffn_norm"][layer]}, c.eps)
-        gate = dequantize_f64(arrays["w_gate"][layer]) @ m
-        up = dequantize_f64(arrays["w_up"][layer]) @ m
+        gate = layer_matrix(arrays, c, "w_gate", layer) @ m
+        up = layer_matrix(arrays, c, "w_up", layer) @ m
         mlp = stored["mlp"] if forced else silu_mul(gate, up).astype(np.float32)
-        x = x + dequantize_f64(arrays["w_down"][layer]) @ dequantize_x(mlp)
+        x = x + layer_matrix(arrays, c, "w_down", layer) @ dequantize_x(mlp)
     return {"x": x, "k_cache": to_float64(k_cache, dt), "v_cache": to_float64(v_cache, dt), "k_new": k_new,
             "v_new": v_new}
 
@@ -298,6 +329,32 @@ class PersistentDecoder(Kind):
     @property
     def attention(self) -> AttentionPlan:
         return decoder_attention(self.config)
+
+    def matrix_shapes(self) -> dict[str, tuple[int, int]]:
+        """(rows, k) of each weight matrix of a layer."""
+        H, I = self.config.hidden, self.config.intermediate
+        return {"wq": (self.q_dim, H), "wk": (self.kv_dim, H), "wv": (self.kv_dim, H), "wo": (H, self.q_dim),
+                "w_gate": (I, H), "w_up": (I, H), "w_down": (H, I)}
+
+    def weight_stacks(self) -> list[tuple[int, Param]]:
+        """Each weight's layers stacked [layers, rows, row bytes] in the GGUF layout of their type
+        (one stack a type when they mix: see weight_slot), with the weight's k."""
+        stacks = []
+        for weight, (n, k) in self.matrix_shapes().items():
+            types = layer_quants(self.config, weight)
+            for quant in dict.fromkeys(types):
+                name, _ = weight_slot(self.config, weight, types.index(quant))
+                stacks.append((k, Param(name, "u8", (types.count(quant), n, quant_type(quant).row_bytes(k)),
+                                        layout=quant)))
+        return stacks
+
+    def weight_params(self) -> list[Param]:
+        return [param for _, param in self.weight_stacks()]
+
+    @property
+    def fused_types(self) -> bool:
+        """Whether the fused kernel multiplies every weight (its GEMV phases are Q4_K's)."""
+        return all(set(types) == {"q4_k"} for types in self.config.weight_quants.values())
 
     @property
     def plans(self) -> dict[str, Q4kPlan]:
@@ -344,21 +401,12 @@ class PersistentDecoder(Kind):
         position = Param("pos_ptr", "u32", (1,)) if c.indirect_pos else Param("pos", "u32", role="scalar")
         attention = self.attention
 
-        def q4k(name: str, n: int, k: int) -> Param:
-            return Param(name, "u8", (L, n, row_bytes(k)), layout="q4_k")
-
         return [
             Param("x", "f32", (H,), "inout"),
             Param("attn_norm", "f32", (L, H)),
             Param("ffn_norm", "f32", (L, H)),
             *([Param("q_norm", "f32", (L, hd)), Param("k_norm", "f32", (L, hd))] if c.qk_norm else []),
-            q4k("wq", self.q_dim, H),
-            q4k("wk", self.kv_dim, H),
-            q4k("wv", self.kv_dim, H),
-            q4k("wo", H, self.q_dim),
-            q4k("w_gate", I, H),
-            q4k("w_up", I, H),
-            q4k("w_down", H, I),
+            *self.weight_params(),
             Param("k_cache", kv, cache, "inout"),
             Param("v_cache", kv, cache, "inout"),
             position,
@@ -391,6 +439,10 @@ class PersistentDecoder(Kind):
 
     def template_vars(self) -> dict:
         c = self.config
+        if not self.fused_types:
+            mixed = ", ".join(f"{w} {'/'.join(dict.fromkeys(t))}" for w, t in c.weight_quants.items() if set(t) != {"q4_k"})
+            raise PtxgenError(f"{c.name}: weight_quants ({mixed}): the fused persistent_decoder multiplies Q4_K only; "
+                              "run this model's layers as separate kernels (ptxgen generate without --fused)")
         vec = c.head_dim // 64  # rope pairs a lane owns in a head (lane l: pairs l*vec ..)
         return {
             "hidden": c.hidden,
@@ -427,7 +479,7 @@ class PersistentDecoder(Kind):
         return {"pos": min(self.config.max_seq_len - 1, 4095)}
 
     def weight_bytes(self) -> int:
-        return sum(p.nbytes({}) for p in self.params() if p.layout == "q4_k")
+        return sum(p.nbytes({}) for p in self.weight_params())
 
     def verify_scalars(self) -> list[dict[str, int]]:
         """Positions 0, 1, the middle and the last; none when the weights (which scale with the
@@ -456,8 +508,10 @@ class PersistentDecoder(Kind):
         pos = int(scalars.get("pos", 0))
         filled = min(c.max_seq_len, pos + 1 + ROWS_PAST_POS)
 
-        def weights(n: int, k: int, scale: float) -> np.ndarray:
-            return np.stack([random_weights(rng, n, k, std=scale) for _ in range(L)])
+        def weights(k: int, param: Param) -> np.ndarray:
+            layers, n, _ = param.shape
+            return np.stack([quant_type(param.layout).random_weights(rng, n, k, std=1 / math.sqrt(k))
+                             for _ in range(layers)])
 
         def norm(*shape) -> np.ndarray:
             return (1.0 + 0.2 * rng.standard_normal(shape)).astype(np.float32)
@@ -468,13 +522,7 @@ class PersistentDecoder(Kind):
             "attn_norm": norm(L, H),
             "ffn_norm": norm(L, H),
             **({"q_norm": norm(L, hd), "k_norm": norm(L, hd)} if c.qk_norm else {}),
-            "wq": weights(self.q_dim, H, 1 / math.sqrt(H)),
-            "wk": weights(self.kv_dim, H, 1 / math.sqrt(H)),
-            "wv": weights(self.kv_dim, H, 1 / math.sqrt(H)),
-            "wo": weights(H, self.q_dim, 1 / math.sqrt(self.q_dim)),
-            "w_gate": weights(I, H, 1 / math.sqrt(H)),
-            "w_up": weights(I, H, 1 / math.sqrt(H)),
-            "w_down": weights(H, I, 1 / math.sqrt(I)),
+            **{param.name: weights(k, param) for k, param in self.weight_stacks()},
             "k_cache": random_rows(rng, cache, filled, c.kv_dtype),
             "v_cache": random_rows(rng, cache, filled, c.kv_dtype),
         }
@@ -499,20 +547,21 @@ class PersistentDecoder(Kind):
         fused_rmsnorm_q4k_gemv_group q/k/v (attn_norm), per_head_rmsnorm q/k (with qk_norm), rope
         q/k, kv_append, incremental_attention, q4k_gemv o, residual_add, fused_rmsnorm_q4k_gemv_group
         gate/up (ffn_norm), swiglu, q4k_gemv down, residual_add (13 launches a layer, 11 without
-        qk_norm: rope then turns q and k in place). Returns the
-        temporary buffers it needs (f32, zeroed) and the calls; buffers named like this kernel's
-        parameters are its arrays. The bench's baseline, and the tests' cross-check."""
+        qk_norm: rope then turns q and k in place). A group whose matrices are not all Q4_K in a
+        layer (weight_quants) is rmsnorm into `normed`, then the GEMV kind of each matrix's type;
+        so is o or down of another type. Returns the temporary buffers it needs (f32, zeroed) and
+        the calls; buffers named like this kernel's parameters are its arrays. The bench's
+        baseline, the tests' cross-check, and `ptxgen generate`'s layers."""
+        from . import config_from_json
+
         c = self.config
         pos = int(scalars["pos"])
         H, I, hd = c.hidden, c.intermediate, c.head_dim
         q_rotated, k_rotated = ("q_rotated", "k_rotated") if c.qk_norm else ("q", "k")
         temporaries = [Param(name, "f32", (size,), "workspace") for name, size in dict((
             ("q", self.q_dim), ("k", self.kv_dim), ("v", self.kv_dim), (q_rotated, self.q_dim),
-            (k_rotated, self.kv_dim), ("attn", self.q_dim), ("proj", H), ("gate", I), ("up", I), ("mlp", I))).items()]
-
-        def normed_group(name: str, matrices: dict[str, int]) -> FusedRmsnormQ4kGemvGroupConfig:
-            return FusedRmsnormQ4kGemvGroupConfig(kind="fused_rmsnorm_q4k_gemv_group", name=f"step_norm_{name}",
-                                                  k=H, matrices=matrices, eps=c.eps)
+            (k_rotated, self.kv_dim), ("attn", self.q_dim), ("proj", H), ("gate", I), ("up", I), ("mlp", I),
+            *((("normed", H),) if not self.fused_types else ()))).items()]
 
         def heads(count: int) -> tuple[PerHeadRmsnormConfig, RopeConfig]:
             return (PerHeadRmsnormConfig(kind="per_head_rmsnorm", name=f"step_head_norm_{count}", num_heads=count,
@@ -520,11 +569,27 @@ class PersistentDecoder(Kind):
                     RopeConfig(kind="rope", name=f"step_rope_{count}", num_heads=count, head_dim=hd,
                                theta=c.rope_theta, style=c.rope_style))
 
-        def gemv(n: int, k: int) -> Q4kGemvConfig:
-            return Q4kGemvConfig(kind="q4k_gemv", name=f"step_q4k_gemv_{n}x{k}", n=n, k=k)
+        def gemv(weight: str, layer: int, x: str, y: str) -> Call:
+            n, k = self.matrix_shapes()[weight]
+            kind = GEMV_KINDS[layer_quants(c, weight)[layer]]
+            config = config_from_json({"kind": kind, "name": f"step_{kind}_{n}x{k}", "n": n, "k": k})
+            return Call(config, {"y": y, "w": weight_slot(c, weight, layer), "x": x}, {})
 
-        qkv = normed_group("qkv", {"q": self.q_dim, "k": self.kv_dim, "v": self.kv_dim})
-        gate_up = normed_group("gate_up", {"gate": I, "up": I})
+        norm = RmsnormConfig(kind="rmsnorm", name="step_rmsnorm", hidden=H, eps=c.eps)
+
+        def normed(name: str, gamma: str, outputs: dict[str, str], layer: int) -> list[Call]:
+            """x * rms factor * gamma[layer] through the weights of `outputs` (weight -> buffer):
+            one fused group launch when they are all Q4_K in this layer."""
+            if any(layer_quants(c, weight)[layer] != "q4_k" for weight in outputs):
+                return [Call(norm, {"x": "x", "gamma": (gamma, layer), "y": "normed"}, {"rows": 1}),
+                        *(gemv(weight, layer, "normed", y) for weight, y in outputs.items())]
+            matrices = {y: self.matrix_shapes()[weight][0] for weight, y in outputs.items()}
+            group = FusedRmsnormQ4kGemvGroupConfig(kind="fused_rmsnorm_q4k_gemv_group", name=f"step_norm_{name}",
+                                                   k=H, matrices=matrices, eps=c.eps)
+            args = {f"w_{y}": weight_slot(c, weight, layer) for weight, y in outputs.items()}
+            return [Call(group, {**{f"y_{y}": y for y in outputs.values()}, **args, "x": "x", "gamma": (gamma, layer)},
+                         {})]
+
         q_norm, q_rope = heads(c.num_heads)
         k_norm, k_rope = heads(c.num_kv_heads)
         append = KvAppendConfig(kind="kv_append", name="step_kv_append", num_kv_heads=c.num_kv_heads, head_dim=hd,
@@ -534,11 +599,10 @@ class PersistentDecoder(Kind):
             head_dim=hd, max_seq_len=c.max_seq_len, kv_dtype=c.kv_dtype, sm_count=c.sm_count)
         add = ResidualAddConfig(kind="residual_add", name="step_residual_add", n=H)
         swiglu = SwigluConfig(kind="swiglu", name="step_swiglu", n=I)
-        at_pos, one = {"pos": pos}, {}
+        at_pos = {"pos": pos}
         calls = []
         for l in range(c.num_layers):
-            calls.append(Call(qkv, {"y_q": "q", "y_k": "k", "y_v": "v", "w_q": ("wq", l), "w_k": ("wk", l),
-                                    "w_v": ("wv", l), "x": "x", "gamma": ("attn_norm", l)}, one))
+            calls += normed("qkv", "attn_norm", {"wq": "q", "wk": "k", "wv": "v"}, l)
             if c.qk_norm:
                 calls += [Call(q_norm, {"x": "q", "gamma": ("q_norm", l), "y": q_rotated}, {"tokens": 1}),
                           Call(k_norm, {"x": "k", "gamma": ("k_norm", l), "y": k_rotated}, {"tokens": 1})]
@@ -549,24 +613,21 @@ class PersistentDecoder(Kind):
                      at_pos),
                 Call(attention, {"q": q_rotated, "k_cache": ("k_cache", l), "v_cache": ("v_cache", l),
                                  "out": "attn"}, {"seq_len": pos + 1}),
-                Call(gemv(H, self.q_dim), {"y": "proj", "w": ("wo", l), "x": "attn"}, one),
-                Call(add, {"x": "x", "y": "proj"}, one),
-                Call(gate_up, {"y_gate": "gate", "y_up": "up", "w_gate": ("w_gate", l), "w_up": ("w_up", l),
-                               "x": "x", "gamma": ("ffn_norm", l)}, one),
-                Call(swiglu, {"gate": "gate", "up": "up", "out": "mlp"}, one),
-                Call(gemv(H, I), {"y": "proj", "w": ("w_down", l), "x": "mlp"}, one),
-                Call(add, {"x": "x", "y": "proj"}, one),
+                gemv("wo", l, "attn", "proj"),
+                Call(add, {"x": "x", "y": "proj"}, {}),
+                *normed("gate_up", "ffn_norm", {"w_gate": "gate", "w_up": "up"}, l),
+                Call(swiglu, {"gate": "gate", "up": "up", "out": "mlp"}, {}),
+                gemv("w_down", l, "mlp", "proj"),
+                Call(add, {"x": "x", "y": "proj"}, {}),
             ]
         return temporaries, calls
 
     def traffic(self, scalars) -> Traffic:
         c = self.config
         pos = int(scalars.get("pos", 0))
-        H, I = c.hidden, c.intermediate
-        rows_k = [(self.q_dim + 2 * self.kv_dim, H), (H, self.q_dim), (2 * I, H), (H, I)]
-        weight_bytes = sum(n * (k // BLOCK_WEIGHTS) * BLOCK_BYTES for n, k in rows_k) * c.num_layers
+        H = c.hidden
         norm_bytes = 4 * (2 * H + (2 * c.head_dim if c.qk_norm else 0)) * c.num_layers
         kv_bytes = 2 * c.num_kv_heads * (pos + 1) * c.head_dim * DTYPES[c.kv_dtype].size * c.num_layers
-        weight_flops = 2 * sum(n * k for n, k in rows_k) * c.num_layers
+        weight_flops = 2 * sum(n * k for n, k in self.matrix_shapes().values()) * c.num_layers
         attention_flops = 4 * c.num_heads * (pos + 1) * c.head_dim * c.num_layers
-        return Traffic(bytes=weight_bytes + norm_bytes + kv_bytes + 8 * H, flops=weight_flops + attention_flops)
+        return Traffic(bytes=self.weight_bytes() + norm_bytes + kv_bytes + 8 * H, flops=weight_flops + attention_flops)
