@@ -481,7 +481,7 @@ def test_mixed_weight_types_one_layer_teacher_forced():
     forced = decoder_reference(inputs, kind.config, pos, stored=out)
     err = relative_l2(out["x"].astype(np.float64), forced["x"])
     assert err <= X_TOL, f"x vs the teacher-forced reference: {err:.3e}"
-    check_new_rows(kernel.definition.config, out, inputs, forced, pos)
+    check_new_rows(kind.config, out, inputs, forced, pos)
 
 
 def test_mixed_weight_types_two_layers_free_running():
