@@ -38,7 +38,7 @@ from .dtypes import DTYPES
 from .errors import LaunchError, PtxgenError
 from .kernels.base import Call
 from .kernels.persistent_decoder import WEIGHTS, weight_slot
-from .model_config import ModelConfig
+from .model_config import ModelConfig, matrix_names
 from .quants import GEMV_KINDS, quant_type
 
 # The decoder's per-layer array parameters and the GGUF tensor (blk.N.<short>.weight) each holds.
@@ -378,3 +378,58 @@ class RandomModel:
             return quant.dequantize_f64(packed if rows is None else packed[np.asarray(rows)])
         size = self.config.head_dim if name.endswith(("attn_q_norm.weight", "attn_k_norm.weight")) else self.config.hidden
         return 1.0 + 0.1 * self._rng(name).standard_normal(size)
+
+
+# --- whole-model decode speed (make bench) -------------------------------------------------------------
+QWEN3_8B = dict(name="qwen3-8b", architecture="qwen3", num_layers=36, hidden=4096, intermediate=12288, num_heads=32,
+                num_kv_heads=8, head_dim=128, rope_theta=1e6, eps=1e-6, context_length=40960, vocab_size=151936,
+                tied_embeddings=False)
+
+
+def more_bits(layer: int, layers: int) -> bool:
+    """llama.cpp's Q4_K_M rule (use_more_bits): the first and last eighth of the layers and every
+    third one between them keep attn_v and ffn_down in Q6_K."""
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+
+def q4_k_m_types(shape: dict) -> dict[str, str]:
+    """Weight types as llama.cpp's Q4_K_M file stores them: Q4_K, with output.weight and the
+    more_bits layers' attn_v and ffn_down Q6_K."""
+    layers = shape["num_layers"]
+    types = {name: "q4_k" for name in matrix_names(layers, shape["tied_embeddings"])}
+    types.update({f"blk.{l}.{short}.weight": "q6_k" for l in range(layers) if more_bits(l, layers)
+                  for short in ("attn_v", "ffn_down")})
+    if not shape["tied_embeddings"]:
+        types["output.weight"] = "q6_k"
+    return types
+
+
+def decode_speed(generator: Generator, token: int, tokens: int) -> dict[str, float]:
+    """Wall-clock tokens/s of `tokens` greedy steps from an empty cache, starting at `token`: with
+    the head (final norm, lm_head, argmax, the token read back) and without it (the layers, then
+    x read back), both the way a batch-1 decode loop runs them."""
+    with_head = generator.generate([token], tokens + 1)
+    row = generator.model.dequantize("token_embd.weight", rows=[token])[0].astype(np.float32)
+    start = time.perf_counter()
+    for pos in range(tokens + 1, 2 * tokens + 1):
+        generator.memory.write("x", row)
+        generator.memory.run(generator.layer_calls(pos))
+        generator.memory.read("x")
+    return {"tokens_per_s": with_head.tokens_per_s, "layers_tokens_per_s": tokens / (time.perf_counter() - start)}
+
+
+def random_model_decode_speed(shape: dict, fused: bool, tokens: int = 32, seed: int = 0) -> dict:
+    """decode_speed of a random model of `shape` (e.g. QWEN3_8B) on this process's GPU (a device-
+    worker call for make bench): Q4_K_M-like weights (q4_k_m_types) through the separate kernels,
+    or with `fused` every layer Q4_K through the persistent decoder; the lm_head Q6_K either way."""
+    types = q4_k_m_types(shape)
+    if fused:
+        types = {name: "q4_k" if name.startswith("blk.") else quant for name, quant in types.items()}
+    generator = Generator(RandomModel(ModelConfig(**shape, quants=types), seed), "device",
+                          max_seq_len=2 * tokens + 2, fused=fused)
+    try:
+        return {"model": shape["name"], "layers": "persistent_decoder" if fused else "separate kernels",
+                "weights": "Q4_K layers" if fused else "Q4_K_M-like layers", "lm_head": "Q6_K",
+                "device": generator.device, "tokens": tokens, **decode_speed(generator, 1, tokens)}
+    finally:
+        generator.close()

@@ -389,6 +389,9 @@ def test_make_bench_report_has_the_targets_and_the_decode_step_in_tokens_per_sec
     spec.loader.exec_module(run_all)
     results = quick_bench(sim, monkeypatch, [("qwen3_8b_rmsnorm", {"rows": 1}), ("qwen3_tiny_decoder", {"pos": 63})],
                           graph=True)
+    results["whole_model"] = [{"model": "qwen3-8b", "tokens": 32, "layers": "separate kernels",
+                               "weights": "Q4_K_M-like layers", "lm_head": "Q6_K", "tokens_per_s": 101.25,
+                               "layers_tokens_per_s": 120.5}]
     report = run_all.markdown(results, ["a note"])
     lines = report.splitlines()
     # The simulation spends 4 us a kernel: 250000 calls/s in one launch, 26 launches one by one.
@@ -397,7 +400,9 @@ def test_make_bench_report_has_the_targets_and_the_decode_step_in_tokens_per_sec
     assert any(line.startswith("| separate kernels, 26 launches one by one | 104.0 | 9615.4 |") for line in lines)
     assert any(line.startswith("| separate kernels, one CUDA graph | 104.0 | 9615.4 |") for line in lines)
     assert "| rmsnorm <= 5 us (decode, one row) | 4.0 µs (rows=1) | yes |" in report
-    assert "| q4k_gemv n=12288 k=4096 >= 75% of copy bandwidth | no matching row | n/a |" in report
+    assert "| q4k_gemv 12288x4096 >= 80% of copy bandwidth | no matching row | n/a |" in report
+    assert "| Qwen3-8B decode step (36 layers, pos 4095) <= 2000 us, >= 500 tokens/s | no matching row | n/a |" in report
+    assert "| separate kernels | Q4_K_M-like layers, Q6_K lm_head | 101.2 | 120.5 |" in report
     assert "- a note" in report
 
 

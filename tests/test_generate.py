@@ -32,8 +32,9 @@ from fixtures.make_tiny_gguf import write_tiny_gguf, tiny_config
 from ptxgen import device
 from ptxgen.dtypes import to_float64
 from ptxgen.errors import PtxgenError
-from ptxgen.generate import Generator, RandomModel, check_supported
+from ptxgen.generate import QWEN3_8B, Generator, RandomModel, check_supported, decode_speed, q4_k_m_types
 from ptxgen.gguf_model import GGUFModel
+from ptxgen.model_config import ModelConfig
 from ptxgen.kernels.argmax import first_argmax
 from ptxgen.model_reference import ReferenceModel, generate as reference_generate
 from ptxgen.spec import load_spec
@@ -264,3 +265,30 @@ def test_bad_input_is_one_message_and_exit_2(files, tmp_path, args, message):
     assert re.search(message, lines[0]), lines[0]
     assert not result.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "not-a-model.gguf"], "nothing written"
+
+
+# --- whole-model decode speed (make bench's rows), on the simulated GPU ------------------------------
+def test_q4_k_m_types_follow_llama_cpps_rule():
+    """Qwen3-8B's 36 layers: attn_v and ffn_down Q6_K in layers 0-3, 31-35 and 6, 9, ..., 30
+    (llama.cpp's use_more_bits with C's integer division), output.weight Q6_K, the rest Q4_K."""
+    types = q4_k_m_types(QWEN3_8B)
+    more = [l for l in range(36) if types[f"blk.{l}.attn_v.weight"] == "q6_k"]
+    assert more == [0, 1, 2, 3, *range(6, 31, 3), 31, 32, 33, 34, 35]
+    assert all(types[f"blk.{l}.ffn_down.weight"] == types[f"blk.{l}.attn_v.weight"] for l in range(36))
+    assert types["output.weight"] == "q6_k" and types["token_embd.weight"] == "q4_k"
+    assert {types[f"blk.{l}.{s}.weight"] for l in range(36) for s in ("attn_q", "attn_k", "attn_output", "ffn_gate",
+                                                                      "ffn_up")} == {"q4_k"}
+    ModelConfig(**QWEN3_8B, quants=types)  # every matrix typed
+
+
+def test_decode_speed_on_the_simulated_gpu(files, simulated):
+    """The rates make bench reports, for the mixed fixture through the separate kernels: both
+    positive."""
+    model = GGUFModel(files["mixed"])
+    generator = Generator(model, "device", max_seq_len=16)
+    kernels = [generator.kernels.norm, generator.kernels.lm_head, generator.kernels.argmax]
+    kernels += [call.kernel for call in generator.decoder.separate_step({"pos": 0})[1]]
+    simulated.kernels.update({k.name: k for k in kernels})
+    rates = decode_speed(generator, 5, 3)
+    assert set(rates) == {"tokens_per_s", "layers_tokens_per_s"} and min(rates.values()) > 0
+    generator.close()
