@@ -292,3 +292,36 @@ def test_decode_speed_on_the_simulated_gpu(files, simulated):
     rates = decode_speed(generator, 5, 3)
     assert set(rates) == {"tokens_per_s", "layers_tokens_per_s"} and min(rates.values()) > 0
     generator.close()
+
+
+# --- an implementation nobody here wrote: transformers' GGUF loader ---------------------------------
+# Both sides dequantise the same blocks (transformers through gguf-py, to f32) and run the model
+# without quantising activations: transformers in f32 (on the CPU), the reference in float64.
+# Measured with transformers 5.23 / torch 2.13 (CPU): relative L2 4.3-5.1e-7 at every position of
+# both fixtures, the f32 rounding of two layers of <= 512-term dot products. Allowed: 1e-5, about
+# 20x that; a wrong rope pairing, a missing Q/K norm or a transposed matrix moves logits by far more.
+TRANSFORMERS_TOL = 1e-5
+
+
+@pytest.mark.parametrize("arch", ["mixed", "llama"], ids=["qwen3-q4_k_m-mixed", "llama"])
+def test_transformers_gguf_loader_gives_the_references_logits(files, arch):
+    """Where transformers is installed (the GPU machines): the fixture loaded by its GGUF loader
+    (head_dim passed: 128 is not hidden / heads = 64) and the float64 reference agree at every
+    position of a prompt; so does what ptxgen generate computes, by the tests above."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    path = files[arch]
+    model = GGUFModel(path)
+    try:
+        hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                               head_dim=model.config.head_dim, torch_dtype=torch.float32)
+    except ValueError as error:  # no GGUF loader for the architecture, or a missing extra (accelerate)
+        pytest.skip(f"transformers {transformers.__version__} cannot load this {model.config.architecture} GGUF: "
+                    f"{error}")
+    tokens = [5, 999, 17, 256]
+    with torch.no_grad():
+        theirs = hf(torch.tensor([tokens])).logits[0].double().numpy()
+    ours = ReferenceModel(model).run(tokens)
+    for pos in range(len(tokens)):
+        error = relative_l2(theirs[pos], ours[pos])
+        assert error <= TRANSFORMERS_TOL, f"{arch} position {pos}: transformers' logits {error:.2e} from the reference"
