@@ -36,7 +36,7 @@ from ..errors import InterpError
 from .ops import COMPILERS, Exec, _halves_to_f64, opcode
 from .parser import SHARED_BASE, Imm, Pair, Reg, Vec
 from .sanitizer import full_warps, warp_members
-from .state import Finding
+from .findings import Finding
 
 WARPGROUP = 128
 MAX_BARRIERS = 64                  # mbarrier objects per program the sanitizer can tell apart

@@ -32,7 +32,8 @@ from .ops import compile_program
 from .ordering import Ordering, synchronises
 from .parser import TYPES, parse
 from .sanitizer import FloatAtomics
-from .state import FULL, Finding, GlobalMemory, WaveState
+from .findings import Finding
+from .state import FULL, GlobalMemory, WaveState
 
 MAX_WAVE_THREADS = 1 << 18
 MAX_TRACKED_SHARED = 1 << 23    # shared bytes per wave when race tracking is on

@@ -20,7 +20,8 @@ from .approx import EXACT
 from .ordering import access_of, fence_of
 from .parser import TYPES, Addr, Imm, Neg, Pair, Reg, Sink, Special, Sym, Vec
 from .sanitizer import full_warps, warp_members
-from .state import SHARED_WINDOW, Finding, converter, dtype_of, storage_of, store_converter
+from .findings import Finding
+from .state import SHARED_WINDOW, converter, dtype_of, storage_of, store_converter
 
 FLOAT_ROUND = ("rn", "rz", "rm", "rp")
 INT_ROUND = ("rni", "rzi", "rmi", "rpi")

@@ -57,7 +57,8 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import InterpError
-from .state import Finding, item
+from .findings import Finding
+from .state import item
 
 # A byte's record: strong bit | CTA + 1 (0 = not written in this launch) | epoch | instruction.
 STRONG = np.uint64(1 << 63)

@@ -1,11 +1,11 @@
 """Checks that need bookkeeping beyond plain execution: shared-memory races and
-warp-collective membership. Findings are raised as state.Finding; launch formats them."""
+warp-collective membership. Findings are raised as findings.Finding; launch formats them."""
 from typing import NamedTuple
 
 import numpy as np
 
 from . import numerics as nm
-from .state import Finding
+from .findings import Finding
 
 # A byte's read and write records are four uint16 fields; the epochs sit at the same places
 # in both, so the accessing thread's "who" record doubles as its read and write record.

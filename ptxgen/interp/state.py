@@ -6,7 +6,9 @@ from functools import cache
 import numpy as np
 
 from ..errors import LaunchError
+from .findings import Finding
 from .parser import SHARED_BASE, TYPES
+from .sanitizer import SharedRaces
 
 FULL = slice(None)              # "every thread of the wave", cheaper than an index array
 # A `sel` of threads is FULL, another slice of the wave (a contiguous range) or an index array.
@@ -80,16 +82,6 @@ def store_converter(t, storage):
         return lambda v: np.asarray(v).view(_UINT[src.itemsize]).astype(storage)
     ext = _SINT[src.itemsize] if TYPES[t][1] == "s" else _UINT[src.itemsize]
     return lambda v: np.asarray(v).view(ext).astype(_SINT[storage.itemsize]).view(storage)
-
-
-class Finding(Exception):
-    """A problem found while executing; launch adds the line, CTA and thread to it."""
-
-    def __init__(self, what, thread, sanitizer=True):
-        super().__init__(what)
-        self.what = what
-        self.thread = int(thread)      # index within the wave
-        self.sanitizer = sanitizer
 
 
 def first(sel, bad):
@@ -218,7 +210,6 @@ class WaveState:
         self.ordering = self.approx = self.float_atomics = self.rank = None
         self.pc = 0                 # the instruction being executed
         if sanitize:
-            from .sanitizer import SharedRaces
             self.races = SharedRaces(self)
         # sm_90a async instructions (hopper.py): their state, the registers they lend out, and
         # why a lent register reads as unwritten
