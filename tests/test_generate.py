@@ -31,7 +31,7 @@ from fixtures.make_tiny_gguf import write_tiny_gguf, tiny_config
 
 from ptxgen import device
 from ptxgen.dtypes import to_float64
-from ptxgen.errors import PtxgenError
+from ptxgen.errors import DeviceUnavailable, PtxgenError
 from ptxgen.generate import QWEN3_8B, Generator, RandomModel, check_supported, decode_speed, q4_k_m_types
 from ptxgen.gguf_model import GGUFModel
 from ptxgen.model_config import ModelConfig
@@ -325,3 +325,22 @@ def test_transformers_gguf_loader_gives_the_references_logits(files, arch):
     for pos in range(len(tokens)):
         error = relative_l2(theirs[pos], ours[pos])
         assert error <= TRANSFORMERS_TOL, f"{arch} position {pos}: transformers' logits {error:.2e} from the reference"
+
+
+# --- on a real GPU (pytest -m gpu) ----------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch, fused", [("mixed", False), ("llama", True), ("qwen3", True)],
+                         ids=["q4_k_m-mixed-separate", "llama-fused", "qwen3-fused"])
+def test_generate_on_the_gpu_matches_the_references(files, arch, fused):
+    """The device path for real: the same tokens as both float64 references, logits within 2E."""
+    try:
+        device.driver()
+    except DeviceUnavailable:
+        pytest.skip("no CUDA driver/GPU on this machine")
+    model = GGUFModel(files[arch])
+    generator = Generator(model, "device", max_seq_len=16, fused=fused)
+    try:
+        result = generator.generate(PROMPT, MAX_NEW, keep_logits=True)
+    finally:
+        generator.close()
+    check_against_references(model, PROMPT, result.tokens, result.logits)
