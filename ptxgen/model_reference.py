@@ -15,10 +15,10 @@ Weights are gguf-py's dequantisation widened to float64 (ptxgen.quants.dequantiz
 once dequantised: 8 bytes a weight, meant for small models and layer-sized checks.
 
 `quantize_activations` multiplies each matrix by the vector the GEMV kernels multiply it by
-(ptxgen.kernels.families.q4k): the f32 input quantised to int8 per 32 values with an f32 scale
-(`dequantize_x`); after a norm, x * gamma quantised and the RMS factor applied to the product, as
-the fused norm + GEMV kinds do (`normed_activations`); the final norm is a plain rmsnorm whose f32
-output the lm_head GEMV quantises. Everything else stays float64. That is the model `ptxgen
+(ptxgen.kernels.families.quant_gemv): the f32 input quantised to int8 per 32 values with an f32
+scale (`dequantize_x`); after a norm, x * gamma quantised and the RMS factor applied to the product,
+as the fused norm + GEMV kinds do (`normed_activations`); the final norm is a plain rmsnorm whose
+f32 output the lm_head GEMV quantises. Everything else stays float64. That is the model `ptxgen
 generate` computes up to f32 rounding; without it, the model as written.
 """
 
@@ -31,7 +31,7 @@ import numpy as np
 from .dtypes import from_float, to_float64
 from .errors import PtxgenError
 from .gguf_model import GGUFModel
-from .kernels.families.q4k import dequantize_x
+from .kernels.families.quant_gemv import dequantize_x
 from .kernels.fused_rmsnorm_q4k_gemv import normed_activations
 from .kernels.incremental_attention import attention_reference
 from .kernels.rmsnorm import rms_normalize

@@ -15,7 +15,7 @@ import pytest
 from ptxgen import perf, q4k
 from ptxgen.errors import PtxgenError, SpecError
 from ptxgen.interp import launch as interpret, numerics
-from ptxgen.kernels.families.q4k import MAX_K, X_GROUP, dequantize_x, quantize_x
+from ptxgen.kernels.families.quant_gemv import MAX_K, X_GROUP, dequantize_x, quantize_x
 from ptxgen.kernels.q4k_gemv import QUANTISATION_ERROR
 from ptxgen.pipeline import compile_kernel
 from ptxgen.runner import prepare_arrays, run

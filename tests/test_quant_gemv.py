@@ -19,7 +19,7 @@ from ptxgen.quants import GEMV_KINDS
 from ptxgen.gguf_model import GGUFModel
 from ptxgen.interp import launch as interpret
 from ptxgen.kernels import kind_of
-from ptxgen.kernels.families.q4k import dequantize_x
+from ptxgen.kernels.families.quant_gemv import dequantize_x
 from ptxgen.model_reference import generate as reference_generate
 from ptxgen.pipeline import compile_kernel
 from ptxgen.quants import QUANT_TYPES

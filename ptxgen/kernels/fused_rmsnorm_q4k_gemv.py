@@ -28,7 +28,7 @@ from pydantic import Field
 
 from ..dtypes import UNIT_ROUNDOFF
 from ..hardware_errors import DIV_ULPS, RSQRT_REL
-from .families.q4k import dequantize_x
+from .families.quant_gemv import dequantize_x
 from .q4k_gemv import Q4kGemv, Q4kGemvConfig, gamma
 
 

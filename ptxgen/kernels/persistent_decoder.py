@@ -9,7 +9,7 @@ a grid-wide barrier. Per layer l (phases A, C, D, E, F; 5 grid barriers, none af
 layer's F):
 
 A  norm + Q/K/V projections. Every CTA quantises x * attn_norm[l] to int8 in shared memory (as
-   q4k_gemv does, through the Q4_K family's macros) and sums x^2 for the RMS factor itself, so
+   q4k_gemv does, through the quantised GEMV family's macros) and sums x^2 for the RMS factor itself, so
    the norm costs no phase of its own. 2-row warp tasks go over the rows of
    [Wq; Wk; Wv]: every CTA's 8 warps busy, 16-byte weight loads, the first task's loads
    issued before x is staged. V rows go straight to v_cache[l, :, pos] (as kv_dtype). Q and K
@@ -80,7 +80,7 @@ from ..q4k import BLOCK_WEIGHTS, row_bytes
 from ..quants import GEMV_KINDS, quant_type
 from .base import Call, Geometry, Kind, KernelConfig, Param, Traffic, ceil_div
 from .families.attention import MAX_HEADS_PER_SLICE, AttentionPlan
-from .families.q4k import STEP_BLOCKS, Q4kPlan, dequantize_x
+from .families.quant_gemv import STEP_BLOCKS, QuantGemvPlan, dequantize_x
 from .fused_rmsnorm_q4k_gemv import normed_activations
 from .fused_rmsnorm_q4k_gemv_group import FusedRmsnormQ4kGemvGroupConfig
 from .families.rope import RopePlan, RopeStyle
@@ -205,13 +205,13 @@ def decoder_attention(config) -> AttentionPlan:
     return plan(max(1, min(4, ATTENTION_RING // plan(1).stage_bytes)))
 
 
-def gemv_plan(n: int, k: int, unroll: int) -> Q4kPlan:
-    """The Q4_K family's geometry of one phase: 8 warps, a task of 2 rows (unrolled, no split),
+def gemv_plan(n: int, k: int, unroll: int) -> QuantGemvPlan:
+    """The quantised GEMV family's geometry of one phase: 8 warps, a task of 2 rows (unrolled, no split),
     at most `unroll` row-steps of loads in flight: the most that divides a task's row-steps, so
     that the slots line up from one task to the next."""
     items = ROWS_PER_TASK * ceil_div(k // BLOCK_WEIGHTS, STEP_BLOCKS)
-    return Q4kPlan(matrices=(n,), k=k, warps=WARPS, rows_per_warp=ROWS_PER_TASK, split_k=1,
-                   unroll=max(u for u in range(1, unroll + 1) if items % u == 0), trip_rows=ROWS_PER_TASK)
+    return QuantGemvPlan(matrices=(n,), k=k, warps=WARPS, rows_per_warp=ROWS_PER_TASK, split_k=1,
+                         unroll=max(u for u in range(1, unroll + 1) if items % u == 0), trip_rows=ROWS_PER_TASK)
 
 
 def layer_quants(config, weight: str) -> tuple[str, ...]:
@@ -357,7 +357,7 @@ class PersistentDecoder(Kind):
         return all(set(types) == {"q4_k"} for types in self.config.weight_quants.values())
 
     @property
-    def plans(self) -> dict[str, Q4kPlan]:
+    def plans(self) -> dict[str, QuantGemvPlan]:
         c = self.config
         return {
             "qkv": gemv_plan(self.q_dim + 2 * self.kv_dim, c.hidden, c.gemv_unroll),

@@ -1,7 +1,7 @@
 """q4k_gemv: y = dequant(w) @ xq for GGML Q4_K rows (decode GEMV at batch 1, bandwidth bound),
 where xq is x quantised to int8 in blocks of 32 with an f32 scale, exactly as the kernel does it
-(`families.q4k.quantize_x`; llama.cpp's mmvq quantises x to Q8_1 the same way). The reference is
-that product in float64, so the kind's tolerance and per-element bound are its f32 summation's
+(`families.quant_gemv.quantize_x`; llama.cpp's mmvq quantises x to Q8_1 the same way). The reference
+is that product in float64, so the kind's tolerance and per-element bound are its f32 summation's
 (the error analysis above `f32_error`, shared by every kind of the family).
 
 How far xq's product is from the unquantised dequant(w) @ x (the KERNELS.md formula): x is
@@ -11,11 +11,12 @@ error of y is 0.53% on average (0.52-0.58% over 5 seeds each at k = 256, 4096, 1
 does not depend on k); QUANTISATION_ERROR bounds it, and tests check it. For scale: the Q4_K
 quantisation of those weights moves y by 7.7%.
 
-The kernel is the family's (geometry, defaults, the int8 path in ptxgen/kernels/families/q4k.py,
-macros in templates/families/q4k.ptx.j2) under a 64-register cap: 32 warps an SM (occupancy 0.5
-on sm_80/sm_90, 0.67 on sm_86/sm_89), each lane with 48-96 bytes of weights in flight. Under the
-queue schedule (the default for large n) the kernel takes one more parameter, `queue`: a u32[2]
-workspace, zeroed once by its owner; every launch leaves it at zero again.
+The kernel is the quantised GEMV family's (geometry, defaults, the int8 path in
+ptxgen/kernels/families/quant_gemv.py, macros in templates/families/quant_gemv.ptx.j2) under a
+64-register cap: 32 warps an SM (occupancy 0.5 on sm_80/sm_90, 0.67 on sm_86/sm_89), each lane with
+48-96 bytes of weights in flight. Under the queue schedule (the default for large n) the kernel
+takes one more parameter, `queue`: a u32[2] workspace, zeroed once by its owner; every launch leaves
+it at zero again.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from ..dtypes import UNIT_ROUNDOFF
 from ..q4k import unpack
 from ..quants import QUANT_TYPES
 from .base import Geometry, Kind, KernelConfig, Param, Traffic
-from .families.q4k import (FORMATS, MAX_K, MAX_REGISTERS, MAX_ROW_STEPS, MAX_ROWS, MAX_WARPS, SM_COUNT, STEP_WEIGHTS,
-                           X_GROUP, Q4kPlan, dequantize_x, divisors, min_warps, queue_split)
+from .families.quant_gemv import (FORMATS, MAX_K, MAX_REGISTERS, MAX_ROW_STEPS, MAX_ROWS, MAX_WARPS, SM_COUNT,
+                                  STEP_WEIGHTS, X_GROUP, QuantGemvPlan, dequantize_x, divisors, min_warps,
+                                  queue_split)
 
 MAX_N = 2**31 - 1
 # `ptxgen verify` (the interpreter) runs a config only up to this many weights: the float64
@@ -58,9 +60,9 @@ def gamma(m: int) -> float:
     return m * u / (1 - m * u)
 
 
-class Q4kTuning(KernelConfig):
-    """The family's tuning fields (None: the plan's defaults, see Q4kPlan.of), for weights of type
-    `quant` (the subclasses of the other formats set it)."""
+class QuantGemvTuning(KernelConfig):
+    """The family's tuning fields (None: the plan's defaults, see QuantGemvPlan.of), for weights of
+    type `quant` (the subclasses of the other formats set it)."""
 
     quant: ClassVar[str] = "q4_k"
     k: int
@@ -106,7 +108,7 @@ class Q4kTuning(KernelConfig):
         return self
 
 
-class Q4kGemvConfig(Q4kTuning):
+class Q4kGemvConfig(QuantGemvTuning):
     kind: Literal["q4k_gemv"]
     n: int = Field(ge=1, le=MAX_N)
 
@@ -127,7 +129,7 @@ class Q4kGemv(Kind):
 
     @property
     def quant(self) -> str:
-        """The weights' type: the config's (Q4kTuning.quant)."""
+        """The weights' type: the config's (QuantGemvTuning.quant)."""
         return self.Config.quant
 
     @property
@@ -142,8 +144,8 @@ class Q4kGemv(Kind):
         return {"": self.config.n}
 
     @property
-    def plan(self) -> Q4kPlan:
-        return Q4kPlan.of(self.config, tuple(self.matrices.values()), self.quant)
+    def plan(self) -> QuantGemvPlan:
+        return QuantGemvPlan.of(self.config, tuple(self.matrices.values()), self.quant)
 
     def params(self) -> list[Param]:
         k = self.config.k

@@ -4,7 +4,7 @@ y_<name> = dequant(w_<name>) @ xq for each matrix of `matrices` (name -> rows), 
 A decoder layer's projections come in such groups: q, k and v read the normed hidden state, and
 so do gate and up. One launch instead of two or three saves the launch gaps and the repeated
 quantisation of x, and a group's rows fill the GPU where one small matrix would not (k and v:
-2 x 1024 rows). Each matrix gets its own run of CTAs (one Q4kPlan geometry, its defaults chosen
+2 x 1024 rows). Each matrix gets its own run of CTAs (one QuantGemvPlan geometry, its defaults chosen
 for the rows of all the matrices together), so a CTA never mixes matrices and each row is
 computed exactly as q4k_gemv with the same split_k (and warps, for the fused kinds' RMS factor)
 computes it: bit for bit, tests check it.
@@ -18,14 +18,14 @@ from typing import Annotated, Literal
 
 from pydantic import Field, StringConstraints
 
-from .q4k_gemv import MAX_N, Q4kGemv, Q4kTuning
+from .q4k_gemv import MAX_N, Q4kGemv, QuantGemvTuning
 
 MAX_MATRICES = 8
 # A matrix name becomes part of two parameter names (y_<name>, w_<name>).
 MatrixName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z][A-Za-z0-9]{0,15}$")]
 
 
-class Q4kGemvGroupConfig(Q4kTuning):
+class Q4kGemvGroupConfig(QuantGemvTuning):
     kind: Literal["q4k_gemv_group"]
     matrices: dict[MatrixName, Annotated[int, Field(ge=1, le=MAX_N)]] = Field(min_length=1, max_length=MAX_MATRICES)
 

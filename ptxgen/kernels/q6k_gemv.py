@@ -8,9 +8,10 @@ l < 32: weight l (+32, +64, +96) is d * scales[8n + l/16 (+2, +4, +6)] * (q - 32
 nibble of ql[64n + l] (low of ql[64n + 32 + l], high of ql[64n + l], high of ql[64n + 32 + l]) and
 bits 0-1 (2-3, 4-5, 6-7) of qh[32n + l] as its top two bits.
 
-The kernel is the Q4_K GEMV family's skeleton (staging, rows, schedules, reductions: Q4kPlan with
-quant "q6_k") with its own lane work (templates/families/q4k.ptx.j2, q6k_weights / q6k_dot): lane
-(n, h) of a block takes the 64 weights l, l+32, l+64, l+96 for l = 16h .. 16h+15 of half n, so its
+The kernel is the quantised GEMV family's skeleton (staging, rows, schedules, reductions:
+QuantGemvPlan with quant "q6_k") with its own lane work (templates/families/quant_gemv.ptx.j2,
+q6k_weights / q6k_dot): lane (n, h) of a block takes the 64 weights l, l+32, l+64, l+96 for
+l = 16h .. 16h+15 of half n, so its
 data are three 16-byte pieces (two of ql, one of qh), 4 scales and d. Blocks are 210 bytes: only
 2-byte aligned, and the three pieces are the same offset from 16-byte alignment, so each is loaded
 as the 16-byte-aligned 32 bytes around it (6 loads of 16 bytes, the two ql windows adjacent: 96

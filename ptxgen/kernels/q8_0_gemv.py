@@ -6,8 +6,8 @@ Contract: `w` u8[n, (k/32)*34] holds GGML `block_q8_0` rows exactly as in a GGUF
 weights `{f16 d, i8 qs[32]}`, weight j = d * qs[j]. k is a multiple of 64 (a lane takes two
 blocks), at least 64.
 
-The kernel is the Q4_K GEMV family's skeleton (Q4kPlan with quant "q8_0") with its own lane work
-(templates/families/q4k.ptx.j2, q8_0_weights / q8_0_dot): lane L takes blocks 2L and 2L+1 of a
+The kernel is the quantised GEMV family's skeleton (QuantGemvPlan with quant "q8_0") with its own
+lane work (templates/families/quant_gemv.ptx.j2, q8_0_weights / q8_0_dot): lane L takes blocks 2L and 2L+1 of a
 2048-weight step (68 bytes), whose x groups are exactly the staged ones, so each block is one
 exact dp4a chain of 8 words times d * dx. The pair is 4-byte aligned (34-byte blocks), so it is
 loaded as the 16-byte-aligned 64 bytes before its end plus 1-4 words (5 to 8 loads, 68-80

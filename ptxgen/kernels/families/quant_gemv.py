@@ -1,10 +1,10 @@
 """The quantised GEMV family (q4k_gemv, fused_rmsnorm_q4k_gemv, the grouped kinds,
 persistent_decoder's GEMV phases, q6k_gemv, q8_0_gemv): y = dequant(w) @ x for GGML Q4_K, Q6_K or
-Q8_0 rows at batch 1, bandwidth bound. The PTX is the macros of templates/families/q4k.ptx.j2;
-`Q4kPlan` is what they take, its `quant` the weight type. (The names are Q4_K's, the first type:
-persistent_decoder imports them.) Everything below holds for every type but a lane's loads and
-block dot product and the records of x scales they read (GemvFormat, FORMATS; the Q6_K and Q8_0
-kinds' docstrings); what is said of blocks and quant bytes is Q4_K's.
+Q8_0 rows at batch 1, bandwidth bound. The PTX is the macros of
+templates/families/quant_gemv.ptx.j2; `QuantGemvPlan` is what they take, its `quant` the weight
+type. Everything below holds for every type but a lane's loads and block dot product and the
+records of x scales they read (GemvFormat, FORMATS; the Q6_K and Q8_0 kinds' docstrings); what is
+said of blocks and quant bytes is Q4_K's.
 
 x is quantised once per CTA (x is k floats, the weights n*k*0.56 bytes: every CTA reading x from
 L2 costs nothing) into shared memory, as llama.cpp's Q8_1 path does: blocks of 32 values, each
@@ -154,7 +154,7 @@ class GemvFormat:
 
 
 # Q4_K: 4 lanes a block, each a 64-weight chunk (32 quant bytes, two 16-byte loads) and the
-# block's 16-byte header; records {dx, -s, dx/16, -s} of its two sub-blocks (q4k_item).
+# block's 16-byte header; records {dx, -s, dx/16, -s} of its two sub-blocks (gemv_item).
 # Q6_K: 4 lanes a block, lane (n, h) = (L/2 % 2, L % 2) the weights l, l+32, l+64, l+96 for
 # l = 16h .. 16h+15 of half n (ql bytes 64n+16h.., 64n+32+16h.., qh bytes 32n+16h..: three
 # 16-byte pieces), its 4 scales and d; records {dx_j} and {-32 * sum of the x codes_j} of its
@@ -179,7 +179,7 @@ class Item:
 
 
 @dataclass(frozen=True)
-class Q4kPlan:
+class QuantGemvPlan:
     matrices: tuple[int, ...]  # rows of each matrix (one for q4k_gemv); each has its own units
     k: int
     warps: int
@@ -196,11 +196,11 @@ class Q4kPlan:
     quant: str = "q4_k"  # the weights' type (FORMATS)
 
     @classmethod
-    def of(cls, config, matrices: tuple[int, ...], quant: str = "q4_k") -> Q4kPlan:
+    def of(cls, config, matrices: tuple[int, ...], quant: str = "q4_k") -> QuantGemvPlan:
         """The geometry of a config (fields k, warps, rows_per_warp, split_k, unroll,
         l1_no_allocate, l2_prefetch, schedule, sm_count, ctas_per_sm, late_grab) over matrices of
         these row counts: its tuning fields, else the defaults described in the module. The
-        config's validators have checked the fields against each other (see q4k_gemv.Q4kTuning)."""
+        config's validators have checked the fields against each other (see q4k_gemv.QuantGemvTuning)."""
         if config.schedule != "static":
             queued = cls.queued(config, matrices, quant)
             if config.schedule == "queue" or queued.units >= MIN_QUEUE_ROUNDS * queued.grid:
@@ -246,7 +246,7 @@ class Q4kPlan:
                    config.l2_prefetch, quant=quant)
 
     @classmethod
-    def queued(cls, config, matrices: tuple[int, ...], quant: str = "q4_k") -> Q4kPlan:
+    def queued(cls, config, matrices: tuple[int, ...], quant: str = "q4_k") -> QuantGemvPlan:
         """The queue schedule's geometry: a unit is QUEUE_ROW_STEPS row-steps a warp (split-K and
         rows to make them, unless the config sets them), the largest CTA, and `ctas_per_sm` CTAs
         (default: as many as an SM holds at 64 registers a thread) on each of `sm_count` SMs, or
