@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import asdict
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -198,7 +199,7 @@ def show(
 ):
     """Config, parameters, launch, resources per arch, bytes moved, and the performance model: occupancy,
     instructions per byte, issue-bound time and bytes in flight on a chosen GPU."""
-    from .perf import evaluate_kernel, gpu_named
+    from .perf import evaluate_kernel, gpu_named, occupancy_per_arch
 
     chosen = gpu_named(gpu)
     spec = load_spec(spec_path)
@@ -231,8 +232,10 @@ def show(
         report["model"] = {"skipped": "too large to interpret: instructions not counted"}
     elif model:
         report["model"] = evaluate_kernel(compiled, chosen)
-        report["occupancy"] = report["model"]["occupancy"]
         report["thread_instructions_per_byte"] = report["model"].get("thread_instructions_per_byte")
+    fits = occupancy_per_arch(launch, {arch: dict(b.resources) for arch, b in compiled.binaries.items()})
+    report["occupancy"] = {arch: round(fit.fraction, 4) for arch, fit in fits.items()}
+    report["occupancy_detail"] = {arch: asdict(fit) for arch, fit in fits.items()}
     if as_json:
         sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n")
         return
@@ -252,7 +255,7 @@ def print_show(report: dict, gpu) -> None:
     out.print(f"  at {example}: grid={tuple(launch['grid'])} block={tuple(launch['block'])} dynamic shared="
               f"{launch['dynamic_shared']} B", markup=False)
     model = report.get("model", {})
-    occupancy = model.get("occupancy_detail", {})
+    occupancy = report["occupancy_detail"]
     rows = []
     for arch, used in report["resources"].items():
         fit = occupancy.get(arch)

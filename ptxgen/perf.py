@@ -322,6 +322,13 @@ def bandwidth_floor_us(nbytes: int, gpu: Gpu) -> float:
     return nbytes / (gpu.bandwidth_gbs * 1e3)
 
 
+def occupancy_per_arch(launch: Launch, cubins: dict[str, dict]) -> dict[str, Occupancy]:
+    """Each arch's occupancy for this launch, from the resources ptxas reported (`cubins`: arch ->
+    `registers`, `shared_bytes` = static shared): no interpretation needed."""
+    return {arch: occupancy(arch_limits(arch), launch.threads_per_cta, res["registers"],
+                            res["shared_bytes"] + launch.dynamic_shared) for arch, res in cubins.items()}
+
+
 def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str, dict], traffic_bytes: int,
              gpu: Gpu, *, cubin: bytes | None = None, max_threads: int = MAX_COUNTED_THREADS) -> dict:
     """The model's report for one launch. `cubins`: arch -> resources as in the manifest
@@ -331,9 +338,7 @@ def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str,
         raise PtxgenError(f"--gpu {gpu.name} is {gpu.arch}, which the spec does not build "
                           f"(archs: {', '.join(cubins)})")
     threads = launch.threads_per_cta
-    occupancies = {arch: occupancy(arch_limits(arch), threads, res["registers"],
-                                   res["shared_bytes"] + launch.dynamic_shared)
-                   for arch, res in cubins.items()}
+    occupancies = occupancy_per_arch(launch, cubins)
     count = count_instructions(ptx, entry, launch, args, max_threads)
     here = occupancies[gpu.arch]
     ctas = math.prod(launch.grid)

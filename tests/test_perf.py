@@ -396,3 +396,16 @@ def test_show_reports_the_model_as_json_and_as_a_table():
     assert "thread-instructions" in table.stdout and "bytes in flight per SM" in table.stdout
     bad = run_cli("show", "qwen3_8b_decode_attention", "--spec", spec, "--gpu", "h300")
     assert bad.returncode == 2 and "--gpu: expected one of" in bad.stderr
+
+
+def test_show_gives_occupancy_even_where_the_model_is_not_run():
+    """The 151936-row lm_head is too large to interpret, so no instruction count; occupancy needs
+    only ptxas's resources and is reported per arch anyway."""
+    from helpers import ROOT, run_cli
+
+    shown = run_cli("show", "qwen3_8b_lm_head", "--spec", str(ROOT / "specs" / "qwen3.toml"), "--json")
+    assert shown.returncode == 0, shown.stderr
+    report = json.loads(shown.stdout)
+    assert report["model"] == {"skipped": "too large to interpret: instructions not counted"}
+    assert set(report["occupancy"]) == {"sm_80", "sm_86", "sm_89", "sm_90"} and report["occupancy"]["sm_90"] > 0
+    assert report["occupancy_detail"]["sm_90"]["warps_per_sm"] > 0
