@@ -17,15 +17,11 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, fi
 from .archs import ARCHS, DEFAULT_ARCHS, STATIC_SHARED_LIMIT, format_version
 from .errors import SpecError
 from .kernels import KernelEntry, kind_of, own_targets
+from .kernels.base import list_as_tuple
 from .quote import clip, echo
 from .specfile import read_document
 
 MAX_ERROR_LINES = 20
-
-
-def _list_as_tuple(value: Any) -> Any:
-    """TOML and YAML give lists; strict validation takes only tuples for tuple fields."""
-    return tuple(value) if isinstance(value, list) else value
 
 
 @cache
@@ -43,7 +39,7 @@ def ptx_isa_versions() -> tuple[tuple[int, int], ...]:
 class Target(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    archs: Annotated[tuple[str, ...], BeforeValidator(_list_as_tuple)] = DEFAULT_ARCHS
+    archs: Annotated[tuple[str, ...], BeforeValidator(list_as_tuple)] = DEFAULT_ARCHS
     ptx_version: str | None = None
 
     @field_validator("archs")
@@ -78,7 +74,7 @@ class Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     target: Target = Target()
-    kernels: Annotated[tuple[KernelEntry, ...], BeforeValidator(_list_as_tuple)]
+    kernels: Annotated[tuple[KernelEntry, ...], BeforeValidator(list_as_tuple)]
 
     @model_validator(mode="after")
     def unique_names(self) -> Spec:
@@ -193,14 +189,19 @@ def describe_errors(path: Path, data: dict, error: ValidationError) -> list[str]
 
 
 def check_against_archs(path: Path, spec: Spec) -> None:
-    """Threads and shared memory of each chosen config must fit every target arch."""
+    """Each config must have a kernel (Kind.unbuildable), and its threads and shared memory must
+    fit every target arch."""
     problems = []
     for index, kernel in enumerate(spec.kernels):
         variants = own_targets(kernel.kind)
+        where = f"{path}: kernel {kernel.name!r} (kernels[{index}])"
+        refusal = kind_of(kernel).unbuildable()
+        if refusal:
+            problems.append(f"{where}: {refusal}")
+            continue
         for arch_name in spec.target.archs:
             kind = kind_of(kernel, arch_name if arch_name in variants else None)
             arch = ARCHS[arch_name]
-            where = f"{path}: kernel {kernel.name!r} (kernels[{index}])"
             try:
                 threads, shared = kind.resources()
             except ValueError as error:  # a variant's knobs that cannot work

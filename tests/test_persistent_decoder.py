@@ -25,7 +25,7 @@ from ptxgen.runner import prepare_arrays, run, run_step
 from ptxgen.spec import load_spec
 from ptxgen.verify import relative_l2
 
-from helpers import ROOT, make_config, make_kernel, resources, with_ptx
+from helpers import ROOT, make_config, make_kernel, resources, run_cli, with_ptx
 
 # The issue's small config: hidden 512, 4 query heads, 2 KV heads, head_dim 128, intermediate 1024.
 TINY = dict(hidden=512, num_heads=4, num_kv_heads=2, head_dim=128, intermediate=1024, max_seq_len=64)
@@ -509,3 +509,20 @@ def test_mixed_weight_types_have_no_fused_kernel_and_are_checked():
     with pytest.raises(ValueError, match=r"weight_quants"):
         make_config("persistent_decoder", name="pd", **TINY, num_layers=1, weight_quants={"wv": ("q5_k",)})
     assert set(get_args(GemvQuant)) == set(GEMV_KINDS), "every GEMV kind's type may be a layer's"
+
+
+def test_weight_quants_in_a_spec_file(tmp_path):
+    """TOML gives lists: the types validate as the kind's tuples; a spec entry whose types the
+    fused kernel lacks is refused by validate (and build) in one line, before anything is written."""
+    entry = "\n".join(f"{key} = {value}" for key, value in {**TINY, "num_layers": 2}.items())
+    spec = tmp_path / "d.toml"
+    spec.write_text(f'[[kernels]]\nname = "pd"\nkind = "persistent_decoder"\n{entry}\n'
+                    'weight_quants = { wv = ["q4_k", "q4_k"] }\n')
+    assert load_spec(spec).spec.kernels[0].weight_quants == {"wv": ("q4_k", "q4_k")}
+    spec.write_text(spec.read_text().replace('["q4_k", "q4_k"]', '["q6_k", "q8_0"]'))
+    for command in (["validate", str(spec)], ["build", str(spec), "-o", str(tmp_path / "out")]):
+        result = run_cli(*command)
+        assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+            f"error: {spec}: kernel 'pd' (kernels[0]): weight_quants (wv q6_k/q8_0): the fused persistent_decoder "
+            "multiplies Q4_K only; run this model's layers as separate kernels (ptxgen generate without --fused)"]
+    assert not (tmp_path / "out").exists()

@@ -33,6 +33,12 @@ def f32_rounded(value: float) -> float:
         return math.copysign(math.inf, value)
 
 
+def list_as_tuple(value: Any) -> Any:
+    """TOML and YAML give lists; strict validation takes only tuples for tuple fields (use as
+    Annotated[tuple[...], BeforeValidator(list_as_tuple)])."""
+    return tuple(value) if isinstance(value, list) else value
+
+
 class KernelConfig(BaseModel):
     """Fields common to every kernel entry of a spec; each kind adds its own. Values are taken
     strictly: "4096", 4096.0 or true is no integer (an integer is a fine float)."""
@@ -170,6 +176,12 @@ class Kind:
 
     def static_shared(self) -> int:
         return 0
+
+    def unbuildable(self) -> str | None:
+        """Why this config has no kernel of its own though it is valid (it still describes work,
+        e.g. persistent_decoder's separate step over weight types its fused kernel lacks); None
+        when it can be built. Spec validation refuses such an entry with this message."""
+        return None
 
     def check_arrays(self, arrays: dict[str, np.ndarray], scalars: dict[str, int]) -> None:
         """Checks on array contents the launcher must make (e.g. a device-side length)."""

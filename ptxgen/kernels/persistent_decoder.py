@@ -69,16 +69,16 @@ barrier needs the whole grid in one wave, so no grid exceeds MAX_CTAS = 1024.
 from __future__ import annotations
 
 import math
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
 
 import numpy as np
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
 from ..dtypes import DTYPES, UNIT_ROUNDOFF, from_float, to_float64
 from ..errors import LaunchError, PtxgenError
 from ..q4k import BLOCK_WEIGHTS, row_bytes
 from ..quants import GEMV_KINDS, quant_type
-from .base import Call, Geometry, Kind, KernelConfig, Param, Traffic, ceil_div
+from .base import Call, Geometry, Kind, KernelConfig, Param, Traffic, ceil_div, list_as_tuple
 from .families.attention import MAX_HEADS_PER_SLICE, AttentionPlan
 from .families.quant_gemv import STEP_BLOCKS, QuantGemvPlan, dequantize_x
 from .fused_rmsnorm_q4k_gemv import normed_activations
@@ -147,7 +147,8 @@ class PersistentDecoderConfig(KernelConfig):
     # and ffn_down as Q6_K); a weight not named is Q4_K in every layer. The fused kernel's GEMV
     # phases multiply Q4_K only: other types run as the separate step (`separate_step`, what
     # `ptxgen generate` runs by default), and rendering the fused kernel refuses them.
-    weight_quants: dict[WeightName, tuple[GemvQuant, ...]] = Field(default_factory=dict)
+    weight_quants: dict[WeightName, Annotated[tuple[GemvQuant, ...], BeforeValidator(list_as_tuple)]] = Field(
+        default_factory=dict)
 
     @model_validator(mode="after")
     def consistent(self) -> PersistentDecoderConfig:
@@ -356,6 +357,14 @@ class PersistentDecoder(Kind):
         """Whether the fused kernel multiplies every weight (its GEMV phases are Q4_K's)."""
         return all(set(types) == {"q4_k"} for types in self.config.weight_quants.values())
 
+    def unbuildable(self) -> str | None:
+        if self.fused_types:
+            return None
+        mixed = ", ".join(f"{w} {'/'.join(dict.fromkeys(t))}" for w, t in self.config.weight_quants.items()
+                          if set(t) != {"q4_k"})
+        return (f"weight_quants ({mixed}): the fused persistent_decoder multiplies Q4_K only; run this model's "
+                "layers as separate kernels (ptxgen generate without --fused)")
+
     @property
     def plans(self) -> dict[str, QuantGemvPlan]:
         c = self.config
@@ -440,9 +449,7 @@ class PersistentDecoder(Kind):
     def template_vars(self) -> dict:
         c = self.config
         if not self.fused_types:
-            mixed = ", ".join(f"{w} {'/'.join(dict.fromkeys(t))}" for w, t in c.weight_quants.items() if set(t) != {"q4_k"})
-            raise PtxgenError(f"{c.name}: weight_quants ({mixed}): the fused persistent_decoder multiplies Q4_K only; "
-                              "run this model's layers as separate kernels (ptxgen generate without --fused)")
+            raise PtxgenError(f"{c.name}: {self.unbuildable()}")
         vec = c.head_dim // 64  # rope pairs a lane owns in a head (lane l: pairs l*vec ..)
         return {
             "hidden": c.hidden,
