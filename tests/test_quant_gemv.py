@@ -284,3 +284,29 @@ def test_q4k_kinds_meet_their_derived_bounds(kind, config):
     u = 2.0**-24
     depth = definition.plan.output_roundings
     assert depth * u < definition.tolerance(definition.param(checks[0].param)) < 2 * depth * u + 1e-6
+
+
+def test_cli_run_takes_a_q6k_weight_from_gguf(tmp_path):
+    """`ptxgen run --gguf` loads the one quantised weight of any type: the Q4_K_M-like fixture's
+    blk.0.attn_v (Q6_K, 256 x 256) into a q6k_gemv, checked against the kind's reference and bound."""
+    model_path = write_tiny_gguf(tmp_path / "m.gguf")
+    packed = GGUFModel(model_path).tensor_bytes("blk.0.attn_v.weight")
+    spec = tmp_path / "spec.toml"
+    spec.write_text('[[kernels]]\nname = "v_proj"\nkind = "q6k_gemv"\nn = 256\nk = 256\n')
+    x = np.random.default_rng(3).standard_normal(256).astype(np.float32)
+    np.savez(tmp_path / "in.npz", x=x)
+    result = run_cli_in_process("run", "v_proj", "--spec", str(spec), "--inputs", str(tmp_path / "in.npz"),
+                                "--outputs", str(tmp_path / "out.npz"), "--backend", "emulator",
+                                "--gguf", str(model_path), "--tensor", "blk.0.attn_v.weight")
+    assert result.returncode == 0, result.stderr
+    with np.load(tmp_path / "out.npz") as saved:
+        arrays = {name: saved[name] for name in saved.files}
+    np.testing.assert_array_equal(arrays["w"], packed)
+    definition = make_kernel("q6k_gemv", n=256, k=256).definition
+    ref = definition.reference(arrays, {})["y"]
+    bound = definition.error_bound(definition.param("y"), arrays, ref, {})
+    assert (np.abs(arrays["y"].astype(np.float64) - ref) <= bound).all()
+    wrong = run_cli_in_process("run", "v_proj", "--spec", str(spec), "--inputs", str(tmp_path / "in.npz"),
+                               "--outputs", str(tmp_path / "bad.npz"), "--backend", "emulator",
+                               "--gguf", str(model_path), "--tensor", "blk.0.attn_q.weight")
+    assert wrong.returncode == 2 and "is Q4_K, expected Q6_K" in wrong.stderr
