@@ -367,8 +367,7 @@ def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str,
         "latency": generations * count.rounds_per_warp * gpu.latency_ns * 1e-3,
     }
     tail = (count.critical_rounds - count.rounds_per_warp) * gpu.latency_ns * 1e-3
-    fixed = (gpu.launch_us or 0.0) + tail
-    overlapped, serialized = max(times.values()) + fixed, sum(times.values()) + fixed
+    overlapped, serialized = estimates(times, tail, gpu)
     report.update({
         "launch_us": gpu.launch_us,
         "bandwidth_floor_us": round(times["bandwidth"], 3),
@@ -412,10 +411,17 @@ def evaluate_kernel(compiled: CompiledKernel, gpu: Gpu, *, resources: dict[str, 
                                            max_threads=max_threads)}
 
 
+def estimates(times: dict, tail: float, gpu: Gpu) -> tuple[float, float]:
+    """(overlapped, serialized) time in us: the largest term or their sum, plus the tail and the
+    GPU's launch cost (0 where not measured)."""
+    fixed = (gpu.launch_us or 0.0) + tail
+    return max(times.values()) + fixed, sum(times.values()) + fixed
+
+
 def verdict(times: dict, tail: float, count: Count, in_flight: float, gpu: Gpu) -> str:
     """One line naming the likely limiter and the range of bandwidth the model expects."""
     launch = gpu.launch_us or 0.0
-    overlapped, serialized = max(times.values()) + tail + launch, sum(times.values()) + tail + launch
+    overlapped, serialized = estimates(times, tail, gpu)
     needed = gpu.bytes_in_flight_needed
     tail_note = f" + tail {tail:.1f} us ({count.critical_rounds} rounds the slowest warp)" if tail else ""
     launch_note = f"launch {launch:.1f} us + " if gpu.launch_us is not None else "(launch cost not measured) "
