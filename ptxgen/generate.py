@@ -404,28 +404,32 @@ def q4_k_m_types(shape: dict) -> dict[str, str]:
     return types
 
 
+def bench_types(shape: dict, fused: bool) -> dict[str, str]:
+    """The weight types make bench decodes with: Q4_K_M-like (q4_k_m_types) for the separate
+    kernels, every layer Q4_K for the persistent decoder; the lm_head Q6_K either way."""
+    types = q4_k_m_types(shape)
+    if fused:
+        types = {name: "q4_k" if name.startswith("blk.") else quant for name, quant in types.items()}
+    return types
+
+
 def decode_speed(generator: Generator, token: int, tokens: int) -> dict[str, float]:
     """Wall-clock tokens/s of `tokens` greedy steps from an empty cache, starting at `token`: with
     the head (final norm, lm_head, argmax, the token read back) and without it (the layers, then
     x read back), both the way a batch-1 decode loop runs them."""
     with_head = generator.generate([token], tokens + 1)
-    row = generator.model.dequantize("token_embd.weight", rows=[token])[0].astype(np.float32)
     start = time.perf_counter()
     for pos in range(tokens + 1, 2 * tokens + 1):
-        generator.memory.write("x", row)
-        generator.memory.run(generator.layer_calls(pos))
+        generator.step(token, pos, head=False)
         generator.memory.read("x")
     return {"tokens_per_s": with_head.tokens_per_s, "layers_tokens_per_s": tokens / (time.perf_counter() - start)}
 
 
 def random_model_decode_speed(shape: dict, fused: bool, tokens: int = 32, seed: int = 0) -> dict:
-    """decode_speed of a random model of `shape` (e.g. QWEN3_8B) on this process's GPU (a device-
-    worker call for make bench): Q4_K_M-like weights (q4_k_m_types) through the separate kernels,
-    or with `fused` every layer Q4_K through the persistent decoder; the lm_head Q6_K either way."""
-    types = q4_k_m_types(shape)
-    if fused:
-        types = {name: "q4_k" if name.startswith("blk.") else quant for name, quant in types.items()}
-    generator = Generator(RandomModel(ModelConfig(**shape, quants=types), seed), "device",
+    """decode_speed of a random model of `shape` (e.g. QWEN3_8B) with bench_types' weights on this
+    process's GPU (a device-worker call for make bench): the separate kernels, or with `fused` the
+    persistent decoder."""
+    generator = Generator(RandomModel(ModelConfig(**shape, quants=bench_types(shape, fused)), seed), "device",
                           max_seq_len=2 * tokens + 2, fused=fused)
     try:
         return {"model": shape["name"], "layers": "persistent_decoder" if fused else "separate kernels",

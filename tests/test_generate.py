@@ -32,8 +32,8 @@ from fixtures.make_tiny_gguf import write_tiny_gguf, tiny_config
 from ptxgen import device
 from ptxgen.dtypes import to_float64
 from ptxgen.errors import DeviceUnavailable, PtxgenError
-from ptxgen.generate import (QWEN3_8B, Generator, RandomModel, check_supported, decode_speed, q4_k_m_types,
-                             random_model_decode_speed, step_kernels)
+from ptxgen.generate import (QWEN3_8B, Generator, RandomModel, bench_types, check_supported, decode_speed,
+                             q4_k_m_types, random_model_decode_speed, step_kernels)
 from ptxgen.gguf_model import GGUFModel
 from ptxgen.kernels import kind_of
 from ptxgen.model_config import ModelConfig
@@ -354,10 +354,7 @@ def test_random_model_decode_speed_runs_make_bench_s_path(simulated):
     shape = {key: value for key, value in dataclasses.asdict(tiny_config()).items() if key != "quants"}
     tokens = 2
     for fused in (False, True):
-        types = q4_k_m_types(shape)
-        if fused:
-            types = {name: "q4_k" if name.startswith("blk.") else quant for name, quant in types.items()}
-        kernels = step_kernels(ModelConfig(**shape, quants=types), 2 * tokens + 2)
+        kernels = step_kernels(ModelConfig(**shape, quants=bench_types(shape, fused)), 2 * tokens + 2)
         configs = [kernels.norm, kernels.lm_head, kernels.argmax, kernels.decoder]
         configs += [call.kernel for call in kind_of(kernels.decoder).separate_step({"pos": 0})[1]]
         simulated.kernels.update({config.name: config for config in configs})
