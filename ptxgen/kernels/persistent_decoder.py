@@ -448,8 +448,9 @@ class PersistentDecoder(Kind):
 
     def template_vars(self) -> dict:
         c = self.config
-        if not self.fused_types:
-            raise PtxgenError(f"{c.name}: {self.unbuildable()}")
+        refusal = self.unbuildable()
+        if refusal:
+            raise PtxgenError(f"{c.name}: {refusal}")
         vec = c.head_dim // 64  # rope pairs a lane owns in a head (lane l: pairs l*vec ..)
         return {
             "hidden": c.hidden,
