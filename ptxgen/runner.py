@@ -65,17 +65,24 @@ def prepare_arrays(compiled: CompiledKernel, inputs: dict[str, np.ndarray],
     return arrays
 
 
+def running_arch(backend: str, arch: str | None) -> str | None:
+    """The arch whose variant (CompiledKernel.variant) a launch runs: on the device its own (it
+    loads the cubin that fits it: sm_90a's on an H100, if built), in the emulator `arch` (None:
+    the portable PTX)."""
+    if backend != "device":
+        return arch
+    from .device import session
+
+    return session().arch
+
+
 def launch_arrays(compiled: CompiledKernel, arrays: dict[str, np.ndarray], scalars: dict[str, int],
                   backend: str = "emulator", sanitize: bool = True, arch: str | None = None) -> None:
-    """One launch over host arrays (every array parameter, workspaces included), updated in place.
-    `arch`: the GPU whose variant runs (CompiledKernel.variant); default: the portable PTX in the
-    emulator, the device's own on the device."""
+    """One launch over host arrays (every array parameter, workspaces included), updated in place,
+    with the geometry of the variant that runs (running_arch)."""
     if backend not in BACKENDS:
         raise LaunchError(f"--backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
-    if backend == "device" and arch is None:
-        from .device import session
-
-        arch = session().arch  # the geometry of the variant the device loads (sm_90a on an H100, if built)
+    arch = running_arch(backend, arch)
     launch = compiled.launch(scalars, arch)
     if launch.empty:
         return

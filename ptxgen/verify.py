@@ -8,7 +8,7 @@ import numpy as np
 
 from .compiled import CompiledKernel
 from .dtypes import to_float64
-from .runner import run
+from .runner import run, running_arch
 
 
 @dataclass(frozen=True)
@@ -78,11 +78,7 @@ def graded_kind(compiled: CompiledKernel, target: str | None):
 def ran_target(compiled: CompiledKernel, backend: str, arch: str | None) -> str:
     """The PTX target whose code a launch ran: the interpreter's `arch` variant, or on the device
     the cubin (or JIT-compiled PTX) that fits its GPU."""
-    if backend != "device":
-        return compiled.variant(arch).target
-    from .device import session
-
-    return compiled.variant(session().arch).target
+    return compiled.variant(running_arch(backend, arch)).target
 
 
 def compare(compiled: CompiledKernel, arrays: dict[str, np.ndarray], reference: dict[str, np.ndarray],
