@@ -18,7 +18,9 @@ from ptxgen.dtypes import to_float64
 from ptxgen.errors import LaunchError, PtxgenError, SanitizerError, SpecError
 from ptxgen.interp import launch as interpret
 from ptxgen.kernels import kind_of
-from ptxgen.kernels.persistent_decoder import BARRIER_WORDS, PHASE_BARRIERS, GemvQuant, decoder_reference
+from ptxgen.generate import more_bits
+from ptxgen.kernels.persistent_decoder import (BARRIER_WORDS, PHASE_BARRIERS, GemvQuant, WeightName,
+                                                   decoder_reference)
 from ptxgen.pipeline import compiler
 from ptxgen.quants import GEMV_KINDS
 from ptxgen.runner import prepare_arrays, run, run_step
@@ -213,8 +215,8 @@ def test_gemv_phases_over_several_steps_keep_loads_in_flight_across_tasks(hidden
     config = dict(TINY, hidden=hidden, num_heads=2, num_kv_heads=1, intermediate=intermediate, max_seq_len=40,
                   num_layers=1, ctas=6)
     kernel = make_kernel("persistent_decoder", name="pd", **config)
-    plans = kernel.definition.plans
-    assert {name: plan.unroll for name, plan in plans.items()} == unrolls
+    variants = kernel.definition.variants
+    assert {name: phase[0].segments[0].plan.unroll for name, phase in variants.items()} == unrolls
     pos = 17
     inputs = kernel.definition.sample_inputs(np.random.default_rng(pos), {"pos": pos})
     out = decoder_run(kernel, inputs, pos)
@@ -498,10 +500,7 @@ def test_mixed_weight_types_two_layers_free_running():
         assert err <= kind.tolerance(kind.param("x")), f"pos={pos}: x vs free-running reference {err:.3e}"
 
 
-def test_mixed_weight_types_have_no_fused_kernel_and_are_checked():
-    with pytest.raises(PtxgenError, match=r"pd: weight_quants \(wv q6_k/q8_0, w_down q6_k/q4_k, wo q4_k/q8_0\): "
-                                          r"the fused persistent_decoder multiplies Q4_K only"):
-        make_kernel("persistent_decoder", name="pd", **TINY, num_layers=2, weight_quants=MIXED_TWO_LAYERS)
+def test_weight_quants_are_checked():
     with pytest.raises(ValueError, match=r"weight_quants\.wv: expected one type a layer \(2\), got 1"):
         make_config("persistent_decoder", name="pd", **TINY, num_layers=2, weight_quants={"wv": ("q6_k",)})
     with pytest.raises(ValueError, match=r"weight_quants"):
@@ -511,18 +510,91 @@ def test_mixed_weight_types_have_no_fused_kernel_and_are_checked():
     assert set(get_args(GemvQuant)) == set(GEMV_KINDS), "every GEMV kind's type may be a layer's"
 
 
+# --- weight types per layer: the fused kernel ---------------------------------------------------
+# Every type in every phase, in every order of q/k/v (three segments and three staged x in phase
+# A), stacks whose layers are not consecutive (wv Q6_K in layers 0 and 2: index 1 in layer 2).
+MIXED_THREE_LAYERS = {"wq": ("q6_k", "q4_k", "q8_0"), "wk": ("q8_0", "q8_0", "q4_k"), "wv": ("q6_k", "q4_k", "q6_k"),
+                      "wo": ("q6_k", "q8_0", "q4_k"), "w_gate": ("q8_0", "q4_k", "q6_k"),
+                      "w_up": ("q8_0", "q4_k", "q6_k"), "w_down": ("q4_k", "q6_k", "q6_k")}
+
+
+@pytest.mark.parametrize("weight_quants, pos", [(MIXED_TWO_LAYERS, 0), (MIXED_TWO_LAYERS, 37),
+                                                (MIXED_THREE_LAYERS, 1), (MIXED_THREE_LAYERS, 63)],
+                         ids=("two-layers-pos0", "two-layers-pos37", "three-layers-pos1", "three-layers-pos63"))
+def test_fused_kernel_multiplies_each_layers_types(weight_quants, pos):
+    """The fused kernel with per-layer types: x and the new rows against the float64 reference
+    (which dequantises each layer's matrix as its type: a matrix read from the wrong stack, at
+    the wrong index or as the wrong type is far off), and against the free-running reference
+    within the kind's tolerance; the layers pick their phase variants by index."""
+    layers = len(next(iter(weight_quants.values())))
+    kernel = kernel_for(layers, weight_quants=weight_quants)
+    variants = kernel.definition.variants
+    assert [len(variants[phase]) for phase in ("qkv", "o", "gate_up", "down")] == (
+        [2, 2, 1, 2] if layers == 2 else [3, 3, 3, 2])
+    if layers == 3:
+        assert [s.plan.quant for s in variants["qkv"][0].segments] == ["q6_k", "q8_0", "q6_k"]
+        assert variants["qkv"][0].runs == ((0, 1),) and variants["down"][1].runs == ((1, 3),)
+    inputs = kernel.definition.sample_inputs(np.random.default_rng(pos), {"pos": pos})
+    out = decoder_run(kernel, inputs, pos)
+    check_against_reference(kernel, out, inputs, pos)
+
+
+def test_fused_kernel_with_types_gives_the_same_bits_on_any_grid_and_unroll():
+    """Per-layer types keep the kernel's determinism: 1 CTA, 5 CTAs and the default grid, and
+    gemv_unroll 1, give the same bits."""
+    pos = 21
+    kernel = kernel_for(2, weight_quants=MIXED_TWO_LAYERS)
+    inputs = kernel.definition.sample_inputs(np.random.default_rng(pos), {"pos": pos})
+    out = decoder_run(kernel, inputs, pos)
+    for extra in (dict(ctas=1), dict(ctas=5), dict(gemv_unroll=1)):
+        other = decoder_run(kernel_for(2, weight_quants=MIXED_TWO_LAYERS, **extra), inputs, pos)
+        for name in ("x", "k_cache", "v_cache"):
+            assert np.array_equal(other[name].view(np.uint8), out[name].view(np.uint8)), f"{name} with {extra} differs"
+
+
+def test_gate_and_up_of_different_types_have_no_fused_kernel():
+    """A gate row and its up row are one warp task (SwiGLU is its epilogue): they must share a
+    type in each layer. The separate step still runs such a model."""
+    with pytest.raises(PtxgenError, match=r"pd: weight_quants: w_gate and w_up differ in layer\(s\) 0; the fused "
+                                          r"persistent_decoder computes a gate row and its up row in one warp task"):
+        make_kernel("persistent_decoder", name="pd", **TINY, num_layers=1, weight_quants=MIXED_ONE_LAYER)
+
+
+QWEN3_8B = dict(hidden=4096, num_heads=32, num_kv_heads=8, head_dim=128, intermediate=12288, num_layers=36,
+                max_seq_len=40960)
+
+
+def q4_k_m_layers(layers: int) -> tuple[str, ...]:
+    """attn_v / ffn_down as llama.cpp's Q4_K_M stores them (ptxgen.generate.more_bits)."""
+    return tuple("q6_k" if more_bits(layer, layers) else "q4_k" for layer in range(layers))
+
+
+@pytest.mark.parametrize("weight_quants", [
+    {"wv": q4_k_m_layers(36), "w_down": q4_k_m_layers(36)},
+    {weight: ("q8_0",) * 36 for weight in get_args(WeightName)},
+    {weight: ("q6_k",) * 36 for weight in get_args(WeightName)},
+], ids=("q4_k_m", "q8_0", "q6_k"))
+def test_real_file_layouts_of_qwen3_8b_assemble_without_spills(weight_quants):
+    """The type layouts real files have, at Qwen3-8B's shapes, on every arch (MAX_UNROLL)."""
+    config = make_config("persistent_decoder", name="pd", **QWEN3_8B, weight_quants=weight_quants)
+    for arch, res in resources(config).items():
+        assert res["spill_stores"] == res["spill_loads"] == res["local_bytes"] == res["stack_bytes"] == 0, (
+            f"{arch}: {res}")
 def test_weight_quants_in_a_spec_file(tmp_path):
-    """TOML gives lists: the types validate as the kind's tuples; a spec entry whose types the
-    fused kernel lacks is refused by validate (and build) in one line, before anything is written."""
+    """TOML gives lists: the types validate as the kind's tuples; a spec entry whose gate and up
+    types differ (no fused kernel) is refused by validate (and build) in one line, before
+    anything is written."""
     entry = "\n".join(f"{key} = {value}" for key, value in {**TINY, "num_layers": 2}.items())
     spec = tmp_path / "d.toml"
     spec.write_text(f'[[kernels]]\nname = "pd"\nkind = "persistent_decoder"\n{entry}\n'
-                    'weight_quants = { wv = ["q4_k", "q4_k"] }\n')
-    assert load_spec(spec).spec.kernels[0].weight_quants == {"wv": ("q4_k", "q4_k")}
-    spec.write_text(spec.read_text().replace('["q4_k", "q4_k"]', '["q6_k", "q8_0"]'))
+                    'weight_quants = { wv = ["q6_k", "q8_0"] }\n')
+    assert load_spec(spec).spec.kernels[0].weight_quants == {"wv": ("q6_k", "q8_0")}
+    assert run_cli("validate", str(spec)).returncode == 0
+    spec.write_text(spec.read_text().replace('wv = ["q6_k", "q8_0"]', 'w_up = ["q4_k", "q8_0"]'))
     for command in (["validate", str(spec)], ["build", str(spec), "-o", str(tmp_path / "out")]):
         result = run_cli(*command)
         assert result.returncode == 2 and result.stderr.strip().splitlines() == [
-            f"error: {spec}: kernel 'pd' (kernels[0]): weight_quants (wv q6_k/q8_0): the fused persistent_decoder "
-            "multiplies Q4_K only; run this model's layers as separate kernels (ptxgen generate without --fused)"]
+            f"error: {spec}: kernel 'pd' (kernels[0]): weight_quants: w_gate and w_up differ in layer(s) 1; the fused "
+            "persistent_decoder computes a gate row and its up row in one warp task, so they need one type a layer "
+            "(run this model's layers as separate kernels: ptxgen generate without --fused)"]
     assert not (tmp_path / "out").exists()

@@ -28,6 +28,17 @@ E  norm + gate/up + SwiGLU: stage x * ffn_norm[l] (and its RMS factor); a warp t
    i and up row i together, so SwiGLU is its epilogue: mlp[i] = silu(g) * u.
 F  down projection + residual: stage `mlp`, rows of Wdown, x[r] += (Wdown mlp)[r].
 
+Weight types (`weight_quants`): a GEMV phase's matrices may be Q4_K, Q6_K or Q8_0, per layer.
+Each type's layers of a weight are one parameter stack (`<weight>_<type>` when a weight mixes
+them; a layer's index there is the number of the stack's layers below it, computed from the
+stack's layer ranges). A phase is emitted once per distinct tuple of its matrices' types (a
+*variant*), and the layer index picks the variant (a few compares a layer). Within a variant the
+rows of one type in row order are a *segment*, a grid-stride loop of its own (phase A with Wq
+Q4_K and Wv Q6_K: two loops); each type's x is staged once per CTA at its own offset (the
+formats' staged x differ; the RMS factor is summed in the first). The int8 quantisation of x is
+the same whatever the type, so the reference is unchanged. A gate row and its up row are one
+task (SwiGLU is its epilogue): they must share a type in each layer.
+
 Everything one CTA reads after another CTA wrote it in this launch (x, the workspaces, the new
 cache row) is loaded with ld.global.cg or a plain ld.global, never through the non-coherent
 path (.nc is kept for weights, norms and pos_ptr).
@@ -69,6 +80,8 @@ barrier needs the whole grid in one wave, so no grid exceeds MAX_CTAS = 1024.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from itertools import groupby
 from typing import Annotated, Literal, get_args
 
 import numpy as np
@@ -107,6 +120,11 @@ MAX_CTAS = (1 << 18) // THREADS
 # row-steps of a warp's loads in flight, from one task into the next (at the default 4, 36 KB of
 # weights a SM with 8 warps; Little's law at 3 TB/s and 600 ns wants 13.6 KB, more under load).
 MAX_REGISTERS = 255
+# The most row-steps of a type's loads a warp keeps in flight (gemv_unroll caps them further). A
+# Q6_K slot takes 30 registers (Q4_K 12, Q8_0 21): with Q6_K rows of a Qwen3-8B-shaped Q4_K_M
+# stack (attn_v and ffn_down of every third layer), 4 slots spilled ~900 bytes on sm_80 and 2
+# slots 8 bytes on sm_90 (nvJitLink's report); 1 slot spills nothing.
+MAX_UNROLL = {"q4_k": 4, "q6_k": 1, "q8_0": 2}
 # Shared memory the attention phase's K/V ring may take (1..4 stages). The CPU interpreter tracks
 # at most 8 MB of shared memory per wave and a grid barrier needs the whole grid in one wave, so
 # 128 CTAs (the tiny configs' grid) leave each about 64 KB.
@@ -119,6 +137,10 @@ PHASE_BARRIERS = 5  # per layer (the last layer's final one is skipped)
 ROWS_PAST_POS = 64  # random cache rows sample_inputs writes beyond pos
 WeightName = Literal["wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"]
 WEIGHTS: tuple[str, ...] = get_args(WeightName)  # a layer's matrices, in its order
+# The GEMV phases' matrices (in row order) and the template's pointer register of each.
+PHASES = {"qkv": ("wq", "wk", "wv"), "o": ("wo",), "gate_up": ("w_gate", "w_up"), "down": ("w_down",)}
+REGISTERS = {"wq": "%w_q", "wk": "%w_k", "wv": "%w_v", "wo": "%w_o", "w_gate": "%w_g", "w_up": "%w_u",
+             "w_down": "%w_d"}
 GemvQuant = Literal["q4_k", "q6_k", "q8_0"]  # the types of GEMV_KINDS
 
 
@@ -144,9 +166,9 @@ class PersistentDecoderConfig(KernelConfig):
     # Row-steps of weight loads a warp keeps in flight in the GEMV phases (48 bytes a lane each).
     gemv_unroll: int = Field(default=4, ge=1, le=4)
     # The GGML type of each layer's matrix, per weight (a Q4_K_M file stores about half of attn_v
-    # and ffn_down as Q6_K); a weight not named is Q4_K in every layer. The fused kernel's GEMV
-    # phases multiply Q4_K only: other types run as the separate step (`separate_step`, what
-    # `ptxgen generate` runs by default), and rendering the fused kernel refuses them.
+    # and ffn_down as Q6_K); a weight not named is Q4_K in every layer. Each GEMV phase runs the
+    # variant of its layer's types (see "Weight types" in the module docstring); w_gate and w_up
+    # must share a type in each layer (unbuildable() says why), the separate step takes any.
     weight_quants: dict[WeightName, Annotated[tuple[GemvQuant, ...], BeforeValidator(list_as_tuple)]] = Field(
         default_factory=dict)
 
@@ -206,13 +228,70 @@ def decoder_attention(config) -> AttentionPlan:
     return plan(max(1, min(4, ATTENTION_RING // plan(1).stage_bytes)))
 
 
-def gemv_plan(n: int, k: int, unroll: int) -> QuantGemvPlan:
-    """The quantised GEMV family's geometry of one phase: 8 warps, a task of 2 rows (unrolled, no split),
-    at most `unroll` row-steps of loads in flight: the most that divides a task's row-steps, so
-    that the slots line up from one task to the next."""
+def gemv_plan(n: int, k: int, unroll: int, quant: str = "q4_k") -> QuantGemvPlan:
+    """The quantised GEMV family's geometry of one phase's rows of type `quant`: 8 warps, a task
+    of 2 rows (unrolled, no split), at most `unroll` (and the type's MAX_UNROLL) row-steps of
+    loads in flight: the most that divides a task's row-steps, so that the slots line up from
+    one task to the next."""
+    unroll = min(unroll, MAX_UNROLL[quant])
     items = ROWS_PER_TASK * ceil_div(k // BLOCK_WEIGHTS, STEP_BLOCKS)
     return QuantGemvPlan(matrices=(n,), k=k, warps=WARPS, rows_per_warp=ROWS_PER_TASK, split_k=1,
-                         unroll=max(u for u in range(1, unroll + 1) if items % u == 0), trip_rows=ROWS_PER_TASK)
+                         unroll=max(u for u in range(1, unroll + 1) if items % u == 0), trip_rows=ROWS_PER_TASK,
+                         quant=quant)
+
+
+Runs = tuple[tuple[int, int], ...]  # layers as [start, stop) ranges
+
+
+def runs_of(layers: list[int]) -> Runs:
+    """Sorted layer indices as ranges of consecutive ones."""
+    groups = groupby(enumerate(layers), key=lambda pair: pair[1] - pair[0])
+    return tuple((run[0][1], run[-1][1] + 1) for run in (list(g) for _, g in groups))
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Warp tasks [first, end) of a GEMV phase whose rows are all of one type: one grid-stride
+    loop, its x staged at byte `stage` of the dynamic shared memory."""
+
+    plan: QuantGemvPlan
+    first: int
+    end: int
+    stage: int
+
+
+@dataclass(frozen=True)
+class StackPointer:
+    """Register `register` <- a layer's matrix in the weight stack `param` (`stride` bytes a layer).
+    The layer's index there is the layer itself (`runs` None: the stack holds every layer), else
+    the number of the stack's layers (`runs`) below it."""
+
+    register: str
+    param: str
+    stride: int
+    runs: Runs | None
+
+
+@dataclass(frozen=True)
+class PhaseVariant:
+    """A GEMV phase as it runs on the layers `runs`, whose matrices have the same types there:
+    their pointers, the segments (a run of matrices of one type each, in row order), and the
+    types whose x each CTA stages (each segment's plan, its first segment of a type first)."""
+
+    runs: Runs
+    pointers: tuple[StackPointer, ...]
+    segments: tuple[Segment, ...]
+
+    @property
+    def stages(self) -> tuple[Segment, ...]:
+        first: dict[str, Segment] = {}
+        for segment in self.segments:
+            first.setdefault(segment.plan.quant, segment)
+        return tuple(first.values())
+
+    @property
+    def stage_bytes(self) -> int:
+        return sum(s.plan.x_bytes for s in self.stages)
 
 
 def layer_quants(config, weight: str) -> tuple[str, ...]:
@@ -353,27 +432,64 @@ class PersistentDecoder(Kind):
         return [param for _, param in self.weight_stacks()]
 
     @property
-    def fused_types(self) -> bool:
-        """Whether the fused kernel multiplies every weight (its GEMV phases are Q4_K's)."""
+    def only_q4k(self) -> bool:
+        """Whether every layer's every matrix is Q4_K."""
         return all(set(types) == {"q4_k"} for types in self.config.weight_quants.values())
 
     def unbuildable(self) -> str | None:
-        if self.fused_types:
+        c = self.config
+        gate, up = layer_quants(c, "w_gate"), layer_quants(c, "w_up")
+        split = [str(layer) for layer in range(c.num_layers) if gate[layer] != up[layer]]
+        if not split:
             return None
-        mixed = ", ".join(f"{w} {'/'.join(dict.fromkeys(t))}" for w, t in self.config.weight_quants.items()
-                          if set(t) != {"q4_k"})
-        return (f"weight_quants ({mixed}): the fused persistent_decoder multiplies Q4_K only; run this model's "
-                "layers as separate kernels (ptxgen generate without --fused)")
+        layers = ", ".join(split[:8]) + (", ..." if len(split) > 8 else "")
+        return (f"weight_quants: w_gate and w_up differ in layer(s) {layers}; the fused persistent_decoder computes "
+                "a gate row and its up row in one warp task, so they need one type a layer (run this model's layers "
+                "as separate kernels: ptxgen generate without --fused)")
+
+    def phase_variants(self, phase: str) -> tuple[PhaseVariant, ...]:
+        """GEMV phase `phase` (a PHASES key) as the layers run it: one variant per distinct tuple
+        of its matrices' types, in the order the layers first take them."""
+        c = self.config
+        weights = PHASES[phase]
+        shapes = self.matrix_shapes()
+        k = shapes[weights[0]][1]
+        layers_of: dict[tuple[str, ...], list[int]] = {}
+        for layer in range(c.num_layers):
+            layers_of.setdefault(tuple(layer_quants(c, w)[layer] for w in weights), []).append(layer)
+        variants = []
+        for types, layers in layers_of.items():
+            pointers = []
+            for weight, quant in zip(weights, types):
+                param, _ = weight_slot(c, weight, layers[0])
+                own = layer_quants(c, weight)
+                stack = None if param == weight else runs_of([l for l in range(c.num_layers) if own[l] == quant])
+                pointers.append(StackPointer(REGISTERS[weight], param,
+                                             shapes[weight][0] * quant_type(quant).row_bytes(k), stack))
+            # Row ranges of one type each, in row order (gate/up: a task is gate row i and up row i).
+            if phase == "gate_up":
+                spans = [(types[0], 0, c.intermediate)]
+            else:
+                spans, row = [], 0
+                for quant, run in groupby(zip(types, (shapes[w][0] for w in weights)), key=lambda pair: pair[0]):
+                    rows = sum(n for _, n in run)
+                    spans.append((quant, row // ROWS_PER_TASK, (row + rows) // ROWS_PER_TASK))
+                    row += rows
+            offsets: dict[str, int] = {}  # type -> the byte offset of its staged x
+            staged = 0
+            segments = []
+            for quant, first, end in spans:
+                rows = c.intermediate if phase == "gate_up" else (end - first) * ROWS_PER_TASK
+                plan = gemv_plan(rows, k, c.gemv_unroll, quant)
+                if quant not in offsets:
+                    offsets[quant], staged = staged, staged + plan.x_bytes
+                segments.append(Segment(plan, first, end, offsets[quant]))
+            variants.append(PhaseVariant(runs_of(layers), tuple(pointers), tuple(segments)))
+        return tuple(variants)
 
     @property
-    def plans(self) -> dict[str, QuantGemvPlan]:
-        c = self.config
-        return {
-            "qkv": gemv_plan(self.q_dim + 2 * self.kv_dim, c.hidden, c.gemv_unroll),
-            "o": gemv_plan(c.hidden, self.q_dim, c.gemv_unroll),
-            "gate_up": gemv_plan(c.intermediate, c.hidden, c.gemv_unroll),
-            "down": gemv_plan(c.hidden, c.intermediate, c.gemv_unroll),
-        }
+    def variants(self) -> dict[str, tuple[PhaseVariant, ...]]:
+        return {phase: self.phase_variants(phase) for phase in PHASES}
 
     def tasks(self) -> dict[str, int]:
         """Warp tasks of each GEMV phase (a task is 2 rows; gate/up: gate row i and up row i)."""
@@ -399,7 +515,7 @@ class PersistentDecoder(Kind):
 
     @property
     def dynamic_shared(self) -> int:
-        staging = max(plan.x_bytes for plan in self.plans.values())
+        staging = max(variant.stage_bytes for variants in self.variants.values() for variant in variants)
         return max(staging, self.attention.shared_bytes)
 
     def params(self) -> list[Param]:
@@ -469,8 +585,8 @@ class PersistentDecoder(Kind):
             "warps": WARPS,
             "threads": THREADS,
             "max_registers": MAX_REGISTERS,
-            "plans": self.plans,
-            "tasks": self.tasks(),
+            "variants": self.variants,
+            "slot_plans": [s.plan for variants in self.variants.values() for v in variants for s in v.segments],
             "attention": self.attention,
             "rope": RopePlan.of(c.rope_theta, c.head_dim, vec, c.rope_style),
             "qk_norm": c.qk_norm,
@@ -569,7 +685,7 @@ class PersistentDecoder(Kind):
         temporaries = [Param(name, "f32", (size,), "workspace") for name, size in dict((
             ("q", self.q_dim), ("k", self.kv_dim), ("v", self.kv_dim), (q_rotated, self.q_dim),
             (k_rotated, self.kv_dim), ("attn", self.q_dim), ("proj", H), ("gate", I), ("up", I), ("mlp", I),
-            *((("normed", H),) if not self.fused_types else ()))).items()]
+            *((("normed", H),) if not self.only_q4k else ()))).items()]
 
         def heads(count: int) -> tuple[PerHeadRmsnormConfig, RopeConfig]:
             return (PerHeadRmsnormConfig(kind="per_head_rmsnorm", name=f"step_head_norm_{count}", num_heads=count,
