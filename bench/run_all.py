@@ -11,8 +11,8 @@ in one launch (and as a CUDA-graph replay) against the same step as 468 separate
 checked against each other first, in tokens/s; its one-layer twin at the same shapes is also
 checked against the float64 reference. The prefill attention also runs as its sm_90a (wgmma)
 variant on an H100. Last, whole-model decode as `ptxgen generate` runs it (embedding to token,
-Qwen3-8B shapes, random weights: the persistent decoder over Q4_K layers and the separate kernels
-over Q4_K_M-like ones, with and without the lm_head). Writes bench/results/<device>-<date>.json
+Qwen3-8B shapes, random Q4_K_M-like weights: the persistent decoder and the separate kernels,
+with and without the lm_head). Writes bench/results/<device>-<date>.json
 (every figure) and a Markdown table next to it, including the performance targets and
 whether each is met.
 

@@ -19,8 +19,8 @@ host arrays (a copy: it is meant for small models such as the tests' fixture).
 
 Weight types: every matrix (the lm_head included) is multiplied by the GEMV kind of its type
 (quants.GEMV_KINDS: Q4_K, Q6_K, Q8_0), a layer's through the decoder's separate step with its
-per-layer types (`weight_quants`); with `fused` the layers must be Q4_K (the persistent
-decoder's GEMV phases), the lm_head may be any.
+per-layer types (`weight_quants`), or with `fused` the persistent decoder's phase variants for
+the same types (it needs a layer's ffn_gate and ffn_up of one type).
 """
 
 from __future__ import annotations
@@ -50,16 +50,20 @@ INTERPRETER = "PTX interpreter (CPU)"
 
 def check_supported(config: ModelConfig, fused: bool = False) -> None:
     """Every matrix the decode step multiplies must have a GEMV kind for its type (with `fused`,
-    the layers' must be Q4_K: the persistent decoder's GEMV phases)."""
+    the persistent decoder must be buildable for the layers' types)."""
     for matrix in config.matrices():
         if matrix.name == "token_embd.weight" and not config.tied_embeddings:
             continue  # looked up by row on the host: any type gguf-py dequantises
         if matrix.quant not in GEMV_KINDS:
             raise PtxgenError(f"{config.name}: tensor {matrix.name!r} is {matrix.quant.upper()}; ptxgen generate has "
                               f"no GEMV kernel of that type (supported: {', '.join(q.upper() for q in GEMV_KINDS)})")
-        if fused and matrix.quant != "q4_k" and matrix.name != config.lm_head.name:
-            raise PtxgenError(f"--fused: tensor {matrix.name!r} is {matrix.quant.upper()}; the persistent decoder "
-                              "multiplies Q4_K only (without --fused the layers run as separate kernels of each type)")
+    if fused:
+        from .kernels import config_from_json, kind_of
+        from .specgen import decoder_kernel, model_prefix
+
+        refusal = kind_of(config_from_json(decoder_kernel(config, model_prefix(config.name), 1))).unbuildable()
+        if refusal:
+            raise PtxgenError(f"--fused: {refusal}")
 
 
 @dataclass(frozen=True)
@@ -84,8 +88,8 @@ def step_kernels(config: ModelConfig, max_seq_len: int) -> StepKernels:
     spec = validate(Path(source), tomllib.loads(spec_text(config, source, max_seq_len)))
     head = config.lm_head
     lm_head = next(k for k in spec.kernels if k.kind == GEMV_KINDS[head.quant] and (k.n, k.k) == (head.rows, head.k))
-    # The spec leaves out a decoder whose layers are not all Q4_K (no fused kernel): its separate
-    # step is still the layers' plan.
+    # The spec leaves out a decoder it cannot build (ffn_gate and ffn_up of different types in a
+    # layer): its separate step is still the layers' plan.
     decoder = config_from_json(decoder_kernel(config, model_prefix(config.name), max_seq_len))
     return StepKernels(decoder, spec.find("rmsnorm"), lm_head, spec.find("argmax"))
 
@@ -404,15 +408,6 @@ def q4_k_m_types(shape: dict) -> dict[str, str]:
     return types
 
 
-def bench_types(shape: dict, fused: bool) -> dict[str, str]:
-    """The weight types make bench decodes with: Q4_K_M-like (q4_k_m_types) for the separate
-    kernels, every layer Q4_K for the persistent decoder; the lm_head Q6_K either way."""
-    types = q4_k_m_types(shape)
-    if fused:
-        types = {name: "q4_k" if name.startswith("blk.") else quant for name, quant in types.items()}
-    return types
-
-
 def decode_speed(generator: Generator, token: int, tokens: int) -> dict[str, float]:
     """Wall-clock tokens/s of `tokens` greedy steps from an empty cache, starting at `token`: with
     the head (final norm, lm_head, argmax, the token read back) and without it (the layers, then
@@ -426,14 +421,14 @@ def decode_speed(generator: Generator, token: int, tokens: int) -> dict[str, flo
 
 
 def random_model_decode_speed(shape: dict, fused: bool, tokens: int = 32, seed: int = 0) -> dict:
-    """decode_speed of a random model of `shape` (e.g. QWEN3_8B) with bench_types' weights on this
-    process's GPU (a device-worker call for make bench): the separate kernels, or with `fused` the
-    persistent decoder."""
-    generator = Generator(RandomModel(ModelConfig(**shape, quants=bench_types(shape, fused)), seed), "device",
+    """decode_speed of a random model of `shape` (e.g. QWEN3_8B) with Q4_K_M-like weights
+    (q4_k_m_types) on this process's GPU (a device-worker call for make bench): the separate
+    kernels, or with `fused` the persistent decoder."""
+    generator = Generator(RandomModel(ModelConfig(**shape, quants=q4_k_m_types(shape)), seed), "device",
                           max_seq_len=2 * tokens + 2, fused=fused)
     try:
         return {"model": shape["name"], "layers": "persistent_decoder" if fused else "separate kernels",
-                "weights": "Q4_K layers" if fused else "Q4_K_M-like layers", "lm_head": "Q6_K",
+                "weights": "Q4_K_M-like layers", "lm_head": "Q6_K",
                 "device": generator.device, "tokens": tokens, **decode_speed(generator, 1, tokens)}
     finally:
         generator.close()

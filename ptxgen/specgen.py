@@ -4,14 +4,13 @@ The kernels: the whole decoder as one ``persistent_decoder``, and the separate p
 same step (``rmsnorm``, Qwen3's ``per_head_rmsnorm``, one GEMV per distinct (rows, k, type)
 of matrix, lm_head included, ``rope``, ``swiglu``, ``residual_add``, ``kv_append``,
 ``incremental_attention``), ``argmax`` for greedy sampling, plus ``flash_attention`` for prefill.
-The token embedding is a row lookup, not a kernel. The fused decoder multiplies Q4_K only: for
-a model whose layers hold other types it is left out (a comment says why), and ``ptxgen
-generate`` runs those layers as the separate kernels.
+The token embedding is a row lookup, not a kernel. The fused decoder takes each layer's types;
+it is left out (a comment says why) for a model with ffn_gate and ffn_up of different types in a
+layer, whose layers ``ptxgen generate`` runs as the separate kernels.
 
 GEMVs of other types than Q4_K use the kinds ``q6k_gemv`` and ``q8_0_gemv``; a llama file's
 rope says ``style = "interleaved"`` (and its decoder ``rope_style``, ``qk_norm = false``); a
-decoder whose projections are not all Q4_K lists their types per layer in ``weight_quants``
-(the in-memory decoder `ptxgen generate` takes its separate step from).
+decoder whose projections are not all Q4_K lists their types per layer in ``weight_quants``.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ from pathlib import Path
 
 from .artifacts import write_file
 from .errors import PtxgenError
+from .kernels import config_from_json, kind_of
 from .model_config import ModelConfig, from_hf_config
 from .quants import GEMV_KINDS
 
@@ -107,14 +107,14 @@ def spec_text(config: ModelConfig, source: str, max_seq_len: int | None = None, 
         raise PtxgenError(f"max_seq_len must be >= 1, got {max_seq_len}")
     rope_style = {} if c.rope_style == "rotate_half" else {"style": c.rope_style}
     norm = {"head_dim": c.head_dim, "eps": c.eps}
+    gemvs = gemv_kernels(c, prefix)  # (names a matrix of a type without a GEMV kind)
     decoder = decoder_kernel(c, prefix, max_seq_len)
     # Two m16 tiles a warp share each K/V fragment (half the ldmatrix per MMA): 320/372 TFLOP/s at
     # 4k/8k keys against 292/323 on an H100 at head_dim 128; 4 warps load rows of up to 128.
     wide = c.head_dim <= 128
-    if "weight_quants" in decoder:  # the fused kernel's GEMV phases are Q4_K's
-        mixed = ", ".join(f"{weight} {'/'.join(sorted(set(types))).upper()}" for weight, types in decoder["weight_quants"].items())
-        whole = (f"Whole decoder layers in one launch: none, the fused persistent_decoder multiplies Q4_K only "
-                 f"({mixed} here); ptxgen generate runs the layers as the kernels below", [])
+    refusal = kind_of(config_from_json(decoder)).unbuildable()
+    if refusal:
+        whole = (f"Whole decoder layers in one launch: none ({refusal})", [])
     else:
         whole = ("Whole decoder layers for one token, one launch", [decoder])
     sections = [
@@ -124,7 +124,7 @@ def spec_text(config: ModelConfig, source: str, max_seq_len: int | None = None, 
          + ([{"name": f"{prefix}_q_norm", "kind": "per_head_rmsnorm", "num_heads": c.num_heads, **norm},
              {"name": f"{prefix}_k_norm", "kind": "per_head_rmsnorm", "num_heads": c.num_kv_heads, **norm}]
             if c.qk_norm else [])),
-        ("Projections and lm_head: one GEMV per distinct (rows, k, weight type)", gemv_kernels(c, prefix)),
+        ("Projections and lm_head: one GEMV per distinct (rows, k, weight type)", gemvs),
         (f"Rotary embeddings ({c.rope_style}, theta {c.rope_theta:g})",
          [{"name": f"{prefix}_rope_q", "kind": "rope", "num_heads": c.num_heads, "head_dim": c.head_dim,
            "theta": c.rope_theta, **rope_style},

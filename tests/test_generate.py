@@ -25,18 +25,20 @@ import dataclasses
 import json
 import re
 
+import gguf
 import numpy as np
 import pytest
-from fixtures.make_tiny_gguf import write_tiny_gguf, tiny_config
+from fixtures.make_tiny_gguf import rewrite_gguf, tiny_config, write_tiny_gguf
 
 from ptxgen import device
 from ptxgen.dtypes import to_float64
 from ptxgen.errors import DeviceUnavailable, PtxgenError
-from ptxgen.generate import (QWEN3_8B, Generator, RandomModel, bench_types, check_supported, decode_speed,
-                             q4_k_m_types, random_model_decode_speed, step_kernels)
+from ptxgen.generate import (QWEN3_8B, Generator, RandomModel, check_supported, decode_speed, q4_k_m_types,
+                             random_model_decode_speed, step_kernels)
 from ptxgen.gguf_model import GGUFModel
 from ptxgen.kernels import kind_of
 from ptxgen.model_config import ModelConfig
+from ptxgen.quants import quant_type
 from ptxgen.kernels.argmax import first_argmax
 from ptxgen.model_reference import ReferenceModel, generate as reference_generate
 from ptxgen.spec import load_spec
@@ -59,7 +61,12 @@ def files(tmp_path_factory):
     return {"qwen3": write_tiny_gguf(root / "qwen3.gguf", quant="q4_k"),
             "llama": write_tiny_gguf(root / "llama.gguf", "llama", seed=1, quant="q4_k"),
             "qwen3-tied": write_tiny_gguf(root / "qwen3-tied.gguf", seed=2, tied=True, quant="q4_k"),
-            "mixed": write_tiny_gguf(root / "mixed.gguf")}
+            "mixed": write_tiny_gguf(root / "mixed.gguf"),
+            # ffn_gate Q4_K and ffn_up Q8_0 in layer 0: no fused decoder (one task computes both rows)
+            "split": rewrite_gguf(write_tiny_gguf(root / "split-source.gguf"), root / "split.gguf",
+                                  drop_tensors=("blk.0.ffn_up.weight",),
+                                  add_tensors=[("blk.0.ffn_up.weight", quant_type("q8_0").random_weights(
+                                      np.random.default_rng(0), 512, 256), gguf.GGMLQuantizationType.Q8_0)])}
 
 
 def quantisation_noise(model, prompt, tokens) -> float:
@@ -126,8 +133,9 @@ def test_each_layer_and_the_head_match_the_int8_reference(files, arch):
 
 
 # --- loose: the command as a user runs it ------------------------------------------------------------
-@pytest.mark.parametrize("arch, fused", [("qwen3", False), ("llama", False), ("llama", True), ("mixed", False)],
-                         ids=["qwen3", "llama", "llama-fused", "q4_k_m-mixed"])  # (qwen3's decoder: test_persistent_decoder.py)
+@pytest.mark.parametrize("arch, fused", [("qwen3", False), ("llama", False), ("llama", True), ("mixed", False),
+                                         ("mixed", True)],
+                         ids=["qwen3", "llama", "llama-fused", "q4_k_m-mixed", "q4_k_m-mixed-fused"])
 def test_generate_command_matches_the_references(files, tmp_path, arch, fused):
     out = tmp_path / "logits.npy"
     result = run_cli_in_process("generate", str(files[arch]), "--tokens", ",".join(map(str, PROMPT)),
@@ -209,8 +217,8 @@ def test_device_path_on_the_simulated_gpu(files, simulated, monkeypatch, fused):
 # --- the model's spec --------------------------------------------------------------------------------
 @pytest.mark.parametrize("arch", ["qwen3", "llama", "mixed"])
 def test_the_models_spec_builds_and_verifies(files, tmp_path, arch):
-    """A Q4_K file's spec has the fused decoder; the mixed file's (Q4_K_M: Q6_K and Q8_0 layers)
-    has none, and says why, and every GEMV kind its types need."""
+    """Every file's spec has the fused decoder (the mixed file's with its per-layer types: Q6_K
+    and Q8_0 layers), and every GEMV kind its types need."""
     spec = tmp_path / f"{arch}.toml"
     assert run_cli_in_process("spec", "from-gguf", str(files[arch]), "--max-seq-len", "32", "-o", str(spec)).returncode == 0
     built = run_cli_in_process("build", str(spec), "-o", str(tmp_path / "out"), "--arch", "sm_90", "-q")
@@ -219,20 +227,22 @@ def test_the_models_spec_builds_and_verifies(files, tmp_path, arch):
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert "FAIL" not in verified.stdout and "argmax" in verified.stdout
     kinds = {kernel.kind for kernel in load_spec(spec).spec.kernels}
+    assert "persistent_decoder" in kinds
     if arch == "mixed":
-        assert "persistent_decoder" not in kinds and {"q4k_gemv", "q6k_gemv", "q8_0_gemv"} <= kinds
-        assert "the fused persistent_decoder multiplies Q4_K only" in spec.read_text()
-    else:
-        assert "persistent_decoder" in kinds
+        assert {"q4k_gemv", "q6k_gemv", "q8_0_gemv"} <= kinds
+        decoder = next(kernel for kernel in load_spec(spec).spec.kernels if kernel.kind == "persistent_decoder")
+        assert decoder.weight_quants["wv"] == ("q6_k", "q8_0") and decoder.weight_quants["w_down"] == ("q6_k", "q4_k")
 
 
 # --- bad input -----------------------------------------------------------------------------------
 def test_unsupported_weight_types_are_named(files):
     config = GGUFModel(files["mixed"]).config
     check_supported(config)
-    with pytest.raises(PtxgenError, match=r"--fused: tensor 'blk\.0\.attn_v\.weight' is Q6_K; the persistent decoder "
-                                          r"multiplies Q4_K only \(without --fused"):
-        check_supported(config, fused=True)
+    check_supported(config, fused=True)
+    split = dataclasses.replace(config, quants={**config.quants, "blk.1.ffn_up.weight": "q8_0"})
+    with pytest.raises(PtxgenError, match=r"--fused: weight_quants: w_gate and w_up differ in layer\(s\) 1; the fused "
+                                          r"persistent_decoder computes a gate row and its up row in one warp task"):
+        check_supported(split, fused=True)
     f16 = dataclasses.replace(config, quants={**config.quants, "blk.1.ffn_up.weight": "f16"})
     with pytest.raises(PtxgenError, match=r"tensor 'blk\.1\.ffn_up\.weight' is F16; ptxgen generate has no GEMV kernel "
                                           r"of that type \(supported: Q4_K, Q6_K, Q8_0\)"):
@@ -248,7 +258,7 @@ def test_unsupported_weight_types_are_named(files):
     (["{qwen3}", "--max-seq-len", "4", "--max-new", "3"],
      r"--max-new 3: the prompt's 3 tokens and 3 new ones need 5 cache positions; the KV cache holds 4"),
     (["{qwen3}", "--max-new", "0"], r"--max-new: expected at least 1, got 0"),
-    (["{mixed}", "--fused"], r"--fused: tensor 'blk\.0\.attn_v\.weight' is Q6_K"),
+    (["{split}", "--fused"], r"--fused: weight_quants: w_gate and w_up differ in layer\(s\) 0"),
     (["{qwen3}", "--save-logits", "{folder}"], r"--save-logits .*: is a folder; give a file name"),
     (["{qwen3}", "--save-logits", "/dev/null"], r"--save-logits /dev/null: is not a regular file"),
 ])
@@ -256,7 +266,7 @@ def test_bad_input_is_one_message_and_exit_2(files, tmp_path, args, message):
     (tmp_path / "not-a-model.gguf").write_text("hello")
     (tmp_path / "folder").mkdir()
     names = {"missing": tmp_path / "missing.gguf", "text": tmp_path / "not-a-model.gguf", "folder": tmp_path / "folder",
-             "qwen3": files["qwen3"], "mixed": files["mixed"]}
+             "qwen3": files["qwen3"], "split": files["split"]}
     args = [a.format(**names) for a in args]
     defaults = [option for name, value in (("--tokens", "1,2,3"), ("--max-new", "2")) if name not in args
                 for option in (name, value)]
@@ -350,11 +360,11 @@ def test_generate_on_the_gpu_matches_the_references(files, arch, fused):
 
 def test_random_model_decode_speed_runs_make_bench_s_path(simulated):
     """make bench's whole-model call (the worker runs exactly this) on the simulated GPU, for the
-    tiny shapes: Q4_K_M-like types through the separate kernels, and Q4_K layers fused."""
+    tiny shapes: Q4_K_M-like types through the separate kernels and fused."""
     shape = {key: value for key, value in dataclasses.asdict(tiny_config()).items() if key != "quants"}
     tokens = 2
     for fused in (False, True):
-        kernels = step_kernels(ModelConfig(**shape, quants=bench_types(shape, fused)), 2 * tokens + 2)
+        kernels = step_kernels(ModelConfig(**shape, quants=q4_k_m_types(shape)), 2 * tokens + 2)
         configs = [kernels.norm, kernels.lm_head, kernels.argmax, kernels.decoder]
         configs += [call.kernel for call in kind_of(kernels.decoder).separate_step({"pos": 0})[1]]
         simulated.kernels.update({config.name: config for config in configs})

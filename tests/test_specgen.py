@@ -50,14 +50,13 @@ def test_mixed_fixture_spec(tmp_path):
     assert len({e["name"] for e in entries}) == len(entries) and all(e["name"].startswith("tiny_qwen3_") for e in entries)
     gemvs = [(e["kind"], e["n"], e["k"]) for e in entries if e["kind"] in GEMV_KINDS.values()]
     others = Counter(e["kind"] for e in entries if e["kind"] not in GEMV_KINDS.values())
-    assert others == Counter(ONE_OF_EACH + ["per_head_rmsnorm"] * 2) - Counter(["persistent_decoder"])
+    assert others == Counter(ONE_OF_EACH + ["per_head_rmsnorm"] * 2)
     needed = {(GEMV_KINDS[m.quant], m.rows, m.k) for m in config.matrices() if m.name != "token_embd.weight"}
     assert sorted(gemvs) == sorted(needed), "one GEMV per distinct (type, n, k), lm_head included"
     assert {kind for kind, _, _ in gemvs} == {"q4k_gemv", "q6k_gemv", "q8_0_gemv"}
-    # No fused decoder for layers that are not all Q4_K; the comment says why. generate takes the
-    # decoder (its separate step) from decoder_kernel, with each layer's types.
-    assert "the fused persistent_decoder multiplies Q4_K only (wq Q4_K/Q8_0" in text
+    # The fused decoder with each layer's types (generate takes it from decoder_kernel too).
     decoder = decoder_kernel(config, "tiny_qwen3", 256)
+    assert config_from_json(next(e for e in entries if e["kind"] == "persistent_decoder")) == config_from_json(decoder)
     assert decoder["kind"] == "persistent_decoder" and (decoder["num_layers"], decoder["max_seq_len"]) == (2, 256)
     assert decoder["weight_quants"]["wv"] == tuple(config.quants[f"blk.{i}.attn_v.weight"] for i in range(2)) == (
         "q6_k", "q8_0")
@@ -99,8 +98,9 @@ def test_llama_spec_says_its_rope_and_has_no_qk_norm(tmp_path):
     entries = kernels(spec_from_gguf(write_tiny_gguf(tmp_path / "l.gguf", "llama", tied=True, quant="q8_0")))
     ropes = [e for e in entries if e["kind"] == "rope"]
     assert len(ropes) == 2 and all(e["style"] == "interleaved" for e in ropes)
-    assert "persistent_decoder" not in {e["kind"] for e in entries}, "Q8_0 layers: no fused decoder"
     decoder = decoder_kernel(tiny_config("llama", tied=True, quant="q8_0"), "tiny_llama", 256)
+    fused = next(e for e in entries if e["kind"] == "persistent_decoder")
+    assert config_from_json(fused) == config_from_json(decoder), "Q8_0 layers, fused"
     assert decoder["rope_style"] == "interleaved" and decoder["qk_norm"] is False
     assert decoder["weight_quants"] == {w: ("q8_0", "q8_0") for w in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")}
     assert not [e for e in entries if e["kind"] == "per_head_rmsnorm"]
@@ -128,6 +128,15 @@ def test_weights_without_a_gemv_kind_are_named():
     f16 = dataclasses.replace(config, quants={**config.quants, "blk.1.ffn_up.weight": "f16"})
     with pytest.raises(PtxgenError, match=r"tensor 'blk\.1\.ffn_up\.weight' is F16; there is no GEMV kind for it"):
         spec_text(f16, "x")
+
+
+def test_a_decoder_without_a_fused_kernel_is_left_out_and_the_spec_says_why():
+    """ffn_gate and ffn_up of different types in a layer: the spec has the separate kernels only."""
+    config = tiny_config()
+    split = dataclasses.replace(config, quants={**config.quants, "blk.1.ffn_up.weight": "q8_0"})
+    text = spec_text(split, "x")
+    assert "persistent_decoder" not in {e["kind"] for e in kernels(text)}
+    assert "# --- Whole decoder layers in one launch: none (weight_quants: w_gate and w_up differ in layer(s) 1;" in text
 
 
 def test_write_spec_never_replaces_unasked(tmp_path):
