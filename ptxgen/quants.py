@@ -155,6 +155,8 @@ QUANT_TYPES: dict[str, QuantType] = {
 Q4_K = QUANT_TYPES["q4_k"]
 # The kernel kind that multiplies a matrix of each type by a vector (y = W x, params y, w, x).
 GEMV_KINDS = {"q4_k": "q4k_gemv", "q6_k": "q6k_gemv", "q8_0": "q8_0_gemv"}
+# The fused RMSNorm + GEMV group kind of each type (projections that share the normed input).
+NORMED_GROUP_KINDS = {quant: f"fused_rmsnorm_{kind}_group" for quant, kind in GEMV_KINDS.items()}
 
 
 def quant_type(value) -> QuantType:

@@ -471,13 +471,15 @@ def mixed_step(kind, pos, seed):
 def test_mixed_weight_types_one_layer_teacher_forced():
     """Q6_K, Q8_0 and Q4_K matrices in one layer: x within X_TOL of the float64 reference fed the
     step's own cache rows and activations (so every matrix of every type is exercised exactly),
-    and the new rows within half an ulp of the reference's. The gate/up group mixes types, so it
-    runs as rmsnorm and two GEMVs; q/k/v are all non-Q4_K."""
+    and the new rows within half an ulp of the reference's. A norm group whose matrices mix types
+    is one fused group launch per type (q/v Q6_K and k Q8_0: two; gate Q4_K and up Q6_K: two)."""
     kind = mixed_decoder(1, MIXED_ONE_LAYER)
     assert {p.name: p.layout for p in kind.weight_params()} == {
         "wq": "q6_k", "wk": "q8_0", "wv": "q6_k", "wo": "q8_0", "w_gate": "q4_k", "w_up": "q6_k", "w_down": "q8_0"}
-    kinds = [call.kernel.kind for call in kind.separate_step({"pos": 5})[1]]
-    assert kinds.count("rmsnorm") == 2 and "fused_rmsnorm_q4k_gemv_group" not in kinds, kinds
+    groups = [(call.kernel.kind, tuple(call.kernel.matrices)) for call in kind.separate_step({"pos": 5})[1]
+              if "group" in call.kernel.kind]
+    assert groups == [("fused_rmsnorm_q6k_gemv_group", ("q", "v")), ("fused_rmsnorm_q8_0_gemv_group", ("k",)),
+                      ("fused_rmsnorm_q4k_gemv_group", ("gate",)), ("fused_rmsnorm_q6k_gemv_group", ("up",))], groups
     pos = 5
     inputs, out = mixed_step(kind, pos, seed=3)
     forced = decoder_reference(inputs, kind.config, pos, stored=out)

@@ -90,18 +90,17 @@ from pydantic import BeforeValidator, Field, model_validator
 from ..dtypes import DTYPES, UNIT_ROUNDOFF, from_float, to_float64
 from ..errors import LaunchError, PtxgenError
 from ..q4k import BLOCK_WEIGHTS, row_bytes
-from ..quants import GEMV_KINDS, quant_type
+from ..quants import GEMV_KINDS, NORMED_GROUP_KINDS, quant_type
 from .base import Call, Geometry, Kind, KernelConfig, Param, Traffic, ceil_div, list_as_tuple
 from .families.attention import MAX_HEADS_PER_SLICE, AttentionPlan
 from .families.quant_gemv import STEP_BLOCKS, QuantGemvPlan, dequantize_x
 from .fused_rmsnorm_q4k_gemv import normed_activations
-from .fused_rmsnorm_q4k_gemv_group import FusedRmsnormQ4kGemvGroupConfig
 from .families.rope import RopePlan, RopeStyle
 from .incremental_attention import IncrementalAttentionConfig, attention_reference
 from .kv_append import KvAppendConfig
 from .per_head_rmsnorm import PerHeadRmsnormConfig
 from .residual_add import ResidualAddConfig
-from .rmsnorm import RmsnormConfig, rms_normalize
+from .rmsnorm import rms_normalize
 from .rope import RopeConfig, rotate
 from .swiglu import SwigluConfig, silu_mul
 
@@ -431,11 +430,6 @@ class PersistentDecoder(Kind):
     def weight_params(self) -> list[Param]:
         return [param for _, param in self.weight_stacks()]
 
-    @property
-    def only_q4k(self) -> bool:
-        """Whether every layer's every matrix is Q4_K."""
-        return all(set(types) == {"q4_k"} for types in self.config.weight_quants.values())
-
     def unbuildable(self) -> str | None:
         c = self.config
         gate, up = layer_quants(c, "w_gate"), layer_quants(c, "w_up")
@@ -671,9 +665,9 @@ class PersistentDecoder(Kind):
         fused_rmsnorm_q4k_gemv_group q/k/v (attn_norm), per_head_rmsnorm q/k (with qk_norm), rope
         q/k, kv_append, incremental_attention, q4k_gemv o, residual_add, fused_rmsnorm_q4k_gemv_group
         gate/up (ffn_norm), swiglu, q4k_gemv down, residual_add (13 launches a layer, 11 without
-        qk_norm: rope then turns q and k in place). A group whose matrices are not all Q4_K in a
-        layer (weight_quants) is rmsnorm into `normed`, then the GEMV kind of each matrix's type;
-        so is o or down of another type. Returns the temporary buffers it needs (f32, zeroed) and
+        qk_norm: rope then turns q and k in place). Each matrix goes through its layer's type's
+        kinds (weight_quants): a norm group whose matrices mix types is one fused group launch
+        per type (Q4_K_M's q/k Q4_K and v Q6_K: two). Returns the temporary buffers it needs (f32, zeroed) and
         the calls; buffers named like this kernel's parameters are its arrays. The bench's
         baseline, the tests' cross-check, and `ptxgen generate`'s layers."""
         from . import config_from_json
@@ -684,8 +678,8 @@ class PersistentDecoder(Kind):
         q_rotated, k_rotated = ("q_rotated", "k_rotated") if c.qk_norm else ("q", "k")
         temporaries = [Param(name, "f32", (size,), "workspace") for name, size in dict((
             ("q", self.q_dim), ("k", self.kv_dim), ("v", self.kv_dim), (q_rotated, self.q_dim),
-            (k_rotated, self.kv_dim), ("attn", self.q_dim), ("proj", H), ("gate", I), ("up", I), ("mlp", I),
-            *((("normed", H),) if not self.only_q4k else ()))).items()]
+            (k_rotated, self.kv_dim), ("attn", self.q_dim), ("proj", H), ("gate", I), ("up", I),
+            ("mlp", I))).items()]
 
         def heads(count: int) -> tuple[PerHeadRmsnormConfig, RopeConfig]:
             return (PerHeadRmsnormConfig(kind="per_head_rmsnorm", name=f"step_head_norm_{count}", num_heads=count,
@@ -699,20 +693,22 @@ class PersistentDecoder(Kind):
             config = config_from_json({"kind": kind, "name": f"step_{kind}_{n}x{k}", "n": n, "k": k})
             return Call(config, {"y": y, "w": weight_slot(c, weight, layer), "x": x}, {})
 
-        norm = RmsnormConfig(kind="rmsnorm", name="step_rmsnorm", hidden=H, eps=c.eps)
-
-        def normed(name: str, gamma: str, outputs: dict[str, str], layer: int) -> list[Call]:
+        def normed(gamma: str, outputs: dict[str, str], layer: int) -> list[Call]:
             """x * rms factor * gamma[layer] through the weights of `outputs` (weight -> buffer):
-            one fused group launch when they are all Q4_K in this layer."""
-            if any(layer_quants(c, weight)[layer] != "q4_k" for weight in outputs):
-                return [Call(norm, {"x": "x", "gamma": (gamma, layer), "y": "normed"}, {"rows": 1}),
-                        *(gemv(weight, layer, "normed", y) for weight, y in outputs.items())]
-            matrices = {y: self.matrix_shapes()[weight][0] for weight, y in outputs.items()}
-            group = FusedRmsnormQ4kGemvGroupConfig(kind="fused_rmsnorm_q4k_gemv_group", name=f"step_norm_{name}",
-                                                   k=H, matrices=matrices, eps=c.eps)
-            args = {f"w_{y}": weight_slot(c, weight, layer) for weight, y in outputs.items()}
-            return [Call(group, {**{f"y_{y}": y for y in outputs.values()}, **args, "x": "x", "gamma": (gamma, layer)},
-                         {})]
+            one fused norm + GEMV group launch per type of those matrices in this layer."""
+            by_type: dict[str, dict[str, str]] = {}
+            for weight, y in outputs.items():
+                by_type.setdefault(layer_quants(c, weight)[layer], {})[weight] = y
+            calls = []
+            for quant, group in by_type.items():
+                kind = NORMED_GROUP_KINDS[quant]
+                config = config_from_json({"kind": kind, "name": f"step_norm_{'_'.join(group.values())}_{quant}", "k": H,
+                                           "matrices": {y: self.matrix_shapes()[w][0] for w, y in group.items()},
+                                           "eps": c.eps})
+                args = {f"w_{y}": weight_slot(c, weight, layer) for weight, y in group.items()}
+                calls.append(Call(config, {**{f"y_{y}": y for y in group.values()}, **args, "x": "x",
+                                           "gamma": (gamma, layer)}, {}))
+            return calls
 
         q_norm, q_rope = heads(c.num_heads)
         k_norm, k_rope = heads(c.num_kv_heads)
@@ -726,7 +722,7 @@ class PersistentDecoder(Kind):
         at_pos = {"pos": pos}
         calls = []
         for l in range(c.num_layers):
-            calls += normed("qkv", "attn_norm", {"wq": "q", "wk": "k", "wv": "v"}, l)
+            calls += normed("attn_norm", {"wq": "q", "wk": "k", "wv": "v"}, l)
             if c.qk_norm:
                 calls += [Call(q_norm, {"x": "q", "gamma": ("q_norm", l), "y": q_rotated}, {"tokens": 1}),
                           Call(k_norm, {"x": "k", "gamma": ("k_norm", l), "y": k_rotated}, {"tokens": 1})]
@@ -739,7 +735,7 @@ class PersistentDecoder(Kind):
                                  "out": "attn"}, {"seq_len": pos + 1}),
                 gemv("wo", l, "attn", "proj"),
                 Call(add, {"x": "x", "y": "proj"}, {}),
-                *normed("gate_up", "ffn_norm", {"w_gate": "gate", "w_up": "up"}, l),
+                *normed("ffn_norm", {"w_gate": "gate", "w_up": "up"}, l),
                 Call(swiglu, {"gate": "gate", "up": "up", "out": "mlp"}, {}),
                 gemv("w_down", l, "mlp", "proj"),
                 Call(add, {"x": "x", "y": "proj"}, {}),
