@@ -122,7 +122,10 @@ MAX_REGISTERS = 255
 # The most row-steps of a type's loads a warp keeps in flight (gemv_unroll caps them further). A
 # Q6_K slot takes 30 registers (Q4_K 12, Q8_0 21): with Q6_K rows of a Qwen3-8B-shaped Q4_K_M
 # stack (attn_v and ffn_down of every third layer), 4 slots spilled ~900 bytes on sm_80 and 2
-# slots 8 bytes on sm_90 (nvJitLink's report); 1 slot spills nothing.
+# slots 8 bytes on sm_90 (nvJitLink's report); 1 slot spills nothing and keeps 8 warps x 32 lanes
+# x 52.5 bytes = 13.4 KB of Q6_K weights a SM in flight, about Little's law's 13.6 KB above
+# (speed not measured). Q8_0 at 4 slots (84 registers) spilled 32-150 bytes on sm_80 beside Q4_K
+# phases; at 2, 8.5 KB a SM.
 MAX_UNROLL = {"q4_k": 4, "q6_k": 1, "q8_0": 2}
 # Shared memory the attention phase's K/V ring may take (1..4 stages). The CPU interpreter tracks
 # at most 8 MB of shared memory per wave and a grid barrier needs the whole grid in one wave, so
