@@ -173,11 +173,11 @@ def test_k_not_whole_blocks_is_one_spec_error(tmp_path, kind, k, message):
 
 
 # --- assembly and the performance model -------------------------------------------------------------
-# Llama/Qwen shapes in these types: projections, the down projections, lm_heads (Qwen3-8B:
-# 151936 x 4096, Qwen3-14B: x 5120). (Q6_K at k = 18944, Qwen2-7B's down, spills 4 bytes on sm_90
-# under the default queue; not listed.)
+# Llama/Qwen shapes in these types: projections, the down projections (Qwen2-7B's: 3584 x 18944,
+# a partial last step and x staged in two rounds, queued), its gate/up (18944 x 3584), lm_heads
+# (Qwen3-8B: 151936 x 4096, Qwen3-14B: x 5120).
 ASSEMBLY_SHAPES = [(1, 256), (33, 768), (1024, 4096), (4096, 4096), (12288, 4096), (4096, 12288), (4096, 14336),
-                   (64, 16384), (8192, 28672), (151936, 4096), (151936, 5120)]
+                   (64, 16384), (3584, 18944), (18944, 3584), (8192, 28672), (151936, 4096), (151936, 5120)]
 
 
 @pytest.mark.parametrize("kind, n, k", [(kind, n, k) for kind in KINDS for n, k in ASSEMBLY_SHAPES])
