@@ -19,7 +19,7 @@ from ptxgen.quants import GEMV_KINDS, NORMED_GROUP_KINDS, QUANT_TYPES
 from ptxgen.runner import run
 from ptxgen.verify import compare
 
-from helpers import make_config, make_kernel, with_ptx
+from helpers import make_config, make_kernel, resources, with_ptx
 
 TYPES = ("q6_k", "q8_0")
 
@@ -98,3 +98,18 @@ def test_planted_norm_bug_is_caught(quant):
     result = run(planted, arrays, {})
     checks = compare(planted, result, contract_reference(quant, arrays, 0.02), {})
     assert not all(c.passed for c in checks), "the planted bug passes"
+
+
+# A layer's groups at Qwen3-8B, Qwen2.5-7B and Llama-3-8B shapes: q/k/v, v alone (a Q4_K_M layer
+# whose v is Q6_K), gate/up.
+MODEL_GROUPS = [({"q": 4096, "k": 1024, "v": 1024}, 4096), ({"v": 1024}, 4096), ({"gate": 12288, "up": 12288}, 4096),
+                ({"q": 3584, "k": 512, "v": 512}, 3584), ({"gate": 18944, "up": 18944}, 3584),
+                ({"gate": 14336, "up": 14336}, 4096)]
+
+
+@pytest.mark.parametrize("matrices, k", MODEL_GROUPS, ids=lambda v: "-".join(v) if isinstance(v, dict) else str(v))
+@pytest.mark.parametrize("quant", TYPES)
+def test_model_groups_assemble_without_spills(quant, matrices, k):
+    for arch, figures in resources(make_config(NORMED_GROUP_KINDS[quant], k=k, matrices=matrices)).items():
+        assert figures["spill_stores"] == figures["spill_loads"] == figures["local_bytes"] == 0, f"{arch}: {figures}"
+        assert figures["registers"] <= 64, f"{arch}: {figures['registers']} registers"

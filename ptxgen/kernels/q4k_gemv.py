@@ -184,7 +184,16 @@ class Q4kGemv(Kind):
             start += units
         weight_rows = [("%wq", "%wh", r * plan.row_bytes) for r in range(plan.rows_per_trip)]
         return {"plan": plan, "matrices": matrices, "weight_rows": weight_rows, "max_registers": MAX_REGISTERS,
-                "fused": self.fused, "eps": getattr(self.config, "eps", 0.0)}
+                "fused": self.fused, "eps": getattr(self.config, "eps", 0.0), "early_loads": self.early_loads}
+
+    @property
+    def early_loads(self) -> bool:
+        """Whether the first weights go out before x is staged: where staging is one round (more
+        rounds hold more registers: ptxas spilled), but for fused Q6_K, whose 30-register slot
+        beside the staging's 16 x and 16 gamma values spilled 8-16 bytes at the 64-register cap
+        (Qwen3-8B's q/k/v, v and gate/up groups, sm_86/sm_90)."""
+        plan = self.plan
+        return plan.stage_rounds(plan.threads) == 1 and not (self.fused and self.quant == "q6_k")
 
     # --- runtime -----------------------------------------------------------------------------
     def scalar_limits(self) -> dict[str, tuple[int, int]]:
