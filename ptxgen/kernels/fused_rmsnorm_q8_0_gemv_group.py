@@ -1,7 +1,7 @@
-"""fused_rmsnorm_q8_0_gemv_group: fused_rmsnorm_q4k_gemv_group for GGML Q8_0 matrices (q8_0_gemv's
-contract and lane work): one launch for a layer's norm and its projections that share the normed
-input, where they are Q8_0 (a Q8_0 file's q, k and v, or its gate and up). Params as the Q4_K
-group's. Speed: not measured.
+"""fused_rmsnorm_q8_0_gemv_group: the fused norm + GEMV group (fused_rmsnorm_q4k_gemv_group's
+kernel, params and error analysis) over GGML Q8_0 matrices, q8_0_gemv's contract and lane work.
+In a Q8_0 file every layer's q/k/v and gate/up are such groups; the decoder's separate step
+launches one per layer for each. Speed: not measured.
 """
 
 from __future__ import annotations
