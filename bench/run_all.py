@@ -192,7 +192,7 @@ def decoder_table(rows: list[dict]) -> list[str]:
 
 def whole_model(worker, notes: list[str]) -> list[dict]:
     """Qwen3-8B-shaped decode with random weights, embedding to token (ptxgen generate's path):
-    the persistent decoder over Q4_K layers, and the separate kernels over Q4_K_M-like layers."""
+    the persistent decoder and the separate kernels, both over Q4_K_M-like layers."""
     from ptxgen.errors import PtxgenError
     from ptxgen.generate import QWEN3_8B, random_model_decode_speed
 
