@@ -429,7 +429,7 @@ def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str,
         "estimate_us": {"overlapped": round(overlapped, 3), "serialized": round(serialized, 3)},
         "percent_of_bandwidth": {"overlapped": round(100 * times["bandwidth"] / overlapped, 1),
                                  "serialized": round(100 * times["bandwidth"] / serialized, 1)},
-        "verdict": verdict(times, tail_us, tail_note, rounds, in_flight, gpu),
+        "verdict": verdict(times, tail_us, tail_note, rounds, in_flight, gpu, declared_tail=tail is not None),
     })
     return report
 
@@ -475,8 +475,11 @@ def estimates(times: dict, tail: float, gpu: Gpu) -> tuple[float, float]:
     return max(times.values()) + fixed, sum(times.values()) + fixed
 
 
-def verdict(times: dict, tail: float, tail_note: str, rounds: float, in_flight: float, gpu: Gpu) -> str:
-    """One line naming the likely limiter and the range of bandwidth the model expects."""
+def verdict(times: dict, tail: float, tail_note: str, rounds: float, in_flight: float, gpu: Gpu,
+            declared_tail: bool = False) -> str:
+    """One line naming the likely limiter and the range of bandwidth the model expects. A kind's
+    declared dependent tail counts as latency against the issue time (its round trips left the
+    latency term)."""
     launch = gpu.launch_us or 0.0
     overlapped, serialized = estimates(times, tail, gpu)
     needed = gpu.bytes_in_flight_needed
@@ -490,7 +493,7 @@ def verdict(times: dict, tail: float, tail_note: str, rounds: float, in_flight: 
         return f"bandwidth-bound: {detail}"
     if launch >= sum(times.values()) + tail:
         return f"launch-bound, the fixed cost of a launch is most of the time: {detail}"
-    if times["issue"] >= times["latency"]:
+    if times["issue"] >= times["latency"] + (tail if declared_tail else 0.0):
         return f"issue-bound, instructions per byte add to the bytes' time: {detail}"
     if in_flight < needed:
         return f"latency-bound, too few bytes in flight: {detail}"
