@@ -5,9 +5,11 @@
 For every timed row of a `ptxgen bench --json` / `make bench` file: the row's kernel is rebuilt
 from its recorded config with today's code, the model evaluated at the row's runtime scalars,
 and the measured median printed beside the model's range (overlapped .. serialized, launch
-cost included). A row whose measured time falls outside that range by more than 10% is marked;
-the code may have changed since the recording (its commit is printed), and the model has no
-term for tensor-core pipes (prefill attention is compute-bound: its rows are listed, not judged).
+cost and tail included; the tail column is what comes after the rest of the grid, e.g. decode
+attention's count-in and merge, Kind.dependent_tail). A row whose measured time falls outside
+that range by more than 10% is marked; the code may have changed since the recording (its commit
+is printed), and the model has no term for tensor-core pipes (prefill attention is
+compute-bound: its rows are listed, not judged).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def check_row(row: dict, gpu: perf.Gpu) -> dict:
     inside = low * (1 - MARGIN) <= measured <= high * (1 + MARGIN)
     judged = row["kind"] not in COMPUTE_BOUND
     return {"kernel": row["kernel"], "scalars": row["scalars"], "measured_us": measured, "model_us": (low, high),
+            "tail_us": report["tail_time_us"],
             "verdict": "inside" if inside else ("outside" if judged else "not judged (tensor cores)")}
 
 
@@ -49,19 +52,20 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--gpu", default=perf.DEFAULT_GPU, choices=sorted(perf.GPUS))
     args = parser.parse_args(argv)
     gpu = perf.gpu_named(args.gpu)
-    print(f"model: {gpu.name}, launch {gpu.launch_us} us, copy {gpu.bandwidth_gbs} GB/s, latency {gpu.latency_ns} ns")
+    print(f"model: {gpu.name}, launch {gpu.launch_us} us, copy {gpu.bandwidth_gbs} GB/s, latency {gpu.latency_ns} ns, "
+          f"dependent issue {perf.DEPENDENT_ISSUE_CYCLES} cycles at {gpu.clock_ghz} GHz")
     outside = 0
     for path in args.results:
         data, rows = rows_of(path)
         print(f"\n{path} (commit {data.get('git_commit', '?')}, {data['device']['name']})")
-        print(f"{'kernel':<28} {'scalars':<18} {'measured us':>11} {'model us':>17}  verdict")
+        print(f"{'kernel':<28} {'scalars':<18} {'measured us':>11} {'model us':>17} {'tail us':>7}  verdict")
         for row in rows:
             result = check_row(row, gpu)
             outside += result["verdict"] == "outside"
             low, high = result["model_us"]
             scalars = ",".join(f"{k}={v}" for k, v in result["scalars"].items())
             print(f"{result['kernel']:<28} {scalars:<18} {result['measured_us']:>11.2f} {low:>8.2f}..{high:<8.2f} "
-                  f"{result['verdict']}")
+                  f"{result['tail_us']:>7.2f}  {result['verdict']}")
     print(f"\n{outside} row(s) outside the model's range by more than {MARGIN:.0%}")
     return 0
 

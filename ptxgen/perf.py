@@ -12,9 +12,26 @@ The time model has three terms, all in microseconds:
 - latency: each warp waits `rounds` dependent DRAM round trips (a round: global loads, or
   atomics that return a value, issued together and waited for together), and each SM runs
   ceil(CTAs / (SMs x resident CTAs)) generations of CTAs one after another;
-- tail: rounds that only some warps wait through (a last CTA's merge of the others' partials)
-  come after the rest of the grid is done, so the slowest warp's rounds, not the mean, end the
-  launch: (critical rounds - mean rounds) x latency, on top of either estimate below.
+- tail: work that comes after the rest of the grid is done ends the launch, on top of either
+  estimate below. Where the kind declares a dependent tail (Kind.dependent_tail: a split-KV
+  count-in and merge), it is its steps one after another: each declared round trip at the GPU's latency
+  (a release waiting for the CTA's stores to be acknowledged, an atomic, the last CTA's loads of
+  the partials; the L2 holds what they touch, but L2 latency is not measured on these GPUs, so the
+  one round-trip figure the model has is used), plus the instructions only the slowest warp
+  executes (the merge; counted by the interpreter over a sample holding a whole group of CTAs,
+  paths that split CTAs counted whole) at one every max(4 cycles, the CTA's warps per scheduler):
+  4 cycles is the CUDA C++ Programming Guide's dependent-issue latency of most arithmetic
+  instructions (Performance Guidelines, Multiprocessor Level; a floor for shuffles, ex2 and shared
+  memory), the clock the GPU's. Rounds of the tail that every warp waits through leave the latency
+  term. Cross-check, the ncu readings of bench/results/H100-2026-11-23-session3 at the same
+  geometry (128 CTAs, one an SM): elapsed minus SM-active cycles (the all-SM average taken over
+  the 128 with a CTA) is 9,178 cycles (6.2 us at 1.47 GHz) for decode attention at 8k keys
+  (attn_t128) against 5,732 (3.6 us at 1.58 GHz) for the Q4_K GEMV g12288_default: 2.6 us more of
+  the launch with most SMs empty; the tail here is 2.2 us for that row (2.4 us at 1.47 GHz). It
+  does not explain the recorded decode attention below 8k keys (and with 3-4 ring stages at 8k),
+  1.6-3.8 us above the serialized estimate: not modelled (bench/model_check.py lists those rows).
+  Without a declared tail, the tail is the rounds only some warps wait through, from the PTX
+  alone: (critical rounds - mean rounds) x latency.
 If the warps of an SM overlap perfectly, the time is the largest of the first three terms plus
 the tail ("overlapped"); if they issue their loads together, wait together and compute
 together (a CTA barrier, or few rounds per warp, keeps them in step), the terms add
@@ -44,6 +61,7 @@ from .interp import launch as interpret
 from .interp.parser import TYPES, Addr, Imm, Neg, Pair, Reg, Vec, parse
 from .abi import Launch, round_up
 from .compiled import CompiledKernel
+from .kernels.base import DependentTail
 from .runner import prepare_arrays
 
 
@@ -102,6 +120,11 @@ GPUS = {
 }
 DEFAULT_GPU = "h100-sxm"
 SCHEDULERS_PER_SM = 4  # each issues at most one warp-instruction a cycle (sm_80 .. sm_120)
+# Cycles before a warp can issue an instruction that needs the previous one's result: "typically 4
+# clock cycles" for most arithmetic instructions (CUDA C++ Programming Guide, Performance
+# Guidelines, Multiprocessor Level, said of compute capability 7.x; taken for 8.x and 9.0 too). A
+# floor: shuffles, ex2, shared memory and barriers take longer.
+DEPENDENT_ISSUE_CYCLES = 4
 
 
 def gpu_named(name: str) -> Gpu:
@@ -273,6 +296,9 @@ class Count:
     critical_rounds: int
     # Global-load bytes a thread has in flight at the wait it reaches most often (the main loop's).
     outstanding_bytes: int
+    instructions_per_warp: float  # warp-instructions of the mean warp
+    # Of the slowest warp, counted like critical_rounds (an instruction only some warps reach counts whole).
+    critical_instructions: int
     ctas_run: int
     ctas: int
 
@@ -285,17 +311,18 @@ class Count:
 
 
 def count_instructions(ptx: str, entry: str, launch: Launch, args: list,
-                       max_threads: int = MAX_COUNTED_THREADS) -> Count:
+                       max_threads: int = MAX_COUNTED_THREADS, min_ctas: int = 1) -> Count:
     """Run the launch in the interpreter (sanitizer off; arrays in args are written) and count.
     A grid of more than `max_threads` threads runs only its first whole rows of CTAs (or first
-    CTAs) and scales the counts; a cooperative or any-grid launch always runs whole, since its
-    CTAs wait for each other."""
+    CTAs), at least `min_ctas` of them (a DependentTail's group), and scales the counts; a
+    cooperative or any-grid launch always runs whole, since its CTAs wait for each other."""
     ctas = math.prod(launch.grid)
     threads = launch.threads_per_cta
     run = ctas
     if ctas * threads > max_threads and not (launch.cooperative or launch.any_grid):
         row = launch.grid[0]
         run = row * (max_threads // (row * threads)) or max(1, max_threads // threads)
+        run = min(ctas, max(run, min_ctas))
     stats = interpret(ptx, entry, launch.grid, launch.block, args, dynamic_shared=launch.dynamic_shared,
                       sanitize=False, max_ctas=run)
     rounds = load_rounds(parse(ptx, entry))
@@ -307,6 +334,8 @@ def count_instructions(ptx: str, entry: str, launch: Launch, args: list,
         rounds_per_warp=float(sum(stats.warps_at[i] for i in rounds.starts)) / warps_run,
         critical_rounds=sum(-(-int(stats.warps_at[i]) // warps_run) for i in rounds.starts),
         outstanding_bytes=rounds.waits[busiest] if busiest is not None else 0,
+        instructions_per_warp=float(stats.warp_instructions) / warps_run,
+        critical_instructions=sum(-(-int(warps) // warps_run) for warps in stats.warps_at),
         ctas_run=run,
         ctas=ctas,
     )
@@ -330,16 +359,18 @@ def occupancy_per_arch(launch: Launch, cubins: dict[str, dict]) -> dict[str, Occ
 
 
 def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str, dict], traffic_bytes: int,
-             gpu: Gpu, *, cubin: bytes | None = None, max_threads: int = MAX_COUNTED_THREADS) -> dict:
+             gpu: Gpu, *, cubin: bytes | None = None, max_threads: int = MAX_COUNTED_THREADS,
+             tail: DependentTail | None = None) -> dict:
     """The model's report for one launch. `cubins`: arch -> resources as in the manifest
     (`registers`, `shared_bytes` = static shared); it must include the GPU's arch. With the
-    GPU arch's `cubin` and nvdisasm installed, the report adds its SASS counts."""
+    GPU arch's `cubin` and nvdisasm installed, the report adds its SASS counts. `tail`: the
+    kind's DependentTail at this launch, if it has one."""
     if gpu.arch not in cubins:
         raise PtxgenError(f"--gpu {gpu.name} is {gpu.arch}, which the spec does not build "
                           f"(archs: {', '.join(cubins)})")
     threads = launch.threads_per_cta
     occupancies = occupancy_per_arch(launch, cubins)
-    count = count_instructions(ptx, entry, launch, args, max_threads)
+    count = count_instructions(ptx, entry, launch, args, max_threads, min_ctas=tail.group_ctas if tail else 1)
     here = occupancies[gpu.arch]
     ctas = math.prod(launch.grid)
     report = {
@@ -361,20 +392,32 @@ def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str,
     resident_ctas = min(here.ctas_per_sm, ctas / gpu.sms)
     in_flight = count.outstanding_bytes * threads * resident_ctas
     generations = math.ceil(ctas / (gpu.sms * here.ctas_per_sm))
+    if tail is None:
+        rounds = count.rounds_per_warp
+        tail_us = (count.critical_rounds - rounds) * gpu.latency_ns * 1e-3
+        tail_note = f"{count.critical_rounds} rounds the slowest warp"
+    else:
+        rounds = count.rounds_per_warp - tail.counted_by_every_warp  # the tail's own rounds come after
+        serial = count.critical_instructions - count.instructions_per_warp
+        cycles = issue_interval_cycles(threads)
+        tail_us = dependent_tail_us(tail.round_trips, serial, cycles, gpu)
+        tail_note = (f"{tail.round_trips} dependent round trips + {serial:.0f} serial instructions at "
+                     f"{cycles} cycles, after the stream")
+        report["dependent_tail"] = {"steps": [asdict(step) for step in tail.steps], "round_trips": tail.round_trips,
+                                    "serial_instructions": round(serial, 1), "cycles_per_instruction": cycles}
     times = {
         "bandwidth": bandwidth_floor_us(traffic_bytes, gpu),
         "issue": issue_time_us(count.warp_instructions, gpu),
-        "latency": generations * count.rounds_per_warp * gpu.latency_ns * 1e-3,
+        "latency": generations * rounds * gpu.latency_ns * 1e-3,
     }
-    tail = (count.critical_rounds - count.rounds_per_warp) * gpu.latency_ns * 1e-3
-    overlapped, serialized = estimates(times, tail, gpu)
+    overlapped, serialized = estimates(times, tail_us, gpu)
     report.update({
         "launch_us": gpu.launch_us,
         "bandwidth_floor_us": round(times["bandwidth"], 3),
         "issue_time_us": round(times["issue"], 3),
         "latency_time_us": round(times["latency"], 3),
-        "tail_time_us": round(tail, 3),
-        "rounds_per_warp": round(count.rounds_per_warp, 3),
+        "tail_time_us": round(tail_us, 3),
+        "rounds_per_warp": round(rounds, 3),
         "critical_rounds": count.critical_rounds,
         "generations": generations,
         "bytes_in_flight": {
@@ -386,7 +429,7 @@ def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str,
         "estimate_us": {"overlapped": round(overlapped, 3), "serialized": round(serialized, 3)},
         "percent_of_bandwidth": {"overlapped": round(100 * times["bandwidth"] / overlapped, 1),
                                  "serialized": round(100 * times["bandwidth"] / serialized, 1)},
-        "verdict": verdict(times, tail, count, in_flight, gpu),
+        "verdict": verdict(times, tail_us, tail_note, rounds, in_flight, gpu, declared_tail=tail is not None),
     })
     return report
 
@@ -394,8 +437,9 @@ def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str,
 def evaluate_kernel(compiled: CompiledKernel, gpu: Gpu, *, resources: dict[str, dict] | None = None, seed: int = 0,
                     max_threads: int = MAX_COUNTED_THREADS, scalars: dict[str, int] | None = None) -> dict:
     """`evaluate` of a compiled kernel at `scalars` (default: its kind's example scalars, what
-    `ptxgen show` reports), on the kind's sample inputs. `resources` (arch -> registers /
-    shared_bytes) defaults to what the assembler reported for each cubin."""
+    `ptxgen show` reports), on the kind's sample inputs, with the kind's dependent tail there.
+    `resources` (arch -> registers / shared_bytes) defaults to what the assembler reported for
+    each cubin."""
     kind = compiled.definition
     scalars = kind.example_scalars() if scalars is None else scalars
     launch = compiled.launch(scalars, gpu.arch)
@@ -408,7 +452,20 @@ def evaluate_kernel(compiled: CompiledKernel, gpu: Gpu, *, resources: dict[str, 
     return {"scalars": scalars, **evaluate(compiled.variant(gpu.arch).ptx, compiled.name, launch,
                                            compiled.args(arrays, scalars), resources, kind.traffic(scalars).bytes,
                                            gpu, cubin=binary.cubin if binary is not None else None,
-                                           max_threads=max_threads)}
+                                           max_threads=max_threads, tail=kind.dependent_tail(scalars))}
+
+
+def issue_interval_cycles(threads_per_cta: int) -> int:
+    """Cycles between two instructions of one warp of a CTA running alone on its SM: a warp waits
+    DEPENDENT_ISSUE_CYCLES for the result it needs, and each scheduler issues one instruction a
+    cycle for all of the CTA's warps it holds."""
+    return max(DEPENDENT_ISSUE_CYCLES, math.ceil(math.ceil(threads_per_cta / 32) / SCHEDULERS_PER_SM))
+
+
+def dependent_tail_us(round_trips: int, serial_instructions: float, cycles_per_instruction: int, gpu: Gpu) -> float:
+    """A dependent tail's time: its round trips one after another at the GPU's latency, and the
+    instructions only the slowest warp executes at one every `cycles_per_instruction`."""
+    return round_trips * gpu.latency_ns * 1e-3 + serial_instructions * cycles_per_instruction / (gpu.clock_ghz * 1e3)
 
 
 def estimates(times: dict, tail: float, gpu: Gpu) -> tuple[float, float]:
@@ -418,22 +475,25 @@ def estimates(times: dict, tail: float, gpu: Gpu) -> tuple[float, float]:
     return max(times.values()) + fixed, sum(times.values()) + fixed
 
 
-def verdict(times: dict, tail: float, count: Count, in_flight: float, gpu: Gpu) -> str:
-    """One line naming the likely limiter and the range of bandwidth the model expects."""
+def verdict(times: dict, tail: float, tail_note: str, rounds: float, in_flight: float, gpu: Gpu,
+            declared_tail: bool = False) -> str:
+    """One line naming the likely limiter and the range of bandwidth the model expects. A kind's
+    declared dependent tail counts as latency against the issue time (its round trips left the
+    latency term)."""
     launch = gpu.launch_us or 0.0
     overlapped, serialized = estimates(times, tail, gpu)
     needed = gpu.bytes_in_flight_needed
-    tail_note = f" + tail {tail:.1f} us ({count.critical_rounds} rounds the slowest warp)" if tail else ""
+    tail_note = f" + tail {tail:.1f} us ({tail_note})" if tail else ""
     launch_note = f"launch {launch:.1f} us + " if gpu.launch_us is not None else "(launch cost not measured) "
     detail = (f"{100 * times['bandwidth'] / serialized:.0f}-{100 * times['bandwidth'] / overlapped:.0f}% of "
               f"{gpu.bandwidth_gbs:.0f} GB/s expected; {launch_note}bytes {times['bandwidth']:.1f} us + issue "
-              f"{times['issue']:.1f} us + latency {times['latency']:.1f} us ({count.rounds_per_warp:.1f} rounds a "
+              f"{times['issue']:.1f} us + latency {times['latency']:.1f} us ({rounds:.1f} rounds a "
               f"warp){tail_note}; {in_flight / 1024:.1f} KB in flight per SM vs {needed / 1024:.1f} KB needed")
     if times["bandwidth"] >= 0.75 * serialized:
         return f"bandwidth-bound: {detail}"
     if launch >= sum(times.values()) + tail:
         return f"launch-bound, the fixed cost of a launch is most of the time: {detail}"
-    if times["issue"] >= times["latency"]:
+    if times["issue"] >= times["latency"] + (tail if declared_tail else 0.0):
         return f"issue-bound, instructions per byte add to the bytes' time: {detail}"
     if in_flight < needed:
         return f"latency-bound, too few bytes in flight: {detail}"

@@ -69,6 +69,41 @@ class Traffic:
 
 
 @dataclass(frozen=True)
+class TailStep:
+    """One step of a DependentTail: `round_trips` global-memory round trips, each waiting for the
+    one before. `every_cta`: every CTA waits through it (else only the CTA that completes its
+    group, e.g. a merge). `returns_value`: the step waits for loads or a value-returning atomic,
+    which the performance model's load rounds already count; False for a wait they cannot see
+    (a release waiting for the CTA's stores to be acknowledged)."""
+
+    what: str
+    round_trips: int
+    every_cta: bool
+    returns_value: bool
+
+
+@dataclass(frozen=True)
+class DependentTail:
+    """Work a launch does only after its streamed bytes are consumed, one step after another up
+    to its end (a split-KV count-in and merge): neither the bytes nor other warps overlap it, so
+    the performance model adds it to both of its estimates. `group_ctas`: the CTAs whose last one
+    runs the final steps (the first `group_ctas` CTAs in x, y, z order form a group), so that the
+    model's interpreter sample holds a whole group."""
+
+    steps: tuple[TailStep, ...]
+    group_ctas: int
+
+    @property
+    def round_trips(self) -> int:
+        return sum(step.round_trips for step in self.steps)
+
+    @property
+    def counted_by_every_warp(self) -> int:
+        """Round trips of the tail that every warp's load rounds already hold."""
+        return sum(step.round_trips for step in self.steps if step.every_cta and step.returns_value)
+
+
+@dataclass(frozen=True)
 class Call:
     """One launch of a multi-kernel step (a fused kind's work done by the separate kinds).
 
@@ -151,6 +186,12 @@ class Kind:
         kernel's result with torch or a library on top of it and returns a tensor with the elements
         of the kind's first written parameter; bench times it on the kernel's stream and compares
         it with the float64 reference when that is cheap."""
+        return None
+
+    def dependent_tail(self, scalars: dict[str, int]) -> DependentTail | None:
+        """The launch's dependent tail at these scalars (see DependentTail), or None where the
+        launch ends when its streaming ends (the performance model then takes the slowest warp's
+        extra load rounds from the PTX alone)."""
         return None
 
     def separate_step(self, scalars: dict) -> tuple[list[Param], list[Call]] | None:

@@ -73,7 +73,7 @@ from ..dtypes import DTYPES, UNIT_ROUNDOFF, from_float, to_float64
 from ..errors import LaunchError
 from ..abi import maximum, minimum, scalar
 from ..hardware_errors import EX2_REL, MMA_SUM
-from .base import F32_TOLERANCE, Geometry, Kind, KernelConfig, Param, Traffic, ceil_div
+from .base import F32_TOLERANCE, DependentTail, Geometry, Kind, KernelConfig, Param, Traffic, ceil_div
 from .families.attention import LOG2E, SM_REGISTERS, AttentionPlan
 
 FloatDType = Literal["f32", "f16", "bf16"]
@@ -173,6 +173,12 @@ class IncrementalAttention(Kind):
             width = maximum(1, plan.split(minimum(scalar("seq_len"), self.config.max_seq_len))[1])
         return Geometry(grid=(width, self.config.num_kv_heads, 1), block=(plan.threads, 1, 1),
                         dynamic_shared=plan.shared_bytes)
+
+    def dependent_tail(self, scalars: dict[str, int]) -> DependentTail | None:
+        """The count-in and the last CTA's merge (AttentionPlan.count_in_tail) of a grid of several splits."""
+        active = self.splits(self.clamped_length(scalars))
+        nsplit = self.plan.max_splits if self.config.indirect_seq_len else max(1, active)
+        return self.plan.count_in_tail(nsplit, active)
 
     def launch_note(self) -> str:
         plan = self.plan

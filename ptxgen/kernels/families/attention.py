@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 from ...abi import Formula, maximum
 from ...dtypes import DTYPES
-from ..base import ceil_div, round_up
+from ..base import DependentTail, TailStep, ceil_div, round_up
 
 # Rows of an mma m16n8k16 A operand: a slice's query heads sit in rows 0..7 with their second
 # part (the low bits of q, or of the probabilities) in rows 8..15 of the same lanes.
@@ -296,6 +296,24 @@ class AttentionPlan:
         flight per thread; the main loop's registers are free by then)."""
         own = ceil_div(self.max_splits, self.split_lanes)
         return min(own, max(1, 16 // self.items_per_thread))
+
+    def count_in_tail(self, nsplit: int, active: int) -> DependentTail | None:
+        """attn_count_in's steps after a CTA's last key tile, with `nsplit` CTAs a KV head (the
+        grid's x) counting in and `active` of them holding keys; None for a lone split, which
+        writes `out` itself. Every CTA's partial stores must be acknowledged before the atomic's
+        release, the atomic returns the count, and the CTA that completes it then loads the
+        partials, splits_per_round a lane at once with split_lanes lanes an output: each a round
+        trip waiting for the one before, after every split is done."""
+        if nsplit < 2:
+            return None
+        per_round = self.splits_per_round * self.split_lanes
+        return DependentTail(steps=(
+            TailStep("the split's partial stores acknowledged (the count-in's release waits for them)", 1,
+                     every_cta=True, returns_value=False),
+            TailStep("the count-in atom.acq_rel.gpu on the KV head's counter", 1, every_cta=True, returns_value=True),
+            TailStep(f"the last CTA's loads of {active} partials, {per_round} a round", ceil_div(active, per_round),
+                     every_cta=False, returns_value=True),
+        ), group_ctas=nsplit)
 
     def split(self, length: Formula) -> tuple[Formula, Formula]:
         """(chunk, splits) for a clamped length: the rule attn_chunk and attn_active evaluate on the device
