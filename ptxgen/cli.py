@@ -228,7 +228,7 @@ def show(
     }
     if model and chosen.arch not in compiled.binaries:
         report["model"] = {"skipped": f"{chosen.name} is {chosen.arch}, which {spec.path} does not build"}
-    elif model and not kind.verify_scalars():
+    elif model and not kind.verify_scalars() and kind.model_scaling() is None:
         report["model"] = {"skipped": "too large to interpret: instructions not counted"}
     elif model:
         report["model"] = evaluate_kernel(compiled, chosen)

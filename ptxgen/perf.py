@@ -50,7 +50,7 @@ import math
 import re
 import subprocess
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -61,7 +61,7 @@ from .interp import launch as interpret
 from .interp.parser import TYPES, Addr, Imm, Neg, Pair, Reg, Vec, parse
 from .abi import Launch, round_up
 from .compiled import CompiledKernel
-from .kernels.base import DependentTail
+from .kernels.base import DependentTail, ModelScaling
 from .runner import prepare_arrays
 
 
@@ -210,7 +210,11 @@ def _reads_writes(ins) -> tuple[set, set]:
 def _loaded(ins) -> dict:
     """Global-load bytes this instruction puts in flight, by what a later wait is on: each
     destination register, or for cp.async (global to shared) a key of its own. An atomic that
-    returns a value is a round trip too (its bytes: the value)."""
+    returns a value is a round trip too (its bytes: the value). A relaxed, acquire or volatile
+    load is a poll of a synchronisation word (a grid barrier's generation), whose repetitions
+    follow the schedule rather than the work: not counted (a kind's DependentTail holds it)."""
+    if ins.base == "ld" and {"relaxed", "acquire", "volatile"} & set(ins.mods):
+        return {}
     if ins.base in ("ld", "atom") and "global" in ins.mods:
         size = next(TYPES[m][0] for m in reversed(ins.mods) if m in TYPES)
         return {reg: size for reg in _registers(ins.operands[0])}
@@ -301,13 +305,27 @@ class Count:
     critical_instructions: int
     ctas_run: int
     ctas: int
+    scaled: str = ""  # how the counts were extrapolated from smaller configs (Kind.model_scaling)
 
     @property
     def counted(self) -> str:
+        if self.scaled:
+            return self.scaled
         if self.ctas_run == self.ctas:
             return f"all {self.ctas} CTAs executed"
         return (f"CTAs 0..{self.ctas_run - 1} of {self.ctas} executed, counts scaled by {self.ctas}/{self.ctas_run} "
                 "(exact when the other CTAs repeat their work)")
+
+
+    def extrapolated(self, steps: list[tuple[Count, int]], note: str) -> Count:
+        """These counts plus `times` x (count - these) for each of `steps` (ModelScaling)."""
+        def total(name: str):
+            return getattr(self, name) + sum(times * (getattr(count, name) - getattr(self, name)) for count, times in steps)
+
+        summed = ("thread_instructions", "warp_instructions", "rounds_per_warp", "critical_rounds",
+                  "instructions_per_warp", "critical_instructions")
+        return replace(self, **{name: total(name) for name in summed}, scaled=note,
+                       outstanding_bytes=max([self.outstanding_bytes] + [count.outstanding_bytes for count, _ in steps]))
 
 
 def count_instructions(ptx: str, entry: str, launch: Launch, args: list,
@@ -360,17 +378,19 @@ def occupancy_per_arch(launch: Launch, cubins: dict[str, dict]) -> dict[str, Occ
 
 def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str, dict], traffic_bytes: int,
              gpu: Gpu, *, cubin: bytes | None = None, max_threads: int = MAX_COUNTED_THREADS,
-             tail: DependentTail | None = None) -> dict:
+             tail: DependentTail | None = None, count: Count | None = None) -> dict:
     """The model's report for one launch. `cubins`: arch -> resources as in the manifest
     (`registers`, `shared_bytes` = static shared); it must include the GPU's arch. With the
     GPU arch's `cubin` and nvdisasm installed, the report adds its SASS counts. `tail`: the
-    kind's DependentTail at this launch, if it has one."""
+    kind's DependentTail at this launch, if it has one. `count`: the launch's counts, made
+    elsewhere (scaled_count); else the interpreter runs it here."""
     if gpu.arch not in cubins:
         raise PtxgenError(f"--gpu {gpu.name} is {gpu.arch}, which the spec does not build "
                           f"(archs: {', '.join(cubins)})")
     threads = launch.threads_per_cta
     occupancies = occupancy_per_arch(launch, cubins)
-    count = count_instructions(ptx, entry, launch, args, max_threads, min_ctas=tail.group_ctas if tail else 1)
+    if count is None:
+        count = count_instructions(ptx, entry, launch, args, max_threads, min_ctas=tail.group_ctas if tail else 1)
     here = occupancies[gpu.arch]
     ctas = math.prod(launch.grid)
     report = {
@@ -437,7 +457,8 @@ def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str,
 def evaluate_kernel(compiled: CompiledKernel, gpu: Gpu, *, resources: dict[str, dict] | None = None, seed: int = 0,
                     max_threads: int = MAX_COUNTED_THREADS, scalars: dict[str, int] | None = None) -> dict:
     """`evaluate` of a compiled kernel at `scalars` (default: its kind's example scalars, what
-    `ptxgen show` reports), on the kind's sample inputs, with the kind's dependent tail there.
+    `ptxgen show` reports), on the kind's sample inputs, with the kind's dependent tail there;
+    a kind too large to interpret is counted at the smaller configs its model_scaling names.
     `resources` (arch -> registers / shared_bytes) defaults to what the assembler reported for
     each cubin."""
     kind = compiled.definition
@@ -445,14 +466,40 @@ def evaluate_kernel(compiled: CompiledKernel, gpu: Gpu, *, resources: dict[str, 
     launch = compiled.launch(scalars, gpu.arch)
     if launch.empty:
         return {"scalars": scalars, "verdict": "no CTAs at these scalars"}
-    arrays = prepare_arrays(compiled, kind.sample_inputs(np.random.default_rng(seed), scalars), scalars)
     if resources is None:
         resources = {arch: dict(binary.resources) for arch, binary in compiled.binaries.items()}
     binary = compiled.binaries.get(gpu.arch)
-    return {"scalars": scalars, **evaluate(compiled.variant(gpu.arch).ptx, compiled.name, launch,
-                                           compiled.args(arrays, scalars), resources, kind.traffic(scalars).bytes,
-                                           gpu, cubin=binary.cubin if binary is not None else None,
-                                           max_threads=max_threads, tail=kind.dependent_tail(scalars))}
+    scaling = kind.model_scaling()
+    if scaling is None:
+        count, args = None, sample_args(compiled, scalars, seed)
+    else:
+        count, args = scaled_count(scaling, gpu.arch, scalars, seed, max_threads), []
+    return {"scalars": scalars, **evaluate(compiled.variant(gpu.arch).ptx, compiled.name, launch, args, resources,
+                                           kind.traffic(scalars).bytes, gpu,
+                                           cubin=binary.cubin if binary is not None else None,
+                                           max_threads=max_threads, tail=kind.dependent_tail(scalars), count=count)}
+
+
+def sample_args(compiled: CompiledKernel, scalars: dict[str, int], seed: int) -> list:
+    """The launch arguments of the kind's sample inputs at `scalars`."""
+    arrays = prepare_arrays(compiled, compiled.definition.sample_inputs(np.random.default_rng(seed), scalars), scalars)
+    return compiled.args(arrays, scalars)
+
+
+def scaled_count(scaling: ModelScaling, arch: str, scalars: dict[str, int], seed: int, max_threads: int) -> Count:
+    """The counts ModelScaling describes: its configs' launches interpreted at `scalars` and
+    extrapolated (Count.extrapolated)."""
+    from .pipeline import compile_kernel
+
+    def counted(config) -> Count:
+        compiled = compile_kernel(config, (arch,), until="ptx")
+        tail = compiled.definition.dependent_tail(scalars)
+        return count_instructions(compiled.variant(arch).ptx, compiled.name, compiled.launch(scalars, arch),
+                                  sample_args(compiled, scalars, seed), max_threads,
+                                  min_ctas=tail.group_ctas if tail else 1)
+
+    return counted(scaling.base).extrapolated([(counted(config), times) for config, times in scaling.steps],
+                                              scaling.note)
 
 
 def issue_interval_cycles(threads_per_cta: int) -> int:

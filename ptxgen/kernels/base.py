@@ -85,8 +85,9 @@ class TailStep:
 @dataclass(frozen=True)
 class DependentTail:
     """Work a launch does only after its streamed bytes are consumed, one step after another up
-    to its end (a split-KV count-in and merge): neither the bytes nor other warps overlap it, so
-    the performance model adds it to both of its estimates. `group_ctas`: the CTAs whose last one
+    to its end (a split-KV count-in and merge), or between the phases of a persistent kernel (its
+    grid barriers): neither the bytes nor other warps overlap it, so the performance model adds
+    it to both of its estimates. `group_ctas`: the CTAs whose last one
     runs the final steps (the first `group_ctas` CTAs in x, y, z order form a group), so that the
     model's interpreter sample holds a whole group."""
 
@@ -101,6 +102,19 @@ class DependentTail:
     def counted_by_every_warp(self) -> int:
         """Round trips of the tail that every warp's load rounds already hold."""
         return sum(step.round_trips for step in self.steps if step.every_cta and step.returns_value)
+
+
+@dataclass(frozen=True)
+class ModelScaling:
+    """How the performance model counts a launch too large to interpret, from smaller configs of
+    the same kind that repeat its work: the counts of `base`, plus for each (config, times) of
+    `steps` `times` the difference between that config's counts and base's (a persistent
+    decoder: one layer, plus one two-layer config per distinct kind of later layer). `note` says
+    what was counted."""
+
+    base: object  # a KernelConfig
+    steps: tuple[tuple[object, int], ...]
+    note: str
 
 
 @dataclass(frozen=True)
@@ -192,6 +206,11 @@ class Kind:
         """The launch's dependent tail at these scalars (see DependentTail), or None where the
         launch ends when its streaming ends (the performance model then takes the slowest warp's
         extra load rounds from the PTX alone)."""
+        return None
+
+    def model_scaling(self) -> ModelScaling | None:
+        """For a config the interpreter cannot run whole (its weights too many): the smaller
+        configs the performance model counts instead (ModelScaling); None: count this one."""
         return None
 
     def separate_step(self, scalars: dict) -> tuple[list[Param], list[Call]] | None:

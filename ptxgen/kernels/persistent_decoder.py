@@ -91,7 +91,8 @@ from ..dtypes import DTYPES, UNIT_ROUNDOFF, from_float, to_float64
 from ..errors import LaunchError, PtxgenError
 from ..q4k import BLOCK_WEIGHTS, row_bytes
 from ..quants import GEMV_KINDS, NORMED_GROUP_KINDS, quant_type
-from .base import Call, Geometry, Kind, KernelConfig, Param, Traffic, ceil_div, list_as_tuple
+from .base import (Call, DependentTail, Geometry, Kind, KernelConfig, ModelScaling, Param, TailStep, Traffic,
+                   ceil_div, list_as_tuple)
 from .families.attention import MAX_HEADS_PER_SLICE, AttentionPlan
 from .families.quant_gemv import STEP_BLOCKS, QuantGemvPlan, dequantize_x
 from .fused_rmsnorm_q4k_gemv import normed_activations
@@ -131,6 +132,9 @@ MAX_UNROLL = {"q4_k": 4, "q6_k": 1, "q8_0": 2}
 # at most 8 MB of shared memory per wave and a grid barrier needs the whole grid in one wave, so
 # 128 CTAs (the tiny configs' grid) leave each about 64 KB.
 ATTENTION_RING = 40 * 1024
+# The performance model counts a larger decoder from one and two layers (model_scaling) up to this
+# many bytes of weights a layer (Qwen3-8B's 126 MB: about 7 and 10 s on a 2-core machine).
+MAX_MODEL_LAYER_BYTES = 256 << 20
 # `ptxgen verify` runs a config only up to this many bytes of Q4_K weights (a Qwen3-8B stack
 # is 4.7 GB: no runtime size makes it small, so it is assemble-only).
 MAX_VERIFY_WEIGHTS = 64 << 20
@@ -610,8 +614,48 @@ class PersistentDecoder(Kind):
         last = self.config.max_seq_len - 1
         return [{"pos": p} for p in dict.fromkeys((0, min(1, last), last // 2, last))]
 
+    def model_scaling(self) -> ModelScaling | None:
+        """Layers are the same code over other weights: a decoder too large to interpret is
+        counted as its first layer, plus for each distinct tuple of later layers' types the
+        difference that one such layer makes after the first (a two-layer config), times the
+        layers of that tuple. None where the whole config is interpreted, or where one layer
+        exceeds MAX_MODEL_LAYER_BYTES."""
+        c = self.config
+        if self.weight_bytes() <= MAX_VERIFY_WEIGHTS or self.weight_bytes() / c.num_layers > MAX_MODEL_LAYER_BYTES:
+            return None
+        from . import config_from_json
+
+        def layers(*picked: int):
+            quants = {weight: [types[l] for l in picked] for weight, types in c.weight_quants.items()}
+            return config_from_json({**c.model_dump(), "num_layers": len(picked), "weight_quants": quants})
+
+        signatures: dict[tuple[str, ...], list[int]] = {}
+        for layer in range(1, c.num_layers):
+            signatures.setdefault(tuple(layer_quants(c, w)[layer] for w in WEIGHTS), []).append(layer)
+        steps = tuple((layers(0, later[0]), len(later)) for later in signatures.values())
+        return ModelScaling(layers(0), steps, f"1 layer and {len(steps)} two-layer config(s) interpreted (all CTAs), "
+                                               f"extrapolated to {c.num_layers} layers")
+
     def device_pos(self, arrays, scalars) -> int:
         return int(arrays["pos_ptr"][0]) if self.config.indirect_pos else int(scalars["pos"])
+
+    def dependent_tail(self, scalars) -> DependentTail:
+        """The serial steps of a launch at pos (see grid_barrier in the template): at each of its
+        5 * num_layers - 1 grid barriers, the last CTA to arrive waits for its stores to be
+        acknowledged (fence.acq_rel), its arrival atomic, its fence before the new generation,
+        and a waiter's poll that sees it: 4 round trips no CTA overlaps; and each layer's split-KV
+        count-in and merge (AttentionPlan.count_in_tail). The atomics and loads among them are
+        one thread's here, so the load rounds of the mean warp hold only a fraction of them
+        (returns_value False: nothing is taken back out of those rounds)."""
+        c = self.config
+        barriers = PHASE_BARRIERS * c.num_layers - 1
+        steps = [TailStep(f"{barriers} grid barriers x (a fence, the arrival atomic, the last arriver's fence, "
+                          "the poll that sees the new generation)", 4 * barriers, every_cta=True, returns_value=False)]
+        _, splits = self.attention.split(min(int(scalars.get("pos", 0)), c.max_seq_len - 1) + 1)
+        count_in = self.attention.count_in_tail(splits, splits)
+        steps += [TailStep(f"{c.num_layers} layers x {step.what}", c.num_layers * step.round_trips, step.every_cta,
+                           returns_value=False) for step in (count_in.steps if count_in else ())]
+        return DependentTail(tuple(steps), group_ctas=1)
 
     def check_arrays(self, arrays, scalars) -> None:
         if self.config.indirect_pos:

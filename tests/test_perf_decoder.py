@@ -1,0 +1,71 @@
+"""The performance model of the persistent decoder: its serial steps (grid barriers, each layer's
+split-KV count-in: PersistentDecoder.dependent_tail) worked out by hand, and the counts of a
+decoder too large to interpret extrapolated from one and two layers (model_scaling,
+Count.extrapolated), checked against the counts of a decoder the interpreter runs whole."""
+
+from __future__ import annotations
+
+import pytest
+
+from ptxgen import perf
+from ptxgen.generate import more_bits
+from ptxgen.kernels import kind_of, persistent_decoder
+from ptxgen.pipeline import compile_kernel
+
+from helpers import make_config
+from test_persistent_decoder import MIXED_THREE_LAYERS, QWEN3_8B, TINY
+
+GPU = perf.gpu_named("h100-sxm")
+
+
+def test_serial_steps_of_a_decode_step():
+    """Qwen3-8B at pos 4095: 5 x 36 - 1 = 179 barriers of 4 round trips, and per layer the
+    count-in's release and atomic and the merge's partial loads (16 splits at 4096 keys, read
+    in one round)."""
+    kind = kind_of(make_config("persistent_decoder", name="pd", **QWEN3_8B))
+    tail = kind.dependent_tail({"pos": 4095})
+    _, splits = kind.attention.split(4096)
+    merge_rounds = -(-splits // (kind.attention.splits_per_round * kind.attention.split_lanes))
+    assert tail.round_trips == 4 * 179 + 36 * (1 + 1 + merge_rounds)
+    assert not tail.counted_by_every_warp, "one thread's atomics: nothing taken out of the mean warp's rounds"
+    one = kind_of(make_config("persistent_decoder", name="pd", **{**QWEN3_8B, "num_layers": 1})).dependent_tail({"pos": 0})
+    assert one.round_trips == 4 * 4, "one key: a lone split, no count-in; the last layer's final barrier is skipped"
+
+
+def test_model_scaling_counts_one_layer_and_each_kind_of_later_layer():
+    layers = QWEN3_8B["num_layers"]
+    q4_k_m = tuple("q6_k" if more_bits(layer, layers) else "q4_k" for layer in range(layers))
+    kind = kind_of(make_config("persistent_decoder", name="pd", **QWEN3_8B, weight_quants={"wv": q4_k_m,
+                                                                                          "w_down": q4_k_m}))
+    scaling = kind.model_scaling()
+    assert scaling.base.num_layers == 1 and scaling.base.weight_quants["wv"] == ("q6_k",)
+    assert [(config.num_layers, config.weight_quants["wv"], times) for config, times in scaling.steps] == [
+        (2, ("q6_k", "q6_k"), q4_k_m[1:].count("q6_k")), (2, ("q6_k", "q4_k"), q4_k_m[1:].count("q4_k"))]
+    assert kind_of(make_config("persistent_decoder", name="pd", **TINY, num_layers=3)).model_scaling() is None
+
+
+@pytest.mark.parametrize("weight_quants", [{}, MIXED_THREE_LAYERS], ids=("q4_k", "mixed"))
+def test_extrapolated_counts_match_the_whole_launch(monkeypatch, weight_quants):
+    """A three-layer decoder counted whole and from its first layer plus one two-layer config a
+    kind of later layer: the same instructions and rounds (to 1%), bytes in flight, tail (to 5%)."""
+    config = make_config("persistent_decoder", name="pd", **TINY, num_layers=3, weight_quants=weight_quants)
+    compiled = compile_kernel(config, ("sm_90",))
+    whole = perf.evaluate_kernel(compiled, GPU)
+    monkeypatch.setattr(persistent_decoder, "MAX_VERIFY_WEIGHTS", 0)
+    scaled = perf.evaluate_kernel(compiled, GPU)
+    assert scaled["counted"].startswith("1 layer and") and whole["counted"].startswith("all")
+    for key in ("thread_instructions", "warp_instructions", "rounds_per_warp"):
+        assert scaled[key] == pytest.approx(whole[key], rel=0.01), key
+    assert scaled["bytes_in_flight"] == whole["bytes_in_flight"]
+    # The tail's serial instructions are the slowest warp's excess, which a layer need not add
+    # the same way each time: within 5%.
+    assert scaled["tail_time_us"] == pytest.approx(whole["tail_time_us"], rel=0.05)
+
+
+def test_count_extrapolation_by_hand():
+    base = perf.Count(100, 10, 2.0, 3, 48, 5.0, 6, 4, 4)
+    later = perf.Count(150, 15, 3.5, 5, 64, 7.0, 9, 4, 4)
+    total = base.extrapolated([(later, 3)], "note")
+    assert (total.thread_instructions, total.warp_instructions, total.rounds_per_warp, total.critical_rounds,
+            total.instructions_per_warp, total.critical_instructions) == (250, 25, 6.5, 9, 11.0, 15)
+    assert total.outstanding_bytes == 64 and total.counted == "note"
