@@ -30,8 +30,14 @@ The time model has three terms, all in microseconds:
   the launch with most SMs empty; the tail here is 2.2 us for that row (2.4 us at 1.47 GHz). It
   does not explain the recorded decode attention below 8k keys (and with 3-4 ring stages at 8k),
   1.6-3.8 us above the serialized estimate: not modelled (bench/model_check.py lists those rows).
+  A persistent decoder declares its grid barriers (4 round trips each: a fence, the arrival
+  atomic, the last arriver's fence, the poll that sees the new generation) and each layer's
+  count-in; polls of synchronisation words (relaxed, acquire or volatile loads) are not load
+  rounds, since how often a spinning thread polls follows the schedule, not the work.
   Without a declared tail, the tail is the rounds only some warps wait through, from the PTX
   alone: (critical rounds - mean rounds) x latency.
+A kind too large to interpret is counted at smaller configs that repeat its work and
+extrapolated (Kind.model_scaling: a persistent decoder's one layer and two-layer configs).
 If the warps of an SM overlap perfectly, the time is the largest of the first three terms plus
 the tail ("overlapped"); if they issue their loads together, wait together and compute
 together (a CTA barrier, or few rounds per warp, keeps them in step), the terms add
