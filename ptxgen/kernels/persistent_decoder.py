@@ -81,6 +81,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import groupby
 from typing import Annotated, Literal, get_args
 
@@ -467,20 +468,20 @@ class PersistentDecoder(Kind):
                 stack = None if param == weight else runs_of([l for l in range(c.num_layers) if own[l] == quant])
                 pointers.append(StackPointer(REGISTERS[weight], param,
                                              shapes[weight][0] * quant_type(quant).row_bytes(k), stack))
-            # Row ranges of one type each, in row order (gate/up: a task is gate row i and up row i).
+            # (type, first task, end task, rows of each matrix) of each run of one type, in row
+            # order (gate/up: one run, a task is gate row i and up row i).
             if phase == "gate_up":
-                spans = [(types[0], 0, c.intermediate)]
+                spans = [(types[0], 0, c.intermediate, c.intermediate)]
             else:
                 spans, row = [], 0
                 for quant, run in groupby(zip(types, (shapes[w][0] for w in weights)), key=lambda pair: pair[0]):
                     rows = sum(n for _, n in run)
-                    spans.append((quant, row // ROWS_PER_TASK, (row + rows) // ROWS_PER_TASK))
+                    spans.append((quant, row // ROWS_PER_TASK, (row + rows) // ROWS_PER_TASK, rows))
                     row += rows
             offsets: dict[str, int] = {}  # type -> the byte offset of its staged x
             staged = 0
             segments = []
-            for quant, first, end in spans:
-                rows = c.intermediate if phase == "gate_up" else (end - first) * ROWS_PER_TASK
+            for quant, first, end, rows in spans:
                 plan = gemv_plan(rows, k, c.gemv_unroll, quant)
                 if quant not in offsets:
                     offsets[quant], staged = staged, staged + plan.x_bytes
@@ -488,7 +489,7 @@ class PersistentDecoder(Kind):
             variants.append(PhaseVariant(runs_of(layers), tuple(pointers), tuple(segments)))
         return tuple(variants)
 
-    @property
+    @cached_property
     def variants(self) -> dict[str, tuple[PhaseVariant, ...]]:
         return {phase: self.phase_variants(phase) for phase in PHASES}
 
