@@ -58,12 +58,19 @@ def check_supported(config: ModelConfig, fused: bool = False) -> None:
             raise PtxgenError(f"{config.name}: tensor {matrix.name!r} is {matrix.quant.upper()}; ptxgen generate has "
                               f"no GEMV kernel of that type (supported: {', '.join(q.upper() for q in GEMV_KINDS)})")
     if fused:
-        from .kernels import config_from_json, kind_of
-        from .specgen import decoder_kernel, model_prefix
+        from .kernels import kind_of
 
-        refusal = kind_of(config_from_json(decoder_kernel(config, model_prefix(config.name), 1))).unbuildable()
+        refusal = kind_of(decoder_config(config, 1)).unbuildable()
         if refusal:
             raise PtxgenError(f"--fused: {refusal}")
+
+
+def decoder_config(config: ModelConfig, max_seq_len: int):
+    """The model's persistent_decoder config, as its spec writes it (with each layer's types)."""
+    from .kernels import config_from_json
+    from .specgen import decoder_kernel, model_prefix
+
+    return config_from_json(decoder_kernel(config, model_prefix(config.name), max_seq_len))
 
 
 @dataclass(frozen=True)
@@ -80,9 +87,8 @@ def step_kernels(config: ModelConfig, max_seq_len: int) -> StepKernels:
     """The step's kernels from the spec `ptxgen spec from-gguf` writes for this model."""
     import tomllib
 
-    from .kernels import config_from_json
     from .spec import validate
-    from .specgen import decoder_kernel, model_prefix, spec_text
+    from .specgen import spec_text
 
     source = f"{config.name} (generated spec)"
     spec = validate(Path(source), tomllib.loads(spec_text(config, source, max_seq_len)))
@@ -90,8 +96,7 @@ def step_kernels(config: ModelConfig, max_seq_len: int) -> StepKernels:
     lm_head = next(k for k in spec.kernels if k.kind == GEMV_KINDS[head.quant] and (k.n, k.k) == (head.rows, head.k))
     # The spec leaves out a decoder it cannot build (ffn_gate and ffn_up of different types in a
     # layer): its separate step is still the layers' plan.
-    decoder = config_from_json(decoder_kernel(config, model_prefix(config.name), max_seq_len))
-    return StepKernels(decoder, spec.find("rmsnorm"), lm_head, spec.find("argmax"))
+    return StepKernels(decoder_config(config, max_seq_len), spec.find("rmsnorm"), lm_head, spec.find("argmax"))
 
 
 # --- where the buffers live ------------------------------------------------------------------------
