@@ -476,33 +476,31 @@ def evaluate_kernel(compiled: CompiledKernel, gpu: Gpu, *, resources: dict[str, 
         resources = {arch: dict(binary.resources) for arch, binary in compiled.binaries.items()}
     binary = compiled.binaries.get(gpu.arch)
     scaling = kind.model_scaling()
-    if scaling is None:
-        count, args = None, sample_args(compiled, scalars, seed)
-    else:
-        count, args = scaled_count(scaling, gpu.arch, scalars, seed, max_threads), []
-    return {"scalars": scalars, **evaluate(compiled.variant(gpu.arch).ptx, compiled.name, launch, args, resources,
+    count = (launch_count(compiled, gpu.arch, scalars, seed, max_threads) if scaling is None
+             else scaled_count(scaling, gpu.arch, scalars, seed, max_threads))
+    return {"scalars": scalars, **evaluate(compiled.variant(gpu.arch).ptx, compiled.name, launch, [], resources,
                                            kind.traffic(scalars).bytes, gpu,
                                            cubin=binary.cubin if binary is not None else None,
                                            max_threads=max_threads, tail=kind.dependent_tail(scalars), count=count)}
 
 
-def sample_args(compiled: CompiledKernel, scalars: dict[str, int], seed: int) -> list:
-    """The launch arguments of the kind's sample inputs at `scalars`."""
-    arrays = prepare_arrays(compiled, compiled.definition.sample_inputs(np.random.default_rng(seed), scalars), scalars)
-    return compiled.args(arrays, scalars)
+def launch_count(compiled: CompiledKernel, arch: str, scalars: dict[str, int], seed: int, max_threads: int) -> Count:
+    """count_instructions of a compiled kernel's launch at `scalars` on its kind's sample inputs
+    (the sample holding a whole group of its DependentTail's CTAs)."""
+    kind = compiled.definition
+    tail = kind.dependent_tail(scalars)
+    arrays = prepare_arrays(compiled, kind.sample_inputs(np.random.default_rng(seed), scalars), scalars)
+    return count_instructions(compiled.variant(arch).ptx, compiled.name, compiled.launch(scalars, arch),
+                              compiled.args(arrays, scalars), max_threads, min_ctas=tail.group_ctas if tail else 1)
 
 
 def scaled_count(scaling: ModelScaling, arch: str, scalars: dict[str, int], seed: int, max_threads: int) -> Count:
-    """The counts ModelScaling describes: its configs' launches interpreted at `scalars` and
-    extrapolated (Count.extrapolated)."""
+    """The counts ModelScaling describes: its configs' launches counted at `scalars` (launch_count)
+    and extrapolated (Count.extrapolated)."""
     from .pipeline import compile_kernel
 
     def counted(config) -> Count:
-        compiled = compile_kernel(config, (arch,), until="ptx")
-        tail = compiled.definition.dependent_tail(scalars)
-        return count_instructions(compiled.variant(arch).ptx, compiled.name, compiled.launch(scalars, arch),
-                                  sample_args(compiled, scalars, seed), max_threads,
-                                  min_ctas=tail.group_ctas if tail else 1)
+        return launch_count(compile_kernel(config, (arch,), until="ptx"), arch, scalars, seed, max_threads)
 
     return counted(scaling.base).extrapolated([(counted(config), times) for config, times in scaling.steps],
                                               scaling.note)
