@@ -30,10 +30,13 @@ The time model has three terms, all in microseconds:
   the launch with most SMs empty; the tail here is 2.2 us for that row (2.4 us at 1.47 GHz). It
   does not explain the recorded decode attention below 8k keys (and with 3-4 ring stages at 8k),
   1.6-3.8 us above the serialized estimate: not modelled (bench/model_check.py lists those rows).
-  A persistent decoder declares its grid barriers (4 round trips each: a fence, the arrival
-  atomic, the last arriver's fence, the poll that sees the new generation) and each layer's
-  count-in; polls of synchronisation words (relaxed, acquire or volatile loads) are not load
-  rounds, since how often a spinning thread polls follows the schedule, not the work.
+  A persistent decoder declares its grid barriers (2 round trips each: the last arrival's
+  fence, its add reaching the word and a waiter's poll) and each layer's count-in; polls of
+  synchronisation words (relaxed, acquire or volatile loads) are not load rounds, since how
+  often a spinning thread polls follows the schedule, not the work. Loads a step has in flight
+  (TailStep.overlapped_bytes: the decoder's next phase's first weights, issued before the
+  barrier's wait) stream while it runs: their time, up to the step's round trips, leaves the
+  bandwidth term, and their load rounds (overlapped_rounds) leave the latency term.
   Without a declared tail, the tail is the rounds only some warps wait through, from the PTX
   alone: (critical rounds - mean rounds) x latency.
 A kind too large to interpret is counted at smaller configs that repeat its work and
@@ -422,24 +425,30 @@ def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str,
         rounds = count.rounds_per_warp
         tail_us = (count.critical_rounds - rounds) * gpu.latency_ns * 1e-3
         tail_note = f"{count.critical_rounds} rounds the slowest warp"
+        streamed_us = 0.0
     else:
         rounds = count.rounds_per_warp - tail.counted_by_every_warp  # the tail's own rounds come after
         serial = count.critical_instructions - count.instructions_per_warp
         cycles = issue_interval_cycles(threads)
         tail_us = dependent_tail_us(tail.round_trips, serial, cycles, gpu)
+        streamed_us = tail_streamed_us(tail, gpu)
         tail_note = (f"{tail.round_trips} dependent round trips + {serial:.0f} serial instructions at "
-                     f"{cycles} cycles, after the stream")
+                     f"{cycles} cycles, after the stream" + (f", {streamed_us:.1f} us of bytes streamed through "
+                                                             "them" if streamed_us else ""))
         report["dependent_tail"] = {"steps": [asdict(step) for step in tail.steps], "round_trips": tail.round_trips,
-                                    "serial_instructions": round(serial, 1), "cycles_per_instruction": cycles}
+                                    "serial_instructions": round(serial, 1), "cycles_per_instruction": cycles,
+                                    "streamed_us": round(streamed_us, 3)}
+    floor = bandwidth_floor_us(traffic_bytes, gpu)
     times = {
-        "bandwidth": bandwidth_floor_us(traffic_bytes, gpu),
+        # What the tail streams (loads in flight through its round trips) leaves the bytes' time.
+        "bandwidth": floor - streamed_us,
         "issue": issue_time_us(count.warp_instructions, gpu),
         "latency": generations * rounds * gpu.latency_ns * 1e-3,
     }
     overlapped, serialized = estimates(times, tail_us, gpu)
     report.update({
         "launch_us": gpu.launch_us,
-        "bandwidth_floor_us": round(times["bandwidth"], 3),
+        "bandwidth_floor_us": round(floor, 3),
         "issue_time_us": round(times["issue"], 3),
         "latency_time_us": round(times["latency"], 3),
         "tail_time_us": round(tail_us, 3),
@@ -453,9 +462,9 @@ def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str,
             "needed_per_sm": round(gpu.bytes_in_flight_needed),
         },
         "estimate_us": {"overlapped": round(overlapped, 3), "serialized": round(serialized, 3)},
-        "percent_of_bandwidth": {"overlapped": round(100 * times["bandwidth"] / overlapped, 1),
-                                 "serialized": round(100 * times["bandwidth"] / serialized, 1)},
-        "verdict": verdict(times, tail_us, tail_note, rounds, in_flight, gpu, declared_tail=tail is not None),
+        "percent_of_bandwidth": {"overlapped": round(100 * floor / overlapped, 1),
+                                 "serialized": round(100 * floor / serialized, 1)},
+        "verdict": verdict(times, floor, tail_us, tail_note, rounds, in_flight, gpu, declared_tail=tail is not None),
     })
     return report
 
@@ -519,6 +528,13 @@ def dependent_tail_us(round_trips: int, serial_instructions: float, cycles_per_i
     return round_trips * gpu.latency_ns * 1e-3 + serial_instructions * cycles_per_instruction / (gpu.clock_ghz * 1e3)
 
 
+def tail_streamed_us(tail: DependentTail, gpu: Gpu) -> float:
+    """The bytes' time a tail's steps stream while they run: each step's overlapped bytes at the
+    GPU's bandwidth, up to the step's round trips at its latency."""
+    return sum(min(step.round_trips * gpu.latency_ns * 1e-3, bandwidth_floor_us(step.overlapped_bytes, gpu))
+               for step in tail.steps)
+
+
 def estimates(times: dict, tail: float, gpu: Gpu) -> tuple[float, float]:
     """(overlapped, serialized) time in us: the largest term or their sum, plus the tail and the
     GPU's launch cost (0 where not measured)."""
@@ -526,17 +542,18 @@ def estimates(times: dict, tail: float, gpu: Gpu) -> tuple[float, float]:
     return max(times.values()) + fixed, sum(times.values()) + fixed
 
 
-def verdict(times: dict, tail: float, tail_note: str, rounds: float, in_flight: float, gpu: Gpu,
+def verdict(times: dict, floor: float, tail: float, tail_note: str, rounds: float, in_flight: float, gpu: Gpu,
             declared_tail: bool = False) -> str:
-    """One line naming the likely limiter and the range of bandwidth the model expects. A kind's
-    declared dependent tail counts as latency against the issue time (its round trips left the
-    latency term)."""
+    """One line naming the likely limiter and the range of bandwidth the model expects (`floor`:
+    the bytes' time at full bandwidth, beside the bandwidth term, which is less what the tail
+    streamed). A kind's declared dependent tail counts as latency against the issue time (its
+    round trips left the latency term)."""
     launch = gpu.launch_us or 0.0
     overlapped, serialized = estimates(times, tail, gpu)
     needed = gpu.bytes_in_flight_needed
     tail_note = f" + tail {tail:.1f} us ({tail_note})" if tail else ""
     launch_note = f"launch {launch:.1f} us + " if gpu.launch_us is not None else "(launch cost not measured) "
-    detail = (f"{100 * times['bandwidth'] / serialized:.0f}-{100 * times['bandwidth'] / overlapped:.0f}% of "
+    detail = (f"{100 * floor / serialized:.0f}-{100 * floor / overlapped:.0f}% of "
               f"{gpu.bandwidth_gbs:.0f} GB/s expected; {launch_note}bytes {times['bandwidth']:.1f} us + issue "
               f"{times['issue']:.1f} us + latency {times['latency']:.1f} us ({rounds:.1f} rounds a "
               f"warp){tail_note}; {in_flight / 1024:.1f} KB in flight per SM vs {needed / 1024:.1f} KB needed")

@@ -10,6 +10,7 @@ import pytest
 from ptxgen import perf
 from ptxgen.generate import more_bits
 from ptxgen.kernels import kind_of, persistent_decoder
+from ptxgen.kernels.base import DependentTail, TailStep
 from ptxgen.pipeline import compile_kernel
 
 from helpers import make_config
@@ -19,17 +20,32 @@ GPU = perf.gpu_named("h100-sxm")
 
 
 def test_serial_steps_of_a_decode_step():
-    """Qwen3-8B at pos 4095: 5 x 36 - 1 = 179 barriers of 4 round trips, and per layer the
-    count-in's release and atomic and the merge's partial loads (16 splits at 4096 keys, read
-    in one round)."""
+    """Qwen3-8B at pos 4095: 5 x 36 - 1 = 179 barriers of 2 round trips; before the 143 of them
+    that precede a GEMV phase (all but attention's, and no wait before the first layer's A) all
+    1056 warps have 4 row-steps of Q4_K weights (8 blocks of 144 bytes each) in flight, one load
+    round each; per layer the count-in's release and atomic and the merge's partial loads (16
+    splits at 4096 keys, read in one round)."""
     kind = kind_of(make_config("persistent_decoder", name="pd", **QWEN3_8B))
     tail = kind.dependent_tail({"pos": 4095})
     _, splits = kind.attention.split(4096)
     merge_rounds = -(-splits // (kind.attention.splits_per_round * kind.attention.split_lanes))
-    assert tail.round_trips == 4 * 179 + 36 * (1 + 1 + merge_rounds)
-    assert not tail.counted_by_every_warp, "one thread's atomics: nothing taken out of the mean warp's rounds"
+    assert tail.round_trips == 2 * 179 + 36 * (1 + 1 + merge_rounds)
+    early = 132 * 8 * 4 * 8 * 144
+    assert [(step.round_trips, step.overlapped_bytes) for step in tail.steps[:5]] == [
+        (2 * 36, 0), (2 * 35, 35 * early), (2 * 36, 36 * early), (2 * 36, 36 * early), (2 * 36, 36 * early)]
+    assert tail.counted_by_every_warp == 143, "one early round a warp a barrier; one thread's atomics are not taken"
+    # Each barrier streams its round trips' worth of those bytes (4.9 MB would take 1.6 us).
+    assert perf.tail_streamed_us(tail, GPU) == pytest.approx(143 * 2 * GPU.latency_ns * 1e-3)
     one = kind_of(make_config("persistent_decoder", name="pd", **{**QWEN3_8B, "num_layers": 1})).dependent_tail({"pos": 0})
-    assert one.round_trips == 4 * 4, "one key: a lone split, no count-in; the last layer's final barrier is skipped"
+    assert one.round_trips == 2 * 4, "one key: a lone split, no count-in; the last layer's final barrier is skipped"
+
+
+def test_a_tail_streams_what_is_in_flight_up_to_its_round_trips():
+    """Bytes in flight through a step count against its round trips' time, never more."""
+    few = TailStep("a barrier with 1 MB in flight", 2, every_cta=True, returns_value=False, overlapped_bytes=10**6)
+    many = TailStep("a barrier with 10 MB in flight", 2, every_cta=True, returns_value=False, overlapped_bytes=10**7)
+    tail = DependentTail((few, many), group_ctas=1)
+    assert perf.tail_streamed_us(tail, GPU) == pytest.approx(10**6 / (GPU.bandwidth_gbs * 1e3) + 2 * GPU.latency_ns * 1e-3)
 
 
 def test_model_scaling_counts_one_layer_and_each_kind_of_later_layer():

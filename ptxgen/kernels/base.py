@@ -74,12 +74,18 @@ class TailStep:
     one before. `every_cta`: every CTA waits through it (else only the CTA that completes its
     group, e.g. a merge). `returns_value`: the step waits for loads or a value-returning atomic,
     which the performance model's load rounds already count; False for a wait they cannot see
-    (a release waiting for the CTA's stores to be acknowledged)."""
+    (a release waiting for the CTA's stores to be acknowledged). `overlapped_bytes`: loads
+    issued before the step and still in flight through it (a persistent kernel's next phase's
+    first weights, issued before a grid barrier's wait), streamed while its round trips run;
+    `overlapped_rounds`: the load rounds of the mean warp that they are, waited through during
+    the step rather than after it."""
 
     what: str
     round_trips: int
     every_cta: bool
     returns_value: bool
+    overlapped_bytes: int = 0
+    overlapped_rounds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -99,9 +105,11 @@ class DependentTail:
         return sum(step.round_trips for step in self.steps)
 
     @property
-    def counted_by_every_warp(self) -> int:
-        """Round trips of the tail that every warp's load rounds already hold."""
-        return sum(step.round_trips for step in self.steps if step.every_cta and step.returns_value)
+    def counted_by_every_warp(self) -> float:
+        """Load rounds of the mean warp that the tail's steps already hold: their own (round trips
+        that return a value, where every CTA waits through them) and those in flight through them."""
+        return sum((step.round_trips if step.every_cta and step.returns_value else 0) + step.overlapped_rounds
+                   for step in self.steps)
 
 
 @dataclass(frozen=True)

@@ -43,16 +43,21 @@ Everything one CTA reads after another CTA wrote it in this launch (x, the works
 cache row) is loaded with ld.global.cg or a plain ld.global, never through the non-coherent
 path (.nc is kept for weights, norms and pos_ptr).
 
-Grid barrier: thread 0 of each CTA (after bar.sync) reads the generation word, fences
-(fence.acq_rel.gpu), adds 1 to the arrival word; the last arriver resets the arrival word and,
-after a fence, bumps the generation; the others spin (ld.relaxed.gpu) until the generation
-changes, then fence and bar.sync. The words end as they began (arrivals 0, generation + 5 per
-layer, minus the skipped last one), so the next launch (or a CUDA graph replay) needs no
-re-zeroing, and the generation may wrap. The spin loop sits after the kernel's last
-instruction and returns to its barrier through a small dispatch: under the CPU interpreter's
-lowest-PC-first scheduling a spinning thread then never starves a CTA that still has work
-(with the spin inline in the layer loop, the next layer's first barrier has a lower PC than the
-previous layer's last, and a CTA spinning there would run forever).
+Grid barrier, one word, in two halves. Arrive, when a CTA is done with a phase: bar.sync, then
+thread 0 releases the CTA's writes (fence.acq_rel.gpu) and adds its arrival to the word (CTA 0
+adds 2^31 - (CTAs - 1), the others 1: the top bit flips when the last CTA arrives, and the low
+31 bits end as they began, 0). Wait, where the next phase first needs another CTA's writes:
+thread 0 goes on at once if its own add flipped the bit, else it polls (ld.relaxed.gpu) until
+the bit differs from the word it added to; then it acquires (fence.acq_rel.gpu) and bar.sync.
+Between the two, a GEMV phase finds its matrices and issues its first task's weight loads
+(never written, so they may fly while the grid gathers): they stream through the barrier
+instead of starting after it. The old two-word barrier (an arrival count the last arriver
+reset, then after a fence a generation it bumped) took 4 dependent round trips where this takes
+2 (the last arrival's fence, its add reaching the word and a poll bringing it back), and left
+DRAM idle through them (dependent_tail: the model's account, not yet measured). The word needs
+no re-zeroing between launches (or CUDA graph replays), whatever its top bit. The CPU
+interpreter parks a thread that re-reads an unchanged word with nothing written since, so a
+poll at a lower PC never starves a CTA that still has work.
 
 Registers: the phases share one register allocation (ptxas allocates the whole layer loop at
 once). At 128 registers a thread (two 256-thread CTAs an SM) every geometry tried spilled, the
@@ -139,8 +144,11 @@ MAX_MODEL_LAYER_BYTES = 256 << 20
 # `ptxgen verify` runs a config only up to this many bytes of Q4_K weights (a Qwen3-8B stack
 # is 4.7 GB: no runtime size makes it small, so it is assemble-only).
 MAX_VERIFY_WEIGHTS = 64 << 20
-BARRIER_WORDS = 64  # arrival count at word 0, generation at word 32 (separate 128-byte lines)
+BARRIER_WORDS = 1  # the grid barrier's word: arrivals in the low 31 bits, a phase bit on top
 PHASE_BARRIERS = 5  # per layer (the last layer's final one is skipped)
+# Round trips of a grid barrier that no CTA overlaps: the last arrival's fence (waiting for its
+# stores to be acknowledged), then its add reaching the word and a waiter's poll bringing it back.
+BARRIER_ROUND_TRIPS = 2
 ROWS_PAST_POS = 64  # random cache rows sample_inputs writes beyond pos
 WeightName = Literal["wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"]
 WEIGHTS: tuple[str, ...] = get_args(WeightName)  # a layer's matrices, in its order
@@ -593,7 +601,16 @@ class PersistentDecoder(Kind):
             "rope": RopePlan.of(c.rope_theta, c.head_dim, vec, c.rope_style),
             "qk_norm": c.qk_norm,
             "counter_base": c.num_kv_heads,
+            **self.barrier_sites(),
         }
+
+    def barrier_sites(self) -> dict:
+        """The grid barrier waits' numbers (their labels): the attention phase's, then one per
+        variant of each GEMV phase."""
+        sites, count = {"attention": 0}, 1
+        for phase, variants in self.variants.items():
+            sites[phase], count = count, count + len(variants)
+        return {"sites": sites}
 
     # --- runtime -------------------------------------------------------------------------------
     def scalar_limits(self) -> dict[str, tuple[int, int]]:
@@ -641,22 +658,46 @@ class PersistentDecoder(Kind):
         return int(arrays["pos_ptr"][0]) if self.config.indirect_pos else int(scalars["pos"])
 
     def dependent_tail(self, scalars) -> DependentTail:
-        """The serial steps of a launch at pos (see grid_barrier in the template): at each of its
-        5 * num_layers - 1 grid barriers, the last CTA to arrive waits for its stores to be
-        acknowledged (fence.acq_rel), its arrival atomic, its fence before the new generation,
-        and a waiter's poll that sees it: 4 round trips no CTA overlaps; and each layer's split-KV
-        count-in and merge (AttentionPlan.count_in_tail). The atomics and loads among them are
-        one thread's here, so the load rounds of the mean warp hold only a fraction of them
-        (returns_value False: nothing is taken back out of those rounds)."""
+        """The serial steps of a launch at pos (see barrier_arrive / barrier_wait in the template):
+        each of its 5 * num_layers - 1 grid barriers is BARRIER_ROUND_TRIPS round trips that no
+        CTA overlaps, the last CTA's arrival waiting for its stores to be acknowledged (its
+        fence), then its add reaching the word, which a waiter's poll brings back. Every barrier
+        but the attention phase's precedes a GEMV phase whose first loads went out before the
+        wait (early_loads): those bytes stream through the barrier, and those warps wait through
+        their first load round there. Then each layer's split-KV count-in and merge
+        (AttentionPlan.count_in_tail). The atomics and loads among them are one thread's here,
+        so the load rounds of the mean warp hold only a fraction of them (returns_value False:
+        nothing is taken back out of those rounds)."""
         c = self.config
-        barriers = PHASE_BARRIERS * c.num_layers - 1
-        steps = [TailStep(f"{barriers} grid barriers x (a fence, the arrival atomic, the last arriver's fence, "
-                          "the poll that sees the new generation)", 4 * barriers, every_cta=True, returns_value=False)]
+        trips = BARRIER_ROUND_TRIPS
+        what = "x (the last arrival's fence, its add reaching the word and a waiter's poll)"
+        steps = [TailStep(f"{c.num_layers} grid barriers before attention {what}", trips * c.num_layers,
+                          every_cta=True, returns_value=False)]
+        for phase, variants in self.variants.items():
+            for variant in variants:
+                waits = sum(stop - start for start, stop in variant.runs) - (phase == "qkv" and variant.runs[0][0] == 0)
+                if waits:
+                    early, warps = self.early_loads(variant)
+                    steps.append(TailStep(f"{waits} grid barriers before {phase} {what}, {early} bytes of weights "
+                                          f"in flight", trips * waits, every_cta=True, returns_value=False,
+                                          overlapped_bytes=waits * early,
+                                          overlapped_rounds=waits * warps / (self.grid * WARPS)))
         _, splits = self.attention.split(min(int(scalars.get("pos", 0)), c.max_seq_len - 1) + 1)
         count_in = self.attention.count_in_tail(splits, splits)
         steps += [TailStep(f"{c.num_layers} layers x {step.what}", c.num_layers * step.round_trips, step.every_cta,
                            returns_value=False) for step in (count_in.steps if count_in else ())]
         return DependentTail(tuple(steps), group_ctas=1)
+
+    def early_loads(self, variant: PhaseVariant) -> tuple[int, int]:
+        """(bytes, warps): the weights a GEMV phase variant has in flight at its grid barrier's
+        wait, and the warps that loaded them: every warp with a task in the first segment, its
+        first task's first plan.unroll row-steps (a partial step's lanes only)."""
+        segment = variant.segments[0]
+        plan = segment.plan
+        warps = min(self.grid * WARPS, segment.end - segment.first)
+        per_warp = sum(plan.step_bytes * (plan.partial_lanes if plan.is_partial(item) else 32) // 32
+                       for item in plan.items[:plan.unroll])
+        return warps * per_warp, warps
 
     def check_arrays(self, arrays, scalars) -> None:
         if self.config.indirect_pos:

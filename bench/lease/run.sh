@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# One lent GPU, one call: what issues 12 and 13 still need measured, most important first. A task
+# that draws a GPU gets 15 minutes of device time, a call at most 10, so every step runs under
+# its own time limit within BUDGET seconds (an overrun costs that step only) and the whole log
+# and each step's JSON land in $OUT (the device tool's folder; bench/lease/out elsewhere).
+#
+#   here, once (no GPU needed):  bash bench/lease/run.sh --fetch-wheels
+#       cp312 wheels of what the GPU image lacks (pydantic & co, gguf) into .whl/ (git-ignored)
+#   on the GPU:                  device run, carry [".whl"], command "bash bench/lease/run.sh"
+#
+# Steps: install; Q4_K GEMVs (queue and static schedules), the fused gate|up group and the
+# 36-layer decoder (bench/lease/decode.toml: the decoder's row also times the separate kernels);
+# decode attention at 4k/8k/32k keys; prefill with mma.sync (against torch SDPA) and wgmma (sm_90a)
+# at 1k/4k/8k; `pytest -m gpu`;
+# Nsight Compute on the 12288x4096 GEMV. `make bench` (every kernel, peers, whole-model decode)
+# needs a call of its own. Afterwards: copy $OUT under bench/results/ and run
+# bench/model_check.py on the JSON files.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+
+WHEELS=(pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 gguf==0.19.0
+        typing_extensions==4.16.0)
+if [[ "${1:-}" == "--fetch-wheels" ]]; then
+    exec python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+        -d .whl "${WHEELS[@]}"
+fi
+
+OUT=${OUT:-bench/lease/out}
+BUDGET=${BUDGET:-560}
+START=$SECONDS
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/log.txt") 2>&1
+export PYTHONUNBUFFERED=1
+
+# step NAME SECONDS COMMAND...: COMMAND under min(SECONDS, what is left of BUDGET).
+step() {
+    local name=$1 cap=$2 left t0 rc
+    shift 2
+    left=$(( BUDGET - (SECONDS - START) ))
+    (( cap > left )) && cap=$left
+    if (( cap < 20 )); then
+        echo "== $name: skipped, ${left} s of the budget left"
+        return 1
+    fi
+    echo "== $name (at most ${cap} s)"
+    t0=$SECONDS
+    timeout --kill-after=10 "$cap" "$@"
+    rc=$?
+    echo "== $name: exit ${rc} after $(( SECONDS - t0 )) s"
+    return $rc
+}
+
+echo "== $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv || true
+export PYTHONPATH=/tmp/site
+step install 120 bash -c 'python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && python3 -m pip install -q --no-deps --no-build-isolation -e .' || exit 1
+BENCH=(python3 -m ptxgen.cli bench)
+step "decode GEMVs and the 36-layer decoder" 240 "${BENCH[@]}" --spec bench/lease/decode.toml --graph \
+    --json "$OUT/decode.json"
+step "decode attention" 60 "${BENCH[@]}" qwen3_8b_decode_attention --set seq_len=4096,8192,32768 \
+    --json "$OUT/attention.json"
+for variant in prefill prefill_sm90a; do
+    step "$variant" 60 "${BENCH[@]}" --spec "bench/lease/$variant.toml" --set seq_len=1024,4096,8192 \
+        --json "$OUT/$variant.json"
+done
+step "pytest -m gpu" 150 python3 -m pytest -m gpu -q -p no:cacheprovider
+step "ncu gemv_12288x4096" 60 ncu --section SpeedOfLight --section Occupancy --section WarpStateStats \
+    -k regex:'^gemv_12288x4096$' -c 1 --log-file "$OUT/ncu_gemv.txt" \
+    "${BENCH[@]}" gemv_12288x4096 --spec bench/lease/decode.toml
+echo "== done after $(( SECONDS - START )) s"
