@@ -25,6 +25,9 @@ class Param:
     shape: tuple[int | str, ...] = ()
     role: str = "in"  # in | out | inout | scalar | workspace
     layout: str = ""  # "q4_k": rows of GGML block_q4_K (u8), loadable from a GGUF tensor
+    # The same in every launch of a step (a model's weights): a kernel under programmatic dependent
+    # launch may read it before griddepcontrol.wait, while the previous kernel still runs.
+    stable: bool = False
 
     @property
     def is_array(self) -> bool:
@@ -55,11 +58,12 @@ class Param:
 
     def to_json(self) -> dict:
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "role": self.role,
-                "layout": self.layout}
+                "layout": self.layout, "stable": self.stable}
 
     @classmethod
     def from_json(cls, data: dict) -> Param:
-        return cls(data["name"], data["dtype"], tuple(data["shape"]), data["role"], data.get("layout", ""))
+        return cls(data["name"], data["dtype"], tuple(data["shape"]), data["role"], data.get("layout", ""),
+                   data.get("stable", False))
 
 
 # --- formulas ----------------------------------------------------------------------------------

@@ -191,7 +191,8 @@ class Kernel:
         if launch.empty:
             return
         interpret(compiled.ptx, compiled.name, launch.grid, launch.block, compiled.args(buffers, scalars),
-                  dynamic_shared=launch.dynamic_shared, sanitize=True, kernel_name=compiled.name)
+                  dynamic_shared=launch.dynamic_shared, sanitize=True, kernel_name=compiled.name,
+                  stable=compiled.stable)
 
     # --- the GPU --------------------------------------------------------------------------------
     def prepare(self, device: int = 0) -> _OnDevice:

@@ -222,6 +222,7 @@ def show(
                    "scalars": scalars, "grid": list(launch.grid), "block": list(launch.block),
                    "dynamic_shared": launch.dynamic_shared},
         "resources": {a: {"ptx": b.target, **b.resources} for a, b in compiled.binaries.items()},
+        "pdl": [target for target, v in compiled.variants.items() if v.pdl],
         "traffic": {"bytes": traffic.bytes, "flops": traffic.flops},
         "roofline_us": {"memory": bandwidth_us, "compute": compute_us, "floor": max(bandwidth_us, compute_us),
                         "bandwidth_gbs": chosen.bandwidth_gbs, "tensor_tflops": tensor_tflops},
@@ -254,6 +255,10 @@ def print_show(report: dict, gpu) -> None:
         out.print(f"  {launch['note']}", markup=False)
     out.print(f"  at {example}: grid={tuple(launch['grid'])} block={tuple(launch['block'])} dynamic shared="
               f"{launch['dynamic_shared']} B", markup=False)
+    if report["pdl"]:
+        out.print(f"programmatic dependent launch: the {', '.join(report['pdl'])} PTX starts while the previous "
+                  "kernel of its stream ends and waits for it (griddepcontrol) before touching anything but its "
+                  "stable arrays", markup=False)
     model = report.get("model", {})
     occupancy = report["occupancy_detail"]
     rows = []

@@ -32,6 +32,9 @@ class Variant:
     ptx_version: str
     geometry: Geometry
     note: str = ""  # the launch rule's explanation, for people
+    # Made for programmatic dependent launch (kernels/base.py, PDL_TARGET): launched with
+    # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (correct without it too).
+    pdl: bool = False
 
     @cached_property
     def sha256(self) -> str:
@@ -160,6 +163,11 @@ class CompiledKernel:
         self.check_scalars(scalars)
         return self.variant(arch).geometry.at(dict(scalars))
 
+    @property
+    def stable(self) -> frozenset[str]:
+        """The arrays that are the same in every launch of a step (Param.stable)."""
+        return frozenset(param.name for param in self.params if param.stable)
+
     def args(self, buffers: Mapping[str, Any], scalars: Mapping[str, int]) -> list:
         """Launch arguments in PTX parameter order: buffers[name] for every array parameter
         (workspaces included), int(scalars[name]) for every scalar."""
@@ -195,7 +203,8 @@ class CompiledKernel:
             "ptx_version": portable.ptx_version,
             "ptx_target": portable.target,
             "variants": {target: {"ptx": self.ptx_file(target), "ptx_sha256": v.sha256, "ptx_version": v.ptx_version,
-                                  "geometry": v.geometry.to_json(), "note": v.note, "launch": launch_rule(v)}
+                                  "geometry": v.geometry.to_json(), "note": v.note, "launch": launch_rule(v),
+                                  "pdl": v.pdl}
                          for target, v in self.variants.items()},
             "params": [p.to_json() for p in self.params],
             "launch": launch_rule(portable),
@@ -223,7 +232,7 @@ class CompiledKernel:
         try:
             variants = {
                 target: Variant(target, read(v["ptx"], v["ptx_sha256"]).decode(), v["ptx_version"],
-                                Geometry.from_json(v["geometry"]), v["note"])
+                                Geometry.from_json(v["geometry"]), v["note"], v.get("pdl", False))
                 for target, v in entry["variants"].items()}
             binaries = {
                 arch: Binary(arch, next(t for t in variants if entry["variants"][t]["ptx"] == b["ptx"]),

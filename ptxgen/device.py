@@ -116,6 +116,7 @@ class DeviceKernel:
     static_shared: int
     max_threads: int
     dynamic_limit: int  # dynamic shared bytes the function is currently allowed
+    pdl: bool = False  # its PTX waits for the previous kernel itself: launched for PDL (compiled.Variant.pdl)
 
 
 @dataclass
@@ -257,8 +258,8 @@ class DeviceSession:
         """`compiled` loaded for this GPU: its cubin for this arch, else the driver's JIT of its PTX
         (loaded once per session)."""
         binary = compiled.binary_for(self.arch)
-        variant = None if binary is not None else compiled.jit_variant(self.arch)
-        if binary is None and variant is None:
+        variant = compiled.variants[binary.target] if binary is not None else compiled.jit_variant(self.arch)
+        if variant is None:
             built = ", ".join(compiled.binaries) or "none"
             raise LaunchError(f"{compiled.name}: nothing runs on {self.name} ({self.arch}): cubins for {built}, "
                               f"PTX for {', '.join(compiled.variants)}; rebuild with --arch {self.arch}")
@@ -281,7 +282,7 @@ class DeviceSession:
                              f"{entry}: cuFuncGetAttribute(MAX_THREADS_PER_BLOCK)")
         dynamic = self.check(cu.cuFuncGetAttribute(attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, function),
                              f"{entry}: cuFuncGetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
-        kernel = DeviceKernel(entry, function, compiled.params, int(static), int(threads), int(dynamic))
+        kernel = DeviceKernel(entry, function, compiled.params, int(static), int(threads), int(dynamic), variant.pdl)
         self.kernels[key] = kernel
         return kernel
 
@@ -333,6 +334,22 @@ class DeviceSession:
                 self.queued += 1
                 self.check(cu.cuLaunchCooperativeKernel(kernel.function, gx, gy, gz, bx, by, bz, shared, stream,
                                                         params), what, LaunchError)
+        elif kernel.pdl:
+            # Programmatic dependent launch: the kernel may start before the previous one of the
+            # stream ends (it waits for it in griddepcontrol.wait).
+            config = cu.CUlaunchConfig()
+            config.gridDimX, config.gridDimY, config.gridDimZ = gx, gy, gz
+            config.blockDimX, config.blockDimY, config.blockDimZ = bx, by, bz
+            config.sharedMemBytes, config.hStream = shared, stream
+            attribute = cu.CUlaunchAttribute()
+            attribute.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attribute.value.programmaticStreamSerializationAllowed = 1
+            config.attrs, config.numAttrs = [attribute], 1
+
+            def queue() -> None:
+                self.queued += 1
+                self.check(cu.cuLaunchKernelEx(config, kernel.function, params, 0), what + " (programmatic dependent "
+                           "launch)", LaunchError)
         else:
             def queue() -> None:
                 self.queued += 1

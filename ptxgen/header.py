@@ -67,6 +67,9 @@ def _kernel(name: str, entry: dict) -> list[str]:
         geometry = Geometry.from_json(variant["geometry"])
         lines += [f"/* Launch{' of the ' + target + ' cubin' if suffix else ''}: {variant['launch']} */",
                   f"#define {macro}{suffix.upper()}_COOPERATIVE {int(geometry.cooperative)}",
+                  f"/* 1: launch with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuLaunchKernelEx) to overlap "
+                  "the previous kernel of the stream; correct either way. */",
+                  f"#define {macro}{suffix.upper()}_PDL {int(variant.get('pdl', False))}",
                   f"static inline ptxgen_dim3 {prefix}{suffix}_grid({arguments}) {{{unused}",
                   "    ptxgen_dim3 d = {" + ", ".join(f"(uint32_t){formula_c(g)}" for g in geometry.grid) + "};",
                   "    return d;", "}",

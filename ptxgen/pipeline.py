@@ -58,13 +58,14 @@ def stage_ptx(spec: Spec, units: list[Unit], options: BuildOptions) -> None:
     """The portable PTX (`.target` the spec's oldest arch) and, for every arch-specific target the
     spec lists and the kind renders on its own (Kind.own_targets), that variant too."""
     for unit in units:
-        variants = [t for t in own_targets(unit.config.kind) if t in spec.target.archs]
+        variants = [t for t in own_targets(unit.config) if t in spec.target.archs]
         for own in [None, *variants]:
             kind = kind_of(unit.config, own)
             version = spec.ptx_version(unit.config, own)
             target = own or spec.ptx_target
             ptx = render(unit.config, version, target, own)
-            unit.variants[target] = Variant(target, ptx, format_version(version), kind.geometry(), kind.launch_note())
+            unit.variants[target] = Variant(target, ptx, format_version(version), kind.geometry(), kind.launch_note(),
+                                            pdl=kind.pdl)
 
 
 def stage_cubin(spec: Spec, units: list[Unit], options: BuildOptions) -> tuple[int, int]:

@@ -71,6 +71,8 @@ def render(kernel, ptx_version: tuple[int, int], ptx_target: str, own_target: st
             ptx_target=ptx_target,
             entry=kernel.name,
             params=kind.params(),
+            pdl=kind.pdl,
+            pdl_wait_in_body=kind.pdl_wait_in_body,
             **kind.template_vars(),
         )
     except jinja2.TemplateError as error:

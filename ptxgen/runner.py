@@ -91,7 +91,8 @@ def launch_arrays(compiled: CompiledKernel, arrays: dict[str, np.ndarray], scala
         from .interp import launch as interpret
 
         interpret(compiled.variant(arch).ptx, compiled.name, launch.grid, launch.block, args,
-                  dynamic_shared=launch.dynamic_shared, sanitize=sanitize, kernel_name=compiled.name)
+                  dynamic_shared=launch.dynamic_shared, sanitize=sanitize, kernel_name=compiled.name,
+                  stable=compiled.stable)
     else:
         from .device import run_on_device
 

@@ -193,7 +193,7 @@ def check_against_archs(path: Path, spec: Spec) -> None:
     fit every target arch."""
     problems = []
     for index, kernel in enumerate(spec.kernels):
-        variants = own_targets(kernel.kind)
+        variants = own_targets(kernel)
         where = f"{path}: kernel {kernel.name!r} (kernels[{index}])"
         refusal = kind_of(kernel).unbuildable()
         if refusal:

@@ -36,10 +36,11 @@ def spec_kernel(path, name: str, until: str = "ptx") -> CompiledKernel:
     return compile_spec(spec.model_copy(update={"kernels": (spec.kernel(name),)}), until=until).kernels[0]
 
 
-def with_ptx(kernel: CompiledKernel, ptx: str) -> CompiledKernel:
-    """The kernel with its portable PTX replaced (a planted bug, for tests that must catch it)."""
-    portable = dataclasses.replace(kernel.portable, ptx=ptx)
-    return dataclasses.replace(kernel, variants={**kernel.variants, portable.target: portable})
+def with_ptx(kernel: CompiledKernel, ptx: str, target: str | None = None) -> CompiledKernel:
+    """The kernel with the PTX of `target` (default: the portable one) replaced (a planted bug, for
+    tests that must catch it)."""
+    variant = dataclasses.replace(kernel.variants[target] if target else kernel.portable, ptx=ptx)
+    return dataclasses.replace(kernel, variants={**kernel.variants, variant.target: variant})
 
 
 def run_cli(*args: str, cwd: Path = ROOT, env: dict | None = None) -> subprocess.CompletedProcess:

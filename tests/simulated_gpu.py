@@ -61,6 +61,7 @@ class SimulatedDriver:
         self.lost = False
         self.launch_log = launch_log  # a file each launched entry's name is appended to
         self.loaded = []  # what each cuModuleLoadData was given: "cubin" or "ptx"
+        self.pdl_launches = collections.Counter()  # entry -> launches with programmatic stream serialization
 
     @classmethod
     def for_spec(cls, path=SPEC, **options) -> SimulatedDriver:
@@ -192,6 +193,16 @@ class SimulatedDriver:
 
     def sim_cuLaunchCooperativeKernel(self, function, gx, gy, gz, bx, by, bz, shared, stream, params):
         return self.launch(function, (gx, gy, gz), (bx, by, bz), shared, params, cooperative=True)
+
+    def sim_cuLaunchKernelEx(self, config, function, params, extra):
+        """A launch with attributes: the programmatic dependent launches are counted by entry."""
+        ids = [attribute.id for attribute in config.attrs[:config.numAttrs]]
+        if real.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION in ids:
+            entry = self.handles[int(function)]["entry"]
+            self.pdl_launches[entry] += 1
+        return self.launch(function, (config.gridDimX, config.gridDimY, config.gridDimZ),
+                           (config.blockDimX, config.blockDimY, config.blockDimZ), config.sharedMemBytes, params,
+                           cooperative=False)
 
     def launch(self, function, grid, block, shared, params, cooperative):
         if shared > self.handles[int(function)]["dynamic"]:

@@ -130,10 +130,12 @@ def test_run_copies_in_launches_once_and_copies_back_in_place(sim, name, scalars
         if param.written:
             error = relative_l2(to_float64(arrays[param.name], param.dtype), reference[param.name])
             assert error < 1e-6, f"{param.name} came back wrong from the device: relative L2 {error:.2e}"
-    launches = [args for call, args in sim.calls if call == "cuLaunchKernel"]
-    assert len(launches) == 1
-    launch = kind.launch(scalars)
-    assert tuple(launches[0][1:7]) == (*launch.grid, *launch.block)
+    # specs/qwen3.toml's decode kernels take pdl: their sm_90 cubin goes through cuLaunchKernelEx.
+    launches = [args for call, args in sim.calls if call == "cuLaunchKernelEx"]
+    assert len(launches) == 1 and "cuLaunchKernel" not in sim.names()
+    launch, config = kind.launch(scalars), launches[0][0]
+    assert (config.gridDimX, config.gridDimY, config.gridDimZ, config.blockDimX, config.blockDimY,
+            config.blockDimZ) == (*launch.grid, *launch.block)
     assert "cuFuncSetAttribute" not in sim.names(), "no shared-memory opt-in below 48 KB"
     assert not sim.memory or all(b.capacity for b in session().allocations.values())
 
@@ -212,8 +214,9 @@ def test_failed_cuda_calls_name_the_error(sim):
     with pytest.raises(PtxgenError, match="allocating 16,384 bytes of device memory failed on Simulated GPU: "
                                           "CUDA_ERROR_OUT_OF_MEMORY"):
         run(kernel, inputs, {"rows": 1}, backend="device")
-    sim.fail["cuLaunchKernel"] = real.CUresult.CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES
-    with pytest.raises(LaunchError, match="launching qwen3_8b_rmsnorm .*CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"):
+    sim.fail["cuLaunchKernelEx"] = real.CUresult.CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES
+    with pytest.raises(LaunchError, match="launching qwen3_8b_rmsnorm .*programmatic dependent launch.*"
+                                          "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"):
         run(kernel, inputs, {"rows": 1}, backend="device")
 
 
@@ -229,6 +232,24 @@ def test_the_gpus_own_cubin_is_loaded_and_ptx_is_jit_compiled_only_without_one(s
         "sm_100": dataclasses.replace(kernel.portable, target="sm_100")})
     with pytest.raises(LaunchError, match=r"nothing runs on Simulated GPU \(sm_90\).*--arch sm_90"):
         run(too_new, inputs, {"rows": 1}, backend="device")
+
+
+def test_a_pdl_kernels_own_cubin_is_launched_for_programmatic_dependent_launch(sim):
+    """Its sm_90 cubin (made from the PTX that waits for the previous kernel itself) goes through
+    cuLaunchKernelEx with programmatic stream serialization; its portable PTX, JIT-compiled where
+    no sm_90 cubin was built, and a kernel without pdl go through cuLaunchKernel."""
+    config = make_config("q4k_gemv", name="pdl_gemv", n=300, k=2304, pdl=True)
+    sim.kernels[config.name] = config
+    inputs = compile_kernel(config, ("sm_90",), until="ptx").definition.sample_inputs(np.random.default_rng(2), {})
+    for archs, launched in ((("sm_80", "sm_90"), "cuLaunchKernelEx"), (("sm_80",), "cuLaunchKernel")):
+        kernel = compile_kernel(config, archs)
+        sim.calls.clear()
+        sim.pdl_launches.clear()
+        arrays = run(kernel, inputs, {}, backend="device")
+        assert [name for name in sim.names() if name.startswith("cuLaunch")] == [launched], archs
+        assert sim.pdl_launches == ({"pdl_gemv": 1} if launched == "cuLaunchKernelEx" else {})
+        reference = kernel.definition.reference(inputs, {})["y"]
+        assert relative_l2(arrays["y"].astype(np.float64), reference) < 1e-6
 
 
 def test_graph_replays_read_the_length_from_the_device(sim):
@@ -422,9 +443,11 @@ def test_bench_checks_a_fused_kernel_against_its_separate_kernels_then_times_bot
     assert step["one_by_one"]["median_us"] == pytest.approx(26 * 4.0)
     assert step["graph"]["median_us"] == pytest.approx(26 * 4.0)
     assert all(step["wall_us"][way] > 0 for way in ("kernel", "one_by_one", "graph"))
-    launched = {int(args[0]) for name, args in sim.calls if name in ("cuLaunchKernel", "cuLaunchCooperativeKernel")}
+    launched = {int(args[1] if name == "cuLaunchKernelEx" else args[0]) for name, args in sim.calls
+                if name in ("cuLaunchKernel", "cuLaunchCooperativeKernel", "cuLaunchKernelEx")}
     assert len(launched) >= 13, "the decoder, its 12 separate kernels (and the timing spin kernel) ran"
     assert "cuLaunchCooperativeKernel" in sim.names()
+    assert len(sim.pdl_launches) == 12, "every separate kernel is launched for programmatic dependent launch"
     print_results(results, Console(), Console(stderr=True))
     assert "26 (12 kernels)" in one_line(capsys.readouterr().out)
 

@@ -8,11 +8,11 @@
 #       cp312 wheels of what the GPU image lacks (pydantic & co, gguf) into .whl/ (git-ignored)
 #   on the GPU:                  device run, carry [".whl"], command "bash bench/lease/run.sh"
 #
-# Steps: install; Q4_K GEMVs (queue and static schedules), the fused gate|up group and the
-# 36-layer decoder (bench/lease/decode.toml: the decoder's row also times the separate kernels);
-# decode attention at 4k/8k/32k keys; prefill with mma.sync (against torch SDPA) and wgmma (sm_90a)
-# at 1k/4k/8k; `pytest -m gpu`;
-# Nsight Compute on the 12288x4096 GEMV. `make bench` (every kernel, peers, whole-model decode)
+# Steps: install; Q4_K GEMVs (queue and static schedules, with programmatic dependent launch and
+# one without), the fused gate|up group and the 36-layer decoder (bench/lease/decode.toml: the
+# decoder's row also times the separate kernels); decode attention at 4k/8k/32k keys with PDL and
+# without; prefill with mma.sync (against torch SDPA) and wgmma (sm_90a) at 1k/4k/8k; Nsight Compute
+# on the 12288x4096 GEMV; `pytest -m gpu` with what is left. `make bench` (every kernel, peers, whole-model decode)
 # needs a call of its own. Afterwards: copy $OUT under bench/results/ and run
 # bench/model_check.py on the JSON files.
 set -uo pipefail
@@ -57,16 +57,16 @@ export PYTHONPATH=/tmp/site
 step install 120 bash -c 'python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && python3 -m pip install -q --no-deps --no-build-isolation -e .' || exit 1
 BENCH=(python3 -m ptxgen.cli bench)
-step "decode GEMVs and the 36-layer decoder" 240 "${BENCH[@]}" --spec bench/lease/decode.toml --graph \
+step "decode GEMVs and the 36-layer decoder" 300 "${BENCH[@]}" --spec bench/lease/decode.toml --graph \
     --json "$OUT/decode.json"
-step "decode attention" 60 "${BENCH[@]}" qwen3_8b_decode_attention --set seq_len=4096,8192,32768 \
+step "decode attention" 90 "${BENCH[@]}" --spec bench/lease/attention.toml --set seq_len=4096,8192,32768 \
     --json "$OUT/attention.json"
 for variant in prefill prefill_sm90a; do
     step "$variant" 60 "${BENCH[@]}" --spec "bench/lease/$variant.toml" --set seq_len=1024,4096,8192 \
         --json "$OUT/$variant.json"
 done
-step "pytest -m gpu" 150 python3 -m pytest -m gpu -q -p no:cacheprovider
 step "ncu gemv_12288x4096" 60 ncu --section SpeedOfLight --section Occupancy --section WarpStateStats \
     -k regex:'^gemv_12288x4096$' -c 1 --log-file "$OUT/ncu_gemv.txt" \
     "${BENCH[@]}" gemv_12288x4096 --spec bench/lease/decode.toml
+step "pytest -m gpu" 150 python3 -m pytest -m gpu -q -p no:cacheprovider
 echo "== done after $(( SECONDS - START )) s"

@@ -53,6 +53,9 @@ class LaunchStats:
     # Per instruction index: warps that reached it (a warp issues an instruction once however
     # many of its lanes run it or are predicated off, so a partial warp counts whole).
     warps_at: np.ndarray | None = None
+    # Per instruction index: warps with a lane that ran it, not predicated off (a load goes out
+    # only from those).
+    active_warps_at: np.ndarray | None = None
 
     @property
     def warp_instructions(self) -> int:
@@ -88,7 +91,8 @@ def _param_value(name, type_, arg, memory):
 def launch(ptx: str, entry: str, grid: tuple[int, int, int], block: tuple[int, int, int],
            args: list, *, dynamic_shared: int = 0, sanitize: bool = True,
            kernel_name: str | None = None, seed: int = 0, approx: str = "pessimistic",
-           deterministic: bool = False, max_ctas: int | None = None) -> LaunchStats:
+           deterministic: bool = False, max_ctas: int | None = None,
+           stable: frozenset[str] = frozenset()) -> LaunchStats:
     """Execute `entry` over grid x block threads; arrays in args are updated in place.
     With `max_ctas`, only CTAs 0 .. max_ctas-1 (in x, y, z order) run: for counting
     instructions of a large grid whose CTAs repeat each other's work.
@@ -98,7 +102,10 @@ def launch(ptx: str, entry: str, grid: tuple[int, int, int], block: tuple[int, i
     the hardware's, they are a fixed function of the inputs). approx: "pessimistic" moves
     every .approx / div.full / mma.sync result within the error the H100 was measured to make;
     "exact" rounds the exact result once. deterministic: also report float atomic additions
-    whose result depends on the order they land in."""
+    whose result depends on the order they land in. stable: the array parameters that are the
+    same in every launch of a step (a model's weights): with the sanitizer on, a kernel that
+    executes griddepcontrol.wait (programmatic dependent launch) may touch only these before it,
+    and every thread must execute it before it ends."""
     prog, code, sync_points = _program(ptx, entry)
     grid, block = tuple(int(v) for v in grid), tuple(int(v) for v in block)
     if len(grid) != 3 or len(block) != 3 or min(grid + block) < 1:
@@ -125,11 +132,12 @@ def launch(ptx: str, entry: str, grid: tuple[int, int, int], block: tuple[int, i
     per_wave = max(1, min(num_ctas, MAX_WAVE_THREADS // cta_threads))
     if sanitize and shared:
         per_wave = max(1, min(per_wave, MAX_TRACKED_SHARED // shared))
-    stats = LaunchStats(warps_at=np.zeros(len(code), np.int64))
+    stats = LaunchStats(warps_at=np.zeros(len(code), np.int64), active_warps_at=np.zeros(len(code), np.int64))
     name = kernel_name or entry
     scalars = [a for a in args if not isinstance(a, np.ndarray)]
     rng = np.random.default_rng([seed & 0xFFFFFFFF, zlib.crc32(repr((entry, grid, block, scalars)).encode())])
     ordering = Ordering(memory, grid, prog, sanitize)
+    waits = any(ins.base == "griddepcontrol" and ins.mods == ["wait"] for ins in prog.instructions)
     approximations = Approx(approx, seed)
     float_atomics = FloatAtomics() if deterministic else None
     with np.errstate(all="ignore"):
@@ -139,6 +147,8 @@ def launch(ptx: str, entry: str, grid: tuple[int, int, int], block: tuple[int, i
             ids, cut = _cohorts(ids, warps, rng) if any(sync_points) else (ids, 0)
             st = WaveState(prog, grid, block, ids, memory, params, sanitize, shared)
             st.ordering, st.approx, st.float_atomics = ordering, approximations, float_atomics
+            if sanitize and waits:
+                st.watch_dependent_launch(frozenset(i for i, name in enumerate(memory.names) if name in stable))
             st.rank = rng.permutation(st.n)
             ordering.start_wave(st, first)
             cut = min(cut * 32, st.n)
@@ -326,8 +336,9 @@ def _run_wave(st, code, sync_points, stats, name, rng, members):
                     sel = active
             stats.instructions += 1
             stats.thread_instructions += len(active)
-            stats.warps_at[pc] += (st.num_ctas * st.warps_per_cta if len(threads) == n
-                                   else _distinct(st.warp[threads]))
+            warps = st.num_ctas * st.warps_per_cta if len(threads) == n else _distinct(st.warp[threads])
+            stats.warps_at[pc] += warps
+            stats.active_warps_at[pc] += warps if rest is None else _distinct(st.warp[active])
             kind = ex.kind
             stalled = stalled and kind == "wait"
             if kind == "alu":
@@ -351,6 +362,11 @@ def _run_wave(st, code, sync_points, stats, name, rng, members):
             elif kind == "bra":
                 cohorts.merge(ex.target, active)
             elif kind == "exit":
+                if st.before_wait is not None and st.before_wait[active].any():
+                    raise Finding("thread ends without griddepcontrol.wait: under a programmatic dependent launch a "
+                                  "grid whose threads all end without waiting can complete before the kernel it "
+                                  "depends on, and the next kernel would not wait for that one",
+                                  active[np.flatnonzero(st.before_wait[active])[0]])
                 ctas = st.cta[active]
                 exited += np.bincount(ctas, minlength=st.num_ctas)
                 stuck = arrived[ctas] > 0

@@ -1036,6 +1036,24 @@ def _bar(c):
     return Exec(c.ins, "bar", run=count)
 
 
+@opcode("griddepcontrol")
+def _griddepcontrol(c):
+    """Programmatic dependent launch. The interpreter runs launches one after another, so the
+    previous kernel of the stream has always completed: .wait has nothing to wait for and
+    .launch_dependents starts nothing early. What a kernel may do before its wait is checked by
+    the sanitizer (WaveState.watch_dependent_launch)."""
+    if c.ops:
+        c.fail("griddepcontrol takes no operands")
+    if c.mods == ["wait"]:
+        def passed(st, sel):
+            if st.before_wait is not None:
+                st.before_wait[sel] = False
+        return c.alu(passed)
+    if c.mods == ["launch_dependents"]:
+        return c.alu(lambda st, sel: None)
+    c.fail("expected griddepcontrol.wait or griddepcontrol.launch_dependents")
+
+
 @opcode("membar", "fence")
 def _fence(c):
     effect = fence_of(c.ins.base, c.mods)

@@ -216,6 +216,26 @@ class WaveState:
         self.watched = program.async_registers if sanitize else frozenset()
         self.unwritten_note = {}
         self.async_state = program.async_model(self) if program.async_model else None
+        # Programmatic dependent launch (sanitizer, kernels whose PTX has griddepcontrol.wait):
+        # the threads that have not passed it yet, and the arrays they may touch meanwhile.
+        self.before_wait, self.stable_regions = None, frozenset()
+
+    def watch_dependent_launch(self, stable: frozenset[int]) -> None:
+        """Check what a programmatic dependent launch allows: until a thread executes
+        griddepcontrol.wait, the previous kernel of the stream may still run, so the thread may
+        touch only the `stable` arrays (region indices: a model's weights, the same for every
+        launch)."""
+        self.before_wait = np.ones(self.n, bool)
+        self.stable_regions = stable
+
+    def check_dependent(self, region: int, threads) -> None:
+        """A global access to `region` by `threads`, before griddepcontrol.wait, is a finding
+        unless the array is stable."""
+        early = threads[self.before_wait[threads]]
+        if len(early) and region not in self.stable_regions:
+            raise Finding(f"accesses {self.memory.names[region]} before griddepcontrol.wait: under a programmatic "
+                          "dependent launch the previous kernel of the stream may still be writing or reading it "
+                          "(only stable arrays, the same in every launch, may be read before the wait)", early[0])
 
     # -- registers
     def read(self, rid, sel):
@@ -286,6 +306,8 @@ class WaveState:
         if space == "global":
             whole = self.memory.holding(int(addr.min()), int(addr.max()) + size)
             if whole is not None:         # the usual case: one array, in bounds
+                if self.before_wait is not None:
+                    self.check_dependent(whole, threads)
                 return [(whole, addr - self.memory.bases[whole], FULL)]
             region = self.memory.locate(addr, size)
             lo, hi = region.min(), region.max()
@@ -294,10 +316,12 @@ class WaveState:
                 raise Finding(f"out-of-bounds {size}-byte global access: "
                               + self.memory.describe(int(addr[i])), threads[i])
             bases = self.memory._bases
-            if lo == hi:
-                return [(int(lo), addr - bases[lo], FULL)]
-            return [(int(r), addr[p] - bases[r], p)
-                    for r in np.unique(region) for p in [np.flatnonzero(region == r)]]
+            parts = ([(int(lo), addr - bases[lo], FULL)] if lo == hi else
+                     [(int(r), addr[p] - bases[r], p) for r in np.unique(region) for p in [np.flatnonzero(region == r)]])
+            if self.before_wait is not None:
+                for r, _, p in parts:
+                    self.check_dependent(r, threads[p])
+            return parts
         if space == "shared":
             low, limit, stride, owner = SHARED_BASE, self.shared_size, self.shared_stride, self.cta[threads]
         elif space == "local":

@@ -8,11 +8,27 @@ from typing import Annotated, Union
 
 from pydantic import Field, TypeAdapter
 
-from .base import Kind
+from .base import PDL_PTX_VERSION, PDL_TARGET, Kind, PdlConfig
+
+
+def pdl_variant(kind: type[Kind]) -> type[Kind]:
+    """`kind` rendered for PDL_TARGET with griddepcontrol (see PDL_TARGET)."""
+
+    class Pdl(kind):
+        target = PDL_TARGET
+        pdl = True
+
+        @property
+        def ptx_version(self) -> tuple[int, int]:
+            return max(super().ptx_version, PDL_PTX_VERSION)
+
+    Pdl.__name__ = Pdl.__qualname__ = f"{kind.__name__}Pdl"
+    return Pdl
 
 
 def _discover() -> tuple[dict[str, type[Kind]], dict[tuple[str, str], type[Kind]]]:
-    """The kinds (by name) and their arch-specific variants (by kind name and target)."""
+    """The kinds (by name) and their arch-specific variants (by kind name and target), a PDL
+    variant for every kind whose config can ask for one."""
     kinds, variants = {}, {}
     for module in pkgutil.iter_modules(__path__):
         if module.name == "base" or module.ispkg:
@@ -24,6 +40,9 @@ def _discover() -> tuple[dict[str, type[Kind]], dict[tuple[str, str], type[Kind]
                     kinds[value.name] = value
                 else:
                     variants[value.name, value.target] = value
+    for name, kind in kinds.items():
+        if issubclass(kind.Config, PdlConfig):
+            variants[name, PDL_TARGET] = pdl_variant(kind)
     return dict(sorted(kinds.items())), variants
 
 
@@ -40,9 +59,11 @@ def kind_of(config, target: str | None = None) -> Kind:
     return (VARIANTS[config.kind, target] if target else KINDS[config.kind])(config)
 
 
-def own_targets(kind: str) -> list[str]:
-    """The arch-specific targets for which `kind` renders a PTX of its own."""
-    return [target for name, target in VARIANTS if name == kind]
+def own_targets(config) -> list[str]:
+    """The arch-specific targets for which `config`'s kind renders a PTX of its own (PDL_TARGET
+    where the config asks for PDL)."""
+    return [target for name, target in VARIANTS
+            if name == config.kind and (target != PDL_TARGET or getattr(config, "pdl", False))]
 
 
 def config_from_json(data: dict):

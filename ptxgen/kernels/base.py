@@ -24,6 +24,18 @@ F32_TOLERANCE = 1e-5
 
 F32_MIN_NORMAL = 2.0**-126
 
+# Programmatic dependent launch (PDL, Hopper and later). A kernel whose config sets `pdl` gets a
+# PTX variant for PDL_TARGET (griddepcontrol is PTX ISA 7.8, sm_90) that lets the next kernel of
+# its stream start early (griddepcontrol.launch_dependents, at its start) and waits for the
+# previous one (griddepcontrol.wait) before it touches any array but the `stable` ones (a
+# model's weights); the launcher gives that variant CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_
+# SERIALIZATION, so its CTAs start, and load weights, while the previous kernel drains. Other
+# archs keep the portable PTX, launched as before. Every thread passes the wait before it ends:
+# a grid whose CTAs all ended without waiting could complete before its own predecessor, and its
+# dependent would not wait for that one.
+PDL_TARGET = "sm_90"
+PDL_PTX_VERSION = (7, 8)
+
 
 def f32_rounded(value: float) -> float:
     """value rounded to the nearest f32 (inf beyond the f32 range)."""
@@ -60,6 +72,14 @@ class KernelConfig(BaseModel):
         return value
 
 
+class PdlConfig(KernelConfig):
+    """A kind that can run under programmatic dependent launch (PDL_TARGET)."""
+
+    # Where the spec's archs include PDL_TARGET, that arch's PTX overlaps the previous kernel of
+    # the stream; other archs keep the portable PTX (no effect there).
+    pdl: bool = False
+
+
 @dataclass(frozen=True)
 class Traffic:
     """Minimum bytes a call must move to/from global memory and the flops it must do."""
@@ -76,16 +96,13 @@ class TailStep:
     which the performance model's load rounds already count; False for a wait they cannot see
     (a release waiting for the CTA's stores to be acknowledged). `overlapped_bytes`: loads
     issued before the step and still in flight through it (a persistent kernel's next phase's
-    first weights, issued before a grid barrier's wait), streamed while its round trips run;
-    `overlapped_rounds`: the load rounds of the mean warp that they are, waited through during
-    the step rather than after it."""
+    first weights, issued before a grid barrier's wait), streamed while its round trips run."""
 
     what: str
     round_trips: int
     every_cta: bool
     returns_value: bool
     overlapped_bytes: int = 0
-    overlapped_rounds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -105,11 +122,9 @@ class DependentTail:
         return sum(step.round_trips for step in self.steps)
 
     @property
-    def counted_by_every_warp(self) -> float:
-        """Load rounds of the mean warp that the tail's steps already hold: their own (round trips
-        that return a value, where every CTA waits through them) and those in flight through them."""
-        return sum((step.round_trips if step.every_cta and step.returns_value else 0) + step.overlapped_rounds
-                   for step in self.steps)
+    def counted_by_every_warp(self) -> int:
+        """Round trips of the tail that every warp's load rounds already hold."""
+        return sum(step.round_trips for step in self.steps if step.every_cta and step.returns_value)
 
 
 @dataclass(frozen=True)
@@ -152,6 +167,11 @@ class Kind:
     # variant's own PTX (its template, geometry and resources) for that arch, and every other
     # arch keeps the portable PTX. Parameters, reference and traffic are the kind's.
     target: ClassVar[str | None] = None
+    # True for the PDL variant of a kind whose Config is a PdlConfig (the registry makes it).
+    pdl: ClassVar[bool] = False
+    # Where that variant waits for the previous kernel: at the start of the body (base.ptx.j2),
+    # or, if True, where the kind's template puts it (after loads of `stable` arrays only).
+    pdl_wait_in_body: ClassVar[bool] = False
 
     def __init__(self, config: KernelConfig):
         self.config = config

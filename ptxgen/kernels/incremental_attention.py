@@ -73,7 +73,7 @@ from ..dtypes import DTYPES, UNIT_ROUNDOFF, from_float, to_float64
 from ..errors import LaunchError
 from ..abi import maximum, minimum, scalar
 from ..hardware_errors import EX2_REL, MMA_SUM
-from .base import F32_TOLERANCE, DependentTail, Geometry, Kind, KernelConfig, Param, Traffic, ceil_div
+from .base import F32_TOLERANCE, DependentTail, Geometry, Kind, Param, PdlConfig, Traffic, ceil_div
 from .families.attention import LOG2E, SM_REGISTERS, AttentionPlan
 
 FloatDType = Literal["f32", "f16", "bf16"]
@@ -87,7 +87,7 @@ MAX_SCORE = 2.0**127
 F16_MAX = 65504.0
 
 
-class IncrementalAttentionConfig(KernelConfig):
+class IncrementalAttentionConfig(PdlConfig):
     kind: Literal["incremental_attention"]
     num_heads: int = Field(ge=1)
     num_kv_heads: int = Field(ge=1)

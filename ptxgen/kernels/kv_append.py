@@ -30,7 +30,7 @@ import numpy as np
 from pydantic import Field
 
 from ..dtypes import DTYPES, from_float, to_float64
-from .base import Geometry, Kind, KernelConfig, Param, Traffic, ceil_div, round_up
+from .base import Geometry, Kind, Param, PdlConfig, Traffic, ceil_div, round_up
 from .incremental_attention import FloatDType
 
 MAX_KV_HEADS = 256
@@ -40,7 +40,7 @@ MAX_THREADS = 256
 PATTERN_ROWS = 61  # sample caches repeat this many random rows (a prime): long caches stay cheap
 
 
-class KvAppendConfig(KernelConfig):
+class KvAppendConfig(PdlConfig):
     kind: Literal["kv_append"]
     num_kv_heads: int = Field(ge=1, le=MAX_KV_HEADS)
     head_dim: int = Field(ge=1, le=MAX_HEAD_DIM)

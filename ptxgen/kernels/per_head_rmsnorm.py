@@ -6,11 +6,11 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from .base import KernelConfig, Param
+from .base import Param, PdlConfig
 from .rmsnorm import FloatDType, Rmsnorm, check_row_length
 
 
-class PerHeadRmsnormConfig(KernelConfig):
+class PerHeadRmsnormConfig(PdlConfig):
     kind: Literal["per_head_rmsnorm"]
     dtype: FloatDType = "f32"
     num_heads: int = Field(ge=1)

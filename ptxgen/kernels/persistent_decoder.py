@@ -663,8 +663,7 @@ class PersistentDecoder(Kind):
         CTA overlaps, the last CTA's arrival waiting for its stores to be acknowledged (its
         fence), then its add reaching the word, which a waiter's poll brings back. Every barrier
         but the attention phase's precedes a GEMV phase whose first loads went out before the
-        wait (early_loads): those bytes stream through the barrier, and those warps wait through
-        their first load round there. Then each layer's split-KV count-in and merge
+        wait (early_loads): those bytes stream through the barrier. Then each layer's split-KV count-in and merge
         (AttentionPlan.count_in_tail). The atomics and loads among them are one thread's here,
         so the load rounds of the mean warp hold only a fraction of them (returns_value False:
         nothing is taken back out of those rounds)."""
@@ -677,27 +676,26 @@ class PersistentDecoder(Kind):
             for variant in variants:
                 waits = sum(stop - start for start, stop in variant.runs) - (phase == "qkv" and variant.runs[0][0] == 0)
                 if waits:
-                    early, warps = self.early_loads(variant)
+                    early = self.early_loads(variant)
                     steps.append(TailStep(f"{waits} grid barriers before {phase} {what}, {early} bytes of weights "
                                           f"in flight", trips * waits, every_cta=True, returns_value=False,
-                                          overlapped_bytes=waits * early,
-                                          overlapped_rounds=waits * warps / (self.grid * WARPS)))
+                                          overlapped_bytes=waits * early))
         _, splits = self.attention.split(min(int(scalars.get("pos", 0)), c.max_seq_len - 1) + 1)
         count_in = self.attention.count_in_tail(splits, splits)
         steps += [TailStep(f"{c.num_layers} layers x {step.what}", c.num_layers * step.round_trips, step.every_cta,
                            returns_value=False) for step in (count_in.steps if count_in else ())]
         return DependentTail(tuple(steps), group_ctas=1)
 
-    def early_loads(self, variant: PhaseVariant) -> tuple[int, int]:
-        """(bytes, warps): the weights a GEMV phase variant has in flight at its grid barrier's
-        wait, and the warps that loaded them: every warp with a task in the first segment, its
-        first task's first plan.unroll row-steps (a partial step's lanes only)."""
+    def early_loads(self, variant: PhaseVariant) -> int:
+        """The bytes of weights a GEMV phase variant has in flight at its grid barrier's wait:
+        every warp with a task in the first segment, its first task's first plan.unroll
+        row-steps (a partial step's lanes only)."""
         segment = variant.segments[0]
         plan = segment.plan
         warps = min(self.grid * WARPS, segment.end - segment.first)
         per_warp = sum(plan.step_bytes * (plan.partial_lanes if plan.is_partial(item) else 32) // 32
                        for item in plan.items[:plan.unroll])
-        return warps * per_warp, warps
+        return warps * per_warp
 
     def check_arrays(self, arrays, scalars) -> None:
         if self.config.indirect_pos:
@@ -756,7 +754,8 @@ class PersistentDecoder(Kind):
         gate/up (ffn_norm), swiglu, q4k_gemv down, residual_add (13 launches a layer, 11 without
         qk_norm: rope then turns q and k in place). Each matrix goes through its layer's type's
         kinds (weight_quants): a norm group whose matrices mix types is one fused group launch
-        per type (Q4_K_M's q/k Q4_K and v Q6_K: two). Returns the temporary buffers it needs (f32, zeroed) and
+        per type (Q4_K_M's q/k Q4_K and v Q6_K: two). Every kernel takes pdl (on sm_90 each starts
+        while the previous one ends). Returns the temporary buffers it needs (f32, zeroed) and
         the calls; buffers named like this kernel's parameters are its arrays. The bench's
         baseline, the tests' cross-check, and `ptxgen generate`'s layers."""
         from . import config_from_json
@@ -772,14 +771,14 @@ class PersistentDecoder(Kind):
 
         def heads(count: int) -> tuple[PerHeadRmsnormConfig, RopeConfig]:
             return (PerHeadRmsnormConfig(kind="per_head_rmsnorm", name=f"step_head_norm_{count}", num_heads=count,
-                                         head_dim=hd, eps=c.eps),
+                                         head_dim=hd, eps=c.eps, pdl=True),
                     RopeConfig(kind="rope", name=f"step_rope_{count}", num_heads=count, head_dim=hd,
-                               theta=c.rope_theta, style=c.rope_style))
+                               theta=c.rope_theta, style=c.rope_style, pdl=True))
 
         def gemv(weight: str, layer: int, x: str, y: str) -> Call:
             n, k = self.matrix_shapes()[weight]
             kind = GEMV_KINDS[layer_quants(c, weight)[layer]]
-            config = config_from_json({"kind": kind, "name": f"step_{kind}_{n}x{k}", "n": n, "k": k})
+            config = config_from_json({"kind": kind, "name": f"step_{kind}_{n}x{k}", "n": n, "k": k, "pdl": True})
             return Call(config, {"y": y, "w": weight_slot(c, weight, layer), "x": x}, {})
 
         def normed(gamma: str, outputs: dict[str, str], layer: int) -> list[Call]:
@@ -793,7 +792,7 @@ class PersistentDecoder(Kind):
                 kind = NORMED_GROUP_KINDS[quant]
                 config = config_from_json({"kind": kind, "name": f"step_norm_{'_'.join(group.values())}_{quant}", "k": H,
                                            "matrices": {y: self.matrix_shapes()[w][0] for w, y in group.items()},
-                                           "eps": c.eps})
+                                           "eps": c.eps, "pdl": True})
                 args = {f"w_{y}": weight_slot(c, weight, layer) for weight, y in group.items()}
                 calls.append(Call(config, {**{f"y_{y}": y for y in group.values()}, **args, "x": "x",
                                            "gamma": (gamma, layer)}, {}))
@@ -802,12 +801,12 @@ class PersistentDecoder(Kind):
         q_norm, q_rope = heads(c.num_heads)
         k_norm, k_rope = heads(c.num_kv_heads)
         append = KvAppendConfig(kind="kv_append", name="step_kv_append", num_kv_heads=c.num_kv_heads, head_dim=hd,
-                                max_seq_len=c.max_seq_len, kv_dtype=c.kv_dtype)
+                                max_seq_len=c.max_seq_len, kv_dtype=c.kv_dtype, pdl=True)
         attention = IncrementalAttentionConfig(
             kind="incremental_attention", name="step_attention", num_heads=c.num_heads, num_kv_heads=c.num_kv_heads,
-            head_dim=hd, max_seq_len=c.max_seq_len, kv_dtype=c.kv_dtype, sm_count=c.sm_count)
-        add = ResidualAddConfig(kind="residual_add", name="step_residual_add", n=H)
-        swiglu = SwigluConfig(kind="swiglu", name="step_swiglu", n=I)
+            head_dim=hd, max_seq_len=c.max_seq_len, kv_dtype=c.kv_dtype, sm_count=c.sm_count, pdl=True)
+        add = ResidualAddConfig(kind="residual_add", name="step_residual_add", n=H, pdl=True)
+        swiglu = SwigluConfig(kind="swiglu", name="step_swiglu", n=I, pdl=True)
         at_pos = {"pos": pos}
         calls = []
         for l in range(c.num_layers):

@@ -29,7 +29,7 @@ from pydantic import Field, field_validator, model_validator
 from ..dtypes import UNIT_ROUNDOFF
 from ..q4k import unpack
 from ..quants import QUANT_TYPES
-from .base import Geometry, Kind, KernelConfig, Param, Traffic
+from .base import Geometry, Kind, Param, PdlConfig, Traffic
 from .families.quant_gemv import (FORMATS, MAX_K, MAX_REGISTERS, MAX_ROW_STEPS, MAX_ROWS, MAX_WARPS, SM_COUNT,
                                   STEP_WEIGHTS, X_GROUP, QuantGemvPlan, dequantize_x, divisors, min_warps,
                                   queue_split)
@@ -60,7 +60,7 @@ def gamma(m: int) -> float:
     return m * u / (1 - m * u)
 
 
-class QuantGemvTuning(KernelConfig):
+class QuantGemvTuning(PdlConfig):
     """The family's tuning fields (None: the plan's defaults, see QuantGemvPlan.of), for weights of
     type `quant` (the subclasses of the other formats set it)."""
 
@@ -115,8 +115,8 @@ class Q4kGemvConfig(QuantGemvTuning):
 
 def weight_param(name: str, n: int, k: int, quant: str) -> Param:
     """A weight matrix parameter of type `quant`: u8[n, row bytes] (Q4_K: (k/256)*144), loadable
-    from a GGUF tensor."""
-    return Param(name, "u8", (n, QUANT_TYPES[quant].row_bytes(k)), layout=quant)
+    from a GGUF tensor; stable (a PDL variant loads its first rows before it waits)."""
+    return Param(name, "u8", (n, QUANT_TYPES[quant].row_bytes(k)), layout=quant, stable=True)
 
 
 class Q4kGemv(Kind):
@@ -126,6 +126,7 @@ class Q4kGemv(Kind):
     name = "q4k_gemv"
     Config = Q4kGemvConfig
     fused = False
+    pdl_wait_in_body = True  # after the first weight loads (templates/q4k_gemv.ptx.j2)
 
     @property
     def quant(self) -> str:

@@ -30,7 +30,7 @@ from pydantic import Field, field_validator
 from ..dtypes import DTYPES, UNIT_ROUNDOFF, from_float, half_ulp, to_float64
 from ..abi import scalar
 from ..hardware_errors import RSQRT_REL
-from .base import Geometry, Kind, KernelConfig, Param, Traffic, ceil_div, round_up
+from .base import Geometry, Kind, Param, PdlConfig, Traffic, ceil_div, round_up
 
 FloatDType = Literal["f32", "f16", "bf16"]
 MAX_ROWS = 2**31 - 1  # grid.x limit
@@ -66,7 +66,7 @@ def rms_normalize(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * gamma
 
 
-class RmsnormConfig(KernelConfig):
+class RmsnormConfig(PdlConfig):
     kind: Literal["rmsnorm"]
     dtype: FloatDType = "f32"
     hidden: int = Field(ge=1)

@@ -43,7 +43,7 @@ import numpy as np
 from pydantic import Field
 
 from ..hardware_errors import SIN_COS_ABS
-from .base import Geometry, Kind, KernelConfig, Param, Traffic, ceil_div, round_up
+from .base import Geometry, Kind, Param, PdlConfig, Traffic, ceil_div, round_up
 from .families.rope import RopePlan, RopeStyle
 from .rmsnorm import vector_width
 
@@ -100,7 +100,7 @@ def rotate(x: np.ndarray, pos: int, theta: float, style: RopeStyle = "rotate_hal
     return ROTATIONS[style](x, pos, theta)
 
 
-class RopeConfig(KernelConfig):
+class RopeConfig(PdlConfig):
     kind: Literal["rope"]
     head_dim: int = Field(ge=2, le=MAX_HEAD_DIM, multiple_of=2)
     num_heads: int = Field(ge=1, le=65536)

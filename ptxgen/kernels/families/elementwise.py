@@ -16,14 +16,14 @@ from dataclasses import dataclass
 
 from pydantic import Field
 
-from ..base import Geometry, KernelConfig, ceil_div, round_up
+from ..base import Geometry, PdlConfig, ceil_div, round_up
 
 MAX_N = 2**30  # the largest n of an elementwise kind
 VEC = 4  # f32 elements per 16-byte vector
 SMALL_UNITS = 2**18  # up to here: 128-thread CTAs, one vector per thread (spread over many SMs)
 
 
-class ElementwiseConfig(KernelConfig):
+class ElementwiseConfig(PdlConfig):
     """The size of an elementwise kind (a kind's Config adds only its `kind` literal)."""
 
     n: int = Field(ge=1, le=MAX_N)
