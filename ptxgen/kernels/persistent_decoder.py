@@ -663,10 +663,10 @@ class PersistentDecoder(Kind):
         CTA overlaps, the last CTA's arrival waiting for its stores to be acknowledged (its
         fence), then its add reaching the word, which a waiter's poll brings back. Every barrier
         but the attention phase's precedes a GEMV phase whose first loads went out before the
-        wait (early_loads): those bytes stream through the barrier. Then each layer's split-KV count-in and merge
-        (AttentionPlan.count_in_tail). The atomics and loads among them are one thread's here,
-        so the load rounds of the mean warp hold only a fraction of them (returns_value False:
-        nothing is taken back out of those rounds)."""
+        wait (early_loads): those bytes stream through the barrier. Then each layer's split-KV
+        count-in and merge (AttentionPlan.count_in_tail). The atomics and loads among them are
+        one thread's here, so the load rounds of the mean warp hold only a fraction of them
+        (returns_value False: nothing is taken back out of those rounds)."""
         c = self.config
         trips = BARRIER_ROUND_TRIPS
         what = "x (the last arrival's fence, its add reaching the word and a waiter's poll)"
