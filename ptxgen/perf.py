@@ -36,8 +36,7 @@ The time model has three terms, all in microseconds:
   often a spinning thread polls follows the schedule, not the work. Loads a step has in flight
   (TailStep.overlapped_bytes: the decoder's next phase's first weights, issued before the
   barrier's wait) stream while it runs: their time, up to the step's round trips, leaves the
-  bandwidth term. A load round is counted for the warps that send it (a load predicated off in
-  a whole warp, such as a barrier's one-thread atomic in the others, is no round of theirs).
+  bandwidth term.
   Without a declared tail, the tail is the rounds only some warps wait through, from the PTX
   alone: (critical rounds - mean rounds) x latency.
 A kind too large to interpret is counted at smaller configs that repeat its work and
@@ -359,8 +358,8 @@ def count_instructions(ptx: str, entry: str, launch: Launch, args: list,
     return Count(
         thread_instructions=round(stats.thread_instructions * ctas / run),
         warp_instructions=round(stats.warp_instructions * ctas / run),
-        rounds_per_warp=float(sum(stats.active_warps_at[i] for i in rounds.starts)) / warps_run,
-        critical_rounds=sum(-(-int(stats.active_warps_at[i]) // warps_run) for i in rounds.starts),
+        rounds_per_warp=float(sum(stats.warps_at[i] for i in rounds.starts)) / warps_run,
+        critical_rounds=sum(-(-int(stats.warps_at[i]) // warps_run) for i in rounds.starts),
         outstanding_bytes=rounds.waits[busiest] if busiest is not None else 0,
         instructions_per_warp=float(stats.warp_instructions) / warps_run,
         critical_instructions=sum(-(-int(warps) // warps_run) for warps in stats.warps_at),

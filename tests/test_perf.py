@@ -173,31 +173,6 @@ def test_a_sampled_grid_scales_to_the_full_count(grid, max_threads, run):
         (ctas * BLOCK * EXECUTED, ctas * 2 * PER_THREAD, TRIPS)
 
 
-def test_a_load_predicated_off_in_a_whole_warp_is_no_round_of_that_warp():
-    """Thread 0's atomic (a grid barrier's arrival) is every warp's issue but warp 0's round only."""
-    ptx = """
-.version 7.0
-.target sm_80
-.address_size 64
-.visible .entry lead(.param .u64 word)
-{
-  .reg .pred %p;
-  .reg .b32 %t, %old;
-  .reg .b64 %w;
-  ld.param.u64 %w, [word];
-  cvta.to.global.u64 %w, %w;
-  mov.u32 %t, %tid.x;
-  setp.eq.u32 %p, %t, 0;
-  @%p atom.global.add.u32 %old, [%w], 1;
-  @%p add.u32 %old, %old, 1;
-  ret;
-}
-"""
-    count = perf.count_instructions(ptx, "lead", Launch((2, 1, 1), (128, 1, 1)), [np.zeros(1, np.uint32)])
-    assert count.warp_instructions == 8 * 7  # each of 8 warps issues all 7 instructions
-    assert count.rounds_per_warp == 2 / 8 and count.critical_rounds == 1
-
-
 def test_lanes_a_branch_skips_still_cost_their_warp_one_issue():
     ptx = """
 .version 7.0

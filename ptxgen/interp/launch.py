@@ -53,9 +53,6 @@ class LaunchStats:
     # Per instruction index: warps that reached it (a warp issues an instruction once however
     # many of its lanes run it or are predicated off, so a partial warp counts whole).
     warps_at: np.ndarray | None = None
-    # Per instruction index: warps with a lane that ran it, not predicated off (a load goes out
-    # only from those).
-    active_warps_at: np.ndarray | None = None
 
     @property
     def warp_instructions(self) -> int:
@@ -132,7 +129,7 @@ def launch(ptx: str, entry: str, grid: tuple[int, int, int], block: tuple[int, i
     per_wave = max(1, min(num_ctas, MAX_WAVE_THREADS // cta_threads))
     if sanitize and shared:
         per_wave = max(1, min(per_wave, MAX_TRACKED_SHARED // shared))
-    stats = LaunchStats(warps_at=np.zeros(len(code), np.int64), active_warps_at=np.zeros(len(code), np.int64))
+    stats = LaunchStats(warps_at=np.zeros(len(code), np.int64))
     name = kernel_name or entry
     scalars = [a for a in args if not isinstance(a, np.ndarray)]
     rng = np.random.default_rng([seed & 0xFFFFFFFF, zlib.crc32(repr((entry, grid, block, scalars)).encode())])
@@ -336,9 +333,8 @@ def _run_wave(st, code, sync_points, stats, name, rng, members):
                     sel = active
             stats.instructions += 1
             stats.thread_instructions += len(active)
-            warps = st.num_ctas * st.warps_per_cta if len(threads) == n else _distinct(st.warp[threads])
-            stats.warps_at[pc] += warps
-            stats.active_warps_at[pc] += warps if rest is None else _distinct(st.warp[active])
+            stats.warps_at[pc] += (st.num_ctas * st.warps_per_cta if len(threads) == n
+                                   else _distinct(st.warp[threads]))
             kind = ex.kind
             stalled = stalled and kind == "wait"
             if kind == "alu":

@@ -111,9 +111,9 @@ def test_clean_decoder_passes(decoder):
 
 @pytest.mark.parametrize("fence", ["release", "acquire"])
 def test_decoder_grid_barrier_without_a_fence(decoder, fence):
-    """Each of the barrier's fences is load-bearing: the arriving thread's release (`@%lead`) or
-    the waiting thread's acquire (the per-head counters' `@%lane0 fence`s stay)."""
-    pattern = r"\t@%lead fence\.acq_rel\.gpu;\n" if fence == "release" else r"\tfence\.acq_rel\.gpu;\nBARRIER"
+    """Each of the barrier's fences is load-bearing: the arriving thread's release or the waiting
+    thread's acquire (the per-head counters' `@%lane0 fence`s stay)."""
+    pattern = r"\tfence\.acq_rel\.gpu;\n(?=\tatom)" if fence == "release" else r"\tfence\.acq_rel\.gpu;\nBARRIER"
     bad_ptx = edit(decoder.ptx, pattern, "" if fence == "release" else "BARRIER",
                    decoder.ptx.count("// ---- grid barrier: arrive" if fence == "release" else ": wait ----"))
     expect_caught(decoder, bad_ptx, r"global-memory race: reads \w+\[.*(never acquired|without releasing|"
