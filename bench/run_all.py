@@ -235,6 +235,8 @@ def markdown(results: dict, notes: list[str]) -> str:
         f"- device-to-device copy: {copy['gbs']:.0f} GB/s (read + write, {copy['bytes'] / 2**20:.0f} MiB), "
         f"the 100% of the '% copy bw' columns",
         f"- {results['iters']} timed runs per figure after warm-up; median (p10-p90); buffers rotated past L2",
+        "- kernels with `pdl = true` (their config) ran their sm_90 PTX under programmatic dependent launch: "
+        "back to back, each run's start overlaps the previous run's end",
         "",
         "## Kernels",
         "",
