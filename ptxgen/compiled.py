@@ -107,11 +107,8 @@ class CompiledKernel:
 
     def jit_variant(self, device_arch: str) -> Variant | None:
         """The PTX the driver can JIT for `device_arch` when no cubin fits: the variant made for
-        exactly this GPU, else the portable one if its target is not newer than the GPU."""
-        own = self.variants.get(device_arch + "a") or self.variants.get(device_arch)
-        if own is not None:
-            return own
-        return self.portable if arch_version(self.portable.target)[:2] <= arch_version(device_arch)[:2] else None
+        exactly this GPU, else the newest variant it can run (serving_variant)."""
+        return self.variants.get(device_arch + "a") or serving_variant(self.variants, device_arch)
 
     def param(self, name: str) -> Param:
         for param in self.params:
@@ -244,6 +241,16 @@ class CompiledKernel:
         except (KeyError, TypeError, ValueError, StopIteration, UnicodeDecodeError) as error:
             raise PtxgenError(f"{folder / 'manifest.json'}: kernel {name!r}: not a ptxgen manifest entry "
                               f"({type(error).__name__}: {error})") from None
+
+
+def serving_variant(variants: Mapping[str, Variant], arch: str) -> Variant | None:
+    """The PTX that serves `arch` (e.g. sm_100): its own variant, else the newest one made for an
+    older arch that is not arch-specific (a PDL variant's sm_90 PTX serves sm_100 and sm_120; an
+    sm_90a one serves sm_90 alone), else None."""
+    wanted = arch_version(arch)
+    usable = [v for v in variants.values() if v.target == arch
+              or (not arch_version(v.target)[2] and arch_version(v.target)[:2] <= wanted[:2])]
+    return max(usable, key=lambda v: (v.target == arch, arch_version(v.target)[:2]), default=None)
 
 
 def arch_version(arch: str) -> tuple[int, int, bool]:

@@ -41,6 +41,11 @@ def _kernel(name: str, entry: dict) -> list[str]:
              f"static const char* const {prefix}_cubins[][2] = {{"
              + ", ".join(f'{{"{arch}", "{c["file"]}"}}' for arch, c in entry["cubins"].items()) + "};",
              f"#define {macro}_NUM_CUBINS {len(entry['cubins'])}",
+             "/* Per cubin above, 1 where its PTX waits for the previous kernel itself: launch it with "
+             "CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuLaunchKernelEx) to overlap that kernel's end; "
+             "correct either way. */",
+             f"static const int {prefix}_cubin_pdl[] = {{"
+             + ", ".join(str(int(_cubin_pdl(entry, cubin))) for cubin in entry["cubins"].values()) + "};",
              "typedef struct {"]
     for param in params:
         c_type = "uint64_t" if param.is_array else C_SCALAR[param.ptx_type]
@@ -67,9 +72,6 @@ def _kernel(name: str, entry: dict) -> list[str]:
         geometry = Geometry.from_json(variant["geometry"])
         lines += [f"/* Launch{' of the ' + target + ' cubin' if suffix else ''}: {variant['launch']} */",
                   f"#define {macro}{suffix.upper()}_COOPERATIVE {int(geometry.cooperative)}",
-                  f"/* 1: launch with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuLaunchKernelEx) to overlap "
-                  "the previous kernel of the stream; correct either way. */",
-                  f"#define {macro}{suffix.upper()}_PDL {int(variant.get('pdl', False))}",
                   f"static inline ptxgen_dim3 {prefix}{suffix}_grid({arguments}) {{{unused}",
                   "    ptxgen_dim3 d = {" + ", ".join(f"(uint32_t){formula_c(g)}" for g in geometry.grid) + "};",
                   "    return d;", "}",
@@ -78,6 +80,11 @@ def _kernel(name: str, entry: dict) -> list[str]:
                   f"static inline uint32_t {prefix}{suffix}_dynamic_shared({arguments}) {{{unused}",
                   f"    return (uint32_t){formula_c(geometry.dynamic_shared)};", "}"]
     return lines + [""]
+
+
+def _cubin_pdl(entry: dict, cubin: dict) -> bool:
+    """Whether a cubin was made from PTX for programmatic dependent launch."""
+    return any(v.get("pdl", False) for v in entry["variants"].values() if v["ptx"] == cubin["ptx"])
 
 
 def _in_range(name: str, low: int, high: int) -> str:

@@ -20,7 +20,7 @@ from . import __version__
 from .archs import format_version
 from .assemble import OPTIONS, assemble, assembler_version, parse_resources, resolve_assembler
 from .cache import Cache, cache_key
-from .compiled import Binary, CompiledKernel, Variant
+from .compiled import Binary, CompiledKernel, Variant, serving_variant
 from .errors import SpecError
 from .kernels import kind_of, own_targets
 from .render import render
@@ -69,7 +69,8 @@ def stage_ptx(spec: Spec, units: list[Unit], options: BuildOptions) -> None:
 
 
 def stage_cubin(spec: Spec, units: list[Unit], options: BuildOptions) -> tuple[int, int]:
-    """One cubin per (kernel, arch), from the variant of that arch or the portable PTX."""
+    """One cubin per (kernel, arch), from the PTX that serves that arch (compiled.serving_variant:
+    its own variant, else the newest one for an older arch that is not arch-specific)."""
     assembler = resolve_assembler(options.assembler)
     version = assembler_version(assembler)
     cache = Cache(SETTINGS.cache_dir if options.use_cache else None, report=options.report)
@@ -78,7 +79,7 @@ def stage_cubin(spec: Spec, units: list[Unit], options: BuildOptions) -> tuple[i
         unit.assembler = {"name": assembler, "version": version}
         portable = next(iter(unit.variants.values()))
         for arch in spec.target.archs:
-            variant = unit.variants.get(arch, portable)
+            variant = serving_variant(unit.variants, arch) or portable
             key = cache_key(variant.ptx, arch, assembler, version, OPTIONS)
             hit = cache.get(key)
             if hit:

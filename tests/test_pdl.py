@@ -165,6 +165,15 @@ def test_without_sm90_in_the_archs_there_is_only_the_portable_ptx():
     assert list(compiled.variants) == ["sm_80"] and not compiled.variants["sm_80"].pdl
 
 
+def test_later_archs_run_the_pdl_ptx():
+    """sm_100 and sm_120 accept sm_90 PTX: their cubins come from the PDL variant, and a GPU of a
+    later arch without a cubin of its own JITs that PTX."""
+    compiled = compile_kernel(make_config("rmsnorm", name="kern", hidden=512, pdl=True), ("sm_80", "sm_90", "sm_100"))
+    assert {arch: binary.target for arch, binary in compiled.binaries.items()} == {
+        "sm_80": "sm_80", "sm_90": "sm_90", "sm_100": "sm_90"}
+    assert compiled.variant("sm_100").pdl and compiled.variant("sm_120").pdl and not compiled.variant("sm_86").pdl
+
+
 def test_the_artifact_folder_says_which_ptx_is_for_pdl(tmp_path):
     spec = tmp_path / "pdl.toml"
     spec.write_text('[target]\narchs = ["sm_80", "sm_90"]\n\n[[kernels]]\nname = "norm"\nkind = "rmsnorm"\n'
@@ -178,7 +187,9 @@ def test_the_artifact_folder_says_which_ptx_is_for_pdl(tmp_path):
     assert norm["cubins"]["sm_90"]["ptx"] == "norm.sm_90.ptx" and norm["cubins"]["sm_80"]["ptx"] == "norm.ptx"
     assert list(manifest["kernels"]["plain"]["variants"]) == ["sm_80"]
     header = (out / "pdl.h").read_text()
-    assert "#define NORM_SM_90_PDL 1" in header and "#define NORM_PDL 0" in header and "#define PLAIN_PDL 0" in header
+    cubins = "static const char* const norm_cubins[][2] = {{\"sm_80\", \"sm_80/norm.cubin\"}, {\"sm_90\", \"sm_90/norm.cubin\"}};"
+    assert cubins in header and "static const int norm_cubin_pdl[] = {0, 1};" in header
+    assert "static const int plain_cubin_pdl[] = {0, 0};" in header
     loaded = {kernel.name: kernel for kernel in load_folder(out)}
     assert loaded["norm"].variant("sm_90").pdl and not loaded["norm"].variant("sm_80").pdl
 

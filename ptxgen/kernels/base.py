@@ -30,7 +30,8 @@ F32_MIN_NORMAL = 2.0**-126
 # previous one (griddepcontrol.wait) before it touches any array but the `stable` ones (a
 # model's weights); the launcher gives that variant CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_
 # SERIALIZATION, so its CTAs start, and load weights, while the previous kernel drains. Other
-# archs keep the portable PTX, launched as before. Every thread passes the wait before it ends:
+# archs below it keep the portable PTX, launched as before (later ones run the sm_90 PTX: see
+# compiled.serving_variant). Every thread passes the wait before it ends:
 # a grid whose CTAs all ended without waiting could complete before its own predecessor, and its
 # dependent would not wait for that one.
 PDL_TARGET = "sm_90"
@@ -76,7 +77,7 @@ class PdlConfig(KernelConfig):
     """A kind that can run under programmatic dependent launch (PDL_TARGET)."""
 
     # Where the spec's archs include PDL_TARGET, that arch's PTX overlaps the previous kernel of
-    # the stream; other archs keep the portable PTX (no effect there).
+    # the stream, and so does its PTX on later archs; older archs keep the portable PTX.
     pdl: bool = False
 
 
