@@ -22,8 +22,7 @@ from pathlib import Path
 
 from .artifacts import write_file
 from .errors import PtxgenError
-from .kernels import KINDS, config_from_json, kind_of
-from .kernels.base import PdlConfig
+from .kernels import config_from_json, kind_of, takes_pdl
 from .model_config import ModelConfig, from_hf_config
 from .quants import GEMV_KINDS
 
@@ -158,7 +157,7 @@ def spec_text(config: ModelConfig, source: str, max_seq_len: int | None = None, 
     for title, kernels in sections:
         lines += ["", _comment(f"--- {title}")]
         for kernel in kernels:
-            if issubclass(KINDS[kernel["kind"]].Config, PdlConfig):
+            if takes_pdl(kernel["kind"]):
                 kernel = {**kernel, "pdl": True}
             lines += ["", "[[kernels]]"] + [f"{key} = {_toml_value(value)}" for key, value in kernel.items()]
     return "\n".join(lines) + "\n"

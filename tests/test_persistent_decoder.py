@@ -448,17 +448,18 @@ def test_ptx_has_the_fast_paths():
     activations written in this launch read through L2 (.cg), never the non-coherent path;
     one atomic per grid barrier; each GEMV phase's first weight loads issued before the barrier's
     wait that precedes it (the attention phase's wait has no loads before it)."""
-    ptx = kernel_for(2).ptx
+    kernel = kernel_for(2)
+    ptx = kernel.ptx
     assert len(re.findall(r"ld\.global\.nc\.v4\.u32", ptx)) >= 4 * 8
     assert "ld.global.cg.v4.f32" in ptx and "ld.relaxed.gpu.global.u32" in ptx
     assert ptx.count("atom.relaxed.gpu.global.add.u32") == PHASE_BARRIERS
-    arrivals = [m.start() for m in re.finditer(r"// ---- grid barrier: arrive", ptx)]
-    waits = [m.start() for m in re.finditer(r"// ---- grid barrier \d+: wait", ptx)]
-    assert len(waits) == PHASE_BARRIERS and waits[0] < arrivals[0]  # phase A's wait comes first
-    for wait in waits[1:]:
-        arrival = max(a for a in arrivals if a < wait)
-        loads = "ld.global.nc.v4.u32" in ptx[arrival:wait]
-        assert loads == (wait != min(w for w in waits if w > arrivals[0])), "weight loads before a wait"
+    sites = kernel.definition.barrier_sites()
+    assert len(sites) == len(re.findall(r"// ---- grid barrier \d+: wait", ptx)) == PHASE_BARRIERS
+    for phase, site in sites.items():
+        wait = ptx.index(f"// ---- grid barrier {site}: wait")
+        # From the arrival before it (phase A's: from the layer's start) to the wait.
+        since = max(ptx.rfind("// ---- grid barrier", 0, wait), ptx.index("LAYER:"))
+        assert ("ld.global.nc.v4.u32" in ptx[since:wait]) == (phase != "attention"), f"weight loads before {phase}'s wait"
     assert ".maxnreg 255" in ptx and ".maxntid 256, 1, 1" in ptx
 
 

@@ -281,6 +281,20 @@ class WaveState:
             self._views[key] = raw.view(item(size))
         return self._views[key]
 
+    def global_parts(self, addr, size, threads):
+        """segments' [(array index, byte offsets, positions)] of a global access that is not
+        within one array: out of bounds (a finding) or across several."""
+        region = self.memory.locate(addr, size)
+        lo, hi = region.min(), region.max()
+        if lo < 0:
+            i = int(np.flatnonzero(region < 0)[0])
+            raise Finding(f"out-of-bounds {size}-byte global access: "
+                          + self.memory.describe(int(addr[i])), threads[i])
+        bases = self.memory._bases
+        if lo == hi:
+            return [(int(lo), addr - bases[lo], FULL)]
+        return [(int(r), addr[p] - bases[r], p) for r in np.unique(region) for p in [np.flatnonzero(region == r)]]
+
     def segments(self, space, addr, size, threads, align=None):
         """Split an access of `size` bytes per thread at `addr` (int64) into
         [(region, byte offsets, positions or FULL)] after bounds and alignment checks.
@@ -306,18 +320,9 @@ class WaveState:
         if space == "global":
             whole = self.memory.holding(int(addr.min()), int(addr.max()) + size)
             if whole is not None:         # the usual case: one array, in bounds
-                if self.before_wait is not None:
-                    self.check_dependent(whole, threads)
-                return [(whole, addr - self.memory.bases[whole], FULL)]
-            region = self.memory.locate(addr, size)
-            lo, hi = region.min(), region.max()
-            if lo < 0:
-                i = int(np.flatnonzero(region < 0)[0])
-                raise Finding(f"out-of-bounds {size}-byte global access: "
-                              + self.memory.describe(int(addr[i])), threads[i])
-            bases = self.memory._bases
-            parts = ([(int(lo), addr - bases[lo], FULL)] if lo == hi else
-                     [(int(r), addr[p] - bases[r], p) for r in np.unique(region) for p in [np.flatnonzero(region == r)]])
+                parts = [(whole, addr - self.memory.bases[whole], FULL)]
+            else:
+                parts = self.global_parts(addr, size, threads)
             if self.before_wait is not None:
                 for r, _, p in parts:
                     self.check_dependent(r, threads[p])

@@ -59,6 +59,11 @@ def kind_of(config, target: str | None = None) -> Kind:
     return (VARIANTS[config.kind, target] if target else KINDS[config.kind])(config)
 
 
+def takes_pdl(kind: str) -> bool:
+    """Whether `kind`'s config can ask for programmatic dependent launch (a PdlConfig)."""
+    return (kind, PDL_TARGET) in VARIANTS
+
+
 def own_targets(config) -> list[str]:
     """The arch-specific targets for which `config`'s kind renders a PTX of its own (PDL_TARGET
     where the config asks for PDL)."""

@@ -601,16 +601,16 @@ class PersistentDecoder(Kind):
             "rope": RopePlan.of(c.rope_theta, c.head_dim, vec, c.rope_style),
             "qk_norm": c.qk_norm,
             "counter_base": c.num_kv_heads,
-            **self.barrier_sites(),
+            "sites": self.barrier_sites(),
         }
 
-    def barrier_sites(self) -> dict:
-        """The grid barrier waits' numbers (their labels): the attention phase's, then one per
-        variant of each GEMV phase."""
+    def barrier_sites(self) -> dict[str, int]:
+        """Each phase's first grid barrier wait number (their labels): the attention phase's, then
+        each GEMV phase's, one a variant."""
         sites, count = {"attention": 0}, 1
         for phase, variants in self.variants.items():
             sites[phase], count = count, count + len(variants)
-        return {"sites": sites}
+        return sites
 
     # --- runtime -------------------------------------------------------------------------------
     def scalar_limits(self) -> dict[str, tuple[int, int]]:
