@@ -196,12 +196,15 @@ def show(
     as_json: JsonOption = False,
     tensor_tflops: Annotated[float, typer.Option(min=1e-6, help="Tensor throughput for the roofline, "
                                                                 "TFLOP/s.")] = H100_TENSOR_TFLOPS,
+    assignments: Annotated[Optional[list[str]], typer.Option(
+        "--set", help="Runtime scalar NAME=VALUE to report at (default: the kind's typical call).")] = None,
 ):
     """Config, parameters, launch, resources per arch, bytes moved, and the performance model: occupancy,
     instructions per byte, issue-bound time and bytes in flight on a chosen GPU."""
     from .perf import evaluate_kernel, gpu_named, occupancy_per_arch
 
     chosen = gpu_named(gpu)
+    chosen_scalars = single_sets(assignments, "show")
     spec = load_spec(spec_path)
     compiled = compile_one(spec, spec.spec.find(name))
     variant = compiled.variant(arch)
@@ -209,7 +212,7 @@ def show(
         sys.stdout.write(variant.ptx)
         return
     kind = compiled.definition
-    scalars = kind.example_scalars()
+    scalars = {**kind.example_scalars(), **chosen_scalars}
     launch = compiled.launch(scalars, arch)
     traffic = kind.traffic(scalars)
     bandwidth_us = traffic.bytes / (chosen.bandwidth_gbs * 1e3)
@@ -232,7 +235,7 @@ def show(
     elif model and not kind.verify_scalars() and kind.model_scaling() is None:
         report["model"] = {"skipped": "too large to interpret: instructions not counted"}
     elif model:
-        report["model"] = evaluate_kernel(compiled, chosen)
+        report["model"] = evaluate_kernel(compiled, chosen, scalars=scalars)
         report["thread_instructions_per_byte"] = report["model"].get("thread_instructions_per_byte")
     fits = occupancy_per_arch(launch, {arch: dict(b.resources) for arch, b in compiled.binaries.items()})
     report["occupancy"] = {arch: round(fit.fraction, 4) for arch, fit in fits.items()}
@@ -304,6 +307,16 @@ def parse_sets(assignments: list[str]) -> dict[str, list[int]]:
     return values
 
 
+def single_sets(assignments: list[str] | None, command: str) -> dict[str, int]:
+    """--set NAME=VALUE options of a command that takes one value per scalar."""
+    chosen = {}
+    for name, values in parse_sets(assignments or []).items():
+        if len(values) != 1:
+            raise LaunchError(f"--set {name}: {command} takes one value, got {len(values)}")
+        chosen[name] = values[0]
+    return chosen
+
+
 def default_backend() -> str:
     from .device import driver
     from .errors import DeviceUnavailable
@@ -337,10 +350,7 @@ def run(
     arrays = load_npz(inputs, "--inputs")
     scalars = {name: scalar_of(arrays.pop(name), f"--inputs {inputs}: {name}") for name in list(arrays)
                if arrays[name].ndim == 0}
-    for name, values in parse_sets(assignments or []).items():
-        if len(values) != 1:
-            raise LaunchError(f"--set {name}: run takes one value, got {len(values)}")
-        scalars[name] = values[0]
+    scalars.update(single_sets(assignments, "run"))
     if (gguf is None) != (tensor is None):
         raise LaunchError("--gguf and --tensor go together")
     compiled = compile_one(spec, config)

@@ -398,6 +398,26 @@ def test_show_reports_the_model_as_json_and_as_a_table():
     assert bad.returncode == 2 and "--gpu: expected one of" in bad.stderr
 
 
+def test_show_reports_the_launch_and_the_model_at_the_runtime_scalars_it_is_given():
+    """--set moves the whole report (grid, bytes, roofline, model) to that call: decode attention
+    over 1024 keys splits into fewer CTAs and moves a quarter of the bytes of 4096 keys."""
+    from helpers import ROOT, run_cli
+
+    spec = str(ROOT / "specs" / "qwen3.toml")
+    reports = {}
+    for keys in (1024, 4096):
+        shown = run_cli("show", "qwen3_8b_decode_attention", "--spec", spec, "--json", "--set", f"seq_len={keys}")
+        assert shown.returncode == 0, shown.stderr
+        reports[keys] = json.loads(shown.stdout)
+    short, long = reports[1024], reports[4096]
+    assert short["launch"]["scalars"] == short["model"]["scalars"] == {"seq_len": 1024}
+    assert short["launch"]["grid"][0] < long["launch"]["grid"][0]
+    kv_bytes = 2 * 8 * 128 * 2  # K and V rows of 8 heads, d128, f16
+    assert long["traffic"]["bytes"] - short["traffic"]["bytes"] == 3072 * kv_bytes
+    assert long["model"]["bytes"] == long["traffic"]["bytes"]
+    assert long["roofline_us"]["memory"] > 3.9 * short["roofline_us"]["memory"]
+
+
 def test_show_gives_occupancy_even_where_the_model_is_not_run():
     """The 151936-row lm_head is too large to interpret, so no instruction count; occupancy needs
     only ptxas's resources and is reported per arch anyway."""

@@ -238,6 +238,9 @@ def test_outputs_replaces_a_file_whole_with_the_umasks_permissions(tmp_path, nor
     (["verify", str(SPEC), "--seed", "-1"], "--seed"),
     (["show", "qwen3_8b_rmsnorm", "--spec", str(SPEC), "--tensor-tflops", "0"], "--tensor-tflops"),
     (["show", "qwen3_8b_rmsnorm", "--spec", str(SPEC), "--gpu", "h100"], "--gpu"),
+    (["show", "qwen3_8b_rmsnorm", "--spec", str(SPEC), "--set", "seq_len=4"], "seq_len"),
+    (["show", "qwen3_8b_rmsnorm", "--spec", str(SPEC), "--set", "rows=0x"], "--set"),
+    (["show", "qwen3_8b_rmsnorm", "--spec", str(SPEC), "--set", "rows=1,2"], "rows"),
     (["run", "qwen3_8b_rmsnorm", "--spec", str(SPEC), "--inputs", "in.npz", "--outputs", "o.npz", "--backend", "gpu"],
      "--backend"),
 ])
