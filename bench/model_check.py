@@ -37,6 +37,9 @@ def check_row(row: dict, gpu: perf.Gpu) -> dict:
     config = config_from_json({"name": row["kernel"], "kind": row["kind"], **row["config"]})
     compiled = compile_kernel(config, archs=(gpu.arch,))
     report = perf.evaluate_kernel(compiled, gpu, scalars=row["scalars"])
+    if "skipped" in report:
+        return {"kernel": row["kernel"], "scalars": row["scalars"], "measured_us": row["median_us"],
+                "verdict": f"not judged ({report['skipped']})"}
     low, high = report["estimate_us"]["overlapped"], report["estimate_us"]["serialized"]
     measured = row["median_us"]
     inside = low * (1 - MARGIN) <= measured <= high * (1 + MARGIN)
@@ -62,10 +65,13 @@ def main(argv: list[str]) -> int:
         for row in rows:
             result = check_row(row, gpu)
             outside += result["verdict"] == "outside"
-            low, high = result["model_us"]
             scalars = ",".join(f"{k}={v}" for k, v in result["scalars"].items())
-            print(f"{result['kernel']:<28} {scalars:<18} {result['measured_us']:>11.2f} {low:>8.2f}..{high:<8.2f} "
-                  f"{result['tail_us']:>7.2f}  {result['verdict']}")
+            if "model_us" in result:
+                low, high = result["model_us"]
+                model = f"{low:>8.2f}..{high:<8.2f} {result['tail_us']:>7.2f}"
+            else:
+                model = f"{'-':>17} {'-':>7}"
+            print(f"{result['kernel']:<28} {scalars:<18} {result['measured_us']:>11.2f} {model}  {result['verdict']}")
     print(f"\n{outside} row(s) outside the model's range by more than {MARGIN:.0%}")
     return 0
 

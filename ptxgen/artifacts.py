@@ -67,6 +67,11 @@ def check_output_folder(folder: Path) -> None:
     """Refuse a target that is not a folder ptxgen may own (before any work is done)."""
     if folder.exists() and not folder.is_dir():
         raise PtxgenError(f"-o {folder}: exists and is not a folder")
+    if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+        raise PtxgenError(f"-o {folder}: the folder is read-only; refusing to replace it")
+    blocking = next((p for p in folder.absolute().parents if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise PtxgenError(f"-o {folder}: {blocking} is a file, not a folder")
     if folder.is_dir() and any(folder.iterdir()) and not (folder / "manifest.json").is_file():
         raise PtxgenError(f"-o {folder}: the folder is not empty and holds no ptxgen manifest.json; ptxgen writes only "
                           "into an empty folder or one it built before (choose another folder)")
@@ -110,7 +115,7 @@ def write_folder(folder: Path, files: dict[str, bytes]) -> None:
         raise PtxgenError(f"-o {folder}: writing the build failed ({error.strerror or error}); the folder is as "
                           "it was") from None
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        remove_tree(staging)
 
 
 def _same_bytes(path: Path, data: bytes) -> bool:
@@ -180,7 +185,25 @@ def remove_leftovers(parent: Path, name: str) -> None:
     for leftover in parent.glob(f".{name}{STAGING}*"):
         pid = leftover.name[len(f".{name}{STAGING}"):].split("-")[0]
         if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(leftover, ignore_errors=True)
+            remove_tree(leftover)
+
+
+def remove_tree(path: Path) -> None:
+    """Delete a staging folder whole, the old build swapped into it included, even where that
+    build's folders were made read-only (they are this user's: ptxgen moved them there)."""
+    def writable(directory) -> None:
+        try:
+            os.chmod(directory, 0o700)
+        except OSError:
+            pass
+
+    if path.is_dir() and not path.is_symlink():
+        writable(path)
+        for root, folders, _ in os.walk(path):  # top-down: a folder is made writable before it is entered
+            for folder in folders:
+                if not os.path.islink(os.path.join(root, folder)):  # never a link's target
+                    writable(os.path.join(root, folder))
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:
@@ -202,6 +225,8 @@ def write_file(path: Path, data: bytes, what: str) -> None:
         raise PtxgenError(f"{what} {path}: is not a regular file (a device or a pipe); give a file name")
     if path.is_symlink():
         raise PtxgenError(f"{what} {path}: is a symbolic link; give the file itself")
+    if path.is_file() and not os.access(path, os.W_OK):
+        raise PtxgenError(f"{what} {path}: the file is read-only; refusing to replace it")
     try:
         if path.read_bytes() == data:
             return

@@ -100,7 +100,7 @@ def resolve_assembler(name: str) -> str:
     if name == "driver":
         from .device import driver
 
-        driver()
+        driver(instead="--assembler nvjitlink (the default) needs none")
         return "driver"
     return "nvjitlink"
 

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from . import __version__
 from .abi import Param
+from .archs import ARCHS
 from .errors import LaunchError, PtxgenError
 from .spec import LoadedSpec, load_spec, with_archs
 
@@ -87,6 +88,13 @@ def progress_bar(label: str, total: int, enabled: bool) -> Progress:
                     disable=not (enabled and err.is_terminal), transient=True)
 
 
+def known_arch(arch: str | None) -> str | None:
+    """An --arch value, refused unless ptxgen targets it."""
+    if arch is not None and arch not in ARCHS:
+        raise LaunchError(f"--arch: expected one of {', '.join(ARCHS)}, got {arch!r}")
+    return arch
+
+
 def plural(count: int, word: str, many: str = "") -> str:
     return f"{count} {word if count == 1 else many or word + 's'}"
 
@@ -140,11 +148,15 @@ def build(
     manifest = json.loads(files["manifest.json"])
     if check:
         difference = compare(target, files)
-        for line in difference.lines():
-            out.print(f"{target}: {line}", markup=False)
+        if as_json:
+            sys.stdout.write(json.dumps({"output": str(target), "up_to_date": not difference.lines(),
+                                         **asdict(difference)}, sort_keys=True, indent=2) + "\n")
+        else:
+            for line in difference.lines():
+                out.print(f"{target}: {line}", markup=False)
         if difference.lines():
             raise typer.Exit(1)
-        if not quiet:
+        if not quiet and not as_json:
             out.print(f"{target}: up to date ({plural(len(files), 'file')})", markup=False)
         return
     write_folder(target, files)
@@ -204,6 +216,7 @@ def show(
     from .perf import evaluate_kernel, gpu_named, occupancy_per_arch
 
     chosen = gpu_named(gpu)
+    arch = known_arch(arch)
     chosen_scalars = single_sets(assignments, "show")
     spec = load_spec(spec_path)
     compiled = compile_one(spec, spec.spec.find(name))
@@ -301,9 +314,12 @@ def parse_sets(assignments: list[str]) -> dict[str, list[int]]:
         try:
             if not equals or not name.strip():
                 raise ValueError
-            values[name.strip()] = [int(part, 0) for part in text.split(",")]
+            parsed = [int(part, 0) for part in text.split(",")]
         except ValueError:
             raise LaunchError(f"--set: expected NAME=INTEGER[,INTEGER...], got {assignment!r}") from None
+        if name.strip() in values:
+            raise LaunchError(f"--set {name.strip()}: given twice")
+        values[name.strip()] = parsed
     return values
 
 
@@ -345,12 +361,16 @@ def run(
     from .npz import load_npz, save_npz, scalar_of
     from .runner import run as run_kernel
 
+    arch = known_arch(arch)
     spec = load_spec(spec_path)
     config = spec.spec.kernel(kernel_name)
     arrays = load_npz(inputs, "--inputs")
     scalars = {name: scalar_of(arrays.pop(name), f"--inputs {inputs}: {name}") for name in list(arrays)
                if arrays[name].ndim == 0}
-    scalars.update(single_sets(assignments, "run"))
+    for name, value in single_sets(assignments, "run").items():
+        if name in scalars:
+            raise LaunchError(f"--set {name}: --inputs {inputs} gives it too; give it once")
+        scalars[name] = value
     if (gguf is None) != (tensor is None):
         raise LaunchError("--gguf and --tensor go together")
     compiled = compile_one(spec, config)
@@ -395,6 +415,7 @@ def verify(
     from .device_verify import parse_tools, sanitizer_executable
     from .pipeline import compile_spec
 
+    arch = known_arch(arch)
     tools = parse_tools(sanitize) if sanitize is not None else []
     if tools and backend != Backend.device:
         raise LaunchError("--sanitize runs the device checks under compute-sanitizer: add --backend device (the "
@@ -473,11 +494,12 @@ def bench(
     from .device import driver
     from .pipeline import compile_spec
 
-    driver()  # no driver or GPU: DeviceUnavailable (exit 2) before anything costly
-    if plot_path is not None:
-        require_matplotlib()
     spec = load_spec(spec_path)
     sweeps = parse_sets(assignments or [])
+    # No driver or GPU: DeviceUnavailable (exit 2) before anything costly.
+    driver(instead="bench times kernels on a GPU (ptxgen show gives the performance model without one)")
+    if plot_path is not None:
+        require_matplotlib()
     configs = [spec.spec.find(kernel)] if kernel else list(spec.spec.kernels)
     compiled = compile_spec(spec.spec.model_copy(update={"kernels": tuple(configs)})).kernels
     if not kernel:
@@ -518,9 +540,13 @@ MaxSeqLen = Annotated[Optional[int], typer.Option("--max-seq-len", min=1, help="
 Prefix = Annotated[Optional[str], typer.Option("--prefix", help="Kernel name prefix (default: from the model).")]
 
 
-def emit_spec(text: str, output: Path | None, force: bool) -> None:
+def emit_spec(make_text, output: Path | None, force: bool) -> None:
+    """The spec `make_text()` generates, printed or written to `output` (its name checked first)."""
     from .specgen import write_spec
 
+    if output is not None and output.suffix != ".toml":
+        raise PtxgenError(f"--output {output}: the spec is written as TOML; give a .toml file name")
+    text = make_text()
     if output is None:
         sys.stdout.write(text)
         return
@@ -534,7 +560,7 @@ def spec_from_gguf_command(model: Annotated[Path, typer.Argument(help="A .gguf m
     """Every kernel a GGUF model needs (its shapes, its tensors' quant types, its rope convention)."""
     from .specgen import spec_from_gguf
 
-    emit_spec(spec_from_gguf(model, max_seq_len, prefix), output, force)
+    emit_spec(lambda: spec_from_gguf(model, max_seq_len, prefix), output, force)
 
 
 @spec_app.command("from-hf")
@@ -545,7 +571,7 @@ def spec_from_hf_command(config: Annotated[Path, typer.Argument(help="A Hugging 
     """Every kernel a Hugging Face model needs, with every matrix of the given quant type."""
     from .specgen import spec_from_hf_config
 
-    emit_spec(spec_from_hf_config(config, quant, max_seq_len, prefix), output, force)
+    emit_spec(lambda: spec_from_hf_config(config, quant, max_seq_len, prefix), output, force)
 
 
 # --- generate -------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -88,10 +89,15 @@ class CompiledKernel:
         follow it, so they agree with what the device loads."""
         if arch is None:
             return self.portable
+        if not re.fullmatch(r"sm_[1-9][0-9]+a?", arch):
+            raise LaunchError(f"{self.name}: {arch!r} is not an arch (expected e.g. sm_90)")
         binary = self.binary_for(arch)
         if binary is not None:
             return self.variants[binary.target]
-        return self.jit_variant(arch) or self.portable
+        variant = self.jit_variant(arch)
+        if variant is None:
+            raise LaunchError(f"{self.name}: nothing runs on {arch}: PTX for {', '.join(self.variants)}")
+        return variant
 
     def binary_for(self, device_arch: str) -> Binary | None:
         """The cubin that runs on a GPU of `device_arch` (e.g. sm_90): its arch-specific (sm_90a)
@@ -244,13 +250,14 @@ class CompiledKernel:
 
 
 def serving_variant(variants: Mapping[str, Variant], arch: str) -> Variant | None:
-    """The PTX that serves `arch` (e.g. sm_100): its own variant, else the newest one made for an
-    older arch that is not arch-specific (a PDL variant's sm_90 PTX serves sm_100 and sm_120; an
-    sm_90a one serves sm_90 alone), else None."""
+    """The PTX that serves `arch` (e.g. sm_100) among those it can run (its own, and any made for
+    an older arch that is not arch-specific: an sm_90a one serves sm_90 alone): a PDL variant
+    first (the spec asked for it: its sm_90 PTX serves sm_100 and sm_120 too), then its own, then
+    the newest; None when it can run none."""
     wanted = arch_version(arch)
     usable = [v for v in variants.values() if v.target == arch
               or (not arch_version(v.target)[2] and arch_version(v.target)[:2] <= wanted[:2])]
-    return max(usable, key=lambda v: (v.target == arch, arch_version(v.target)[:2]), default=None)
+    return max(usable, key=lambda v: (v.pdl, v.target == arch, arch_version(v.target)[:2]), default=None)
 
 
 def arch_version(arch: str) -> tuple[int, int, bool]:

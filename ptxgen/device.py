@@ -18,22 +18,23 @@ from .abi import Geometry, Param
 from .compiled import CompiledKernel, Variant
 from .errors import DeviceUnavailable, LaunchError, PtxgenError
 
-NO_DEVICE = "no CUDA driver/GPU found; use --backend emulator"
+NO_DEVICE = "no CUDA driver/GPU found"
 
 
-def driver():
-    """cuda.bindings.driver after cuInit, or DeviceUnavailable."""
+def driver(instead: str = "use --backend emulator"):
+    """cuda.bindings.driver after cuInit, or DeviceUnavailable (its message ends with `instead`:
+    what the command can do without a GPU)."""
     try:
         from cuda.bindings import driver as cuda_driver
 
         (status,) = cuda_driver.cuInit(0)
     except Exception:  # no libcuda: cuda.pathfinder raises its own DynamicLibNotFoundError
-        raise DeviceUnavailable(NO_DEVICE) from None
+        raise DeviceUnavailable(f"{NO_DEVICE}; {instead}") from None
     if status != cuda_driver.CUresult.CUDA_SUCCESS:
-        raise DeviceUnavailable(f"{NO_DEVICE} (cuInit: {status.name})")
+        raise DeviceUnavailable(f"{NO_DEVICE} (cuInit: {status.name}); {instead}")
     (status, count) = cuda_driver.cuDeviceGetCount()
     if status != cuda_driver.CUresult.CUDA_SUCCESS or count == 0:
-        raise DeviceUnavailable(NO_DEVICE)
+        raise DeviceUnavailable(f"{NO_DEVICE}; {instead}")
     return cuda_driver
 
 

@@ -67,10 +67,16 @@ def check_supported(config: ModelConfig, fused: bool = False) -> None:
 
 def decoder_config(config: ModelConfig, max_seq_len: int):
     """The model's persistent_decoder config, as its spec writes it (with each layer's types)."""
-    from .kernels import config_from_json
-    from .specgen import decoder_kernel, model_prefix
+    from pydantic import ValidationError
 
-    return config_from_json(decoder_kernel(config, model_prefix(config.name), max_seq_len))
+    from .kernels import config_from_json
+    from .specgen import config_problem, decoder_kernel, model_prefix
+
+    try:
+        return config_from_json(decoder_kernel(config, model_prefix(config.name), max_seq_len))
+    except ValidationError as error:
+        raise PtxgenError(f"{config.name} at --max-seq-len {max_seq_len}: its layers have no plan (persistent_decoder "
+                          f"{config_problem(error)})") from None
 
 
 @dataclass(frozen=True)

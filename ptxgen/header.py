@@ -29,6 +29,19 @@ def _workspace_bytes(param: Param) -> str:
     return " * ".join([*factors, f"UINT64_C({DTYPE_SIZES[param.dtype]})"])
 
 
+def defined_names(name: str, targets) -> set[str]:
+    """The C identifiers and macros a kernel's block defines (its workspace-size functions aside),
+    with a launch block for its portable PTX and each of `targets`: what two kernels' names must
+    not share."""
+    macro = name.upper()
+    names = {f"{name}{s}" for s in ("_cubins", "_cubin_pdl", "_args", "_params", "_scalars_ok")}
+    names |= {f"{macro}{s}" for s in ("_ENTRY", "_NUM_PARAMS", "_NUM_CUBINS")}
+    for suffix in ["", *(f"_{target}" for target in targets)]:
+        names |= {f"{name}{suffix}{s}" for s in ("_grid", "_block", "_dynamic_shared")}
+        names.add(f"{macro}{suffix.upper()}_COOPERATIVE")
+    return names
+
+
 def _kernel(name: str, entry: dict) -> list[str]:
     params = [Param.from_json(p) for p in entry["params"]]
     limits = entry["scalar_limits"]

@@ -296,6 +296,9 @@ def _waits(ins, reads: set, state) -> bool:
 # Larger grids are sampled: the interpreter runs about 1e8 thread-instructions a second, and a
 # prefill attention CTA alone executes 3.5e6.
 MAX_COUNTED_THREADS = 1 << 14
+# The sample inputs of a call are made whole (float64 references of some of them too): a call
+# moving more than this is not counted (20M rows of a 256-wide RMSNorm would take 38 GiB).
+MAX_COUNTED_BYTES = 512 << 20
 
 
 @dataclass(frozen=True)
@@ -486,10 +489,14 @@ def evaluate_kernel(compiled: CompiledKernel, gpu: Gpu, *, resources: dict[str, 
     launch = compiled.launch(scalars, gpu.arch)
     if launch.empty:
         return {"scalars": scalars, "verdict": "no CTAs at these scalars"}
+    scaling = kind.model_scaling()
+    moved = kind.traffic(scalars).bytes
+    if scaling is None and moved > MAX_COUNTED_BYTES:
+        return {"scalars": scalars, "skipped": f"too large to interpret at these scalars ({moved:,} bytes a call; "
+                                               f"the model counts calls of up to {MAX_COUNTED_BYTES:,})"}
     if resources is None:
         resources = {arch: dict(binary.resources) for arch, binary in compiled.binaries.items()}
     binary = compiled.binaries.get(gpu.arch)
-    scaling = kind.model_scaling()
     count = (launch_count(compiled, gpu.arch, scalars, seed, max_threads) if scaling is None
              else scaled_count(scaling, gpu.arch, scalars, seed, max_threads))
     return {"scalars": scalars, **evaluate(compiled.variant(gpu.arch).ptx, compiled.name, launch, [], resources,

@@ -22,7 +22,7 @@ from .assemble import OPTIONS, assemble, assembler_version, parse_resources, res
 from .cache import Cache, cache_key
 from .compiled import Binary, CompiledKernel, Variant, serving_variant
 from .errors import SpecError
-from .kernels import kind_of, own_targets
+from .kernels import kind_of, rendered_targets
 from .render import render
 from .settings import SETTINGS
 from .spec import LoadedSpec, Spec, Target
@@ -55,10 +55,11 @@ class Compiled:
 
 
 def stage_ptx(spec: Spec, units: list[Unit], options: BuildOptions) -> None:
-    """The portable PTX (`.target` the spec's oldest arch) and, for every arch-specific target the
-    spec lists and the kind renders on its own (Kind.own_targets), that variant too."""
+    """The portable PTX (`.target` the spec's oldest arch) and each variant the kind renders on its
+    own for the spec's archs (kernels.rendered_targets: sm_90a where listed, the PDL PTX where an
+    arch of sm_90 or later is)."""
     for unit in units:
-        variants = [t for t in own_targets(unit.config) if t in spec.target.archs]
+        variants = rendered_targets(unit.config, spec.target.archs)
         for own in [None, *variants]:
             kind = kind_of(unit.config, own)
             version = spec.ptx_version(unit.config, own)

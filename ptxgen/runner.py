@@ -19,17 +19,19 @@ BACKENDS = ("emulator", "device")
 
 
 def check_inputs(compiled: CompiledKernel, inputs: dict[str, np.ndarray], scalars: dict[str, int]) -> None:
-    """Every read array present with the exact dtype and shape; nothing unknown."""
+    """Every read array present, and every array given, with the exact dtype and shape (one the
+    kernel only writes, e.g. from an earlier run's outputs, is checked and not used); nothing
+    unknown."""
     name = compiled.name
     known = {p.name for p in compiled.params}
     for key in inputs:
         if key not in known:
             raise LaunchError(f"{name}: unknown input {key!r} (parameters: {', '.join(sorted(known))})")
-    for param in compiled.params:
-        if not param.read:
-            continue
+    for param in compiled.arrays + tuple(p for p in compiled.params if p.role == "workspace"):
         if param.name not in inputs:
-            raise LaunchError(f"{name}: input {param.name!r} is missing: expected {param.describe()}")
+            if param.read:
+                raise LaunchError(f"{name}: input {param.name!r} is missing: expected {param.describe()}")
+            continue
         array = inputs[param.name]
         expected_dtype = DTYPES[param.dtype].numpy
         expected_shape = param.concrete_shape(scalars)
@@ -83,6 +85,10 @@ def launch_arrays(compiled: CompiledKernel, arrays: dict[str, np.ndarray], scala
     if backend not in BACKENDS:
         raise LaunchError(f"--backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
     arch = running_arch(backend, arch)
+    if backend == "device":
+        from .device import session
+
+        session().kernel(compiled)  # loaded first: a GPU none of its code runs on is named
     launch = compiled.launch(scalars, arch)
     if launch.empty:
         return

@@ -16,7 +16,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, fi
 
 from .archs import ARCHS, DEFAULT_ARCHS, STATIC_SHARED_LIMIT, format_version
 from .errors import SpecError
-from .kernels import KernelEntry, kind_of, own_targets
+from .header import defined_names
+from .kernels import KernelEntry, kind_of, own_targets, rendered_targets
 from .kernels.base import list_as_tuple
 from .quote import clip, echo
 from .specfile import read_document
@@ -80,11 +81,16 @@ class Spec(BaseModel):
     def unique_names(self) -> Spec:
         if not self.kernels:
             raise ValueError("expected at least one [[kernels]] entry")
-        seen = set()
+        seen, defined = set(), {}
         for index, kernel in enumerate(self.kernels):
             if kernel.name in seen:
                 raise ValueError(f"kernels[{index}].name: {kernel.name!r} is used twice; names must be unique")
             seen.add(kernel.name)
+            for symbol in sorted(defined_names(kernel.name, rendered_targets(kernel, self.target.archs))):
+                if symbol in defined:
+                    raise ValueError(f"kernels[{index}].name: {kernel.name!r} and {defined[symbol]!r} would both define "
+                                     f"{symbol} in the C header; rename one")
+                defined[symbol] = kernel.name
             params = [p.name for p in kind_of(kernel).params()]
             if kernel.name in params:
                 # nvJitLink 13.x can crash the process on an entry named like one of its parameters.

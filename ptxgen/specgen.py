@@ -20,8 +20,10 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from .artifacts import write_file
-from .errors import PtxgenError
+from .errors import PtxgenError, SpecError
 from .kernels import config_from_json, kind_of, takes_pdl
 from .model_config import ModelConfig, from_hf_config
 from .quants import GEMV_KINDS
@@ -112,7 +114,10 @@ def spec_text(config: ModelConfig, source: str, max_seq_len: int | None = None, 
     # Two m16 tiles a warp share each K/V fragment (half the ldmatrix per MMA): 320/372 TFLOP/s at
     # 4k/8k keys against 292/323 on an H100 at head_dim 128; 4 warps load rows of up to 128.
     wide = c.head_dim <= 128
-    refusal = kind_of(config_from_json(decoder)).unbuildable()
+    try:
+        refusal = kind_of(config_from_json(decoder)).unbuildable()
+    except ValidationError as error:
+        refusal = f"persistent_decoder {config_problem(error)}"
     if refusal:
         whole = (f"Whole decoder layers in one launch: none ({refusal})", [])
     else:
@@ -160,7 +165,32 @@ def spec_text(config: ModelConfig, source: str, max_seq_len: int | None = None, 
             if takes_pdl(kernel["kind"]):
                 kernel = {**kernel, "pdl": True}
             lines += ["", "[[kernels]]"] + [f"{key} = {_toml_value(value)}" for key, value in kernel.items()]
-    return "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n"
+    check_generated(text, c.name, max_seq_len)
+    return text
+
+
+def config_problem(error: ValidationError) -> str:
+    """The first thing a kind refuses in a config, as "field: why (got value)"."""
+    problem = error.errors(include_url=False)[0]
+    field = ".".join(str(part) for part in problem["loc"][1:])
+    got = f" (got {problem['input']!r})" if field else ""
+    return f"{field + ': ' if field else ''}{problem['msg'].removeprefix('Value error, ')}{got}"
+
+
+def check_generated(text: str, model: str, max_seq_len: int) -> None:
+    """A generated spec validates as a spec file would, or nothing is written: a model whose shapes
+    a kind refuses gets one message naming the kernel, the field and the value."""
+    import tomllib
+
+    from .spec import check_against_archs, validate
+
+    try:
+        check_against_archs(Path(model), validate(Path(model), tomllib.loads(text)))
+    except SpecError as error:
+        first = str(error).splitlines()[0]
+        hint = f" (--max-seq-len {max_seq_len})" if "max_seq_len" in first else ""
+        raise SpecError(f"{model}: no spec for this model{hint}: {first.removeprefix(model + ': ')}") from None
 
 
 def spec_from_gguf(path, max_seq_len: int | None = None, prefix: str | None = None) -> str:

@@ -343,6 +343,6 @@ _RESULTS = {"cuMemAlloc": 2, "cuModuleLoadData": 2, "cuModuleGetFunction": 2, "c
 def install(**options) -> SimulatedDriver:
     """Put a simulated GPU (SimulatedDriver.for_spec(**options)) behind ptxgen.device in this process."""
     simulated = SimulatedDriver.for_spec(**options)
-    device.driver = lambda: simulated
+    device.driver = lambda instead="": simulated
     device.host_clock = lambda: simulated.host_now
     return simulated

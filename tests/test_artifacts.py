@@ -43,6 +43,8 @@ def built(tmp_path, cache_dir):
 def test_check_passes_on_a_fresh_build_and_names_stale_missing_and_extra_files(built):
     result = build(built, "--check")
     assert result.returncode == 0 and result.stdout == "", result.stdout + result.stderr
+    summary = json.loads(build(built, "--check", "--json").stdout)
+    assert summary == {"output": str(built), "up_to_date": True, "stale": [], "missing": [], "unexpected": []}
     (built / "qwen3_8b_rmsnorm.ptx").write_text("// edited by hand\n")
     (built / "sm_80" / "qwen3_8b_swiglu.cubin").unlink()
     (built / "sm_80" / "leftover.cubin").write_bytes(b"\x7fELF")
@@ -54,6 +56,10 @@ def test_check_passes_on_a_fresh_build_and_names_stale_missing_and_extra_files(b
     assert f"{built}: missing: sm_80/qwen3_8b_swiglu.cubin" in lines
     assert f"{built}: unexpected: sm_80/leftover.cubin" in lines
     assert len(lines) == 3, lines
+    result = build(built, "--check", "--json")
+    assert result.returncode == 1 and json.loads(result.stdout) == {
+        "output": str(built), "up_to_date": False, "stale": ["qwen3_8b_rmsnorm.ptx"],
+        "missing": ["sm_80/qwen3_8b_swiglu.cubin"], "unexpected": ["sm_80/leftover.cubin"]}
     assert snapshot(built) == before, "--check must write nothing"
     nowhere = built.parent / "never_built"
     result = build(nowhere, "--check")
@@ -338,3 +344,23 @@ def test_the_c_header_compiles_and_gives_the_same_launches_as_python(built, tmp_
     assert config.kernel("qwen3_8b_rmsnorm")
     expected.append("cubin qwen3_8b_rmsnorm sm_80 sm_80/qwen3_8b_rmsnorm.cubin")
     assert lines == expected
+
+
+def test_every_name_the_header_defines_is_one_the_spec_checks_for_collisions(built):
+    """spec validation refuses kernel names whose header blocks would define the same identifier
+    (header.defined_names); that holds only if it knows every name a block defines."""
+    import re
+
+    from ptxgen.header import defined_names
+
+    manifest = json.loads((built / "manifest.json").read_text())
+    blocks = re.split(r"^/\* --- (\w+): ", (built / "qwen3.h").read_text(), flags=re.M)[1:]
+    assert len(blocks) == 2 * len(manifest["kernels"])
+    for name, block in zip(blocks[::2], blocks[1::2]):
+        entry = manifest["kernels"][name]
+        targets = [t for t in entry["variants"] if t != entry["ptx_target"]]
+        found = set(re.findall(r"^#define (\w+)", block, re.M))
+        found |= set(re.findall(r"^static [^(=\[]*?\b(\w+)(?:\(|\[)", block, re.M))
+        found |= set(re.findall(r"^} (\w+);", block, re.M))
+        workspaces = {f"{name}_workspace_bytes_{p['name']}" for p in entry["params"] if p["role"] == "workspace"}
+        assert found - workspaces == defined_names(name, targets), name

@@ -65,8 +65,16 @@ def test_run_on_device_without_a_driver_raises_the_clear_message():
 def test_bench_without_a_gpu_exits_2_with_the_message(args):
     result = run_cli(*args)
     assert result.returncode == 2, f"exit {result.returncode}\nstdout: {result.stdout}\nstderr: {result.stderr}"
-    assert NO_DEVICE in one_line(result.stderr), result.stderr
+    assert NO_DEVICE in one_line(result.stderr) and "ptxgen show gives the performance model" in result.stderr
+    assert "--backend" not in result.stderr, "bench has no --backend to suggest"
     assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_bench_names_a_bad_spec_or_set_before_the_missing_gpu(tmp_path):
+    missing = run_cli("bench", "--spec", str(tmp_path / "absent.toml"))
+    assert missing.returncode == 2 and "absent.toml" in missing.stderr and NO_DEVICE not in missing.stderr
+    twice = run_cli("bench", "--set", "seq_len=1", "--set", "seq_len=2")
+    assert twice.returncode == 2 and "--set seq_len: given twice" in twice.stderr, twice.stderr
 
 
 def test_verify_on_the_device_without_a_gpu_exits_2():
@@ -103,7 +111,7 @@ def sim(monkeypatch):
     """A simulated GPU behind ptxgen.device in this process; every spec kernel (and test kernels)
     can run on it."""
     simulated = SimulatedDriver.for_spec(SPEC)
-    monkeypatch.setattr(device, "driver", lambda: simulated)
+    monkeypatch.setattr(device, "driver", lambda instead="": simulated)
     monkeypatch.setattr(device, "host_clock", lambda: simulated.host_now)
     monkeypatch.setattr(device, "_SESSIONS", {})
     monkeypatch.setattr(device, "lost_context", None)

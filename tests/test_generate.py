@@ -176,7 +176,7 @@ def test_random_model_generates_like_its_reference():
 @pytest.fixture
 def simulated(monkeypatch):
     simulated = SimulatedDriver({})
-    monkeypatch.setattr(device, "driver", lambda: simulated)
+    monkeypatch.setattr(device, "driver", lambda instead="": simulated)
     monkeypatch.setattr(device, "_SESSIONS", {})
     monkeypatch.setattr(device, "lost_context", None)
     return simulated
@@ -258,6 +258,9 @@ def test_unsupported_weight_types_are_named(files):
     (["{qwen3}", "--max-seq-len", "4", "--max-new", "3"],
      r"--max-new 3: the prompt's 3 tokens and 3 new ones need 5 cache positions; the KV cache holds 4"),
     (["{qwen3}", "--max-new", "0"], r"--max-new: expected at least 1, got 0"),
+    (["{qwen3}", "--max-seq-len", "8388608"], r"at --max-seq-len 8388608: its layers have no plan \(persistent_decoder "
+                                              r".*a layer's cache must be below 4 GiB"),
+    (["{qwen3}", "--max-seq-len", "16777217"], r"\(--max-seq-len 16777217\): kernel '\w+_kv_append' .*max_seq_len"),
     (["{split}", "--fused"], r"--fused: weight_quants: w_gate and w_up differ in layer\(s\) 0"),
     (["{qwen3}", "--save-logits", "{folder}"], r"--save-logits .*: is a folder; give a file name"),
     (["{qwen3}", "--save-logits", "/dev/null"], r"--save-logits /dev/null: is not a regular file"),

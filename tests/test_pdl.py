@@ -160,9 +160,19 @@ def test_kinds_that_cannot_take_pdl_refuse_the_field(tmp_path):
         load_spec(spec)
 
 
-def test_without_sm90_in_the_archs_there_is_only_the_portable_ptx():
+def test_without_an_arch_of_sm90_or_later_there_is_only_the_portable_ptx():
     compiled = compile_kernel(make_config("rmsnorm", name="kern", hidden=512, pdl=True), ("sm_80", "sm_89"))
     assert list(compiled.variants) == ["sm_80"] and not compiled.variants["sm_80"].pdl
+
+
+@pytest.mark.parametrize("archs", [("sm_90a",), ("sm_100",), ("sm_120",), ("sm_80", "sm_100", "sm_120")])
+def test_pdl_is_made_for_any_arch_of_sm90_or_later_not_only_sm_90(archs):
+    """A spec for Blackwell (or for sm_90a) alone asked for PDL too: its cubins come from the sm_90
+    PDL PTX, which every arch from sm_90 on runs, and not from a portable PTX without it."""
+    compiled = compile_kernel(make_config("rmsnorm", name="kern", hidden=512, pdl=True), archs, until="ptx")
+    assert compiled.variants["sm_90"].pdl
+    for arch in archs:
+        assert compiled.variant(arch).pdl == (arch != "sm_80"), arch
 
 
 def test_later_archs_run_the_pdl_ptx():

@@ -418,6 +418,20 @@ def test_show_reports_the_launch_and_the_model_at_the_runtime_scalars_it_is_give
     assert long["roofline_us"]["memory"] > 3.9 * short["roofline_us"]["memory"]
 
 
+def test_a_call_too_large_to_interpret_is_not_counted_and_says_so():
+    """20M rows of RMSNorm would need ~38 GiB of sample inputs: the model skips the count (the
+    launch, bytes and roofline are still reported) instead of running out of memory."""
+    from helpers import ROOT, run_cli
+
+    shown = run_cli("show", "qwen3_8b_rmsnorm", "--spec", str(ROOT / "specs" / "qwen3.toml"), "--json",
+                    "--set", "rows=20000000")
+    assert shown.returncode == 0, shown.stderr
+    report = json.loads(shown.stdout)
+    assert report["traffic"]["bytes"] > perf.MAX_COUNTED_BYTES and report["launch"]["grid"][0] > 0
+    assert report["model"]["skipped"].startswith("too large to interpret at these scalars")
+    assert report["thread_instructions_per_byte"] is None
+
+
 def test_show_gives_occupancy_even_where_the_model_is_not_run():
     """The 151936-row lm_head is too large to interpret, so no instruction count; occupancy needs
     only ptxas's resources and is reported per arch anyway."""

@@ -60,6 +60,15 @@ def test_scalar_from_npz(tmp_path, norm_inputs):
     ({"x": np.zeros((3, 4096), np.float32), "gamma": np.ones(4096, np.float32)}, [], "'rows' is missing"),
     ({"x": np.zeros((3, 4096), np.float32), "gamma": np.ones(4096, np.float32)}, ["--set", "rows=three"], "--set"),
     ({"x": np.zeros((3, 4096), np.float32), "gamma": np.ones(4096, np.float32)}, ["--set", "rows=-1"], "rows"),
+    # An array the kernel only writes (an earlier run's output file as input) must still fit.
+    ({"x": np.zeros((3, 4096), np.float32), "gamma": np.ones(4096, np.float32), "y": np.zeros((3, 3), np.float32)},
+     ["--set", "rows=3"], "input 'y': expected float32[3, 4096]"),
+    ({"x": np.zeros((3, 4096), np.float32), "gamma": np.ones(4096, np.float32), "rows": np.uint32(3)},
+     ["--set", "rows=3"], "--set rows: --inputs"),
+    ({"x": np.zeros((3, 4096), np.float32), "gamma": np.ones(4096, np.float32)}, ["--set", "rows=3", "--set", "rows=3"],
+     "--set rows: given twice"),
+    ({"x": np.zeros((3, 4096), np.float32), "gamma": np.ones(4096, np.float32)}, ["--set", "rows=3", "--arch", "sm_75"],
+     "--arch: expected one of sm_80"),
 ])
 def test_bad_inputs_exit_2_naming_the_parameter(tmp_path, arrays, extra, message):
     path = tmp_path / "in.npz"
@@ -238,6 +247,9 @@ def test_outputs_replaces_a_file_whole_with_the_umasks_permissions(tmp_path, nor
     (["verify", str(SPEC), "--seed", "-1"], "--seed"),
     (["show", "qwen3_8b_rmsnorm", "--spec", str(SPEC), "--tensor-tflops", "0"], "--tensor-tflops"),
     (["show", "qwen3_8b_rmsnorm", "--spec", str(SPEC), "--gpu", "h100"], "--gpu"),
+    (["show", "qwen3_8b_rmsnorm", "--spec", str(SPEC), "--arch", "garbage"], "--arch"),
+    (["show", "qwen3_8b_rmsnorm", "--spec", str(SPEC), "--arch", "sm_"], "--arch"),
+    (["verify", str(SPEC), "--arch", "compute_90"], "--arch"),
     (["show", "qwen3_8b_rmsnorm", "--spec", str(SPEC), "--set", "seq_len=4"], "seq_len"),
     (["show", "qwen3_8b_rmsnorm", "--spec", str(SPEC), "--set", "rows=0x"], "--set"),
     (["show", "qwen3_8b_rmsnorm", "--spec", str(SPEC), "--set", "rows=1,2"], "rows"),
@@ -247,3 +259,35 @@ def test_outputs_replaces_a_file_whole_with_the_umasks_permissions(tmp_path, nor
 def test_bad_option_values_are_usage_errors(args, named):
     result = run_cli_in_process(*args)
     assert result.returncode == 2 and named in result.stderr and result.stdout == "", result
+
+
+def test_an_arch_the_spec_has_no_code_for_is_refused(tmp_path):
+    """--arch picks the code a GPU of that arch runs; where the spec built nothing it can run (PTX
+    for sm_90 on an sm_86), the arch is refused, not quietly replaced by the portable PTX."""
+    spec = tmp_path / "hopper.toml"
+    spec.write_text('[target]\narchs = ["sm_90"]\n\n[[kernels]]\nname = "norm"\nkind = "rmsnorm"\nhidden = 256\n')
+    refused = run_cli_in_process("show", "norm", "--spec", str(spec), "--arch", "sm_86", "--no-model")
+    assert refused.returncode == 2 and "norm: nothing runs on sm_86: PTX for sm_90" in refused.stderr, refused
+    later = run_cli_in_process("show", "norm", "--spec", str(spec), "--arch", "sm_100", "--no-model")
+    assert later.returncode == 0 and "launch (sm_90 PTX)" in later.stdout, later
+    with pytest.raises(LaunchError, match="'compute_90' is not an arch"):
+        spec_kernel(SPEC, "qwen3_8b_rmsnorm").variant("compute_90")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only files and folders")
+def test_read_only_outputs_are_refused_not_replaced(tmp_path, norm_run):
+    """A read-only --outputs file or build folder is the user's decision to keep it: refused, both
+    left as they were (the folder holding them could still be written)."""
+    out = tmp_path / "kept.npz"
+    out.write_bytes(b"mine")
+    out.chmod(0o444)
+    result = norm_run(out)
+    assert result.returncode == 2 and "the file is read-only; refusing to replace it" in result.stderr, result
+    assert out.read_bytes() == b"mine"
+    folder = tmp_path / "build"
+    folder.mkdir(mode=0o555)
+    spec = tmp_path / "one.toml"
+    spec.write_text('[[kernels]]\nname = "norm"\nkind = "rmsnorm"\nhidden = 256\n')
+    built = run_cli_in_process("build", str(spec), "-o", str(folder), "--arch", "sm_80")
+    assert built.returncode == 2 and "the folder is read-only" in built.stderr, built
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["build", "in.npz", "kept.npz", "one.toml"]

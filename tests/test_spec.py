@@ -72,6 +72,20 @@ def test_duplicate_names_and_bad_identifiers(tmp_path):
     assert "name" in message and "has space" in message
 
 
+def test_names_must_be_ptx_identifiers_and_their_header_blocks_must_not_collide(tmp_path):
+    """PTX takes "_" only before another character; the C header upper-cases names for macros and
+    suffixes an arch-specific variant's launch functions with its target."""
+    kernel = '[[kernels]]\nname="{}"\nkind="rmsnorm"\nhidden=8\n{}'
+    assert "kernel '_' (kernels[0]): name: String should match pattern" in error_of(tmp_path, kernel.format("_", ""))
+    assert load_spec(write(tmp_path, kernel.format("_1", "")))
+    message = error_of(tmp_path, kernel.format("norm", "") + kernel.format("NORM", ""))
+    assert "kernels[1].name: 'NORM' and 'norm' would both define NORM_COOPERATIVE in the C header" in message
+    hopper = '[target]\narchs=["sm_80", "sm_90"]\n' + kernel.format("a", "pdl=true\n") + kernel.format("a_sm_90", "")
+    assert "'a_sm_90' and 'a' would both define A_SM_90_COOPERATIVE" in error_of(tmp_path, hopper)
+    portable = '[target]\narchs=["sm_80", "sm_86"]\n' + kernel.format("a", "pdl=true\n") + kernel.format("a_sm_90", "")
+    assert load_spec(write(tmp_path, portable)), "no sm_90 variant of a: no collision"
+
+
 def test_entry_may_not_share_a_parameter_name(tmp_path):
     message = error_of(tmp_path, '[[kernels]]\nname="gamma"\nkind="rmsnorm"\nhidden=8\n')
     assert "kernels[0].name" in message and "'gamma'" in message and "x, gamma, y, rows" in message

@@ -202,3 +202,50 @@ def test_spec_commands_write_a_spec_that_builds(tmp_path):
     assert built.returncode == 0, built.stderr
     missing = run_cli("spec", "from-gguf", str(tmp_path / "none.gguf"))
     assert missing.returncode == 2 and "none.gguf" in missing.stderr and "Traceback" not in missing.stderr
+
+
+@pytest.mark.parametrize("changes, named", [
+    ({"hidden_size": 100}, r"kernel 'qwen3_8b_q_proj' .*k: expected a multiple of 256 .* got 100"),
+    ({"head_dim": 96}, r"kernel 'qwen3_8b_decode_attention' .*head_dim: expected one of 64, 128, 256, got 96"),
+    ({"vocab_size": 2_000_000_000}, r"kernel 'qwen3_8b_argmax' .*n: .* 1073741824 \(got 2000000000\)"),
+])
+def test_a_model_whose_shapes_a_kind_refuses_gets_one_message_and_no_file(tmp_path, changes, named):
+    """What the generated spec would fail at (a kernel's field, its value) is said at generation,
+    as `ptxgen validate` would say it, and nothing is written."""
+    from helpers import run_cli
+
+    out = tmp_path / "spec.toml"
+    result = run_cli("spec", "from-hf", str(hf_config(tmp_path, **changes)), "--quant", "q4_k", "-o", str(out))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Qwen3-8B: no spec for this model" in result.stderr
+    import re
+
+    assert re.search(named, result.stderr), result.stderr
+    assert not out.exists()
+
+
+def test_max_seq_len_past_what_the_kinds_take_names_the_option(tmp_path):
+    """Past the decode kinds' 2^24 positions: refused naming --max-seq-len; at 2^24 the decoder's
+    per-layer cache would pass 4 GiB, so the spec leaves the fused decoder out and says why."""
+    with pytest.raises(PtxgenError, match=r"\(--max-seq-len 16777217\): kernel 'qwen3_8b_kv_append' .*max_seq_len"):
+        spec_from_hf_config(hf_config(tmp_path), "q4_k", max_seq_len=(1 << 24) + 1)
+    text = spec_from_hf_config(hf_config(tmp_path), "q4_k", max_seq_len=1 << 24)
+    assert "persistent_decoder" not in {e["kind"] for e in kernels(text)}
+    assert "Whole decoder layers in one launch: none (persistent_decoder " in text and "below 4 GiB" in text
+    load_spec_text(tmp_path, text)
+
+
+def load_spec_text(tmp_path, text: str):
+    path = tmp_path / "generated.toml"
+    path.write_text(text)
+    return load_spec(path)
+
+
+def test_the_spec_is_written_as_toml_only(tmp_path):
+    """-o of another extension is refused before the model is read (the model path does not exist)."""
+    from helpers import run_cli
+
+    for name in ("spec.yaml", "spec.txt"):
+        result = run_cli("spec", "from-gguf", str(tmp_path / "absent.gguf"), "-o", str(tmp_path / name))
+        assert result.returncode == 2 and f"{name}: the spec is written as TOML" in result.stderr, result.stderr
+    assert not list(tmp_path.iterdir())

@@ -8,6 +8,7 @@ from typing import Annotated, Union
 
 from pydantic import Field, TypeAdapter
 
+from ..archs import arch_number
 from .base import PDL_PTX_VERSION, PDL_TARGET, Kind, PdlConfig
 
 
@@ -69,6 +70,13 @@ def own_targets(config) -> list[str]:
     where the config asks for PDL)."""
     return [target for name, target in VARIANTS
             if name == config.kind and (target != PDL_TARGET or getattr(config, "pdl", False))]
+
+
+def rendered_targets(config, archs) -> list[str]:
+    """The own targets (own_targets) a spec for `archs` renders PTX for: an arch-specific one
+    (sm_90a) where it is listed, PDL_TARGET where a listed arch runs its PTX (sm_90 and later)."""
+    return [target for target in own_targets(config)
+            if target in archs or (target == PDL_TARGET and any(arch_number(a) >= arch_number(target) for a in archs))]
 
 
 def config_from_json(data: dict):

@@ -12,8 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..abi import Geometry, Launch, Param, ceil_div, round_up  # noqa: F401  (the kinds' vocabulary)
 
-# A kernel name becomes the PTX entry and file names, so it must be a plain identifier.
-Identifier = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+# A kernel name becomes the PTX entry and file names, so it must be a plain identifier; PTX
+# takes a leading underscore only before at least one more character.
+Identifier = Field(pattern=r"^([A-Za-z][A-Za-z0-9_]{0,63}|_[A-Za-z0-9_]{1,63})$")
 
 # Relative L2 error allowed against the float64 reference by default, for f32 results only:
 # f32 dot products and reductions of up to ~10^4 terms (the Q4_K GEMVs and decode attention,
