@@ -16,7 +16,7 @@ VENV310 := .venv310
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,ptxas]'
 	touch $(STAMP)
 
 build: $(STAMP)

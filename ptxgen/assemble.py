@@ -2,15 +2,24 @@
 
 nvJitLink comes from the `nvidia-nvjitlink` wheel through cuda.core's Linker, so it needs no GPU,
 no driver and no system CUDA. The driver's own JIT (`--assembler driver`) builds only for the
-GPU present and needs its driver (ptxgen.device).
+GPU present and needs its driver (ptxgen.device). ptxas from the optional `nvidia-cuda-nvcc`
+wheel (extra "ptxas") compiles a PTX file as a whole program: nvJitLink compiles it as one unit
+of a link, which drops `setmaxnreg` ("ignored to maintain compatibility across compilation
+units", ptxas info C7504), so the Hopper attention's producer warpgroup cannot hand its registers
+to the consumers there. `auto` takes ptxas for PTX that executes setmaxnreg where it is
+installed, nvJitLink for everything else.
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib.metadata
 import re
+import subprocess
+import tempfile
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 
 from .errors import AssemblerError
 
@@ -52,6 +61,46 @@ def assemble_nvjitlink(ptx: str, arch: str, options: dict) -> Assembled:
     return Assembled(cubin=bytes(cubin), info_log=clean_log(linker.get_info_log()))
 
 
+@cache
+def ptxas_binary() -> Path | None:
+    """The ptxas of the nvidia-cuda-nvcc wheel, or None where it is not installed."""
+    try:
+        files = importlib.metadata.files("nvidia-cuda-nvcc") or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return next((Path(f.locate()) for f in files if f.name == "ptxas"), None)
+
+
+def _ptxas() -> Path:
+    binary = ptxas_binary()
+    if binary is None:
+        raise AssemblerError("--assembler ptxas: ptxas comes from the nvidia-cuda-nvcc wheel, which is not "
+                             "installed (pip install 'ptxgen[ptxas]')")
+    return binary
+
+
+@cache
+def ptxas_version() -> str:
+    shown = subprocess.run([str(_ptxas()), "--version"], capture_output=True, text=True, check=False).stdout
+    found = re.search(r"release (\d+\.\d+), V([\d.]+)", shown)
+    if found is None:
+        raise AssemblerError(f"{_ptxas()}: cannot read its version", log=shown)
+    return found[2]
+
+
+def assemble_ptxas(ptx: str, arch: str, options: dict) -> Assembled:
+    """The PTX as a whole program (setmaxnreg honoured), through ptxas in a scratch folder."""
+    with tempfile.TemporaryDirectory(prefix="ptxgen-ptxas-") as scratch:
+        source, target = Path(scratch) / "kernel.ptx", Path(scratch) / "kernel.cubin"
+        source.write_text(ptx)
+        command = [str(_ptxas()), f"-arch={arch}", *(["-v"] if options.get("verbose") else []), str(source),
+                   "-o", str(target)]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise AssemblerError(f"ptxas failed to assemble PTX for {arch}", log=done.stderr + done.stdout)
+        return Assembled(cubin=target.read_bytes(), info_log=clean_log(done.stdout + done.stderr))
+
+
 def assemble_driver(ptx: str, arch: str, options: dict) -> Assembled:
     """JIT through the driver's own PTX compiler: only for the GPU's own arch."""
     from .device import session
@@ -84,25 +133,37 @@ def assemble_driver(ptx: str, arch: str, options: dict) -> Assembled:
     return Assembled(cubin=cubin, info_log=clean_log(info.split(b"\0")[0].decode()))
 
 
-ASSEMBLERS = {"nvjitlink": assemble_nvjitlink, "driver": assemble_driver}
+ASSEMBLERS = {"nvjitlink": assemble_nvjitlink, "ptxas": assemble_ptxas, "driver": assemble_driver}
 
 
 def assembler_version(name: str) -> str:
     if name == "nvjitlink":
         return nvjitlink_version()
+    if name == "ptxas":
+        return ptxas_version()
     from .device import driver_version
 
     return driver_version()
 
 
 def resolve_assembler(name: str) -> str:
-    """`auto` is nvJitLink (always present: it comes from a wheel); `driver` needs a driver."""
+    """`auto` (nvJitLink, or ptxas per PTX: assembler_for), or the one asked for, checked present:
+    `driver` needs a driver, `ptxas` its wheel."""
     if name == "driver":
         from .device import driver
 
         driver(instead="--assembler nvjitlink (the default) needs none")
-        return "driver"
-    return "nvjitlink"
+    elif name == "ptxas":
+        _ptxas()
+    return name
+
+
+def assembler_for(name: str, ptx: str) -> str:
+    """The assembler of one PTX text under the resolved choice `name`: with `auto`, ptxas where
+    the PTX executes setmaxnreg and ptxas is installed, else nvJitLink."""
+    if name != "auto":
+        return name
+    return "ptxas" if "setmaxnreg" in ptx and ptxas_binary() is not None else "nvjitlink"
 
 
 def assemble(assembler: str, ptx: str, arch: str, options: dict) -> Assembled:

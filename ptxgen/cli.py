@@ -49,6 +49,7 @@ class Backend(str, Enum):
 class Assembler(str, Enum):
     auto = "auto"
     nvjitlink = "nvjitlink"
+    ptxas = "ptxas"
     driver = "driver"
 
 
@@ -115,7 +116,9 @@ def build(
     arch: Annotated[Optional[list[str]], typer.Option("--arch", help="Target arch; repeat for several (default: "
                                                                      "the spec's).")] = None,
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Assemble in N processes.")] = 1,
-    assembler: Annotated[Assembler, typer.Option(help="nvJitLink (offline) or the driver's JIT.")] = Assembler.auto,
+    assembler: Annotated[Assembler, typer.Option(
+        help="auto: nvJitLink, and ptxas (extra 'ptxas') for PTX with setmaxnreg, which nvJitLink drops; or the "
+             "driver's JIT.")] = Assembler.auto,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Assemble everything anew.")] = False,
     check: Annotated[bool, typer.Option("--check", help="Write nothing; exit 1 naming every stale, missing or "
                                                         "unexpected artifact in the folder.")] = False,

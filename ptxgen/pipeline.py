@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from . import __version__
 from .archs import format_version
-from .assemble import OPTIONS, assemble, assembler_version, parse_resources, resolve_assembler
+from .assemble import OPTIONS, assemble, assembler_for, assembler_version, parse_resources, resolve_assembler
 from .cache import Cache, cache_key
 from .compiled import Binary, CompiledKernel, Variant, serving_variant
 from .errors import SpecError
@@ -71,32 +71,39 @@ def stage_ptx(spec: Spec, units: list[Unit], options: BuildOptions) -> None:
 
 def stage_cubin(spec: Spec, units: list[Unit], options: BuildOptions) -> tuple[int, int]:
     """One cubin per (kernel, arch), from the PTX that serves that arch (compiled.serving_variant:
-    its own variant, else the newest one for an older arch that is not arch-specific)."""
-    assembler = resolve_assembler(options.assembler)
-    version = assembler_version(assembler)
+    its own variant, else the newest one for an older arch that is not arch-specific), by the
+    assembler that PTX gets (assemble.assembler_for)."""
+    chosen = resolve_assembler(options.assembler)
+    versions: dict[str, str] = {}
     cache = Cache(SETTINGS.cache_dir if options.use_cache else None, report=options.report)
     misses = []
     for unit in units:
-        unit.assembler = {"name": assembler, "version": version}
         portable = next(iter(unit.variants.values()))
         for arch in spec.target.archs:
             variant = serving_variant(unit.variants, arch) or portable
+            assembler = assembler_for(chosen, variant.ptx)
+            if assembler not in versions:
+                versions[assembler] = assembler_version(assembler)
+            version = versions[assembler]
+            unit.assembler[arch] = f"{assembler} {version}"
             key = cache_key(variant.ptx, arch, assembler, version, OPTIONS)
             hit = cache.get(key)
             if hit:
                 unit.binaries[arch] = Binary(arch, variant.target, hit[0], hit[1], parse_resources(hit[1]))
+                note_dropped_setmaxnreg(unit, arch, options)
                 options.progress(f"{unit.config.name} {arch} (cached)")
             else:
-                misses.append((unit, arch, variant, key))
+                misses.append((unit, arch, variant, key, assembler))
     jobs = min(options.jobs, len(misses))
     if jobs > 1:
         # spawn, not fork: a forked child of a process whose libraries started threads can deadlock
         with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = [pool.submit(assemble, assembler, variant.ptx, arch, OPTIONS) for _, arch, variant, _ in misses]
-            for (unit, arch, variant, key), future in zip(misses, futures):
+            futures = [pool.submit(assemble, assembler, variant.ptx, arch, OPTIONS)
+                       for _, arch, variant, _, assembler in misses]
+            for (unit, arch, variant, key, _), future in zip(misses, futures):
                 record(cache, unit, arch, variant, key, future.result(), options)
     else:
-        for unit, arch, variant, key in misses:
+        for unit, arch, variant, key, assembler in misses:
             record(cache, unit, arch, variant, key, assemble(assembler, variant.ptx, arch, OPTIONS), options)
     return len(misses), len(units) * len(spec.target.archs) - len(misses)
 
@@ -105,7 +112,16 @@ def record(cache: Cache, unit: Unit, arch: str, variant: Variant, key: str, asse
     cache.put(key, assembled.cubin, assembled.info_log)
     unit.binaries[arch] = Binary(arch, variant.target, assembled.cubin, assembled.info_log,
                                  parse_resources(assembled.info_log))
+    note_dropped_setmaxnreg(unit, arch, options)
     options.progress(f"{unit.config.name} {arch}")
+
+
+def note_dropped_setmaxnreg(unit: Unit, arch: str, options: BuildOptions) -> None:
+    """A note where the assembler ignored setmaxnreg (nvJitLink: ptxas info C7504): that cubin
+    runs with one register budget for every warp, and may spill."""
+    if "C7504" in unit.binaries[arch].info_log:
+        options.report(f"{unit.config.name} {arch}: {unit.assembler[arch]} ignored setmaxnreg (C7504); "
+                       "install ptxgen[ptxas] to assemble it as a whole program, which keeps it")
 
 
 STAGES = {"ptx": stage_ptx, "cubin": stage_cubin}

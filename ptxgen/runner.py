@@ -18,15 +18,22 @@ from .kernels.base import Call
 BACKENDS = ("emulator", "device")
 
 
+def check_input_names(compiled: CompiledKernel, inputs: dict[str, np.ndarray]) -> None:
+    """Every input names an array parameter (a runtime scalar comes apart from the arrays)."""
+    known = {p.name for p in compiled.params}
+    for key, array in inputs.items():
+        if key not in known:
+            raise LaunchError(f"{compiled.name}: unknown input {key!r} (parameters: {', '.join(sorted(known))})")
+        if key in compiled.scalar_limits:
+            given = f"{array.dtype}{list(array.shape)}" if isinstance(array, np.ndarray) else type(array).__name__
+            raise LaunchError(f"{compiled.name}: input {key!r} is a runtime scalar: expected one integer (a 0-d "
+                              f"array), got {given}")
+
+
 def check_inputs(compiled: CompiledKernel, inputs: dict[str, np.ndarray], scalars: dict[str, int]) -> None:
     """Every read array present, and every array given, with the exact dtype and shape (one the
-    kernel only writes, e.g. from an earlier run's outputs, is checked and not used); nothing
-    unknown."""
+    kernel only writes, e.g. from an earlier run's outputs, is checked and not used)."""
     name = compiled.name
-    known = {p.name for p in compiled.params}
-    for key in inputs:
-        if key not in known:
-            raise LaunchError(f"{name}: unknown input {key!r} (parameters: {', '.join(sorted(known))})")
     for param in compiled.arrays + tuple(p for p in compiled.params if p.role == "workspace"):
         if param.name not in inputs:
             if param.read:
@@ -48,6 +55,7 @@ def prepare_arrays(compiled: CompiledKernel, inputs: dict[str, np.ndarray],
     """Copies of the inputs, NaN-poisoned outputs, zeroed workspaces: one array per array param.
     The elements of an inout parameter that its kind says the kernel rewrites without reading
     them (Kind.rewritten) are poisoned too, so one the kernel fails to write shows."""
+    check_input_names(compiled, inputs)
     compiled.check_scalars(scalars)
     check_inputs(compiled, inputs, scalars)
     kind = compiled.definition

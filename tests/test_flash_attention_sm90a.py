@@ -10,6 +10,7 @@ MHA / GQA / MQA, head_dim 64 / 128, f16 / bf16 in, f32 / f16 / bf16 out, and the
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -129,3 +130,40 @@ def test_an_sm90_gpu_runs_the_sm90a_variant_with_its_geometry():
     assert kernel.launch(scalars, "sm_90") == kernel.launch(scalars, "sm_90a") != kernel.launch(scalars, "sm_80")
     for arch in ("sm_80", "sm_86"):
         assert kernel.variant(arch) is kernel.portable and kernel.binary_for(arch).target == kernel.portable.target
+
+
+def test_a_producer_warpgroup_hands_its_registers_over_where_ptxas_assembles_it():
+    """FlashAttention-3's split: the producer warpgroup drops to 40 registers, the consumers rise to
+    232, enough for S, O and P of 128-key tiles at head_dim 128 (intra-warpgroup overlap). nvJitLink
+    ignores setmaxnreg (C7504, it compiles one unit of a link) and spills; `auto` assembles PTX
+    with setmaxnreg through ptxas (extra "ptxas") where it is installed, as a whole program."""
+    from ptxgen.assemble import assemble_nvjitlink, assembler_for, ptxas_binary
+
+    kernel = attention_kernel(32, 8, 128, True, "f16", "f16", {"producer_warps": 4}, until="ptx")
+    plan = sm90a_plan(attention_config(32, 8, 128), producer_warps=4)
+    assert plan.consumer_registers == 232 and plan.overlap and plan.block_n == 128
+    ptx = kernel.variants["sm_90a"].ptx
+    assert assembler_for("auto", kernel.portable.ptx) == "nvjitlink"
+    dropped = assemble_nvjitlink(ptx, "sm_90a", {"verbose": True}).info_log
+    assert "C7504" in dropped and "bytes spill stores" in dropped
+    if ptxas_binary() is None:
+        pytest.skip("the nvidia-cuda-nvcc wheel (ptxgen[ptxas]) is not installed")
+    assert assembler_for("auto", ptx) == "ptxas"
+    built = attention_kernel(32, 8, 128, True, "f16", "f16", {"producer_warps": 4}, until="cubin")
+    binary = built.binaries["sm_90a"]
+    assert built.assembler["sm_90a"].startswith("ptxas ") and "C7504" not in binary.info_log
+    assert binary.resources["spill_stores"] == binary.resources["spill_loads"] == 0, binary.info_log
+    assert "wgmma.mma_async instructions are serialized" not in binary.info_log
+
+
+def test_a_build_that_drops_setmaxnreg_says_so(tmp_path):
+    from helpers import run_cli
+
+    spec = tmp_path / "fa3.toml"
+    spec.write_text('[target]\narchs = ["sm_90a"]\n\n[[kernels]]\nname = "fa3"\nkind = "flash_attention"\n'
+                    'num_heads = 2\nnum_kv_heads = 1\nhead_dim = 128\nsm90a = { producer_warps = 4 }\n')
+    result = run_cli("build", str(spec), "-o", str(tmp_path / "out"), "--assembler", "nvjitlink", "-q")
+    assert result.returncode == 0, result.stderr
+    assert "note: fa3 sm_90a: nvjitlink " in result.stderr and "ignored setmaxnreg (C7504)" in result.stderr
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert list(manifest["kernels"]["fa3"]["assembler"]) == ["sm_90a"]

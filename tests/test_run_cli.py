@@ -67,6 +67,10 @@ def test_scalar_from_npz(tmp_path, norm_inputs):
      ["--set", "rows=3"], "--set rows: --inputs"),
     ({"x": np.zeros((3, 4096), np.float32), "gamma": np.ones(4096, np.float32)}, ["--set", "rows=3", "--set", "rows=3"],
      "--set rows: given twice"),
+    ({"x": np.zeros((3, 4096), np.float32), "gamma": np.ones(4096, np.float32), "rows": np.array([3], np.uint32)}, [],
+     "input 'rows' is a runtime scalar: expected one integer (a 0-d array), got uint32[1]"),
+    ({"x": np.zeros((3, 4096), np.float32), "gamma": np.ones(4096, np.float32), "rows": np.ones((2, 2), np.float32)},
+     ["--set", "rows=3"], "input 'rows' is a runtime scalar"),
     ({"x": np.zeros((3, 4096), np.float32), "gamma": np.ones(4096, np.float32)}, ["--set", "rows=3", "--arch", "sm_75"],
      "--arch: expected one of sm_80"),
 ])

@@ -5,7 +5,7 @@
 # and each step's JSON land in $OUT (the device tool's folder; bench/lease/out elsewhere).
 #
 #   here, once (no GPU needed):  bash bench/lease/run.sh --fetch-wheels
-#       cp312 wheels of what the GPU image lacks (pydantic & co, gguf) into .whl/ (git-ignored)
+#       cp312 wheels of what the GPU image lacks (pydantic & co, gguf, ptxas) into .whl/ (git-ignored)
 #   on the GPU:                  device run, carry [".whl"], command "bash bench/lease/run.sh"
 #
 # Steps: install; Q4_K GEMVs (queue and static schedules, with programmatic dependent launch and
@@ -18,8 +18,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
+# nvidia-cuda-nvcc: its ptxas assembles the Hopper prefill's setmaxnreg PTX whole (ptxgen/assemble.py).
 WHEELS=(pydantic==2.14.4 pydantic_core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 gguf==0.19.0
-        typing_extensions==4.16.0)
+        typing_extensions==4.16.0 nvidia-cuda-nvcc==13.5.37)
 if [[ "${1:-}" == "--fetch-wheels" ]]; then
     exec python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \

@@ -32,10 +32,12 @@ warps; block_m = 64 * consumers rows of one head; grid (ceil(seq_len / block_m),
   (block_n / 4) beside them with overlap. Two consumer warpgroups and a producer warp (288
   threads, 9 warps: 3 on one of the four register banks) may use 168 registers each, which
   head_dim 128 with 128-key tiles fills without spilling in order, and 64-key tiles with
-  overlap. A whole producer warpgroup (producer_warps=4) could hand its registers to the
-  consumers with setmaxnreg (232 each), but only whole-program compilation honours that:
-  nvJitLink compiles PTX as a separate compilation unit and ignores setmaxnreg (ptxas info
-  C7504, CUDA 13.0), so there it spills.
+  overlap. A whole producer warpgroup (producer_warps=4) hands its registers to the consumers
+  with setmaxnreg (40 for it, 232 each for them: 128-key tiles with overlap, FlashAttention-3's
+  split), which only whole-program compilation honours: nvJitLink compiles PTX as one unit of a
+  link and ignores setmaxnreg (ptxas info C7504, CUDA 13.0-13.5), so there it spills 240 bytes;
+  ptxas from the nvidia-cuda-nvcc wheel (extra "ptxas", chosen by `auto` for such PTX) keeps it
+  and spills none (ptxas 13.5.37, head_dim 128).
 """
 
 from __future__ import annotations
