@@ -89,7 +89,7 @@ def stage_cubin(spec: Spec, units: list[Unit], options: BuildOptions) -> tuple[i
             key = cache_key(variant.ptx, arch, assembler, version, OPTIONS)
             hit = cache.get(key)
             if hit:
-                unit.binaries[arch] = Binary(arch, variant.target, hit[0], hit[1], parse_resources(hit[1]))
+                unit.binaries[arch] = Binary(arch, variant.target, hit[0], hit[1], parse_resources(hit[1], hit[0]))
                 note_dropped_setmaxnreg(unit, arch, options)
                 options.progress(f"{unit.config.name} {arch} (cached)")
             else:
@@ -111,7 +111,7 @@ def stage_cubin(spec: Spec, units: list[Unit], options: BuildOptions) -> tuple[i
 def record(cache: Cache, unit: Unit, arch: str, variant: Variant, key: str, assembled, options: BuildOptions) -> None:
     cache.put(key, assembled.cubin, assembled.info_log)
     unit.binaries[arch] = Binary(arch, variant.target, assembled.cubin, assembled.info_log,
-                                 parse_resources(assembled.info_log))
+                                 parse_resources(assembled.info_log, assembled.cubin))
     note_dropped_setmaxnreg(unit, arch, options)
     options.progress(f"{unit.config.name} {arch}")
 

@@ -137,14 +137,15 @@ def test_a_producer_warpgroup_hands_its_registers_over_where_ptxas_assembles_it(
     232, enough for S, O and P of 128-key tiles at head_dim 128 (intra-warpgroup overlap). nvJitLink
     ignores setmaxnreg (C7504, it compiles one unit of a link) and spills; `auto` assembles PTX
     with setmaxnreg through ptxas (extra "ptxas") where it is installed, as a whole program."""
-    from ptxgen.assemble import assemble_nvjitlink, assembler_for, ptxas_binary
+    from ptxgen.assemble import assemble_nvjitlink, assembler_for, cubin_static_shared, parse_resources, ptxas_binary
 
     kernel = attention_kernel(32, 8, 128, True, "f16", "f16", {"producer_warps": 4}, until="ptx")
     plan = sm90a_plan(attention_config(32, 8, 128), producer_warps=4)
     assert plan.consumer_registers == 232 and plan.overlap and plan.block_n == 128
     ptx = kernel.variants["sm_90a"].ptx
     assert assembler_for("auto", kernel.portable.ptx) == "nvjitlink"
-    dropped = assemble_nvjitlink(ptx, "sm_90a", {"verbose": True}).info_log
+    linked = assemble_nvjitlink(ptx, "sm_90a", {"verbose": True})
+    dropped = linked.info_log
     assert "C7504" in dropped and "bytes spill stores" in dropped
     if ptxas_binary() is None:
         pytest.skip("the nvidia-cuda-nvcc wheel (ptxgen[ptxas]) is not installed")
@@ -154,6 +155,11 @@ def test_a_producer_warpgroup_hands_its_registers_over_where_ptxas_assembles_it(
     assert built.assembler["sm_90a"].startswith("ptxas ") and "C7504" not in binary.info_log
     assert binary.resources["spill_stores"] == binary.resources["spill_loads"] == 0, binary.info_log
     assert "wgmma.mma_async instructions are serialized" not in binary.info_log
+    # ptxas's log leaves out the 1 KB the sm_90 cubin's shared section holds beyond Q's mbarriers;
+    # both cubins hold the same section, and the resources come from it.
+    assert cubin_static_shared(binary.cubin) == cubin_static_shared(linked.cubin) == parse_resources(dropped)[
+        "shared_bytes"] == binary.resources["shared_bytes"] == 1104
+    assert parse_resources(binary.info_log)["shared_bytes"] == 80
 
 
 def test_a_build_that_drops_setmaxnreg_says_so(tmp_path):
