@@ -62,14 +62,19 @@ def assemble_nvjitlink(ptx: str, arch: str, options: dict) -> Assembled:
     return Assembled(cubin=bytes(cubin), info_log=clean_log(linker.get_info_log()))
 
 
+def wheel_binary(distribution: str, name: str) -> Path | None:
+    """Program `name` shipped in the installed wheel `distribution` (NVIDIA's tool wheels), or None."""
+    try:
+        files = importlib.metadata.files(distribution) or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return next((Path(f.locate()) for f in files if f.name == name), None)
+
+
 @cache
 def ptxas_binary() -> Path | None:
     """The ptxas of the nvidia-cuda-nvcc wheel, or None where it is not installed."""
-    try:
-        files = importlib.metadata.files("nvidia-cuda-nvcc") or []
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    return next((Path(f.locate()) for f in files if f.name == "ptxas"), None)
+    return wheel_binary("nvidia-cuda-nvcc", "ptxas")
 
 
 def _ptxas() -> Path:

@@ -54,7 +54,6 @@ tensor-core pipes.
 
 from __future__ import annotations
 
-import importlib.metadata
 import math
 import re
 import subprocess
@@ -65,6 +64,7 @@ from pathlib import Path
 import numpy as np
 
 from .archs import ARCHS, Arch
+from .assemble import wheel_binary
 from .errors import PtxgenError
 from .interp import launch as interpret
 from .interp.parser import TYPES, Addr, Imm, Neg, Pair, Reg, Vec, parse
@@ -588,11 +588,7 @@ _LABEL = re.compile(r"^(\.L_x_\d+):", re.M)
 
 def nvdisasm() -> Path | None:
     """The nvdisasm binary of the nvidia-cuda-nvdisasm wheel, or None where it is not installed."""
-    try:
-        files = importlib.metadata.files("nvidia-cuda-nvdisasm") or []
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    return next((Path(f.locate()) for f in files if f.name == "nvdisasm"), None)
+    return wheel_binary("nvidia-cuda-nvdisasm", "nvdisasm")
 
 
 def sass_counts(cubin: bytes) -> dict | None:
