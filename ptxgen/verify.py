@@ -17,7 +17,7 @@ class Check:
     param: str
     scalars: dict
     shape: tuple
-    error: float  # relative L2 error against the float64 reference (over the graded elements)
+    error: float  # relative L2 error against the float64 reference (over the graded elements; Kind.error_scale)
     tolerance: float
     unwritten: int  # graded elements still NaN-poisoned (or NaN for another reason)
     changed: int = 0  # elements the kernel must keep (outside Kind.rewritten) whose bits changed
@@ -42,11 +42,12 @@ class Check:
         return not self.failure
 
 
-def relative_l2(result: np.ndarray, reference: np.ndarray) -> float:
-    """||result - reference|| / ||reference||, or the absolute norm when the reference is 0."""
+def relative_l2(result: np.ndarray, reference: np.ndarray, scale: np.ndarray | None = None) -> float:
+    """||result - reference|| / ||scale|| (default: the reference), or the absolute norm when that
+    is 0."""
     difference = np.linalg.norm((result - reference).ravel())
-    scale = np.linalg.norm(reference.ravel())
-    return float(difference / scale) if scale > 0 else float(difference)
+    norm = np.linalg.norm((reference if scale is None else scale).ravel())
+    return float(difference / norm) if norm > 0 else float(difference)
 
 
 def worst_ratio(error: np.ndarray, bound: np.ndarray) -> float:
@@ -95,6 +96,7 @@ def compare(compiled: CompiledKernel, arrays: dict[str, np.ndarray], reference: 
         result = to_float64(arrays[param.name], param.dtype)
         expected = np.asarray(reference[param.name], dtype=np.float64)
         bound = kind.error_bound(param, arrays, expected, scalars)
+        scale = kind.error_scale(param, arrays, expected, scalars)
         region = kind.rewritten(param, arrays, scalars) if param.role == "inout" else None
         changed = 0
         if region is not None:
@@ -103,10 +105,11 @@ def compare(compiled: CompiledKernel, arrays: dict[str, np.ndarray], reference: 
             changed = changed_count(result, expected, kept)
             result, expected = result[region], expected[region]
             bound = None if bound is None else bound[region]
+            scale = None if scale is None else scale[region]
         unwritten = int(np.count_nonzero(~np.isfinite(result)))
         finite = np.where(np.isfinite(result), result, 0.0)
         checks.append(Check(compiled.name, param.name, dict(scalars), arrays[param.name].shape,
-                            relative_l2(finite, expected), kind.tolerance(param), unwritten, changed,
+                            relative_l2(finite, expected, scale), kind.tolerance(param), unwritten, changed,
                             None if bound is None else worst_ratio(finite - expected, bound)))
     return checks
 

@@ -292,6 +292,13 @@ class Kind:
         `scalars` its runtime scalars."""
         return None
 
+    def error_scale(self, param: Param, arrays: dict[str, np.ndarray], reference: np.ndarray,
+                    scalars: dict[str, int]) -> np.ndarray | None:
+        """Per-element magnitude that `tolerance`'s relative L2 error is measured against, where the
+        kind's analysis states it against something other than the reference itself (None: the
+        reference). Arguments as in error_bound."""
+        return None
+
     def rewritten(self, param: Param, arrays: dict[str, np.ndarray], scalars: dict[str, int]) -> tuple | None:
         """For an inout parameter: the numpy index of the elements the kernel writes without reading
         them first (kv_append's row pos), or None when it reads and rewrites every element (rope's

@@ -244,7 +244,10 @@ class Q4kGemv(Kind):
     # Relative L2: a rounding at node v of the sum moves it by at most u |S_v|; over a row's terms
     # (independent, zero-mean: Gaussian weights and x) each level of the summation tree splits the
     # terms, so the partial sums' variances add up to depth * var(y) and the error's RMS is about
-    # u sqrt(depth) |y|: gamma(depth) (>= that, with a margin of sqrt(depth)) is the tolerance.
+    # u sqrt(depth) sigma(y): gamma(depth) (>= that, with a margin of sqrt(depth)) is the
+    # tolerance. sigma(y) is the root-sum-square of y's terms (error_scale), not |y|: one row whose
+    # terms cancel (|y| far below them; a 1-row GEMV measured 52x over against |y|) keeps the
+    # rounding of its partial sums, which are of the terms' size.
     def f32_error(self) -> float:
         """Relative bound (against magnitudes(w) @ |xq|) of y's f32 arithmetic."""
         return gamma(self.plan.output_roundings)
@@ -265,6 +268,10 @@ class Q4kGemv(Kind):
     def error_bound(self, param, arrays, reference, scalars):
         weights = arrays["w" + param.name.removeprefix("y")]
         return self.f32_error() * (self.magnitudes(weights) @ np.abs(self.activations(arrays)))
+
+    def error_scale(self, param, arrays, reference, scalars):
+        weights = arrays["w" + param.name.removeprefix("y")]
+        return np.sqrt(self.magnitudes(weights) ** 2 @ self.activations(arrays) ** 2)
 
     def traffic(self, scalars) -> Traffic:
         k, rows = self.config.k, sum(self.matrices.values())
