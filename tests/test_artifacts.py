@@ -112,6 +112,7 @@ def test_output_that_cannot_be_written_and_the_current_folder(tmp_path, cache_di
     blocked.write_text("x")
     result = build(blocked / "sub")
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert f"-o {blocked / 'sub'}: {blocked} is a file, not a folder" in result.stderr, result.stderr
     assert blocked.read_text() == "x"
 
 
