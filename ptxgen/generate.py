@@ -28,7 +28,6 @@ from __future__ import annotations
 import time
 import zlib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -91,13 +90,9 @@ class StepKernels:
 
 def step_kernels(config: ModelConfig, max_seq_len: int) -> StepKernels:
     """The step's kernels from the spec `ptxgen spec from-gguf` writes for this model."""
-    import tomllib
+    from .specgen import generated_spec
 
-    from .spec import validate
-    from .specgen import spec_text
-
-    source = f"{config.name} (generated spec)"
-    spec = validate(Path(source), tomllib.loads(spec_text(config, source, max_seq_len)))
+    _, spec = generated_spec(config, f"{config.name} (generated spec)", max_seq_len)
     head = config.lm_head
     lm_head = next(k for k in spec.kernels if k.kind == GEMV_KINDS[head.quant] and (k.n, k.k) == (head.rows, head.k))
     # The spec leaves out a decoder it cannot build (ffn_gate and ffn_up of different types in a

@@ -27,6 +27,8 @@ from .errors import PtxgenError, SpecError
 from .kernels import config_from_json, kind_of, takes_pdl
 from .model_config import ModelConfig, from_hf_config
 from .quants import GEMV_KINDS
+from .spec import Spec, check_against_archs, validate
+from .specfile import tomllib
 
 # Short GGUF matrix names -> the stem of their GEMV kernel's name, in a layer's order.
 STEMS = {"attn_q": "q", "attn_k": "k", "attn_v": "v", "attn_output": "o", "ffn_gate": "gate", "ffn_up": "up",
@@ -100,6 +102,12 @@ def decoder_kernel(config: ModelConfig, prefix: str, max_seq_len: int) -> dict:
 
 def spec_text(config: ModelConfig, source: str, max_seq_len: int | None = None, prefix: str | None = None) -> str:
     """The spec of every kernel `config` needs, as TOML; `source` names where the config came from."""
+    return generated_spec(config, source, max_seq_len, prefix)[0]
+
+
+def generated_spec(config: ModelConfig, source: str, max_seq_len: int | None = None,
+                   prefix: str | None = None) -> tuple[str, Spec]:
+    """spec_text's TOML and the Spec it validates to (check_generated)."""
     c = config
     prefix = prefix or model_prefix(c.name)
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,31}", prefix):
@@ -166,8 +174,7 @@ def spec_text(config: ModelConfig, source: str, max_seq_len: int | None = None, 
                 kernel = {**kernel, "pdl": True}
             lines += ["", "[[kernels]]"] + [f"{key} = {_toml_value(value)}" for key, value in kernel.items()]
     text = "\n".join(lines) + "\n"
-    check_generated(text, c.name, max_seq_len)
-    return text
+    return text, check_generated(text, c.name, max_seq_len)
 
 
 def config_problem(error: ValidationError) -> str:
@@ -178,15 +185,13 @@ def config_problem(error: ValidationError) -> str:
     return f"{field + ': ' if field else ''}{problem['msg'].removeprefix('Value error, ')}{got}"
 
 
-def check_generated(text: str, model: str, max_seq_len: int) -> None:
-    """A generated spec validates as a spec file would, or nothing is written: a model whose shapes
-    a kind refuses gets one message naming the kernel, the field and the value."""
-    import tomllib
-
-    from .spec import check_against_archs, validate
-
+def check_generated(text: str, model: str, max_seq_len: int) -> Spec:
+    """The generated spec, validated as a spec file would be, or nothing is written: a model whose
+    shapes a kind refuses gets one message naming the kernel, the field and the value."""
     try:
-        check_against_archs(Path(model), validate(Path(model), tomllib.loads(text)))
+        spec = validate(Path(model), tomllib.loads(text))
+        check_against_archs(Path(model), spec)
+        return spec
     except SpecError as error:
         first = str(error).splitlines()[0]
         hint = f" (--max-seq-len {max_seq_len})" if "max_seq_len" in first else ""
