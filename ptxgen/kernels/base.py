@@ -77,8 +77,9 @@ class KernelConfig(BaseModel):
 class PdlConfig(KernelConfig):
     """A kind that can run under programmatic dependent launch (PDL_TARGET)."""
 
-    # Where the spec's archs include PDL_TARGET, that arch's PTX overlaps the previous kernel of
-    # the stream, and so does its PTX on later archs; older archs keep the portable PTX.
+    # Where the spec has an arch of PDL_TARGET or later, the PTX made for PDL_TARGET overlaps the
+    # previous kernel of the stream on those archs (kernels.rendered_targets); older archs keep
+    # the portable PTX.
     pdl: bool = False
 
 
