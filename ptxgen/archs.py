@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 
 @dataclass(frozen=True)
@@ -56,3 +57,20 @@ def arch_number(name: str) -> int:
 
 def format_version(version: tuple[int, int]) -> str:
     return f"{version[0]}.{version[1]}"
+
+
+def arch_version(arch: str) -> tuple[int, int, bool]:
+    """sm_86 -> (8, 6, False); sm_90a -> (9, 0, True); sm_120 -> (12, 0, False)."""
+    digits = arch.removeprefix("sm_").removesuffix("a")
+    number = int(digits)
+    return number // 10, number % 10, arch.endswith("a")
+
+
+def serving_target(targets: Mapping[str, bool], arch: str) -> str | None:
+    """Which of a kernel's PTX targets (target -> whether that PTX uses PDL) serves `arch` (e.g.
+    sm_100), among those it can run (its own, and any made for an older arch that is not
+    arch-specific: an sm_90a one serves sm_90 alone): a PDL one first (the spec asked for it: its
+    sm_90 PTX serves sm_100 and sm_120 too), then its own, then the newest; None when it can run none."""
+    wanted = arch_version(arch)
+    usable = [t for t in targets if t == arch or (not arch_version(t)[2] and arch_version(t)[:2] <= wanted[:2])]
+    return max(usable, key=lambda t: (targets[t], t == arch, arch_version(t)[:2]), default=None)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .abi import Geometry, Launch, Param
+from .archs import arch_version, serving_target
 from .errors import LaunchError, PtxgenError
 
 # Runtime resource figures parsed from the assembler's info log, per arch.
@@ -250,21 +251,9 @@ class CompiledKernel:
 
 
 def serving_variant(variants: Mapping[str, Variant], arch: str) -> Variant | None:
-    """The PTX that serves `arch` (e.g. sm_100) among those it can run (its own, and any made for
-    an older arch that is not arch-specific: an sm_90a one serves sm_90 alone): a PDL variant
-    first (the spec asked for it: its sm_90 PTX serves sm_100 and sm_120 too), then its own, then
-    the newest; None when it can run none."""
-    wanted = arch_version(arch)
-    usable = [v for v in variants.values() if v.target == arch
-              or (not arch_version(v.target)[2] and arch_version(v.target)[:2] <= wanted[:2])]
-    return max(usable, key=lambda v: (v.pdl, v.target == arch, arch_version(v.target)[:2]), default=None)
-
-
-def arch_version(arch: str) -> tuple[int, int, bool]:
-    """sm_86 -> (8, 6, False); sm_90a -> (9, 0, True); sm_120 -> (12, 0, False)."""
-    digits = arch.removeprefix("sm_").removesuffix("a")
-    number = int(digits)
-    return number // 10, number % 10, arch.endswith("a")
+    """The PTX that serves `arch` (archs.serving_target), None when it can run none."""
+    target = serving_target({target: variant.pdl for target, variant in variants.items()}, arch)
+    return variants.get(target) if target else None
 
 
 def launch_rule(variant: Variant) -> str:

@@ -14,11 +14,11 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, field_validator, model_validator
 
-from .archs import ARCHS, DEFAULT_ARCHS, STATIC_SHARED_LIMIT, format_version
+from .archs import ARCHS, DEFAULT_ARCHS, STATIC_SHARED_LIMIT, format_version, serving_target
 from .errors import SpecError
 from .header import defined_names
-from .kernels import KernelEntry, kind_of, own_targets, rendered_targets
-from .kernels.base import list_as_tuple
+from .kernels import KernelEntry, kind_of, rendered_targets
+from .kernels.base import PDL_TARGET, list_as_tuple
 from .quote import clip, echo
 from .specfile import read_document
 
@@ -199,14 +199,16 @@ def check_against_archs(path: Path, spec: Spec) -> None:
     fit every target arch."""
     problems = []
     for index, kernel in enumerate(spec.kernels):
-        variants = own_targets(kernel)
+        variants = rendered_targets(kernel, spec.target.archs)
+        targets = {spec.ptx_target: False, **{target: target == PDL_TARGET for target in variants}}
         where = f"{path}: kernel {kernel.name!r} (kernels[{index}])"
         refusal = kind_of(kernel).unbuildable()
         if refusal:
             problems.append(f"{where}: {refusal}")
             continue
         for arch_name in spec.target.archs:
-            kind = kind_of(kernel, arch_name if arch_name in variants else None)
+            served_by = serving_target(targets, arch_name)  # as the pipeline picks each arch's PTX
+            kind = kind_of(kernel, served_by if served_by in variants else None)
             arch = ARCHS[arch_name]
             try:
                 threads, shared = kind.resources()
@@ -220,7 +222,7 @@ def check_against_archs(path: Path, spec: Spec) -> None:
                 problems.append(f"{where}: needs {shared} bytes of shared memory, {arch_name} allows {arch.max_shared_per_cta}")
             if static > STATIC_SHARED_LIMIT:
                 problems.append(f"{where}: declares {static} bytes of static shared memory, the limit is {STATIC_SHARED_LIMIT}")
-        for own in [None, *(t for t in variants if t in spec.target.archs)]:
+        for own in [None, *variants]:
             needed = max(kind_of(kernel, own).ptx_version, ARCHS[own or spec.ptx_target].ptx_version)
             if spec.target.ptx_version and spec.ptx_version(kernel, own) < needed:
                 problems.append(
