@@ -15,6 +15,7 @@ import ctypes.util
 import json
 import os
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,7 +68,7 @@ def check_output_folder(folder: Path) -> None:
     """Refuse a target that is not a folder ptxgen may own (before any work is done)."""
     if folder.exists() and not folder.is_dir():
         raise PtxgenError(f"-o {folder}: exists and is not a folder")
-    if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+    if folder.is_dir() and (not os.access(folder, os.W_OK | os.X_OK) or not folder.stat().st_mode & 0o222):
         raise PtxgenError(f"-o {folder}: the folder is read-only; refusing to replace it")
     blocking = next((p for p in folder.absolute().parents if p.exists() and not p.is_dir()), None)
     if blocking is not None:
@@ -216,17 +217,38 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def write_file(path: Path, data: bytes, what: str) -> None:
-    """Replace a regular file (or create it) with `data`, whole or not at all. `what` names the
-    option in messages (e.g. "--outputs")."""
+def check_output_file(path: Path, what: str, suffix: str | None = None, inputs=()) -> None:
+    """Refuse, before any work is done, an output file write_file would refuse, one not named
+    `suffix`, or one that is one of the command's `inputs` (paths; None where not given). `what`
+    names the option in messages (e.g. "--outputs")."""
+    if path.is_symlink():
+        raise PtxgenError(f"{what} {path}: is a symbolic link; give the file itself")
     if path.is_dir():
         raise PtxgenError(f"{what} {path}: is a folder; give a file name")
     if path.exists() and not path.is_file():
         raise PtxgenError(f"{what} {path}: is not a regular file (a device or a pipe); give a file name")
-    if path.is_symlink():
-        raise PtxgenError(f"{what} {path}: is a symbolic link; give the file itself")
-    if path.is_file() and not os.access(path, os.W_OK):
+    if suffix is not None and path.suffix != suffix:
+        raise PtxgenError(f"{what} {path}: expected a {suffix} file name")
+    if path.is_file() and (not os.access(path, os.W_OK) or not path.stat().st_mode & 0o222):
         raise PtxgenError(f"{what} {path}: the file is read-only; refusing to replace it")
+    for given in inputs:
+        if given is not None and path.is_file() and Path(given).exists() and os.path.samefile(path, given):
+            raise PtxgenError(f"{what} {path}: is the input file {given}; refusing to replace it")
+    parent = path.absolute().parent
+    blocking = next((p for p in (parent, *parent.parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise PtxgenError(f"{what} {path}: {blocking} is a file, not a folder")
+    if not parent.is_dir():
+        raise PtxgenError(f"{what} {path}: the folder {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PtxgenError(f"{what} {path}: the folder {parent} is read-only")
+
+
+def write_file(path: Path, data: bytes, what: str) -> None:
+    """Replace a regular file (or create it) with `data`, whole or not at all, keeping an existing
+    file's permissions. `what` names the option in messages (e.g. "--outputs")."""
+    check_output_file(path, what)
+    mode = stat.S_IMODE(path.stat().st_mode) if path.is_file() else 0o666 & ~_umask()
     try:
         if path.read_bytes() == data:
             return
@@ -239,7 +261,7 @@ def write_file(path: Path, data: bytes, what: str) -> None:
     try:
         with os.fdopen(descriptor, "wb") as handle:
             handle.write(data)
-        os.chmod(temporary, 0o666 & ~_umask())
+        os.chmod(temporary, mode)
         os.replace(temporary, path)
     except OSError as error:
         Path(temporary).unlink(missing_ok=True)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import datetime
 import functools
 import importlib.util
+import io
 import json
 import math
 import subprocess
@@ -39,6 +40,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
+from .artifacts import write_file
 from .compiled import CompiledKernel
 from .dtypes import DTYPES, to_float64
 from .errors import LaunchError, PtxgenError
@@ -562,9 +564,6 @@ def print_results(results: dict, out: Console, err: Console) -> None:
 
 
 def write_json(path: Path, results: dict) -> None:
-    from .artifacts import write_file
-
-    path.parent.mkdir(parents=True, exist_ok=True)
     write_file(path, (json.dumps(results, indent=2) + "\n").encode(), "--json")
 
 
@@ -608,6 +607,7 @@ def plot(path: Path, results: dict) -> None:
     axes.set_title(f"ptxgen (o) and peers (x) on {results['device']['name']}")
     axes.grid(True, which="both", alpha=0.3)
     axes.legend(loc="upper left")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=130, bbox_inches="tight")
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=130, bbox_inches="tight")
     plt.close(figure)
+    write_file(path, buffer.getvalue(), "--plot")

@@ -361,10 +361,12 @@ def run(
     tensor: Annotated[Optional[str], typer.Option("--tensor", help="Tensor name in --gguf.")] = None,
 ):
     """Run one kernel once on IN.npz and write every array parameter to OUT.npz."""
+    from .artifacts import check_output_file
     from .npz import load_npz, save_npz, scalar_of
     from .runner import run as run_kernel
 
     arch = known_arch(arch)
+    check_output_file(outputs, "--outputs", ".npz", inputs=(inputs, gguf))
     spec = load_spec(spec_path)
     config = spec.spec.kernel(kernel_name)
     arrays = load_npz(inputs, "--inputs")
@@ -493,11 +495,15 @@ def bench(
     """Check kernels on the GPU, then time them: median/p10/p90, GB/s, TFLOP/s, % of copy bandwidth, peers."""
     import itertools
 
+    from .artifacts import check_output_file
     from .bench import failures, plot, print_results, require_matplotlib, run_bench, write_json
     from .device import driver
     from .pipeline import compile_spec
 
     spec = load_spec(spec_path)
+    for path, option, suffix in ((json_path, "--json", ".json"), (plot_path, "--plot", ".png")):
+        if path is not None:
+            check_output_file(path, option, suffix, inputs=(spec.path,))
     sweeps = parse_sets(assignments or [])
     # No driver or GPU: DeviceUnavailable (exit 2) before anything costly.
     driver(instead="bench times kernels on a GPU (ptxgen show gives the performance model without one)")
@@ -608,11 +614,13 @@ def generate(
 
     import numpy as np
 
-    from .artifacts import write_file
+    from .artifacts import check_output_file, write_file
     from .generate import Generator
     from .gguf_model import GGUFModel
 
     prompt = parse_tokens(tokens)
+    if save_logits is not None:
+        check_output_file(save_logits, "--save-logits", ".npy", inputs=(model,))
     loaded = GGUFModel(model)
     with progress_bar("loading", 0, True) as progress:
         task = progress.add_task("loading weights", total=None)

@@ -13,9 +13,9 @@ import pytest
 import typer
 
 from ptxgen import __version__, pipeline
-from ptxgen.artifacts import STAGING
-from ptxgen.spec import load_spec
+from ptxgen.artifacts import STAGING, write_file
 from ptxgen.cli import app
+from ptxgen.errors import PtxgenError
 from ptxgen.spec import load_spec
 
 from helpers import ROOT, run_cli, run_cli_in_process, spec_kernel
@@ -231,6 +231,21 @@ def test_artifacts_get_the_umasks_permissions(tmp_path, cache_dir):
     for path in [tmp_path / "out", *(tmp_path / "out").rglob("*")]:
         expected = 0o750 if path.is_dir() else 0o640
         assert stat.S_IMODE(path.stat().st_mode) == expected, (path, oct(path.stat().st_mode))
+
+
+def test_a_replaced_file_keeps_its_permissions_and_a_read_only_one_is_kept(tmp_path):
+    """write_file (--outputs, --json, --save-logits, specs) replaces a file whole; the user's
+    permissions stay, and a file without write bits is refused, by root too."""
+    path = tmp_path / "out.json"
+    path.write_text("old")
+    path.chmod(0o604)
+    write_file(path, b"new", "--json")
+    assert path.read_bytes() == b"new" and stat.S_IMODE(path.stat().st_mode) == 0o604
+    path.chmod(0o444)
+    with pytest.raises(PtxgenError, match="the file is read-only; refusing to replace it"):
+        write_file(path, b"newer", "--json")
+    assert path.read_bytes() == b"new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]
 
 
 # --- the command line's own output ----------------------------------------------------------------------

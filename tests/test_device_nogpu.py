@@ -75,6 +75,12 @@ def test_bench_names_a_bad_spec_or_set_before_the_missing_gpu(tmp_path):
     assert missing.returncode == 2 and "absent.toml" in missing.stderr and NO_DEVICE not in missing.stderr
     twice = run_cli("bench", "--set", "seq_len=1", "--set", "seq_len=2")
     assert twice.returncode == 2 and "--set seq_len: given twice" in twice.stderr, twice.stderr
+    for option, name, message in (("--json", "figures.txt", "expected a .json file name"),
+                                  ("--json", "absent/figures.json", "does not exist"),
+                                  ("--plot", "chart.json", "expected a .png file name")):
+        result = run_cli("bench", option, str(tmp_path / name))  # before minutes of timing, not after
+        assert result.returncode == 2 and f"{option} {tmp_path / name}: " in result.stderr, result.stderr
+        assert message in result.stderr and NO_DEVICE not in result.stderr, result.stderr
 
 
 def test_verify_on_the_device_without_a_gpu_exits_2():

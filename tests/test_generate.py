@@ -264,6 +264,9 @@ def test_unsupported_weight_types_are_named(files):
     (["{split}", "--fused"], r"--fused: weight_quants: w_gate and w_up differ in layer\(s\) 0"),
     (["{qwen3}", "--save-logits", "{folder}"], r"--save-logits .*: is a folder; give a file name"),
     (["{qwen3}", "--save-logits", "/dev/null"], r"--save-logits /dev/null: is not a regular file"),
+    (["{qwen3}", "--save-logits", "{qwen3}"], r"--save-logits .*qwen3\.gguf: expected a \.npy file name"),
+    # Checked before the model is read (a real one takes minutes to load and decode):
+    (["{missing}", "--save-logits", "{folder}/sub/logits.npy"], r"--save-logits .*: the folder .*sub does not exist"),
 ])
 def test_bad_input_is_one_message_and_exit_2(files, tmp_path, args, message):
     (tmp_path / "not-a-model.gguf").write_text("hello")
@@ -280,6 +283,15 @@ def test_bad_input_is_one_message_and_exit_2(files, tmp_path, args, message):
     assert re.search(message, lines[0]), lines[0]
     assert not result.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "not-a-model.gguf"], "nothing written"
+
+
+def test_save_logits_never_replaces_the_model(files, tmp_path):
+    model = tmp_path / "model.npy"  # a model file that happens to carry the output's suffix
+    model.write_bytes(files["qwen3"].read_bytes())
+    result = run_cli_in_process("generate", str(model), "--tokens", "1", "--max-new", "1", "--backend", "emulator",
+                                "--save-logits", str(model))
+    assert result.returncode == 2 and f"--save-logits {model}: is the input file" in result.stderr, result
+    assert model.read_bytes() == files["qwen3"].read_bytes()
 
 
 # --- whole-model decode speed (make bench's rows), on the simulated GPU ------------------------------
