@@ -14,6 +14,7 @@ from typing import Union
 
 DTYPE_SIZES = {"f32": 4, "f16": 2, "bf16": 2, "u8": 1, "u32": 4}
 ROLES = ("in", "out", "inout", "scalar", "workspace")
+SCALAR_DTYPES = ("u32", "u64")  # header.C_SCALAR types them
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,16 @@ class Param:
     # The same in every launch of a step (a model's weights): a kernel under programmatic dependent
     # launch may read it before griddepcontrol.wait, while the previous kernel still runs.
     stable: bool = False
+    # Every element within (low, high), inclusive: a length or position the kernel reads on the
+    # device, checked wherever the host holds the array (ptxgen run, the API on numpy arrays).
+    values: tuple[int, int] | None = None
+
+    def __post_init__(self):
+        known = DTYPE_SIZES if self.is_array else SCALAR_DTYPES
+        if self.role not in ROLES or self.dtype not in known:
+            raise ValueError(f"parameter {self.name!r}: unknown role {self.role!r} or dtype {self.dtype!r} for it")
+        if not all(isinstance(d, str) or (isinstance(d, int) and d >= 0) for d in self.shape):
+            raise ValueError(f"parameter {self.name!r}: shape {list(self.shape)} is not of sizes and scalar names")
 
     @property
     def is_array(self) -> bool:
@@ -56,14 +67,38 @@ class Param:
         dims = ", ".join(str(d) for d in self.shape)
         return f"{self.dtype}[{dims}]" if self.is_array else f"{self.dtype} scalar"
 
+    def out_of_range(self, array) -> str | None:
+        """Where a host array breaks `values` ("[0]: expected 0..16, got 17"), None where it keeps them."""
+        if self.values is None:
+            return None
+        low, high = self.values
+        flat = array.reshape(-1).astype("int64")  # a u32 parameter's array may come as int32 (the API)
+        outside = (flat < low) | (flat > high)
+        if not outside.any():
+            return None
+        bad = int(outside.argmax())
+        index = ", ".join(str(i) for i in divmod_index(bad, array.shape))
+        return f"[{index}]: expected {low}..{high}, got {flat[bad]}"
+
     def to_json(self) -> dict:
+        extra = {"values": list(self.values)} if self.values is not None else {}
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "role": self.role,
-                "layout": self.layout, "stable": self.stable}
+                "layout": self.layout, "stable": self.stable, **extra}
 
     @classmethod
     def from_json(cls, data: dict) -> Param:
+        values = data.get("values")
         return cls(data["name"], data["dtype"], tuple(data["shape"]), data["role"], data.get("layout", ""),
-                   data.get("stable", False))
+                   data.get("stable", False), (int(values[0]), int(values[1])) if values is not None else None)
+
+
+def divmod_index(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The row-major index of element `flat` of an array of `shape`."""
+    index = []
+    for size in reversed(shape):
+        flat, rest = divmod(flat, size)
+        index.append(rest)
+    return tuple(reversed(index))
 
 
 # --- formulas ----------------------------------------------------------------------------------

@@ -17,12 +17,14 @@ needs neither Jinja nor pydantic.
 from __future__ import annotations
 
 import ctypes
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 
+from .abi import DTYPE_SIZES
 from .compiled import CompiledKernel, load_folder
 from .dtypes import DTYPES
 from .errors import LaunchError, PtxgenError
@@ -32,6 +34,9 @@ from .errors import LaunchError, PtxgenError
 ACCEPTED = {"f32": ("f32",), "f16": ("f16",), "bf16": ("bf16",), "u8": ("u8",), "u32": ("u32", "i32")}
 _TORCH = {"torch.float32": "f32", "torch.float16": "f16", "torch.bfloat16": "bf16", "torch.uint8": "u8",
           "torch.uint32": "u32", "torch.int32": "i32"}
+# Kernels load and store up to 16 bytes at once (v4.u32, v8.f16): every array starts on a multiple.
+ALIGNMENT = 16
+API_WITHOUT_GPU = "pass numpy arrays to run the kernel in the PTX interpreter"
 _TYPESTR = {"f4": "f32", "f2": "f16", "u1": "u8", "u4": "u32", "i4": "i32", "u2": "bf16?"}
 _DLPACK = {(2, 32): "f32", (2, 16): "f16", (4, 16): "bf16", (1, 8): "u8", (1, 32): "u32", (0, 32): "i32"}
 
@@ -39,6 +44,10 @@ _DLPACK = {(2, 32): "f32", (2, 16): "f16", (4, 16): "bf16", (1, 8): "u8", (1, 32
 def load(path: str | Path, *, archs: tuple[str, ...] | None = None) -> Kernels:
     """Kernels of a spec file (compiled through the cache, for `archs` or the spec's) or of an
     artifact folder made by `ptxgen build`."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise PtxgenError(f"ptxgen.load: expected a spec file or artifact folder path, got {type(path).__name__}")
+    if archs is not None and (isinstance(archs, str) or not all(isinstance(a, str) for a in _iterable(archs))):
+        raise PtxgenError(f"ptxgen.load: archs: expected a sequence of arch names such as ('sm_90',), got {archs!r}")
     path = Path(path)
     if path.is_dir():
         if archs is not None:
@@ -53,8 +62,20 @@ def load(path: str | Path, *, archs: tuple[str, ...] | None = None) -> Kernels:
     return Kernels(compile_spec(spec.spec).kernels, str(path))
 
 
+def _iterable(value) -> tuple:
+    try:
+        return tuple(value)
+    except TypeError:
+        return (None,)
+
+
+class UnknownKernel(LaunchError, AttributeError, KeyError):
+    """No kernel of that name: a PtxgenError that attribute and item access also raise as theirs."""
+
+
 class Kernels:
-    """The kernels of one spec or artifact folder, by name (attribute or item access)."""
+    """The kernels of one spec or artifact folder, by name (attribute or item access; a kernel
+    named like a method, e.g. `prepare`, by item only)."""
 
     def __init__(self, compiled: list[CompiledKernel], source: str):
         self._kernels = {c.name: Kernel(c) for c in compiled}
@@ -64,14 +85,14 @@ class Kernels:
         kernels = self.__dict__.get("_kernels", {})
         if name in kernels:
             return kernels[name]
-        raise AttributeError(f"{self.__dict__.get('source', 'ptxgen.load')}: no kernel named {name!r} "
-                             f"(have: {', '.join(kernels)})")
+        raise UnknownKernel(f"{self.__dict__.get('source', 'ptxgen.load')}: no kernel named {name!r} "
+                            f"(have: {', '.join(kernels)})")
 
     def __getitem__(self, name: str) -> Kernel:
         try:
             return self._kernels[name]
-        except KeyError:
-            raise KeyError(f"no kernel named {name!r} (have: {', '.join(self._kernels)})") from None
+        except (KeyError, TypeError):
+            raise UnknownKernel(f"{self.source}: no kernel named {name!r} (have: {', '.join(self._kernels)})") from None
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._kernels)
@@ -100,6 +121,19 @@ class _Array:
     contiguous: bool
     device: int | None
     framework: str  # torch | cupy | cai | dlpack | numpy
+    read_only: bool = False  # a device array its producer marks read-only (__cuda_array_interface__)
+
+    @property
+    def start(self) -> int:
+        """Where its bytes begin, in the host's or the GPU's address space."""
+        return self.address if self.address is not None else int(self.host.__array_interface__["data"][0])
+
+    @property
+    def nbytes(self) -> int:
+        """Its size in bytes (once its dtype is checked: a ptxgen dtype or i32)."""
+        if self.host is not None:
+            return int(self.host.nbytes)
+        return int(np.prod(self.shape, dtype=np.int64)) * (4 if self.dtype == "i32" else DTYPE_SIZES[self.dtype])
 
 
 @dataclass
@@ -152,6 +186,7 @@ class Kernel:
             if param.name not in given:
                 raise LaunchError(f"{self.name}: array {param.name!r} is missing ({param.describe()})")
             views[param.name] = self._check(param, describe(given[param.name], param.name, self.name), scalars)
+        self._check_overlaps(views)
         on_device = {v.address is not None for v in views.values()}
         if on_device == {False}:
             self._interpret(views, scalars)
@@ -167,7 +202,8 @@ class Kernel:
         where = f"{self.name}: {param.name}"
         expected_shape = param.concrete_shape(scalars)
         if array.dtype not in ACCEPTED[param.dtype]:
-            raise LaunchError(f"{where}: expected dtype {param.dtype} ({param.describe()}), got {array.dtype} "
+            given = array.host.dtype if array.framework == "numpy" else array.dtype
+            raise LaunchError(f"{where}: expected dtype {param.dtype} ({param.describe()}), got {given} "
                               f"({array.framework})")
         if tuple(array.shape) != expected_shape:
             raise LaunchError(f"{where}: expected shape {list(expected_shape)} ({param.describe()}), got "
@@ -177,7 +213,26 @@ class Kernel:
                               "ascontiguousarray")
         if param.written and array.host is not None and not array.host.flags.writeable:
             raise LaunchError(f"{where}: the kernel writes it, but the numpy array is read-only")
+        if param.written and array.read_only:
+            raise LaunchError(f"{where}: the kernel writes it, but the array is read-only ({array.framework})")
+        if array.nbytes and array.start % ALIGNMENT:
+            raise LaunchError(f"{where}: starts at an address that is not a multiple of {ALIGNMENT} bytes (the kernels "
+                              f"move 16-byte vectors); pass an array that starts on one (e.g. a copy, not an offset view)")
         return array
+
+    def _check_overlaps(self, views: dict[str, _Array]) -> None:
+        """No array the kernel writes may share memory with another argument (it reads them
+        while writing, possibly through the non-coherent load path)."""
+        spans = [(name, view.start, view.start + view.nbytes, view.address is None) for name, view in views.items()
+                 if view.nbytes]
+        for param in self.compiled.arrays:
+            mine = next((span for span in spans if span[0] == param.name), None)
+            if not param.written or mine is None:
+                continue
+            for other in spans:
+                if other[0] != param.name and other[3] == mine[3] and other[1] < mine[2] and mine[1] < other[2]:
+                    raise LaunchError(f"{self.name}: {param.name} shares memory with {other[0]}: the kernel writes "
+                                      f"{param.name} while it reads the other arrays; pass separate arrays")
 
     # --- the interpreter (host arrays) ------------------------------------------------------------
     def _interpret(self, views: dict[str, _Array], scalars: dict) -> None:
@@ -185,6 +240,7 @@ class Kernel:
 
         compiled = self.compiled
         buffers = {name: view.host for name, view in views.items()}
+        compiled.check_values(buffers)
         for param in compiled.workspaces:
             buffers[param.name] = np.zeros(param.concrete_shape(scalars), dtype=DTYPES[param.dtype].numpy)
         launch = compiled.launch(scalars)
@@ -199,8 +255,9 @@ class Kernel:
         """Load this kernel on GPU `device` and allocate its zeroed workspaces (once)."""
         if device in self._devices and not self._devices[device].gpu.broken:
             return self._devices[device]
-        from .device import session
+        from .device import driver, session
 
+        driver(instead=API_WITHOUT_GPU)
         gpu = session(device)
         function = gpu.kernel(self.compiled)
         workspaces = {}
@@ -295,8 +352,9 @@ def _contiguous(shape: tuple[int, ...], strides, itemsize: int) -> bool:
 
 
 def _cuda_array_interface(interface: dict, framework: str) -> _Array:
-    from .device import pointer_device
+    from .device import driver, pointer_device
 
+    driver(instead=API_WITHOUT_GPU)
     shape = tuple(interface["shape"])
     typestr = interface["typestr"]
     dtype = _TYPESTR.get(typestr[1:], typestr)
@@ -306,7 +364,7 @@ def _cuda_array_interface(interface: dict, framework: str) -> _Array:
     itemsize = int(typestr[2:])
     device = pointer_device(address) if address else None
     return _Array(address, None, dtype, shape, _contiguous(shape, interface.get("strides"), itemsize), device,
-                  framework)
+                  framework, read_only=bool(interface["data"][1]))
 
 
 class _DLDevice(ctypes.Structure):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -154,13 +155,25 @@ class CompiledKernel:
                     continue  # a size hint (e.g. the length behind a device-side pointer)
                 raise LaunchError(f"{self.name}: runtime scalar '{name}' is missing (expected {low}..{high})")
             value = scalars[name]
-            if isinstance(value, bool) or not hasattr(value, "__index__") or not low <= int(value) <= high:
+            try:  # an int or an integer 0-d array (numpy's own bool and float arrays refuse __index__)
+                number = None if isinstance(value, bool) else operator.index(value)
+            except TypeError:
+                number = None
+            if number is None or not low <= number <= high:
                 raise LaunchError(f"{self.name}: runtime scalar '{name}': expected an integer in {low}..{high}, "
                                   f"got {value!r}")
         unknown = sorted(set(scalars) - set(self.scalar_limits))
         if unknown:
             known = ", ".join(self.scalar_limits) or "none"
             raise LaunchError(f"{self.name}: unknown runtime scalar '{unknown[0]}' (known: {known})")
+
+    def check_values(self, arrays: Mapping[str, Any]) -> None:
+        """Reject host arrays whose elements break their parameter's `values` (a device-side
+        length or position out of range); on the GPU the kernel clamps them instead."""
+        for param in self.arrays:
+            problem = param.out_of_range(arrays[param.name]) if param.name in arrays else None
+            if problem:
+                raise LaunchError(f"{self.name}: {param.name}{problem}")
 
     def launch(self, scalars: Mapping[str, int], arch: str | None = None) -> Launch:
         """The launch geometry at these runtime scalars (checked first)."""
@@ -242,10 +255,15 @@ class CompiledKernel:
                 arch: Binary(arch, next(t for t in variants if entry["variants"][t]["ptx"] == b["ptx"]),
                              read(b["file"], b["sha256"]), b["info_log"], {k: int(b[k]) for k in RESOURCE_KEYS})
                 for arch, b in entry["cubins"].items()}
-            return cls(name, entry["kind"], entry["config"], tuple(Param.from_json(p) for p in entry["params"]),
-                       {k: (int(v[0]), int(v[1])) for k, v in entry["scalar_limits"].items()}, variants, binaries,
+            params = tuple(Param.from_json(p) for p in entry["params"])
+            limits = {k: (int(v[0]), int(v[1])) for k, v in entry["scalar_limits"].items()}
+            unknown = {d for p in params for d in p.shape if isinstance(d, str)} - set(limits)
+            if unknown:
+                raise ValueError(f"shapes name {sorted(unknown)}, which are not runtime scalars")
+            return cls(name, entry["kind"], entry["config"], params, limits, variants, binaries,
                        entry.get("assembler", {}))
-        except (KeyError, TypeError, ValueError, StopIteration, UnicodeDecodeError) as error:
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError, StopIteration,
+                UnicodeDecodeError) as error:
             raise PtxgenError(f"{folder / 'manifest.json'}: kernel {name!r}: not a ptxgen manifest entry "
                               f"({type(error).__name__}: {error})") from None
 

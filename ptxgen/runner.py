@@ -67,7 +67,7 @@ def prepare_arrays(compiled: CompiledKernel, inputs: dict[str, np.ndarray],
             arrays[param.name] = poison(param.concrete_shape(scalars), param.dtype)
         elif param.role == "workspace":
             arrays[param.name] = np.zeros(param.concrete_shape(scalars), dtype=DTYPES[param.dtype].numpy)
-    kind.check_arrays(arrays, scalars)
+    compiled.check_values(arrays)
     for param in compiled.params:
         region = kind.rewritten(param, arrays, scalars) if param.role == "inout" else None
         if region is not None:

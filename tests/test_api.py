@@ -70,13 +70,53 @@ def test_arrays_by_keyword_and_a_kernel_with_workspaces(kernels):
     (lambda a: {**a, "rows": 3}, r"x: expected shape \[3, 4096\]"),
     (lambda a: {**a, "rows": -1}, r"rows.*expected an integer in 0\.\.2147483647"),
     (lambda a: {**a, "rows": 2.0}, r"rows.*expected an integer"),
+    (lambda a: {**a, "rows": np.array(2.5)}, r"rows.*expected an integer"),  # not truncated to 2
+    (lambda a: {**a, "rows": np.array(True)}, r"rows.*expected an integer"),
+    (lambda a: {**a, "rows": np.array([2])}, r"rows.*expected an integer"),
+    (lambda a: {**a, "gamma": a["gamma"].view(np.uint16)[::2].copy()}, r"gamma: expected dtype f32 .* got uint16"),
+    (lambda a: {**a, "y": a["x"]}, r"y shares memory with x: the kernel writes y while it reads the other arrays"),
+    (lambda a: {**a, "y": a["y"].reshape(-1)[4096:].reshape(1, 4096), "x": a["x"][:1], "gamma": a["y"][1],
+                "rows": 1}, r"y shares memory with gamma"),
+    (lambda a: {**a, "x": np.empty(2 * 4096 + 1, np.float32)[1:].reshape(2, 4096)},
+     r"x: starts at an address that is not a multiple of 16 bytes"),
 ])
 def test_bad_arguments_are_refused_by_name(kernels, change, message):
     x, gamma, y = norm_arrays(2)
     args = change({"x": x, "gamma": gamma, "y": y, "rows": 2})
+    kept = x.copy()
     with pytest.raises(LaunchError, match=message):
         kernels.qwen3_8b_rmsnorm(**args)
-    assert np.isnan(y).all(), "nothing may be written by a refused call"
+    assert np.isnan(y).all() and np.array_equal(x, kept), "nothing may be written by a refused call"
+
+
+@pytest.mark.parametrize("value", [65, 2**32 - 1])
+def test_a_device_side_length_past_the_cache_is_refused_on_host_arrays(tmp_path, value):
+    """`ptxgen run` and the API's numpy path make the same check (Param.values); on a GPU the
+    kernel clamps, since reading the value on the host would synchronise."""
+    spec = tmp_path / "graph.toml"
+    spec.write_text('[[kernels]]\nname = "attn"\nkind = "incremental_attention"\nnum_heads = 4\nnum_kv_heads = 1\n'
+                    'head_dim = 64\nmax_seq_len = 64\nindirect_seq_len = true\n')
+    attention = ptxgen.load(spec).attn
+    inputs = attention.compiled.definition.sample_inputs(np.random.default_rng(0), {"seq_len": 64})
+    out = np.full((4, 64), np.nan, np.float32)
+    length = np.array([value], np.uint32)
+    with pytest.raises(LaunchError, match=rf"attn: seq_len_ptr\[0\]: expected 0\.\.64, got {value}"):
+        attention(inputs["q"], inputs["k_cache"], inputs["v_cache"], out, length)
+    assert np.isnan(out).all()
+    length[0] = 64
+    attention(inputs["q"], inputs["k_cache"], inputs["v_cache"], out, length)
+    assert np.isfinite(out).all()
+
+
+def test_load_arguments_and_unknown_kernels_are_ptxgen_errors(kernels):
+    with pytest.raises(PtxgenError, match="expected a spec file or artifact folder path, got NoneType"):
+        ptxgen.load(None)
+    with pytest.raises(PtxgenError, match=r"archs: expected a sequence of arch names such as \('sm_90',\), got 'sm_90'"):
+        ptxgen.load(SPEC, archs="sm_90")
+    for lookup in (lambda: kernels.nothing, lambda: kernels["nothing"]):
+        with pytest.raises(PtxgenError, match="no kernel named 'nothing'"):
+            lookup()
+    assert not hasattr(kernels, "nothing") and "nothing" not in list(kernels)
 
 
 def test_read_only_outputs_and_missing_kernels_are_refused(kernels):
@@ -137,6 +177,17 @@ def test_a_changed_artifact_is_refused_when_loading(folder, tmp_path):
     cubin.write_bytes(cubin.read_bytes()[:-16])
     with pytest.raises(PtxgenError, match=r"qwen3_8b_rmsnorm.cubin: does not match its sha256"):
         ptxgen.load(copy)
+    cubin.write_bytes((folder / "sm_90" / "qwen3_8b_rmsnorm.cubin").read_bytes())
+    manifest = json.loads((copy / "manifest.json").read_text())
+    entry = manifest["kernels"]["qwen3_8b_rmsnorm"]
+    for change in (lambda e: e["scalar_limits"].update(rows=[0]), lambda e: e.update(scalar_limits=[1, 2]),
+                   lambda e: e["params"][0].update(dtype="f128"), lambda e: e["params"][0].update(shape=["nothing"])):
+        changed = json.loads(json.dumps(manifest))
+        change(changed["kernels"]["qwen3_8b_rmsnorm"])
+        (copy / "manifest.json").write_text(json.dumps(changed))
+        with pytest.raises(PtxgenError, match="qwen3_8b_rmsnorm': not a ptxgen manifest entry"):
+            ptxgen.load(copy)
+    assert entry["params"][0]["dtype"] == "f32"
     (copy / "manifest.json").write_text(json.dumps({"kernels": []}))
     with pytest.raises(PtxgenError, match="not a ptxgen manifest"):
         ptxgen.load(copy)

@@ -265,6 +265,10 @@ def test_api_launches_on_torch_tensors_on_the_callers_stream():
         norm(x, gamma, tt.empty((4096, 5), device="cuda").t(), rows=5)
     with pytest.raises(LaunchError, match="all be on the GPU or all on the host"):
         norm(x, gamma.cpu(), y, rows=5)
+    with pytest.raises(LaunchError, match="y shares memory with x"):
+        norm(x, gamma, x, rows=5)
+    with pytest.raises(LaunchError, match="y: starts at an address that is not a multiple of 16 bytes"):
+        norm(x, gamma, tt.empty(5 * 4096 + 1, device="cuda")[1:].view(5, 4096), rows=5)
 
 
 def test_api_calls_are_captured_in_a_cuda_graph_and_replayed():

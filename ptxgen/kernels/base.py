@@ -274,9 +274,6 @@ class Kind:
         when it can be built. Spec validation refuses such an entry with this message."""
         return None
 
-    def check_arrays(self, arrays: dict[str, np.ndarray], scalars: dict[str, int]) -> None:
-        """Checks on array contents the launcher must make (e.g. a device-side length)."""
-
     def tolerance(self, param: Param) -> float:
         """Relative L2 error allowed for written `param` against the float64 reference (over the
         elements `rewritten` names, for an inout parameter that has them), from the kind's error

@@ -94,7 +94,7 @@ import numpy as np
 from pydantic import BeforeValidator, Field, model_validator
 
 from ..dtypes import DTYPES, UNIT_ROUNDOFF, from_float, to_float64
-from ..errors import LaunchError, PtxgenError
+from ..errors import PtxgenError
 from ..q4k import BLOCK_WEIGHTS, row_bytes
 from ..quants import GEMV_KINDS, NORMED_GROUP_KINDS, quant_type
 from .base import (Call, DependentTail, Geometry, Kind, KernelConfig, ModelScaling, Param, TailStep, Traffic,
@@ -533,7 +533,7 @@ class PersistentDecoder(Kind):
         L, H, I, hd = c.num_layers, c.hidden, c.intermediate, c.head_dim
         kv = c.kv_dtype
         cache = (L, c.num_kv_heads, c.max_seq_len, hd)
-        position = Param("pos_ptr", "u32", (1,)) if c.indirect_pos else Param("pos", "u32", role="scalar")
+        position = Param("pos_ptr", "u32", (1,), values=(0, c.max_seq_len - 1)) if c.indirect_pos else Param("pos", "u32", role="scalar")
         attention = self.attention
 
         return [
@@ -696,13 +696,6 @@ class PersistentDecoder(Kind):
         per_warp = sum(plan.step_bytes * (plan.partial_lanes if plan.is_partial(item) else 32) // 32
                        for item in plan.items[:plan.unroll])
         return warps * per_warp
-
-    def check_arrays(self, arrays, scalars) -> None:
-        if self.config.indirect_pos:
-            value = int(arrays["pos_ptr"][0])
-            if value >= self.config.max_seq_len:
-                raise LaunchError(f"{self.config.name}: pos_ptr[0]: expected 0..{self.config.max_seq_len - 1}, "
-                                  f"got {value}")
 
     def sample_inputs(self, rng, scalars):
         """Gaussian x, norms near 1, Q4_K weights from ggml's quantiser (ptxgen.q4k), and caches
