@@ -24,12 +24,16 @@ def open_gguf_reader(path: Path):
     """gguf-py's reader over a memory map of `path`; PtxgenError for a missing or bad file."""
     import gguf
 
+    if Path(path).exists() and not Path(path).is_file():
+        raise PtxgenError(f"{path}: cannot read GGUF file: not a regular file")
     try:
         return gguf.GGUFReader(path, "r")
     except OSError as error:
         raise PtxgenError(f"{path}: cannot read GGUF file: {error.strerror or error}") from None
     except (ValueError, KeyError, IndexError) as error:
-        raise PtxgenError(f"{path}: not a readable GGUF file: {error}") from None
+        # gguf-py reads the header, metadata and tensor table as numpy views of the map: a file cut
+        # short or damaged shows as numpy's view, reshape or index errors.
+        raise PtxgenError(f"{path}: not a readable GGUF file (truncated or damaged?): {error}") from None
 
 
 @dataclass(frozen=True)
