@@ -240,7 +240,7 @@ def check_output_file(path: Path, what: str, suffix: str | None = None, inputs=(
         raise PtxgenError(f"{what} {path}: {blocking} is a file, not a folder")
     if not parent.is_dir():
         raise PtxgenError(f"{what} {path}: the folder {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK):
+    if not os.access(parent, os.W_OK | os.X_OK) or not parent.stat().st_mode & 0o222:
         raise PtxgenError(f"{what} {path}: the folder {parent} is read-only")
 
 

@@ -297,4 +297,7 @@ def test_read_only_outputs_are_refused_not_replaced(tmp_path, norm_run):
     spec.write_text('[[kernels]]\nname = "norm"\nkind = "rmsnorm"\nhidden = 256\n')
     built = run_cli_in_process("build", str(spec), "-o", str(folder), "--arch", "sm_80")
     assert built.returncode == 2 and "the folder is read-only" in built.stderr, built
+    inside = norm_run(folder / "out.npz")
+    assert inside.returncode == 2 and f"the folder {folder} is read-only" in inside.stderr, inside
+    assert not any(folder.iterdir())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["build", "in.npz", "kept.npz", "one.toml"]
