@@ -148,7 +148,7 @@ def test_write_spec_never_replaces_unasked(tmp_path):
     write_spec("new\n", out, overwrite=True)
     assert out.read_text() == "new\n"
     assert [p.name for p in tmp_path.iterdir()] == ["spec.toml"], "no temporary file left behind"
-    with pytest.raises(PtxgenError, match="cannot write there"):
+    with pytest.raises(PtxgenError, match="spec.toml is a file, not a folder"):
         write_spec("x", out / "below_a_file.toml")
 
 

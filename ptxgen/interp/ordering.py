@@ -48,9 +48,14 @@ Limits: only the newest acquired release of each CTA is kept, so a release of th
 epoch up to it counts even if the reader acquired only a later release of another thread;
 acquisitions are per CTA (a thread's acquire orders its whole CTA's later reads, as the
 bar.sync that kernels put after it would); mbarrier waits order no global writes (only
-bar.sync does); reads of the writer's own CTA are never checked; a read-then-write by two
-CTAs (write-after-read) is not tracked; .cluster scope counts as .cta (the interpreter
-launches no clusters).
+bar.sync does); a read-then-write (write-after-read) is not tracked, across CTAs or inside
+one; .cluster scope counts as .cta (the interpreter launches no clusters).
+
+Inside one CTA (sanitizer on): a read or write of bytes another warp of the CTA wrote since
+the CTA's last bar.sync after a write is a race unless both accesses are strong (any scope);
+so are two warps storing to the same bytes in one instruction. Lanes of one warp count as
+ordered (they run in lockstep here), and a release by the writer starts a new epoch, so a race
+across one is missed.
 """
 from typing import NamedTuple
 
@@ -126,6 +131,12 @@ def synchronises(ins):
     return ins.base in ("fence", "membar") and fence_of(ins.base, ins.mods) is not None
 
 
+def _strong_in_cta(ins):
+    """Whether an access is strong among the threads of one CTA: an atomic, or a ld/st with a
+    memory-order qualifier (any scope covers the CTA)."""
+    return ins.base in ("atom", "red") or any(m in _SEMANTICS for m in ins.mods)
+
+
 def _stamp(ctas, epochs, strong, pc):
     rec = ((ctas.astype(np.uint64) + np.uint64(1)) << np.uint64(CTA_SHIFT)) | (
         epochs.astype(np.uint64) << np.uint64(EPOCH_SHIFT)) | np.uint64(pc)
@@ -166,6 +177,7 @@ class Ordering:
         # Releases by threads that wrote since their previous one (sorted keys), and each
         # written byte's thread: only kept when the program releases at all.
         self.by_thread = _releases(program)
+        self.stamp_threads = self.by_thread or sanitize    # keep each byte's writing thread
         self.own = np.zeros(0, np.int64)
         self.threads = {}          # region -> uint16 thread in its CTA per byte
         self.records = {}          # region -> uint64 record per byte (allocated at first write)
@@ -307,7 +319,7 @@ class Ordering:
         if region not in self.records:
             size = -(-self.memory.sizes[region] // 64) * 64       # every view size divides it
             self.records[region] = np.zeros(size, np.uint64)
-            if self.by_thread:
+            if self.stamp_threads:
                 self.threads[region] = np.zeros(size, np.uint16)
             if not self.sanitize:
                 self.before[region] = np.zeros(self.memory.sizes[region], np.uint8)
@@ -337,6 +349,35 @@ class Ordering:
         foreign[k] = ~self._covered(writer, epoch, lambda j: threads(k[j]), release, cover)
         return foreign
 
+    def _check_in_cta(self, what, region, off, per, rec, actors, threads_of, threads):
+        """A data race inside one CTA: bytes another warp of the acting CTA wrote since the CTA's
+        last bar.sync after a write (the same epoch), unless both accesses are strong at some
+        scope (atomics; ld/st with .relaxed/.acquire/.release/.volatile). Lanes of one warp are
+        taken as ordered (the interpreter runs a warp in lockstep); a release by the writer
+        starts a new epoch, so a race across one is missed."""
+        writer = (rec >> np.uint64(CTA_SHIFT)) & np.uint64((1 << CTA_BITS) - 1)
+        epoch = ((rec >> np.uint64(EPOCH_SHIFT)) & np.uint64((1 << EPOCH_BITS) - 1)).astype(np.int64)
+        mine = (writer == actors.astype(np.uint64) + np.uint64(1)) & (epoch == self.epoch[actors])
+        if not mine.any() or _strong_in_cta(self.program.instructions[self.st.pc]) and all(
+                _strong_in_cta(self.program.instructions[pc]) for pc in np.unique(rec[mine] & np.uint64(
+                    (1 << PC_BITS) - 1)).tolist()):
+            return
+        k = np.flatnonzero(mine)
+        wrote_by = threads_of(k)                       # [len(k), bytes]
+        acting = self.st.lin[threads[k // per]].astype(np.int64)
+        other = (wrote_by >> 5) != (acting >> 5)[:, None]
+        racing = other.any(axis=1)
+        if not racing.any():
+            return
+        first = int(np.flatnonzero(racing)[0])
+        index, byte = int(k[first]) // per, int(k[first]) % per
+        place = self.memory.describe_byte(region, int(off[index]) + byte)
+        pc = int(rec[k[first]]) & ((1 << PC_BITS) - 1)
+        access = {"read": "reads", "write": "overwrites", "atomic": "atomically updates"}[what]
+        raise Finding(f"global-memory race: {access} {place}, which thread "
+                      f"{self._thread(int(wrote_by[first][np.argmax(other[first])]))} of this CTA wrote "
+                      f"({self._instruction(pc)}) with no bar.sync in between", threads[index])
+
     @staticmethod
     def _bytes(mask, per, size):
         """A mask over records ([accesses * per]) as a mask over the accessed bytes [accesses, size]."""
@@ -356,7 +397,10 @@ class Ordering:
         if region not in self.records:
             return raw
         rec, readers, per = self._records(region, off, size, ctas)
-        bad = rec != 0 if access.nc else self._unordered(rec, readers, self._threads_of(region, off, per, size))
+        threads_of = self._threads_of(region, off, per, size)
+        if self.sanitize:
+            self._check_in_cta("read", region, off, per, rec, readers, threads_of, threads)
+        bad = rec != 0 if access.nc else self._unordered(rec, readers, threads_of)
         if not bad.any():
             return raw
         if self.sanitize:
@@ -400,7 +444,9 @@ class Ordering:
         self._region(region)
         rec, writers, per = self._records(region, off, size, ctas)
         if self.sanitize:
-            bad = self._unordered(rec, writers, self._threads_of(region, off, per, size))
+            threads_of = self._threads_of(region, off, per, size)
+            self._check_in_cta(what, region, off, per, rec, writers, threads_of, threads)
+            bad = self._unordered(rec, writers, threads_of)
             if bad.any():
                 self._report(what, region, off, per, rec, bad, threads)
         new = _stamp(ctas, self.epoch[ctas], access.strong, self.st.pc)
@@ -415,6 +461,7 @@ class Ordering:
         self.wrote[ctas] = True
         if self.by_thread:
             self.thread_wrote[threads] = True
+        if self.stamp_threads:
             key = ("threads", region, size)
             if key not in self._views:
                 self._views[key] = self.threads[region].view(item(2 * size))
@@ -425,6 +472,15 @@ class Ordering:
             lost = (kept >> np.uint64(CTA_SHIFT)) != (new >> np.uint64(CTA_SHIFT))
             if lost.any():
                 self._report(what, region, off, 1, kept, lost, threads)
+            if not _strong_in_cta(self.program.instructions[self.st.pc]):   # ... or several warps of a CTA
+                kept_by = np.take(stamps, off // size).view(np.uint16).reshape(-1, size)[:, 0].astype(np.int64)
+                lin = self.st.lin[threads].astype(np.int64)
+                clash = np.flatnonzero((kept_by >> 5) != (lin >> 5))
+                if len(clash):
+                    place = self.memory.describe_byte(region, int(off[clash[0]]))
+                    raise Finding(f"global-memory race: overwrites {place}, which thread {self._thread(int(kept_by[clash[0]]))}"
+                                  f" of this CTA writes in the same instruction (two warps store to the same bytes)",
+                                  threads[clash[0]])
         if access.strong:            # a signal after weak writes that no release followed
             signal = self.dirty[ctas] >= self.release_at[ctas]
             if signal.any():
@@ -481,7 +537,7 @@ class Ordering:
                           "ld.global.cg", threads[i])
         access = {"read": "reads", "write": "overwrites", "atomic": "atomically updates"}[what]
         signal = self.signals.get(writer)
-        wrote_by = int(self.threads[region][int(off[i]) + j]) if self.by_thread else 0
+        wrote_by = int(self.threads[region][int(off[i]) + j]) if self.stamp_threads else 0
         writers, epochs = np.array([writer]), np.array([epoch])
         release, cover = (int(x[0]) for x in self._acquired(writers, self.st.cta_global[threads[i:i + 1]]))
         if signal is not None and signal[1] <= epoch <= signal[2]:

@@ -469,6 +469,77 @@ def test_reading_another_ctas_output_without_synchronisation():
         launch(ptx, "k", (2, 1, 1), (1, 1, 1), [np.zeros(2, np.uint32)])
 
 
+# One CTA of 64 threads (two warps): each thread writes its slot of a global scratch array, then
+# reads the slot of thread t ^ 32 (the other warp's), {between} the two.
+IN_CTA = """
+  .reg .b32 %t, %v, %n;
+  .reg .b64 %s, %o, %a, %off;
+  ld.param.u64 %s, [scratch];
+  ld.param.u64 %o, [out];
+  mov.u32 %t, %tid.x;
+  mul.wide.u32 %off, %t, 4;
+  add.s64 %a, %s, %off;
+  add.u32 %v, %t, 100;
+  {store} [%a], %v;
+  {between}
+  xor.b32 %n, %t, {partner};
+  mul.wide.u32 %off, %n, 4;
+  add.s64 %a, %s, %off;
+  {load} %v, [%a];   // READ
+  mul.wide.u32 %off, %t, 4;
+  add.s64 %o, %o, %off;
+  st.global.u32 [%o], %v;
+  ret;"""
+
+
+def in_cta(between="bar.sync 0;", store="st.global.u32", load="ld.global.u32", partner=32, seed=0):
+    out = np.zeros(64, np.uint32)
+    launch(module(IN_CTA.format(between=between, store=store, load=load, partner=partner),
+                  ".param .u64 scratch, .param .u64 out"), "k", (1, 1, 1), (64, 1, 1),
+           [np.zeros(64, np.uint32), out], seed=seed)
+    return out
+
+
+@pytest.mark.parametrize("change", [dict(), dict(between="", partner=1)], ids=["bar.sync", "same-warp"])
+def test_a_ctas_warps_exchanging_through_global_memory(change):
+    out = in_cta(**change)
+    np.testing.assert_array_equal(out, (np.arange(64) ^ change.get("partner", 32)) + 100)
+
+
+@pytest.mark.parametrize("strong", ["relaxed.gpu", "volatile"])
+def test_strong_accesses_of_a_ctas_warps_do_not_race(strong):
+    """No data race (both morally strong), so no finding; each read sees the write or not."""
+    for seed in SEEDS[:2]:
+        out = in_cta("", f"st.{strong}.global.u32", f"ld.{strong}.global.u32", seed=seed)
+        assert np.isin(out, [0, *((np.arange(64) ^ 32) + 100)]).all(), out
+
+
+@pytest.mark.parametrize("change", [dict(between=""), dict(between="", store="st.relaxed.gpu.global.u32")],
+                         ids=["no-barrier", "only-the-store-strong"])
+def test_a_read_of_another_warps_write_without_bar_sync_is_a_race(change):
+    for seed in SEEDS[:2]:
+        with pytest.raises(SanitizerError, match=r"global-memory race: reads scratch\[\d+\], which thread "
+                                                 r"\(\d+,0,0\) of this CTA wrote \(line \d+ `st\..*\) with no "
+                                                 r"bar.sync in between"):
+            in_cta(seed=seed, **change)
+
+
+def test_warps_of_a_cta_storing_to_one_word():
+    ptx = module("""
+  .reg .b64 %a;
+  .reg .b32 %t;
+  ld.param.u64 %a, [a];
+  mov.u32 %t, %tid.x;
+  {store} [%a], %t;
+  ret;""", ".param .u64 a")
+    with pytest.raises(SanitizerError, match=r"overwrites a\[0\], which thread \(\d+,0,0\) of this CTA writes "
+                                             r"in the same instruction"):
+        launch(ptx.replace("{store}", "st.global.u32"), "k", (1, 1, 1), (64, 1, 1), [np.zeros(1, np.uint32)])
+    for fine in ("st.relaxed.gpu.global.u32", "atom.global.exch.b32 %t,"):   # strong stores do not race
+        launch(ptx.replace("{store}", fine).replace("%t, [%a], %t", "%t, [%a], %t"), "k", (1, 1, 1), (64, 1, 1),
+               [np.zeros(1, np.uint32)])
+
+
 def test_atomic_counters_without_fences_are_fine_on_their_own():
     """Relaxed atomics are morally strong: a histogram needs no fence."""
     ptx = module("""
