@@ -9,7 +9,9 @@ as reads of unwritten registers); bytes written by a bulk copy, or by cp.asyncs 
 mbarrier with cp.async.mbarrier.arrive, stay pending until the mbarrier phase tracking them
 completes. A bulk copy's complete_tx is applied at issue, so a wrong expect_tx count leaves the
 phase incomplete forever: a deadlock. A thread whose mbarrier try_wait/test_wait finds its phase
-incomplete parks (launch runs every other thread first, then retries it), so producer and
+incomplete gets false once and goes on (so a kernel that ignores the answer reads early, a
+finding); asked again at the same instruction it parks (launch runs every other thread first,
+then retries it), so producer and
 consumer warpgroups spinning on each other cannot starve; if no parked wait can succeed and
 nothing else can run, launch reports the deadlock.
 
@@ -412,6 +414,7 @@ class AsyncState:
         self.inflight_line = {}
         self.accumulated = {}                     # register id -> latest in-flight value
         self.max_registers = {}                   # wave warpgroup -> setmaxnreg count
+        self.declined = np.full(st.n, -1, np.int64)    # per thread: the wait that last answered false
         self.ordering = Ordering(st, self.groups_per_cta) if st.sanitize else None
         self.written_at = {}                      # register id -> last ordinary write, per thread
         self.fenced_at = np.full(st.n, -1, np.int64)   # last wgmma.fence, per thread
@@ -784,7 +787,9 @@ def _mbarrier(c):
         done_w, target = c.write(0, "pred"), c.read(2, "u32" if parity else "b64")
 
         def wait(st, sel):
-            """Returns the threads that must park: their phase has not completed."""
+            """Returns the threads that must park: their phase has not completed, and this
+            instruction already answered them false (a first answer false lets a kernel that
+            ignores it read early, where the sanitizer sees it; hardware may time out too)."""
             s = st.async_state
             threads = st.indices(sel)
             want = np.broadcast_to(np.asarray(target(st, sel)).astype(np.int64), threads.shape)
@@ -795,9 +800,14 @@ def _mbarrier(c):
                 blocked[pos[~done]] = True
                 if s.ordering and done.any():
                     s.ordering.acquire(threads[pos[done]], bar)
+            first = blocked & (s.declined[threads] != st.pc)
+            s.declined[threads[first]] = st.pc
+            s.declined[threads[~blocked]] = -1
+            if first.any():
+                done_w(st, threads[first], np.False_)
             if not blocked.all():
                 done_w(st, threads[~blocked], np.True_)
-            return blocked
+            return blocked & ~first
         return Exec(c.ins, "wait", wait)
     c.fail(f"unsupported {name}")
 

@@ -11,6 +11,7 @@ from .findings import Finding
 # in both, so the accessing thread's "who" record doubles as its read and write record.
 R_THREAD, R_WARP, EPOCH, WARP_EPOCH = range(4)    # reader(s) since the last barrier
 W_THREAD, W_PENDING = 0, 1                        # last writer; its cp.async is pending
+PENDING, ATOMIC = 1, 2                            # W_PENDING values (0: a plain write, done)
 NOBODY, MANY = 0xFFFF, 0xFFFE                     # thread/warp field values
 ASYNC = 0xFFFD  # written through an mbarrier-tracked async copy: hopper.Ordering judges its readers
 
@@ -123,16 +124,8 @@ class SharedRaces:
         lin, warp, epoch, wepoch = who.T
         if self.copies:
             self._check_pending(w[:, W_PENDING], rows, size, per, threads, "read")
-        writer = w[:, W_THREAD]
-        self._check_written(writer, rows, size, per, threads, "read of")
-        race = (w[:, EPOCH] == epoch) & (writer != lin)
-        if race.any():
-            race &= (writer != NOBODY) & (writer != ASYNC) & ~(((writer >> 5) == warp) & (w[:, WARP_EPOCH] != wepoch))
-            if race.any():
-                k = np.flatnonzero(race)[0]
-                i, byte = self._location(k, rows, size, per)
-                raise Finding(f"shared-memory race: reads {self.where(byte)} written by thread "
-                              f"{self.thread_xyz(writer[k])} with no barrier in between", threads[i])
+        self._check_written(w[:, W_THREAD], rows, size, per, threads, "read of")
+        self._check_writer(w, rows, size, per, who, threads, "reads")
         reader, reader_warp = r[:, R_THREAD], r[:, R_WARP]
         stale = (reader == NOBODY) | (r[:, EPOCH] != epoch) | (
             (reader_warp == warp) & (r[:, WARP_EPOCH] != wepoch))
@@ -166,24 +159,70 @@ class SharedRaces:
         fields[np.repeat(mixed[winners], record.shape[1]), R_WARP] = MANY
         self._scatter(self.reads, rows[winners], size, record)
 
-    def write(self, off, size, threads):
+    def write(self, off, size, threads, values=None):
+        """A store of `values` ([threads, ...], as many bytes as size each; None: unknown). A
+        store that leaves its bytes as they were (the same value again) races with nothing,
+        as compute-sanitizer's racecheck sees it too."""
         rows = off // size
-        gathered = [self._gather(self.reads, rows, size)]
-        if self.copies:
-            gathered.append(self._gather(self.writes, rows, size))
-        r, *w = self._fields(size, *gathered)
+        r, w = self._fields(size, self._gather(self.reads, rows, size), self._gather(self.writes, rows, size))
         per = len(r) // len(rows)
         who = self._who(threads, per)
-        if w:
-            self._check_pending(w[0][:, W_PENDING], rows, size, per, threads, "overwrite")
-        self._check_readers(r, rows, size, per, who, threads)
+        if self.copies:
+            self._check_pending(w[:, W_PENDING], rows, size, per, threads, "overwrite")
+        new = None if values is None else np.ascontiguousarray(values).view(np.uint8).reshape(len(rows), size)
+        changes = None if new is None else np.repeat(
+            (new != self.st.shared[off[:, None] + np.arange(size)]).any(axis=1), per)
+        self._check_readers(r, rows, size, per, who, threads, changes)
+        self._check_writer(w, rows, size, per, who, threads, "overwrites", " (write-after-write)", changes=changes)
+        self._check_one_step(rows, size, threads, new)
         who[:, W_PENDING] = 0           # who becomes the write record
         self._scatter(self.writes, rows, size, who)
 
-    def _check_readers(self, r, rows, size, per, who, threads):
+    def _check_writer(self, w, rows, size, per, who, threads, access, kind="", atomic=False, changes=None):
+        """An access after another thread's write of the same barrier interval (an atomic after
+        another atomic is fine: they are ordered among themselves; `changes`: the records a
+        store changes, where known)."""
+        lin, warp, epoch, wepoch = who.T
+        writer = w[:, W_THREAD]
+        race = (w[:, EPOCH] == epoch) & (writer != lin)
+        if changes is not None:
+            race &= changes
+        if race.any():
+            race &= (writer != NOBODY) & (writer != ASYNC) & ~(((writer >> 5) == warp) & (w[:, WARP_EPOCH] != wepoch))
+            if atomic:
+                race &= w[:, W_PENDING] != ATOMIC
+            if race.any():
+                k = np.flatnonzero(race)[0]
+                i, byte = self._location(k, rows, size, per)
+                raise Finding(f"shared-memory race: {access} {self.where(byte)} written by thread "
+                              f"{self.thread_xyz(writer[k])} with no barrier in between{kind}", threads[i])
+
+    def _check_one_step(self, rows, size, threads, new):
+        """Threads of different warps storing different bytes to one row in the same
+        instruction: the hardware orders them no way (lanes of one warp: one of them wins, as
+        here). new: the stored bytes [accesses, size], None where unknown."""
+        order = np.arange(len(rows))
+        np.put(self.row_reader, rows, order)
+        last = np.take(self.row_reader, rows)
+        clash = last != order
+        if clash.any():
+            warp = self.lin[threads] >> 5
+            clash &= warp != warp[last]
+            if new is not None and clash.any():
+                k = np.flatnonzero(clash)
+                clash[k] = (new[k] != new[last[k]]).any(axis=1)
+            if clash.any():
+                k = int(np.flatnonzero(clash)[0])
+                raise Finding(f"shared-memory race: overwrites {self.where(int(rows[k]) * size)} "
+                              f"which thread {self.thread_xyz(self.lin[threads[last[k]]])} writes in the same "
+                              "instruction (two warps store to the same bytes)", threads[k])
+
+    def _check_readers(self, r, rows, size, per, who, threads, changes=None):
         lin, warp, epoch, wepoch = who.T
         reader = r[:, R_THREAD]
         race = (r[:, EPOCH] == epoch) & (reader != lin)
+        if changes is not None:
+            race &= changes
         if race.any():
             race &= (reader != NOBODY) & ~((r[:, R_WARP] == warp) & (r[:, WARP_EPOCH] != wepoch))
             if race.any():
@@ -197,13 +236,15 @@ class SharedRaces:
         """atom/red on shared bytes [off, off+size): they must hold a value; the update counts
         as each thread's write (plain accesses by others need a barrier after it)."""
         rows = off // size
-        (w,) = self._fields(size, self._gather(self.writes, rows, size))
+        w, r = self._fields(size, self._gather(self.writes, rows, size), self._gather(self.reads, rows, size))
         per = len(w) // len(rows)
         if self.copies:
             self._check_pending(w[:, W_PENDING], rows, size, per, threads, "atomic update")
         self._check_written(w[:, W_THREAD], rows, size, per, threads, "atomic update of")
         who = self._who(threads, per)
-        who[:, W_PENDING] = 0
+        self._check_readers(r, rows, size, per, who, threads)
+        self._check_writer(w, rows, size, per, who, threads, "atomically updates", atomic=True)
+        who[:, W_PENDING] = ATOMIC
         self._scatter(self.writes, rows, size, who)
 
     def _check_written(self, writer, rows, size, per, threads, access):
@@ -227,7 +268,7 @@ class SharedRaces:
             self._check_pending(w[:, W_PENDING], rows, size, per, threads, "overwrite")
         self._check_readers(r, rows, size, per, self._who(threads, per), threads)
         w = w.copy()
-        w[:, W_PENDING] = 1
+        w[:, W_PENDING] = PENDING
         self._scatter(self.writes, rows, size, w)
         self.copies.append(AsyncCopy(threads, self.committed[threads], rows, size, line))
 
@@ -275,6 +316,7 @@ class SharedRaces:
         return taken
 
     def _check_pending(self, pending, rows, size, per, threads, access):
+        pending = pending == PENDING
         if not pending.any():
             return
         i, byte = self._location(np.flatnonzero(pending)[0], rows, size, per)

@@ -374,7 +374,7 @@ class WaveState:
                     if self.async_state is not None:
                         self.async_state.ordering.shared_write(off, size, threads[pos], copy_line)
                     if copy_line is None:
-                        self.races.write(off, size, threads[pos])
+                        self.races.write(off, size, threads[pos], values[pos])
                     else:
                         self.races.copy_issued(off, size, threads[pos], copy_line)
             elif region != "local":

@@ -607,6 +607,17 @@ def test_reading_a_bulk_copy_destination_in_flight_is_caught():
             block=(32, 1, 1))
 
 
+def test_ignoring_try_waits_answer_is_caught():
+    """try_wait answers false while the phase is incomplete (the first time it is asked; a retry
+    at the same instruction parks until the phase completes): a kernel that goes on regardless
+    reads the copy's destination in flight. (The loop in MBARRIER retries, and passes.)"""
+    ptx = MBARRIER.replace("  mbarrier.arrive.shared::cta.b64 _, [bar];\nWAIT:", "WAIT:").replace("  @!%p bra WAIT;\n", "")
+    ptx = mark(ptx, "  ld.shared.u32 %v, [%s];")
+    planted(ptx, [np.zeros(16, np.uint32), np.zeros((32, 4), np.uint32)],
+            r"reads shared byte \d+ \(dst\+\d+\) while the async copy on line \d+ writing it is in flight",
+            block=(32, 1, 1))
+
+
 def test_ordinary_access_to_an_mbarrier_is_caught():
     ptx = mark(MBARRIER, "  st.global.u32 [%out], %v;", "  st.global.u32 [%out], %v;\n  st.shared.u32 [bar], %v;")
     ptx = ptx.replace("  st.global.u32 [%out], %v;  // BUG\n  st.shared.u32 [bar], %v;",

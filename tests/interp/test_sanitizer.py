@@ -45,6 +45,61 @@ def clean(body, args=None, block=(64, 1, 1), grid=(2, 1, 1), **kw):
            args or [np.zeros(1024, np.float32)], **kw)
 
 
+# Thread t stores {value} to word t % 32 of a shared array: threads t and t + 32 (two warps) store
+# to the same word; then every thread reads its word back.
+SHARED_SAME_WORD = """
+  .shared .align 4 .b32 words[32];
+  mov.u32 %s, words;
+  and.b32 %slot, %lin, 31;
+  shl.b32 %slot, %slot, 2;
+  add.u32 %slot, %s, %slot;
+  {first}
+  st.shared.u32 [%slot], {value};  // BUG
+  bar.sync 0;
+  ld.shared.u32 %v, [%slot];
+"""
+
+
+def test_two_warps_storing_different_values_to_a_word_race():
+    """Write-after-write: in one instruction, or in two with no barrier between; the same value
+    stored twice is no race (nothing can tell the orders apart; racecheck agrees)."""
+    expect(SHARED_SAME_WORD.format(first="", value="%lin"),
+           r"shared-memory race: overwrites shared byte 10\d\d \(words\+\d+\) which thread \(\d+,0,0\) writes in "
+           r"the same instruction", (0, 0, 0), (0, 0, 0))
+    staggered = SHARED_SAME_WORD.format(first="setp.lt.u32 %p, %lin, 32;\n  @%p st.shared.u32 [%slot], 7;",
+                                        value="%lin")
+    expect(staggered.replace("@%p st.shared.u32 [%slot], 7;", "@%p bra SKIP;\n  st.shared.u32 [%slot], 7;\nSKIP:")
+           .replace("st.shared.u32 [%slot], %lin;  // BUG", "@%p st.shared.u32 [%slot], %lin;  // BUG"),
+           r"shared-memory race: overwrites shared byte \d+ \(words\+\d+\) written by thread \(\d+,0,0\) with no "
+           r"barrier in between \(write-after-write\)", (0, 0, 0), (0, 0, 0))
+    clean(SHARED_SAME_WORD.format(first="", value="7"))
+    clean(SHARED_SAME_WORD.format(first="", value="%lin").replace("st.shared.u32 [%slot], %lin;",
+                                                                   "setp.lt.u32 %p, %lin, 32;\n  @%p st.shared.u32 [%slot], %lin;"))
+
+
+def test_atomics_and_plain_accesses_of_one_shared_word_race():
+    counter = """
+  .shared .align 4 .b32 count;
+  setp.eq.u32 %q, %lin, 0;
+  @%q st.shared.u32 [count], 0;
+  bar.sync 0;
+  {before}
+  atom.shared.add.u32 %v, [count], 1;  {bug}
+  {after}
+  bar.sync 0;
+  ld.shared.u32 %v, [count];
+"""
+    clean(counter.format(before="", bug="", after=""))          # atomics alone: ordered among themselves
+    expect(counter.format(before="setp.eq.u32 %p, %lin, 33;\n  @%p bra SKIP;", bug="",
+                          after="SKIP:\n  @%p st.shared.u32 [count], 5;  // BUG"),
+           r"overwrites shared byte \d+ \(count\+0\) written by thread \(\d+,0,0\) with no barrier", (0, 0, 0),
+           (33, 0, 0))
+    expect(counter.format(before="setp.eq.u32 %p, %lin, 32;\n  @%p ld.shared.u32 %w, [count];\n  @%p bra SKIP;",
+                          bug="// BUG", after="SKIP:"),
+           r"overwrites shared byte \d+ \(count\+0\) which thread \(32,0,0\) read with no barrier", (0, 0, 0),
+           (0, 0, 0))
+
+
 SHARED_NEIGHBOUR = """
   .shared .align 4 .b32 slots[64];
   mov.u32 %s, slots;
