@@ -30,6 +30,18 @@ class Arch:
     shared_granularity: int = 128
     reserved_shared_per_cta: int = 1024
 
+    def warp_registers(self, registers_per_thread: int) -> int:
+        """Registers one warp is allocated (in units of register_granularity)."""
+        return -(-max(registers_per_thread, 1) * 32 // self.register_granularity) * self.register_granularity
+
+    def fits_registers(self, threads_per_cta: int, registers_per_thread: int) -> bool:
+        """Whether one CTA's registers fit an SM: the hardware checks them as if its warps
+        filled every scheduler's quarter of the register file."""
+        warps = -(-threads_per_cta // 32)
+        quarters = -(-warps // self.sub_partitions) * self.sub_partitions
+        return (registers_per_thread <= self.max_registers_per_thread
+                and self.warp_registers(registers_per_thread) * quarters <= self.registers_per_sm)
+
 
 ARCHS = {
     a.name: a

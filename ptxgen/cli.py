@@ -216,7 +216,7 @@ def show(
 ):
     """Config, parameters, launch, resources per arch, bytes moved, and the performance model: occupancy,
     instructions per byte, issue-bound time and bytes in flight on a chosen GPU."""
-    from .perf import evaluate_kernel, gpu_named, occupancy_per_arch
+    from .perf import arch_launches, evaluate_kernel, gpu_named, occupancy_per_arch
 
     chosen = gpu_named(gpu)
     arch = known_arch(arch)
@@ -253,7 +253,8 @@ def show(
     elif model:
         report["model"] = evaluate_kernel(compiled, chosen, scalars=scalars)
         report["thread_instructions_per_byte"] = report["model"].get("thread_instructions_per_byte")
-    fits = occupancy_per_arch(launch, {arch: dict(b.resources) for arch, b in compiled.binaries.items()})
+    fits = occupancy_per_arch(arch_launches(compiled, scalars, compiled.binaries),
+                              {arch: dict(b.resources) for arch, b in compiled.binaries.items()})
     report["occupancy"] = {arch: round(fit.fraction, 4) for arch, fit in fits.items()}
     report["occupancy_detail"] = {arch: asdict(fit) for arch, fit in fits.items()}
     if as_json:
@@ -295,7 +296,7 @@ def print_show(report: dict, gpu) -> None:
               "TFLOP/s)", markup=False)
     if "skipped" in model:
         out.print(f"performance model: {model['skipped']}", markup=False)
-    elif model.get("thread_instructions"):
+    elif "bytes_in_flight" in model:
         flight = model["bytes_in_flight"]
         out.print(f"performance model on {gpu.name} ({model['counted']}):", markup=False)
         out.print(f"  {model['thread_instructions']:,} thread-instructions = {model['thread_instructions_per_byte']} "

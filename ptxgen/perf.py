@@ -60,6 +60,7 @@ import subprocess
 import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 
@@ -164,11 +165,8 @@ def occupancy(arch: Arch, threads_per_cta: int, registers_per_thread: int, share
     picks a smaller one when that loses no CTA, so Nsight Compute's "Block Limit Shared Mem" can
     be lower than ours without lowering the occupancy)."""
     warps = -(-threads_per_cta // 32)
-    warp_registers = round_up(max(registers_per_thread, 1) * 32, arch.register_granularity)
-    per_partition = arch.registers_per_sm // arch.sub_partitions // warp_registers
-    # The hardware checks a CTA's registers as if its warps filled every scheduler's quarter.
-    fits = (registers_per_thread <= arch.max_registers_per_thread
-            and warp_registers * round_up(warps, arch.sub_partitions) <= arch.registers_per_sm)
+    per_partition = arch.registers_per_sm // arch.sub_partitions // arch.warp_registers(registers_per_thread)
+    fits = arch.fits_registers(threads_per_cta, registers_per_thread)
     shared = round_up(shared_per_cta + arch.reserved_shared_per_cta, arch.shared_granularity)
     allowed = {
         "registers": per_partition * arch.sub_partitions // warps if fits else 0,
@@ -381,26 +379,29 @@ def bandwidth_floor_us(nbytes: int, gpu: Gpu) -> float:
     return nbytes / (gpu.bandwidth_gbs * 1e3)
 
 
-def occupancy_per_arch(launch: Launch, cubins: dict[str, dict]) -> dict[str, Occupancy]:
-    """Each arch's occupancy for this launch, from the resources ptxas reported (`cubins`: arch ->
-    `registers`, `shared_bytes` = static shared): no interpretation needed."""
-    return {arch: occupancy(arch_limits(arch), launch.threads_per_cta, res["registers"],
-                            res["shared_bytes"] + launch.dynamic_shared) for arch, res in cubins.items()}
+def occupancy_per_arch(launches: Mapping[str, Launch], cubins: dict[str, dict]) -> dict[str, Occupancy]:
+    """Each arch's occupancy for its launch (an arch-specific variant's CTA may differ), from the
+    resources ptxas reported (`cubins`: arch -> `registers`, `shared_bytes` = static shared): no
+    interpretation needed."""
+    return {arch: occupancy(arch_limits(arch), launches[arch].threads_per_cta, res["registers"],
+                            res["shared_bytes"] + launches[arch].dynamic_shared) for arch, res in cubins.items()}
 
 
 def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str, dict], traffic_bytes: int,
              gpu: Gpu, *, cubin: bytes | None = None, max_threads: int = MAX_COUNTED_THREADS,
-             tail: DependentTail | None = None, count: Count | None = None) -> dict:
+             tail: DependentTail | None = None, count: Count | None = None,
+             launches: Mapping[str, Launch] | None = None) -> dict:
     """The model's report for one launch. `cubins`: arch -> resources as in the manifest
     (`registers`, `shared_bytes` = static shared); it must include the GPU's arch. With the
     GPU arch's `cubin` and nvdisasm installed, the report adds its SASS counts. `tail`: the
     kind's DependentTail at this launch, if it has one. `count`: the launch's counts, made
-    elsewhere (scaled_count); else the interpreter runs it here."""
+    elsewhere (scaled_count); else the interpreter runs it here. `launches`: each arch's launch
+    for its occupancy, where they differ (default: `launch`, the GPU arch's)."""
     if gpu.arch not in cubins:
         raise PtxgenError(f"--gpu {gpu.name} is {gpu.arch}, which the spec does not build "
                           f"(archs: {', '.join(cubins)})")
     threads = launch.threads_per_cta
-    occupancies = occupancy_per_arch(launch, cubins)
+    occupancies = occupancy_per_arch(launches or {arch: launch for arch in cubins}, cubins)
     if count is None:
         count = count_instructions(ptx, entry, launch, args, max_threads, min_ctas=tail.group_ctas if tail else 1)
     here = occupancies[gpu.arch]
@@ -502,7 +503,16 @@ def evaluate_kernel(compiled: CompiledKernel, gpu: Gpu, *, resources: dict[str, 
     return {"scalars": scalars, **evaluate(compiled.variant(gpu.arch).ptx, compiled.name, launch, [], resources,
                                            kind.traffic(scalars).bytes, gpu,
                                            cubin=binary.cubin if binary is not None else None,
-                                           max_threads=max_threads, tail=kind.dependent_tail(scalars), count=count)}
+                                           max_threads=max_threads, tail=kind.dependent_tail(scalars), count=count,
+                                           launches=arch_launches(compiled, scalars, resources))}
+
+
+def arch_launches(compiled: CompiledKernel, scalars: Mapping[str, int], archs) -> dict[str, Launch]:
+    """Each arch's cubin's launch at `scalars` (the PTX it was assembled from: an sm_90a
+    variant's CTA may differ from the portable one's)."""
+    compiled.check_scalars(scalars)
+    return {arch: compiled.variants[compiled.binaries[arch].target].geometry.at(dict(scalars))
+            if arch in compiled.binaries else compiled.launch(scalars, arch) for arch in archs}
 
 
 def launch_count(compiled: CompiledKernel, arch: str, scalars: dict[str, int], seed: int, max_threads: int) -> Count:

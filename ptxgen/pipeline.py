@@ -8,6 +8,7 @@ has assembled (artifacts.py then writes the folder whole), so a failure leaves n
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
@@ -17,11 +18,11 @@ from typing import Callable
 from pydantic import ValidationError
 
 from . import __version__
-from .archs import format_version
+from .archs import ARCHS, format_version
 from .assemble import OPTIONS, assemble, assembler_for, assembler_version, parse_resources, resolve_assembler
 from .cache import Cache, cache_key
 from .compiled import Binary, CompiledKernel, Variant, serving_variant
-from .errors import SpecError
+from .errors import AssemblerError, SpecError
 from .kernels import kind_of, rendered_targets
 from .render import render
 from .settings import SETTINGS
@@ -105,7 +106,21 @@ def stage_cubin(spec: Spec, units: list[Unit], options: BuildOptions) -> tuple[i
     else:
         for unit, arch, variant, key, assembler in misses:
             record(cache, unit, arch, variant, key, assemble(assembler, variant.ptx, arch, OPTIONS), options)
+    for unit in units:
+        for arch, binary in unit.binaries.items():
+            check_launchable(unit, arch, binary)
     return len(misses), len(units) * len(spec.target.archs) - len(misses)
+
+
+def check_launchable(unit: Unit, arch: str, binary: Binary) -> None:
+    """A cubin of which no CTA fits an SM's registers could never launch: refused, not shipped
+    (the templates' .maxntid lets ptxas keep it within them)."""
+    threads = math.prod(unit.variants[binary.target].geometry.block)
+    registers = binary.resources["registers"]
+    if not ARCHS[arch].fits_registers(threads, registers):
+        raise AssemblerError(f"kernel {unit.config.name!r}: {arch}: a CTA of {threads} threads at {registers} "
+                             f"registers each does not fit an SM's {ARCHS[arch].registers_per_sm} registers: it "
+                             "could never launch")
 
 
 def record(cache: Cache, unit: Unit, arch: str, variant: Variant, key: str, assembled, options: BuildOptions) -> None:

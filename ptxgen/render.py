@@ -73,6 +73,7 @@ def render(kernel, ptx_version: tuple[int, int], ptx_target: str, own_target: st
             params=kind.params(),
             pdl=kind.pdl,
             pdl_wait_in_body=kind.pdl_wait_in_body,
+            cta_threads=math.prod(kind.geometry().block),
             **kind.template_vars(),
         )
     except jinja2.TemplateError as error:

@@ -125,8 +125,10 @@ class Spec(BaseModel):
 
     @property
     def ptx_target(self) -> str:
-        """PTX is written for the oldest arch and assembled for each (later archs accept it)."""
-        return self.target.archs[0]
+        """The portable PTX is written for the oldest arch and assembled for each (later archs
+        accept it); for its base arch where that is arch-specific (sm_90a: sm_90), since PTX
+        for sm_90a serves no later arch (the kinds' sm_90a variants are rendered apart)."""
+        return self.target.archs[0].removesuffix("a")
 
 
 class LoadedSpec(BaseModel):

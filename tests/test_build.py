@@ -110,3 +110,64 @@ def test_cli_list_show_and_usage_errors(tmp_path):
     assert missing.returncode == 2 and "nothing_like_this" in missing.stderr
     usage = run_cli("build")
     assert usage.returncode == 2 and "Traceback" not in usage.stderr
+
+
+# --- every arch list a spec may hold, and every CTA a kind may choose, gives cubins that launch --------
+def spec_file(tmp_path, archs, body):
+    path = tmp_path / "s.toml"
+    path.write_text(f"[target]\narchs = {json.dumps(archs)}\n\n[[kernels]]\n{body}")
+    return path
+
+
+def test_a_large_cta_keeps_its_registers_within_the_sm(tmp_path, cache_dir):
+    """rmsnorm of a 24576-wide row runs 1024 threads: .maxntid makes ptxas keep each thread
+    within 64 registers (it took 70 without, and the cubin could never launch), and the result
+    still passes its check."""
+    spec = spec_file(tmp_path, ["sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120"],
+                     'name = "wide"\nkind = "rmsnorm"\nhidden = 24576\n')
+    built = run_cli("build", str(spec), "-o", str(tmp_path / "out"), "--json")
+    assert built.returncode == 0, built.stderr
+    cubins = json.loads((tmp_path / "out" / "manifest.json").read_text())["kernels"]["wide"]["cubins"]
+    assert {arch: c["registers"] <= 64 for arch, c in cubins.items()} == dict.fromkeys(cubins, True), cubins
+    verified = run_cli("verify", str(spec))
+    assert verified.returncode == 0 and "FAIL" not in verified.stdout, verified.stdout + verified.stderr
+
+
+def test_a_cubin_that_could_never_launch_is_refused(tmp_path, cache_dir, monkeypatch):
+    """The build's own check, should a kind's directives allow too many registers."""
+    from ptxgen import pipeline
+    from ptxgen.errors import AssemblerError
+
+    real = pipeline.parse_resources
+    monkeypatch.setattr(pipeline, "parse_resources", lambda log, cubin: {**real(log, cubin), "registers": 70})
+    spec = load_spec(spec_file(tmp_path, ["sm_90"], 'name = "wide"\nkind = "rmsnorm"\nhidden = 24576\n'))
+    with pytest.raises(AssemblerError, match=r"kernel 'wide': sm_90: a CTA of 1024 threads at 70 registers each "
+                                             r"does not fit an SM's 65536 registers: it could never launch"):
+        compile_spec(spec.spec, BuildOptions(use_cache=False))
+
+
+def test_an_arch_specific_oldest_arch_leaves_the_portable_ptx_for_its_base_arch(tmp_path, cache_dir):
+    """With sm_90a the oldest arch, the portable PTX is for sm_90 (PTX for sm_90a serves no later
+    arch): sm_100 gets a cubin, and sm_90a the kind's own variant, graded by its own error bound."""
+    spec = spec_file(tmp_path, ["sm_90a", "sm_100"], 'name = "norm"\nkind = "rmsnorm"\nhidden = 64\n')
+    assert run_cli("build", str(spec), "-o", str(tmp_path / "norm")).returncode == 0
+    manifest = json.loads((tmp_path / "norm" / "manifest.json").read_text())["kernels"]["norm"]
+    assert list(manifest["variants"]) == ["sm_90"] and sorted(manifest["cubins"]) == ["sm_100", "sm_90a"]
+    attention = spec_file(tmp_path, ["sm_90a"], 'name = "a"\nkind = "flash_attention"\nnum_heads = 1\n'
+                                                'num_kv_heads = 1\nhead_dim = 64\n')
+    verified = run_cli("verify", str(attention))
+    assert verified.returncode == 0 and " pass" in verified.stdout, verified.stdout + verified.stderr
+    assert run_cli("build", str(attention), "-o", str(tmp_path / "a")).returncode == 0
+    cubins = json.loads((tmp_path / "a" / "manifest.json").read_text())["kernels"]["a"]["cubins"]
+    assert cubins["sm_90a"]["ptx"] == "a.sm_90a.ptx"
+
+
+def test_show_gives_each_arch_its_own_ctas_occupancy_and_models_the_sm90a_variant(tmp_path, cache_dir):
+    spec = spec_file(tmp_path, ["sm_90", "sm_90a"], 'name = "a"\nkind = "flash_attention"\nnum_heads = 1\n'
+                                                    'num_kv_heads = 1\nhead_dim = 64\n')
+    shown = run_cli("show", "a", "--spec", str(spec), "--json", "--set", "seq_len=128")
+    assert shown.returncode == 0, shown.stderr
+    report = json.loads(shown.stdout)
+    warps = {arch: detail["warps_per_sm"] // detail["ctas_per_sm"] for arch, detail in report["occupancy_detail"].items()}
+    assert warps == {"sm_90": 4, "sm_90a": 9}, warps     # 128 threads; 288 (a producer warp, 2 consumer warpgroups)
+    assert report["model"]["thread_instructions"] > 0    # the H100 runs the sm_90a cubin: its PTX interpreted

@@ -417,6 +417,6 @@ def _barrier(st, ex, pc, active, sel, cohorts, waiting, arrived, waiting_pc, exi
     st.ordering.barrier(st.cta_ids[released])
     if st.races is not None:
         st.races.barrier(released)
-    if st.async_state is not None:
+    if st.async_state is not None and st.async_state.ordering is not None:   # (sanitizer on)
         st.async_state.ordering.barrier(released)
     cohorts.release(pc + 1, _union(st, *(p[g] for p, g in zip(parked, go))))
