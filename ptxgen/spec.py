@@ -208,6 +208,7 @@ def check_against_archs(path: Path, spec: Spec) -> None:
         if refusal:
             problems.append(f"{where}: {refusal}")
             continue
+        short = {}  # (what, needed, allowed) -> archs, so one line says it for every arch alike
         for arch_name in spec.target.archs:
             served_by = serving_target(targets, arch_name)  # as the pipeline picks each arch's PTX
             kind = kind_of(kernel, served_by if served_by in variants else None)
@@ -219,11 +220,14 @@ def check_against_archs(path: Path, spec: Spec) -> None:
                 continue
             static = kind.static_shared()
             if threads > arch.max_threads_per_cta:
-                problems.append(f"{where}: needs {threads} threads per CTA, {arch_name} allows {arch.max_threads_per_cta}")
+                short.setdefault(("threads per CTA", threads, arch.max_threads_per_cta), []).append(arch_name)
             if shared > arch.max_shared_per_cta:
-                problems.append(f"{where}: needs {shared} bytes of shared memory, {arch_name} allows {arch.max_shared_per_cta}")
+                short.setdefault(("bytes of shared memory", shared, arch.max_shared_per_cta), []).append(arch_name)
             if static > STATIC_SHARED_LIMIT:
                 problems.append(f"{where}: declares {static} bytes of static shared memory, the limit is {STATIC_SHARED_LIMIT}")
+        for (what, needed, allowed), archs in short.items():
+            named = " and ".join([", ".join(archs[:-1]), archs[-1]] if len(archs) > 1 else archs)
+            problems.append(f"{where}: needs {needed} {what}, {named} allow{'s' * (len(archs) == 1)} {allowed}")
         for own in [None, *variants]:
             needed = max(kind_of(kernel, own).ptx_version, ARCHS[own or spec.ptx_target].ptx_version)
             if spec.target.ptx_version and spec.ptx_version(kernel, own) < needed:

@@ -91,6 +91,16 @@ def test_entry_may_not_share_a_parameter_name(tmp_path):
     assert "kernels[0].name" in message and "'gamma'" in message and "x, gamma, y, rows" in message
 
 
+def test_shared_memory_an_arch_lacks_is_one_line_for_every_arch_alike(tmp_path):
+    path = write(tmp_path, '[target]\narchs = ["sm_80", "sm_86", "sm_89", "sm_90", "sm_120"]\n\n[[kernels]]\n'
+                           'name = "t"\nkind = "q4k_gemv"\nn = 64\nk = 16384\nwarps = 32\nrows_per_warp = 32\n'
+                           'schedule = "static"\n')
+    with pytest.raises(SpecError) as error:
+        load_spec(path)
+    assert str(error.value) == (f"{path}: kernel 't' (kernels[0]): needs 155652 bytes of shared memory, sm_86, sm_89 "
+                                "and sm_120 allow 101376")
+
+
 def test_ptx_version_too_old_for_arch(tmp_path):
     message = error_of(tmp_path, '[target]\narchs=["sm_90"]\nptx_version="7.0"\n'
                                  '[[kernels]]\nname="a"\nkind="rmsnorm"\nhidden=8\n')
