@@ -122,9 +122,9 @@ class IncrementalAttentionConfig(PdlConfig):
         if self.num_kv_heads * plan.max_splits * plan.group * plan.row >= 1 << 31:
             raise ValueError("the split-KV workspace would need 2^31 floats or more")
         if plan.threads > 1024 or plan.threads * plan.max_registers > SM_REGISTERS:
-            raise ValueError(f"a group of {plan.group} query heads per KV head needs {plan.threads} threads of "
-                             f"{plan.max_registers} registers per CTA; at most 1024 threads and {SM_REGISTERS} "
-                             "registers are possible")
+            chosen = f"warps = {self.warps}" if self.warps is not None else f"a group of {plan.group} query heads per KV head"
+            raise ValueError(f"{chosen} needs {plan.threads} threads of {plan.max_registers} registers per CTA; at "
+                             f"most 1024 threads and {SM_REGISTERS} registers are possible")
         return self
 
     @property
