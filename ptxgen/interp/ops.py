@@ -1169,8 +1169,14 @@ def _atom(c):
             if float_add and st.float_atomics is not None:
                 st.float_atomics.add(region, off // size, mem, bv[pos], who)
             old[pos] = serialize(mem, off // size, op, bv[pos], cv[pos], order)
+            if op == "cas" and region != "shared" and (old[pos] != bv[pos]).all():
+                st.ordering.failed_cas(region, off, old[pos])
         dst(st, sel, old)
-    return c.alu(run)
+    ex = c.alu(run)
+    # A compare-and-swap that keeps failing (a lock's spin) is a strong read that changes nothing:
+    # the scheduler parks it as it parks a spinning load (Ordering.failed_cas).
+    ex.strong_read = op == "cas" and access.strong and space in ("global", "generic")
+    return ex
 
 
 # ---- warp-level collectives ------------------------------------------------------------

@@ -439,6 +439,12 @@ class Ordering:
                     now=access.acquire)
         self._write(region, off, size, ctas, threads, access, "atomic")
 
+    def failed_cas(self, region, off, old):
+        """An atom.cas of which every compare failed, just after its _write: for the
+        scheduler's spin detection it is a strong read (of `old`) that wrote nothing."""
+        self.writes -= 1
+        self.last_read = (region, hash(off.tobytes()), hash(np.asarray(old).tobytes()))
+
     def _write(self, region, off, size, ctas, threads, access, what):
         self.writes += 1
         self._region(region)

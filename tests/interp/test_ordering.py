@@ -540,6 +540,38 @@ def test_warps_of_a_cta_storing_to_one_word():
                [np.zeros(1, np.uint32)])
 
 
+SPIN_LOCK = """
+  .reg .b32 %t, %v, %old;
+  .reg .b64 %lock, %o;
+  .reg .pred %p, %q;
+  ld.param.u64 %lock, [lock];
+  ld.param.u64 %o, [out];
+  mov.u32 %t, %tid.x;
+  setp.ne.u32 %q, %t, 0;
+  @%q bra DONE;
+SPIN:
+  atom.acquire.gpu.global.cas.b32 %old, [%lock], 0, 1;
+  setp.ne.u32 %p, %old, 0;
+  @%p bra SPIN;
+  ld.global.u32 %v, [%o];
+  add.u32 %v, %v, 1;
+  st.global.u32 [%o], %v;
+  st.release.gpu.global.u32 [%lock], 0;
+DONE:
+  ret;"""
+
+
+@pytest.mark.parametrize("ctas", [2, 3, 8])
+def test_a_spin_lock_serialises_every_cta(ctas):
+    """A failing compare-and-swap is a spin the scheduler parks (as a spinning load): the lock
+    holder runs, however many CTAs wait (3 or more spun forever before)."""
+    for seed in SEEDS[:2]:
+        out = np.zeros(1, np.uint32)
+        launch(module(SPIN_LOCK, ".param .u64 lock, .param .u64 out"), "k", (ctas, 1, 1), (32, 1, 1),
+               [np.zeros(1, np.uint32), out], seed=seed)
+        assert out[0] == ctas
+
+
 def test_atomic_counters_without_fences_are_fine_on_their_own():
     """Relaxed atomics are morally strong: a histogram needs no fence."""
     ptx = module("""
