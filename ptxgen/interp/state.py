@@ -203,6 +203,7 @@ class WaveState:
         self.local_size = program.local_size
         self.local_stride = -(-max(program.local_size, 1) // 64) * 64
         self.local = None
+        self.local_written = None      # per local byte, with the sanitizer: written by its thread
         self._views = {}
         self.races = None
         # set by launch: the global-memory ordering model, the approximate-instruction model,
@@ -332,6 +333,7 @@ class WaveState:
         elif space == "local":
             if self.local is None:
                 self.local = np.zeros(self.n * self.local_stride, np.uint8)
+                self.local_written = np.zeros(len(self.local), bool) if self.races is not None else None
             low, limit, stride, owner = 0, self.local_size, self.local_stride, threads
         else:
             raise Finding(f"unsupported state space {space}", threads[0], sanitizer=False)
@@ -341,6 +343,18 @@ class WaveState:
             raise Finding(f"out-of-bounds {size}-byte {space} access at address {int(addr[i]):#x} "
                           f"({space} memory is [{low:#x}, {limit:#x}))", threads[i])
         return [(space, owner * stride + addr, FULL)]
+
+    def check_local_written(self, off, size, threads):
+        """Local memory starts undefined (sanitizer on): a read of a byte this thread has not
+        written is a finding."""
+        if self.local_written is None:
+            return
+        unwritten = ~self.local_written[off[:, None] + np.arange(size)].all(axis=1)
+        if unwritten.any():
+            i = int(np.flatnonzero(unwritten)[0])
+            byte = int(off[i]) % self.local_stride
+            raise Finding(f"read of local byte {byte}, which this thread has not written (local memory starts "
+                          "undefined)", threads[i])
 
     def typed(self, region, size):
         if isinstance(region, str):
@@ -359,7 +373,9 @@ class WaveState:
                     if self.async_state is not None:
                         self.async_state.ordering.shared_read(off, size, threads[pos])
                     self.races.read(off, size, threads[pos])
-            elif region != "local":
+            elif region == "local":
+                self.check_local_written(off, size, threads[pos])
+            else:
                 raw = self.ordering.load(region, off, size, threads[pos], access, raw)
             out[pos] = raw.view(out.dtype).reshape(-1, count)
         return out
@@ -377,7 +393,10 @@ class WaveState:
                         self.races.write(off, size, threads[pos], values[pos])
                     else:
                         self.races.copy_issued(off, size, threads[pos], copy_line)
-            elif region != "local":
+            elif region == "local":
+                if self.local_written is not None:
+                    self.local_written[off[:, None] + np.arange(size)] = True
+            else:
                 self.ordering.store(region, off, size, threads[pos], access)
             data = self.typed(region, size)
             np.put(data, off // size, np.ascontiguousarray(values[pos]).reshape(-1).view(data.dtype))

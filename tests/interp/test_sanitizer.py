@@ -100,6 +100,18 @@ def test_atomics_and_plain_accesses_of_one_shared_word_race():
            (0, 0, 0))
 
 
+def test_a_read_of_unwritten_local_memory():
+    body = """
+  .local .align 4 .b32 scratch[4];
+  st.local.u32 [scratch], %lin;
+  {more}
+  ld.local.u32 %v, [scratch+4];  // BUG
+"""
+    expect(body.format(more=""), r"read of local byte 4, which this thread has not written \(local memory starts "
+                                 r"undefined\)", (0, 0, 0), (0, 0, 0))
+    clean(body.format(more="st.local.u32 [scratch+4], %lin;"))
+
+
 SHARED_NEIGHBOUR = """
   .shared .align 4 .b32 slots[64];
   mov.u32 %s, slots;
