@@ -1054,6 +1054,20 @@ def _griddepcontrol(c):
     c.fail("expected griddepcontrol.wait or griddepcontrol.launch_dependents")
 
 
+@opcode("prefetch", "prefetchu", "nanosleep")
+def _hint(c):
+    """Performance hints with no effect on results: a prefetch into a cache level (even of an
+    address outside every array: it never faults), a sleep (the scheduler picks who runs)."""
+    if c.ins.base == "nanosleep":
+        c.need(1)
+        c.read(0, "u32")
+    else:
+        c.need(1)
+        if not isinstance(c.ops[0], Addr):
+            c.fail("expected [address]")
+    return c.alu(lambda st, sel: None)
+
+
 @opcode("membar", "fence")
 def _fence(c):
     effect = fence_of(c.ins.base, c.mods)

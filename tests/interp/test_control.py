@@ -265,3 +265,21 @@ def test_cp_async_and_generic_addressing():
     for t in range(32):
         row = np.where(np.arange(16) < t % 16, src[t * 16:(t + 1) * 16], 0).astype(np.uint8)
         assert out[t] == row[12:16].view(np.uint32)[0]
+
+
+def test_prefetches_and_sleep_are_hints_that_change_nothing():
+    """prefetch (even of an address past every array: it never faults), prefetchu, nanosleep."""
+    body = """
+  .reg .b64 %a;
+  .reg .b32 %v;
+  ld.param.u64 %a, [a];
+  prefetch.global.L2 [%a];
+  prefetch.global.L2::evict_last [%a+1000000];
+  prefetchu.L1 [%a];
+  nanosleep.u32 100;
+  mov.u32 %v, 7;
+  st.global.u32 [%a], %v;
+  ret;"""
+    a = np.zeros(4, np.uint32)
+    launch(module(body, ".param .u64 a"), "k", (1, 1, 1), (32, 1, 1), [a])
+    np.testing.assert_array_equal(a, [7, 0, 0, 0])
