@@ -516,13 +516,20 @@ class AsyncState:
             bar.clocks_now[ctas] = bar.clocks_done[ctas] = 0
             self.ordering.initialised(threads, bar)
 
-    def arrive(self, bar, threads, count, tx=None):
-        """Arrive-on (after an optional expect-tx); returns each thread's phase (its state)."""
+    def arrive(self, bar, threads, count, tx=None, drop=False):
+        """Arrive-on (after an optional expect-tx); returns each thread's phase (its state).
+        `drop` (arrive_drop): the arrivals also leave the count every later phase expects."""
         ctas = self.st.cta[threads]
         state = bar.phase[ctas].copy()
         if tx is not None:
             np.add.at(bar.tx, ctas, tx)
         np.subtract.at(bar.pending, ctas, count)
+        if drop:
+            np.subtract.at(bar.expected, ctas, count)
+            gone = bar.expected[ctas] < 1
+            if gone.any():
+                raise Finding(f"arrive_drop leaves the mbarrier at shared byte {bar.offset} expecting no arrivals",
+                              threads[int(np.flatnonzero(gone)[0])])
         over = bar.pending[ctas] < 0
         if over.any():
             raise Finding(f"more arrivals on the mbarrier at shared byte {bar.offset} than its phase "
@@ -735,7 +742,8 @@ def _mbarrier(c):
     _shared_space(c)
     action = c.mods[0]
     name = f"mbarrier.{action}"
-    address = c.address(c.ops[1] if action in ("arrive", "test_wait", "try_wait") else c.ops[0], "shared")
+    address = c.address(c.ops[1] if action in ("arrive", "arrive_drop", "test_wait", "try_wait") else c.ops[0],
+                        "shared")
     if action in ("init", "expect_tx"):
         c.need(2)
         value = c.read(1, "u32")
@@ -761,8 +769,8 @@ def _mbarrier(c):
             for bar, pos in s.barriers_at(address(st, sel), threads, name):
                 bar.ready[st.cta[threads[pos]]] = False
         return c.alu(inval)
-    if action == "arrive":
-        expect = "expect_tx" in c.mods
+    if action in ("arrive", "arrive_drop"):
+        expect, drop = "expect_tx" in c.mods, action == "arrive_drop"
         if len(c.ops) not in (2, 3) or (expect and len(c.ops) != 3):
             c.fail("expected state, [mbarrier] and an optional count (the tx count with .expect_tx)")
         state = c.write(0, "b64")
@@ -775,9 +783,9 @@ def _mbarrier(c):
             phases = np.zeros(len(threads), np.uint64)
             for bar, pos in s.barriers_at(address(st, sel), threads, name):
                 if expect:
-                    phases[pos] = s.arrive(bar, threads[pos], 1, tx=value[pos])
+                    phases[pos] = s.arrive(bar, threads[pos], 1, tx=value[pos], drop=drop)
                 else:
-                    phases[pos] = s.arrive(bar, threads[pos], value[pos])
+                    phases[pos] = s.arrive(bar, threads[pos], value[pos], drop=drop)
             state(st, sel, phases)
         return c.alu(arrive)
     if action in ("test_wait", "try_wait"):

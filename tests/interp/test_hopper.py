@@ -591,6 +591,42 @@ def test_mbarrier_phases_counts_transactions_and_elect():
         np.testing.assert_array_equal(cta[:, 3], np.where(lane < 5, 99, 5 + 256 * (lane == 5)))
 
 
+ARRIVE_DROP = SM90A + """.visible .entry k(.param .u64 out)
+{
+  .shared .align 8 .b64 bar;
+  .reg .b32 %t, %v;
+  .reg .b64 %out, %state, %off;
+  .reg .pred %p, %q, %leader;
+  ld.param.u64 %out, [out];
+  mov.u32 %t, %tid.x;
+  mul.wide.u32 %off, %t, 4;
+  add.u64 %out, %out, %off;
+  setp.eq.u32 %leader, %t, 0;
+  @%leader mbarrier.init.shared::cta.b64 [bar], 32;
+  bar.sync 0;
+  setp.ge.u32 %p, %t, 16;
+  @%p mbarrier.{leave}.shared::cta.b64 _, [bar];  // lanes 16..31 arrive and leave
+  @!%p mbarrier.arrive.shared::cta.b64 _, [bar];
+  @%p bra DONE;
+  mbarrier.arrive.shared::cta.b64 %state, [bar];  // phase 1: lanes 0..15 alone
+  mbarrier.test_wait.shared::cta.b64 %q, [bar], %state;
+  selp.u32 %v, 1, 0, %q;
+  st.global.u32 [%out], %v;
+DONE:
+  ret;
+}
+"""
+
+
+def test_arrive_drop_lowers_the_count_of_later_phases():
+    out = np.zeros(32, np.uint32)
+    launch(ARRIVE_DROP.replace("{leave}", "arrive_drop"), "k", (1, 1, 1), (32, 1, 1), [out])
+    np.testing.assert_array_equal(out[:16], 1)
+    out[:] = 0
+    launch(ARRIVE_DROP.replace("{leave}", "arrive"), "k", (1, 1, 1), (32, 1, 1), [out], sanitize=False)
+    np.testing.assert_array_equal(out[:16], 0)   # 16 of 32 arrivals: phase 1 still open
+
+
 def test_more_arrivals_than_expected_is_caught():
     ptx = mark(MBARRIER, "  @%p mbarrier.arrive.shared::cta.b64 _, [bar], 2;",
                "  mbarrier.arrive.shared::cta.b64 _, [bar], 2;")
