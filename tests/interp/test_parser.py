@@ -62,8 +62,8 @@ def test_program_is_parsed_once():
 
 
 @pytest.mark.parametrize("body,message", [
-    ("  .reg .b32 %r;\n  mov.u32 %r, 1;\n  nanosleep.u32 %r;",
-     r"line 9: `nanosleep.u32 %r;`: unsupported opcode nanosleep.u32"),
+    ("  .reg .b32 %r;\n  mov.u32 %r, 1;\n  match.any.sync.b32 %r, %r, 0xffffffff;",
+     r"line 9: `match.any.sync.b32 %r, %r, 0xffffffff;`: unsupported opcode match.any.sync.b32"),
     ("  .reg .b32 %r;\n  add.cc.u32 %r, %r, %r;", r"line 8: .*carry arithmetic"),
     ("  mov.u32 %nope, 1;", r"line 7: undeclared register %nope"),
     ("  bra NOWHERE;", r"unknown label NOWHERE"),
