@@ -9,7 +9,7 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class Settings:
-    cache_dir: Path  # PTXGEN_CACHE_DIR, default ~/.cache/ptxgen
+    cache_dir: Path  # PTXGEN_CACHE_DIR, default $XDG_CACHE_HOME/ptxgen, else ~/.cache/ptxgen
 
 
 def _read() -> Settings:

@@ -195,13 +195,16 @@ class Ordering:
         return self.now
 
     # -- synchronisation
-    def barrier(self, ctas):
-        """bar.sync completed in these CTAs: every thread knows what any of them knew."""
-        T = self.T
-        vc = self.vc.reshape(self.st.num_ctas, T, -1)
-        vc[ctas] = vc[ctas].max(axis=1, keepdims=True)
-        rows = (np.asarray(ctas)[:, None] * T + np.arange(T)).ravel()
-        self.vc[rows, np.tile(np.arange(T), len(ctas))] += 1
+    def barrier(self, waiters, senders):
+        """A barrier released `waiters` (threads that waited at it) and took `senders` (threads
+        that arrived without waiting): each waiter knows what any of them knew (for a barrier of
+        whole CTAs: every thread of them, what any knew), and every one's own clock moves on."""
+        st = self.st
+        for cta in np.unique(st.cta[waiters]).tolist():
+            mine = waiters[st.cta[waiters] == cta]
+            told = np.concatenate([mine, senders[st.cta[senders] == cta]])
+            self.vc[mine] = self.vc[told].max(axis=0)
+            self.vc[told, st.lin[told]] += 1
 
     def release(self, threads, bar):
         np.maximum.at(bar.clocks_now, self.st.cta[threads], self.vc[threads])

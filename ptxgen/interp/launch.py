@@ -278,9 +278,7 @@ class _Cohorts:
 def _run_wave(st, code, sync_points, stats, name, rng, members):
     n, end = st.n, len(code)
     cohorts = _Cohorts(st, rng, members)
-    waiting = {}                                   # barrier pc -> [thread arrays]
-    arrived = np.zeros(st.num_ctas, np.int64)      # threads waiting at a barrier, per CTA
-    waiting_pc = np.full(st.num_ctas, -1)          # the barrier they wait at
+    barriers = _CtaBarriers(st)
     exited = np.zeros(st.num_ctas, np.int64)
     parked, stalled = {}, False                    # pc -> threads at an incomplete mbarrier wait
     steps = 0
@@ -365,58 +363,141 @@ def _run_wave(st, code, sync_points, stats, name, rng, members):
                                   active[np.flatnonzero(st.before_wait[active])[0]])
                 ctas = st.cta[active]
                 exited += np.bincount(ctas, minlength=st.num_ctas)
-                stuck = arrived[ctas] > 0
+                stuck = barriers.whole_cta_waiting(ctas)
                 if stuck.any():
-                    bpc = int(waiting_pc[ctas[stuck][0]])
+                    bpc = int(barriers.at[ctas[stuck][0]].max())
                     raise Finding(f"thread exits while other threads of its CTA wait at "
                                   f"bar.sync on line {code[bpc].ins.line}: that barrier can never "
                                   "complete (divergent barrier)", active[np.flatnonzero(stuck)[0]])
             else:
-                _barrier(st, ex, pc, active, sel, cohorts, waiting, arrived, waiting_pc, exited, code)
+                barriers.arrive(ex, pc, active, sel, cohorts, exited, code)
         except Finding as finding:
             raise _report(finding, ins, st, name) from None
-    if waiting:
-        pc = min(waiting)
-        t = waiting[pc][0][0]
+    if barriers.waiting:
+        pc, threads = barriers.waiting[0]
         raise _report(Finding("deadlock: threads wait at this barrier but no thread of the "
-                              "launch can run", t), code[pc].ins, st, name)
+                              "launch can run", threads[0]), code[pc].ins, st, name)
 
 
-def _barrier(st, ex, pc, active, sel, cohorts, waiting, arrived, waiting_pc, exited, code):
-    """bar.sync: park the arriving threads; release each CTA once all its threads arrived (for
-    the global-memory ordering, an event that orders its threads' writes before later releases)."""
-    if ex.run is not None:
-        count = np.asarray(ex.run(st, sel))
-        if (count != st.cta_threads).any():
-            raise Finding(f"bar.sync with a thread count other than the CTA size "
-                          f"({st.cta_threads}) is not supported", active[0], sanitizer=False)
-    ctas = st.cta[active]
-    other = (waiting_pc[ctas] >= 0) & (waiting_pc[ctas] != pc)
-    if other.any():
-        i = np.flatnonzero(other)[0]
-        raise Finding(f"divergent barrier: other threads of this CTA wait at the bar.sync on "
-                      f"line {code[int(waiting_pc[ctas[i]])].ins.line}", active[i])
-    gone = exited[ctas] > 0
-    if gone.any():
-        i = np.flatnonzero(gone)[0]
-        raise Finding(f"divergent barrier: {int(exited[ctas[i]])} threads of this CTA already "
-                      "exited, so this bar.sync can never complete", active[i])
-    arrived += np.bincount(ctas, minlength=st.num_ctas)
-    waiting_pc[ctas] = pc
-    waiting.setdefault(pc, []).append(active)
-    done = arrived == st.cta_threads
-    if not done.any():
-        return
-    parked = waiting.pop(pc)
-    go = [done[st.cta[p]] for p in parked]
-    if not all(g.all() for g in go):
-        waiting[pc] = [p[~g] for p, g in zip(parked, go) if not g.all()]
-    released = np.flatnonzero(done)
-    arrived[released] = 0
-    waiting_pc[released] = -1
-    st.ordering.barrier(st.cta_ids[released])
-    if st.races is not None:
-        st.races.barrier(released)
-    if st.async_state is not None and st.async_state.ordering is not None:   # (sanitizer on)
-        st.async_state.ordering.barrier(released)
-    cohorts.release(pc + 1, _union(st, *(p[g] for p, g in zip(parked, go))))
+class _CtaBarriers:
+    """The CTA barriers (ids 0..15) of a wave: bar.sync / barrier.sync id{, count} wait, and
+    bar.arrive / barrier.arrive id, count arrive without waiting; a barrier completes when as
+    many threads of the CTA arrived as its count says (all the CTA's threads by default). The
+    aligned forms (bar.*, barrier.*.aligned) must be waited at by one instruction per barrier."""
+
+    IDS = 16
+
+    def __init__(self, st):
+        self.st = st
+        shape = (st.num_ctas, self.IDS)
+        self.arrived = np.zeros(shape, np.int64)
+        self.expected = np.zeros(shape, np.int64)       # 0: nothing arrived in this phase yet
+        self.at = np.full(shape, -1, np.int64)            # where its aligned waiters wait
+        self.waiting = []                                 # [(pc, threads)] parked at a barrier
+        self.arrivers = []                                # [threads] that arrived without waiting
+        self.thread_id = np.zeros(st.n, np.int64)         # the barrier each of those is at
+
+    def whole_cta_waiting(self, ctas):
+        """Per CTA: whether threads wait at a barrier that needs every thread of the CTA."""
+        full = (self.expected == self.st.cta_threads) & (self.arrived > 0)
+        return full[ctas].any(axis=1)
+
+    def arrive(self, ex, pc, active, sel, cohorts, exited, code):
+        st = self.st
+        ids, counts = ex.run(st, sel)
+        ids = np.broadcast_to(np.asarray(ids, np.int64), active.shape)
+        counts = (np.full(active.shape, st.cta_threads, np.int64) if counts is None
+                  else np.broadcast_to(np.asarray(counts, np.int64), active.shape))
+        wait, aligned = ex.target
+        bad = ids >= self.IDS
+        if bad.any():
+            raise Finding(f"barrier id {int(ids[bad][0])}: expected 0..{self.IDS - 1}", active[np.argmax(bad)])
+        bad = (counts > st.cta_threads) | (counts < 1) | ((counts % 32 != 0) & (counts != st.cta_threads))
+        if bad.any():
+            raise Finding(f"barrier thread count {int(counts[bad][0])}: expected a multiple of 32 up to the CTA's "
+                          f"{st.cta_threads} threads", active[np.argmax(bad)])
+        ctas = st.cta[active]
+        expected, first = self.expected[ctas, ids], self.arrived[ctas, ids] == 0
+        clash = ~first & (expected != counts)
+        if clash.any():
+            k = int(np.argmax(clash))
+            raise Finding(f"barrier {int(ids[k])}: threads arrive with thread count {int(counts[k])}, others with "
+                          f"{int(expected[k])}", active[k])
+        if wait and aligned:
+            at = self.at[ctas, ids]
+            other = (at >= 0) & (at != pc)
+            if other.any():
+                i = int(np.argmax(other))
+                raise Finding(f"divergent barrier: other threads of this CTA wait at the bar.sync on "
+                              f"line {code[int(at[i])].ins.line}", active[i])
+            self.at[ctas, ids] = pc
+        gone = (counts == st.cta_threads) & (exited[ctas] > 0)
+        if gone.any():
+            i = int(np.argmax(gone))
+            raise Finding(f"divergent barrier: {int(exited[ctas[i]])} threads of this CTA already "
+                          "exited, so this bar.sync can never complete", active[i])
+        self.thread_id[active] = ids
+        if not wait:
+            cohorts.merge(pc + 1, active)
+        tally = np.zeros_like(self.arrived)
+        np.add.at(tally, (ctas, ids), 1)
+        limit = self.expected.copy()
+        limit[ctas, ids] = counts
+        if (self.arrived + tally <= limit).all():
+            self._take(pc, active, ctas, ids, counts, wait, cohorts)
+            return
+        # More arrive at once than a barrier still expects: in warp order, the first ones complete
+        # its phase and the others start the next (bar.sync 0, 32 by every warp: one phase a warp).
+        for key in np.unique(ctas * self.IDS + ids).tolist():
+            group = np.flatnonzero(ctas * self.IDS + ids == key)
+            while len(group):
+                cta, bid = divmod(key, self.IDS)
+                room = int(counts[group[0]]) - int(self.arrived[cta, bid])
+                now, group = group[:room], group[room:]
+                self._take(pc, active[now], ctas[now], ids[now], counts[now], wait, cohorts)
+
+    def _take(self, pc, threads, ctas, ids, counts, wait, cohorts):
+        """These threads arrive (none beyond a barrier's count); complete what they fill."""
+        self.expected[ctas, ids] = counts
+        np.add.at(self.arrived, (ctas, ids), 1)
+        if wait:
+            self.waiting.append((pc, threads))
+        else:
+            self.arrivers.append(threads)
+        done = self.arrived == self.expected
+        if done[ctas, ids].any():
+            self._complete(np.flatnonzero(done.any(axis=1)), done, cohorts)
+
+    def _complete(self, ctas, done, cohorts):
+        """Release the waiters of every completed (CTA, id); their CTA's barrier is ordered for
+        the sanitizer (a barrier of the whole CTA also for the global-memory ordering)."""
+        st = self.st
+        finished = lambda threads: done[st.cta[threads], self.thread_id[threads]]   # noqa: E731
+        released, still = [], []
+        for pc, threads in self.waiting:
+            go = finished(threads)
+            if go.any():
+                released.append((pc, threads[go]))
+            if not go.all():
+                still.append((pc, threads[~go]))
+        arrived = [a[finished(a)] for a in self.arrivers]
+        self.arrivers = [a[~finished(a)] for a in self.arrivers if not finished(a).all()]
+        self.waiting = still
+        whole = (self.expected[ctas] == st.cta_threads) & done[ctas]
+        self.arrived[done] = 0
+        self.expected[done] = 0
+        self.at[done] = -1
+        waiters = _union(st, *(t for _, t in released)) if released else np.zeros(0, np.int64)
+        full_ctas = ctas[whole.any(axis=1)]
+        if len(full_ctas):
+            st.ordering.barrier(st.cta_ids[full_ctas])
+        partial = np.setdiff1d(st.cta[waiters], full_ctas)
+        if len(partial):
+            st.ordering.barrier(st.cta_ids[partial], whole=False)
+        if st.races is not None:
+            st.races.barrier(waiters)
+        if st.async_state is not None and st.async_state.ordering is not None:   # (sanitizer on)
+            senders = _union(st, *arrived) if arrived else np.zeros(0, np.int64)
+            st.async_state.ordering.barrier(waiters, senders)
+        for pc, threads in released:
+            cohorts.release(pc + 1, threads)

@@ -32,8 +32,9 @@ SPACES = {"param", "global", "shared", "local", "shared::cta", "const"}
 
 
 class Exec:
-    """A compiled instruction: kind is alu, bra, exit or bar. strong_read: a strong global
-    load (the scheduler's spin-wait detection)."""
+    """A compiled instruction: kind is alu, bra, exit or bar. target: a branch's target, a
+    barrier's (waits, aligned). strong_read: a strong global load (the scheduler's spin-wait
+    detection)."""
     __slots__ = ("ins", "kind", "run", "target", "strong_read")
 
     def __init__(self, ins, kind, run=None, target=None):
@@ -1028,12 +1029,18 @@ def _bar(c):
             if st.races is not None:
                 st.races.warp_barrier(threads)
         return c.alu(warp_sync)
-    if "sync" not in c.mods or c.has("arrive", "red"):
-        c.fail("only bar.sync / barrier.sync are supported")
-    if len(c.ops) not in (1, 2):
-        c.fail("expected a barrier id and optional thread count")
+    arrive = c.has("arrive")
+    if c.has("red") or not (arrive or c.has("sync")):
+        c.fail("only bar.sync / barrier.sync, bar.arrive / barrier.arrive and bar.warp.sync are supported")
+    if len(c.ops) not in (1, 2) or (arrive and len(c.ops) != 2):
+        c.fail("expected a barrier id and a thread count (optional for sync)")
+    barrier_id = c.read(0, "u32")
     count = c.read(1, "u32") if len(c.ops) == 2 else None
-    return Exec(c.ins, "bar", run=count)
+
+    def operands(st, sel):
+        return barrier_id(st, sel), (count(st, sel) if count else None)
+    # target: (whether the threads wait, whether the form is aligned: bar.*, barrier.*.aligned)
+    return Exec(c.ins, "bar", run=operands, target=(not arrive, c.ins.base == "bar" or c.has("aligned")))
 
 
 @opcode("griddepcontrol")

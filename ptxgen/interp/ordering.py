@@ -222,11 +222,15 @@ class Ordering:
         self.epoch[ctas] += 1
         self.wrote[ctas] = False
 
-    def barrier(self, ctas):
+    def barrier(self, ctas, whole=True):
         """A bar.sync completed in these CTAs: it orders every thread's earlier writes before
-        each thread's later releases. A new epoch only where the CTA wrote since the last one."""
+        each thread's later releases. A new epoch only where the CTA wrote since the last one.
+        A barrier of part of a CTA (whole=False) only starts a new epoch: it orders the writes
+        of no thread outside it, so no release covers more for it (a race between a thread
+        that took part and one that did not is missed inside the CTA)."""
         self._bump(ctas[self.wrote[ctas]])
-        self.barrier_at[ctas] = self.epoch[ctas]
+        if whole:
+            self.barrier_at[ctas] = self.epoch[ctas]
 
     def _release(self, threads):
         """A release by these wave threads: each CTA's new epoch covers the releasing threads'

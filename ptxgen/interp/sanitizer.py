@@ -31,9 +31,10 @@ class SharedRaces:
 
     Threads are recorded by linear id within their CTA (the byte says which CTA); several
     readers become MANY, and so does their warp if they are of different warps. An access
-    conflicts with an earlier one by another thread of the same barrier interval (CTA epoch)
-    unless both threads are in one warp and that warp passed bar.warp.sync in between.
-    Epochs are 16-bit counters compared for equality; they wrap after 65536 barriers.
+    conflicts with an earlier one by another thread of the same barrier interval (the number of
+    the last barrier it passed) unless both threads are in one warp and that warp passed
+    bar.warp.sync in between. Epochs are 16-bit and compared for equality; they wrap after 65536
+    barriers.
 
     cp.async copies its data at issue, but its destination bytes stay pending until the
     issuing thread's cp.async.wait_group/wait_all completes the copy's commit group: any
@@ -50,6 +51,7 @@ class SharedRaces:
         self.who = np.zeros((st.n, 4), np.uint16)     # per thread: its read/write record
         self.who[:, R_THREAD] = self.lin
         self.who[:, R_WARP] = self.lin >> 5
+        self.events = np.zeros(st.num_ctas, np.uint16)    # barriers completed per CTA
         self.reads = np.zeros((size, 4), np.uint16)
         self.reads[:, R_THREAD] = NOBODY
         self.writes = np.zeros((size, 4), np.uint16)     # [W_THREAD, W_PENDING, EPOCH, WARP_EPOCH]
@@ -97,12 +99,16 @@ class SharedRaces:
         who = np.take(self.who.view(np.uint64), threads)
         return (np.repeat(who, per) if per > 1 else who).view(np.uint16).reshape(-1, 4)
 
-    def barrier(self, ctas):
-        """bar.sync completed in these CTAs: later accesses are ordered after earlier ones."""
+    def barrier(self, threads):
+        """A barrier released these threads (all of a CTA's, or the part a named barrier with a
+        count holds): each gets its CTA's next barrier number as its epoch, so the accesses of
+        threads that took part are ordered after everything before it, and those of threads
+        that did not stay unordered with what follows."""
         st = self.st
-        threads = slice(None) if len(ctas) == st.num_ctas else np.isin(st.cta, ctas)
-        for field in (EPOCH, WARP_EPOCH):       # one long axis at a time: numpy is quicker
-            self.who[threads, field] += np.uint16(1)
+        ctas = np.unique(st.cta[threads])
+        self.events[ctas] += np.uint16(1)
+        self.who[threads, EPOCH] = self.events[st.cta[threads]]
+        self.who[threads, WARP_EPOCH] += np.uint16(1)
 
     def warp_barrier(self, threads):
         """bar.warp.sync by these threads: the same for their warps."""

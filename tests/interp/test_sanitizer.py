@@ -279,9 +279,96 @@ SKIP:
 """, r"thread exits while other threads of its CTA wait at bar.sync on line \d+", (0, 0, 0), (32, 0, 0))
 
 
-def test_barrier_thread_count_must_match_cta():
-    with pytest.raises(InterpError, match="thread count other than the CTA size"):
-        launch(ptx_of("  bar.sync 0, 32;"), "k", (1, 1, 1), (64, 1, 1), [np.zeros(4)])
+@pytest.mark.parametrize("body, message", [
+    ("  bar.sync 0, 48;  // BUG", r"barrier thread count 48: expected a multiple of 32 up to the CTA's 64 threads"),
+    ("  bar.sync 0, 128;  // BUG", r"barrier thread count 128: expected a multiple of 32 up to the CTA's 64 threads"),
+    ("  bar.sync 16;  // BUG", r"barrier id 16: expected 0\.\.15"),
+    ("  setp.lt.u32 %p, %lin, 32;\n  @%p bra LOW;\n  bar.sync 1, 64;\n  bra.uni END;\nLOW:\n  bar.sync 1, 32;  // BUG\n"
+     "END:", r"barrier 1: threads arrive with thread count 32, others with 64"),
+])
+def test_barrier_ids_and_thread_counts(body, message):
+    expect(body, message, (0, 0, 0), (0, 0, 0), grid=(1, 1, 1))
+
+
+# Named barriers in a CTA of 4 warps: warp w writes its slot, then the warps of a pair (0-1 on
+# barrier 1, 2-3 on barrier 2) meet at {meet}, and each reads the slot of warp {partner}.
+NAMED = """
+  .shared .align 4 .b32 slots[128];
+  mov.u32 %s, slots;
+  shl.b32 %slot, %lin, 2;
+  add.u32 %slot, %s, %slot;
+  st.shared.u32 [%slot], %lin;
+  shr.u32 %w, %lin, 6;
+  add.u32 %w, %w, 1;
+  {meet}
+  xor.b32 %next, %lin, {partner};
+  shl.b32 %next, %next, 2;
+  add.u32 %next, %s, %next;
+  ld.shared.u32 %v, [%next];  // BUG
+  shl.b32 %slot, %lin, 2;
+  cvt.u64.u32 %off, %slot;
+  add.u64 %a, %out, %off;
+  st.global.u32 [%a], %v;
+"""
+
+
+def named(meet, partner, seed=0):
+    out = np.zeros(128, np.uint32)
+    launch(ptx_of(NAMED.format(meet=meet, partner=partner).replace("// BUG", "")), "k", (1, 1, 1), (128, 1, 1),
+           [out], seed=seed)
+    return out
+
+
+def test_named_barriers_order_the_threads_that_take_part():
+    """bar.sync id, count with ids per warp pair; bar.arrive by a producer warp (it does not wait);
+    barrier.sync (not aligned) reached at two instructions; bar.sync 0, 32 by every warp alone."""
+    lanes = np.arange(128)
+    np.testing.assert_array_equal(named("bar.sync %w, 64;", 32), lanes ^ 32)
+    apart = ("setp.lt.u32 %p, %lin, 32;\n  @%p bra FIRST;\n  barrier.sync %w, 64;\n  bra.uni MET;\nFIRST:\n"
+             "  barrier.sync %w, 64;\nMET:")
+    np.testing.assert_array_equal(named(apart, 32), lanes ^ 32)
+    np.testing.assert_array_equal(named("bar.sync 0, 32;", 1), lanes ^ 1)
+
+
+# Warp 0 produces a tile and arrives at barrier 1 without waiting; warp 1 waits there, then reads.
+PRODUCER_CONSUMER = """
+  .shared .align 4 .b32 tile[32];
+  mov.u32 %s, tile;
+  and.b32 %slot, %lin, 31;
+  shl.b32 %slot, %slot, 2;
+  add.u32 %slot, %s, %slot;
+  setp.ge.u32 %p, %lin, 32;
+  @%p bra CONSUMER;
+  mul.lo.u32 %v, %lin, 3;
+  st.shared.u32 [%slot], %v;
+  {produced}
+  bra.uni END;
+CONSUMER:
+  {consume}
+  ld.shared.u32 %v, [%slot];  // BUG
+  and.b32 %w, %lin, 31;
+  mul.wide.u32 %off, %w, 4;
+  add.u64 %a, %out, %off;
+  st.global.u32 [%a], %v;
+END:
+"""
+
+
+def test_a_producer_warp_arrives_and_a_consumer_warp_waits():
+    out = np.zeros(32, np.uint32)
+    launch(ptx_of(PRODUCER_CONSUMER.format(produced="bar.arrive 1, 64;", consume="bar.sync 1, 64;")
+                  .replace("// BUG", "")), "k", (1, 1, 1), (64, 1, 1), [out])
+    np.testing.assert_array_equal(out, np.arange(32) * 3)
+    expect(PRODUCER_CONSUMER.format(produced="", consume=""),
+           r"shared-memory race: reads shared byte \d+ \(tile\+\d+\) written by thread \(\d+,0,0\) with no "
+           r"barrier in between", (0, 0, 0), (32, 0, 0), args=[np.zeros(32, np.uint32)], grid=(1, 1, 1))
+
+
+def test_a_thread_outside_a_named_barrier_is_not_ordered_by_it():
+    """Warps 0 and 1 meet at barrier 1; warps 2 and 3 meet none, and read what warps 0 and 1 wrote."""
+    expect(NAMED.format(meet="setp.lt.u32 %p, %lin, 64;\n  @%p bar.sync 1, 64;", partner=64),
+           r"shared-memory race: reads shared byte \d+ \(slots\+\d+\) written by thread \(\d+,0,0\) with no "
+           r"barrier in between", (0, 0, 0), (64, 0, 0), block=(128, 1, 1), grid=(1, 1, 1))
 
 
 DIVERGENT_SHUFFLE = """
