@@ -358,7 +358,8 @@ def run(
     backend: Annotated[Optional[Backend], typer.Option(
         help="emulator (CPU interpreter) or device (default: device if a GPU is present).")] = None,
     arch: ArchOption = None,
-    gguf: Annotated[Optional[Path], typer.Option("--gguf", help="GGUF file to take the Q4_K weight parameter from.")] = None,
+    gguf: Annotated[Optional[Path], typer.Option(
+        "--gguf", help="GGUF file to take the kernel's quantised weight parameter (Q4_K, Q6_K, Q8_0) from.")] = None,
     tensor: Annotated[Optional[str], typer.Option("--tensor", help="Tensor name in --gguf.")] = None,
 ):
     """Run one kernel once on IN.npz and write every array parameter to OUT.npz."""
@@ -594,7 +595,7 @@ def parse_tokens(text: str) -> list[int]:
 
 @app.command()
 def generate(
-    model: Annotated[Path, typer.Argument(help="A .gguf model file (qwen3 or llama; layer matrices Q4_K).")],
+    model: Annotated[Path, typer.Argument(help="A .gguf model file (qwen3 or llama; matrices Q4_K, Q6_K or Q8_0).")],
     tokens: Annotated[str, typer.Option("--tokens", help="Prompt token ids, comma-separated.")],
     max_new: Annotated[int, typer.Option("--max-new", help="Tokens to generate.")] = 16,
     backend: Annotated[Backend, typer.Option(help="device (GPU) or emulator (the PTX interpreter on the CPU: "
