@@ -365,7 +365,7 @@ def _run_wave(st, code, sync_points, stats, name, rng, members):
                 exited += np.bincount(ctas, minlength=st.num_ctas)
                 stuck = barriers.whole_cta_waiting(ctas)
                 if stuck.any():
-                    bpc = int(barriers.at[ctas[stuck][0]].max())
+                    bpc = int(barriers.at[:, ctas[stuck][0]].max())
                     raise Finding(f"thread exits while other threads of its CTA wait at "
                                   f"bar.sync on line {code[bpc].ins.line}: that barrier can never "
                                   "complete (divergent barrier)", active[np.flatnonzero(stuck)[0]])
@@ -374,7 +374,7 @@ def _run_wave(st, code, sync_points, stats, name, rng, members):
         except Finding as finding:
             raise _report(finding, ins, st, name) from None
     if barriers.waiting:
-        pc, threads = barriers.waiting[0]
+        pc, threads, _ = barriers.waiting[0]
         raise _report(Finding("deadlock: threads wait at this barrier but no thread of the "
                               "launch can run", threads[0]), code[pc].ins, st, name)
 
@@ -383,121 +383,140 @@ class _CtaBarriers:
     """The CTA barriers (ids 0..15) of a wave: bar.sync / barrier.sync id{, count} wait, and
     bar.arrive / barrier.arrive id, count arrive without waiting; a barrier completes when as
     many threads of the CTA arrived as its count says (all the CTA's threads by default). The
-    aligned forms (bar.*, barrier.*.aligned) must be waited at by one instruction per barrier."""
+    aligned forms (bar.*, barrier.*.aligned) must be waited at by one instruction per barrier.
+    Book-keeping is per barrier id over the wave's CTAs (bincounts, no sorting): a bar.sync of
+    whole CTAs is most of what kernels execute."""
 
     IDS = 16
 
     def __init__(self, st):
         self.st = st
-        shape = (st.num_ctas, self.IDS)
+        shape = (self.IDS, st.num_ctas)
         self.arrived = np.zeros(shape, np.int64)
         self.expected = np.zeros(shape, np.int64)       # 0: nothing arrived in this phase yet
         self.at = np.full(shape, -1, np.int64)            # where its aligned waiters wait
-        self.waiting = []                                 # [(pc, threads)] parked at a barrier
-        self.arrivers = []                                # [threads] that arrived without waiting
-        self.thread_id = np.zeros(st.n, np.int64)         # the barrier each of those is at
+        self.waiting = []                                 # [(pc, threads, id)] parked at a barrier
+        self.arrivers = []                                # [(threads, id)] that arrived without waiting
 
     def whole_cta_waiting(self, ctas):
         """Per CTA: whether threads wait at a barrier that needs every thread of the CTA."""
         full = (self.expected == self.st.cta_threads) & (self.arrived > 0)
-        return full[ctas].any(axis=1)
+        return full.any(axis=0)[ctas]
 
     def arrive(self, ex, pc, active, sel, cohorts, exited, code):
         st = self.st
         ids, counts = ex.run(st, sel)
-        ids = np.broadcast_to(np.asarray(ids, np.int64), active.shape)
-        counts = (np.full(active.shape, st.cta_threads, np.int64) if counts is None
-                  else np.broadcast_to(np.asarray(counts, np.int64), active.shape))
         wait, aligned = ex.target
-        bad = ids >= self.IDS
-        if bad.any():
-            raise Finding(f"barrier id {int(ids[bad][0])}: expected 0..{self.IDS - 1}", active[np.argmax(bad)])
-        bad = (counts > st.cta_threads) | (counts < 1) | ((counts % 32 != 0) & (counts != st.cta_threads))
-        if bad.any():
-            raise Finding(f"barrier thread count {int(counts[bad][0])}: expected a multiple of 32 up to the CTA's "
-                          f"{st.cta_threads} threads", active[np.argmax(bad)])
-        ctas = st.cta[active]
-        expected, first = self.expected[ctas, ids], self.arrived[ctas, ids] == 0
-        clash = ~first & (expected != counts)
-        if clash.any():
-            k = int(np.argmax(clash))
-            raise Finding(f"barrier {int(ids[k])}: threads arrive with thread count {int(counts[k])}, others with "
-                          f"{int(expected[k])}", active[k])
-        if wait and aligned:
-            at = self.at[ctas, ids]
-            other = (at >= 0) & (at != pc)
-            if other.any():
-                i = int(np.argmax(other))
-                raise Finding(f"divergent barrier: other threads of this CTA wait at the bar.sync on "
-                              f"line {code[int(at[i])].ins.line}", active[i])
-            self.at[ctas, ids] = pc
-        gone = (counts == st.cta_threads) & (exited[ctas] > 0)
-        if gone.any():
-            i = int(np.argmax(gone))
-            raise Finding(f"divergent barrier: {int(exited[ctas[i]])} threads of this CTA already "
-                          "exited, so this bar.sync can never complete", active[i])
-        self.thread_id[active] = ids
         if not wait:
             cohorts.merge(pc + 1, active)
-        tally = np.zeros_like(self.arrived)
-        np.add.at(tally, (ctas, ids), 1)
-        limit = self.expected.copy()
-        limit[ctas, ids] = counts
-        if (self.arrived + tally <= limit).all():
-            self._take(pc, active, ctas, ids, counts, wait, cohorts)
+        if np.ndim(ids) == 0:
+            self._arrive_at(int(ids), pc, active, counts, wait, aligned, cohorts, exited, code)
+            return
+        ids = np.asarray(ids, np.int64)
+        for bid in np.unique(ids).tolist():
+            mine = ids == bid
+            self._arrive_at(bid, pc, active[mine], counts if np.ndim(counts) == 0 else np.asarray(counts)[mine],
+                            wait, aligned, cohorts, exited, code)
+
+    def _arrive_at(self, bid, pc, active, counts, wait, aligned, cohorts, exited, code):
+        st = self.st
+        if not 0 <= bid < self.IDS:
+            raise Finding(f"barrier id {bid}: expected 0..{self.IDS - 1}", active[0])
+        ctas = st.cta[active]
+        count = np.full(st.num_ctas, st.cta_threads, np.int64)     # each CTA's count in this step
+        if counts is not None:
+            counts = np.broadcast_to(np.asarray(counts, np.int64), active.shape)
+            count[ctas] = counts
+            bad = (counts > st.cta_threads) | (counts < 1) | ((counts % 32 != 0) & (counts != st.cta_threads))
+            if bad.any():
+                raise Finding(f"barrier thread count {int(counts[bad][0])}: expected a multiple of 32 up to the "
+                              f"CTA's {st.cta_threads} threads", active[np.argmax(bad)])
+            mixed = counts != count[ctas]
+            if mixed.any():
+                k = int(np.argmax(mixed))
+                raise Finding(f"barrier {bid}: threads arrive with thread count {int(counts[k])}, others with "
+                              f"{int(count[ctas[k]])}", active[k])
+        tally = np.bincount(ctas, minlength=st.num_ctas)
+        touched = tally > 0
+        arrived, expected, at = self.arrived[bid], self.expected[bid], self.at[bid]
+        clash = touched & (arrived > 0) & (expected != count)
+        if clash.any():
+            k = int(np.argmax(clash[ctas]))
+            raise Finding(f"barrier {bid}: threads arrive with thread count {int(count[ctas[k]])}, others with "
+                          f"{int(expected[ctas[k]])}", active[k])
+        if wait and aligned:
+            other = touched & (at >= 0) & (at != pc)
+            if other.any():
+                k = int(np.argmax(other[ctas]))
+                raise Finding(f"divergent barrier: other threads of this CTA wait at the bar.sync on "
+                              f"line {code[int(at[ctas[k]])].ins.line}", active[k])
+            at[touched] = pc
+        gone = touched & (count == st.cta_threads) & (exited > 0)
+        if gone.any():
+            k = int(np.argmax(gone[ctas]))
+            raise Finding(f"divergent barrier: {int(exited[ctas[k]])} threads of this CTA already "
+                          "exited, so this bar.sync can never complete", active[k])
+        if (arrived + tally <= count)[touched].all():
+            self._take(bid, pc, active, touched, tally, count, wait, cohorts)
             return
         # More arrive at once than a barrier still expects: in warp order, the first ones complete
         # its phase and the others start the next (bar.sync 0, 32 by every warp: one phase a warp).
-        for key in np.unique(ctas * self.IDS + ids).tolist():
-            group = np.flatnonzero(ctas * self.IDS + ids == key)
+        for cta in np.flatnonzero(touched).tolist():
+            group = active[ctas == cta]
             while len(group):
-                cta, bid = divmod(key, self.IDS)
-                room = int(counts[group[0]]) - int(self.arrived[cta, bid])
+                room = int(count[cta]) - int(arrived[cta])
                 now, group = group[:room], group[room:]
-                self._take(pc, active[now], ctas[now], ids[now], counts[now], wait, cohorts)
+                one = np.zeros(st.num_ctas, bool)
+                one[cta] = True
+                self._take(bid, pc, now, one, np.where(one, len(now), 0), count, wait, cohorts)
 
-    def _take(self, pc, threads, ctas, ids, counts, wait, cohorts):
-        """These threads arrive (none beyond a barrier's count); complete what they fill."""
-        self.expected[ctas, ids] = counts
-        np.add.at(self.arrived, (ctas, ids), 1)
+    def _take(self, bid, pc, threads, touched, tally, count, wait, cohorts):
+        """These threads arrive (none beyond the barrier's count); complete what they fill."""
+        self.expected[bid][touched] = count[touched]
+        self.arrived[bid] += tally
         if wait:
-            self.waiting.append((pc, threads))
+            self.waiting.append((pc, threads, bid))
         else:
-            self.arrivers.append(threads)
-        done = self.arrived == self.expected
-        if done[ctas, ids].any():
-            self._complete(np.flatnonzero(done.any(axis=1)), done, cohorts)
+            self.arrivers.append((threads, bid))
+        done = touched & (self.arrived[bid] == self.expected[bid])
+        if done.any():
+            self._complete(bid, done, cohorts)
 
-    def _complete(self, ctas, done, cohorts):
-        """Release the waiters of every completed (CTA, id); their CTA's barrier is ordered for
-        the sanitizer (a barrier of the whole CTA also for the global-memory ordering)."""
+    def _complete(self, bid, done, cohorts):
+        """Release the waiters of barrier `bid` in the CTAs `done` (a mask); the sanitizer orders
+        those waiters (and, for a barrier of the whole CTA, the global-memory ordering its CTAs)."""
         st = self.st
-        finished = lambda threads: done[st.cta[threads], self.thread_id[threads]]   # noqa: E731
         released, still = [], []
-        for pc, threads in self.waiting:
-            go = finished(threads)
-            if go.any():
-                released.append((pc, threads[go]))
+        for pc, threads, at in self.waiting:
+            go = done[st.cta[threads]] if at == bid else None
+            if go is None or not go.any():
+                still.append((pc, threads, at))
+                continue
+            released.append((pc, threads[go]))
             if not go.all():
-                still.append((pc, threads[~go]))
-        arrived = [a[finished(a)] for a in self.arrivers]
-        self.arrivers = [a[~finished(a)] for a in self.arrivers if not finished(a).all()]
-        self.waiting = still
-        whole = (self.expected[ctas] == st.cta_threads) & done[ctas]
-        self.arrived[done] = 0
-        self.expected[done] = 0
-        self.at[done] = -1
+                still.append((pc, threads[~go], at))
+        senders, kept = [], []
+        for threads, at in self.arrivers:
+            go = done[st.cta[threads]] if at == bid else None
+            if go is None or not go.any():
+                kept.append((threads, at))
+                continue
+            senders.append(threads[go])
+            if not go.all():
+                kept.append((threads[~go], at))
+        self.waiting, self.arrivers = still, kept
+        whole = done & (self.expected[bid] == st.cta_threads)
+        self.arrived[bid][done] = 0
+        self.expected[bid][done] = 0
+        self.at[bid][done] = -1
         waiters = _union(st, *(t for _, t in released)) if released else np.zeros(0, np.int64)
-        full_ctas = ctas[whole.any(axis=1)]
-        if len(full_ctas):
-            st.ordering.barrier(st.cta_ids[full_ctas])
-        partial = np.setdiff1d(st.cta[waiters], full_ctas)
-        if len(partial):
-            st.ordering.barrier(st.cta_ids[partial], whole=False)
+        if whole.any():
+            st.ordering.barrier(st.cta_ids[np.flatnonzero(whole)])
+        if (done & ~whole).any():
+            st.ordering.barrier(st.cta_ids[np.flatnonzero(done & ~whole)], whole=False)
         if st.races is not None:
             st.races.barrier(waiters)
         if st.async_state is not None and st.async_state.ordering is not None:   # (sanitizer on)
-            senders = _union(st, *arrived) if arrived else np.zeros(0, np.int64)
-            st.async_state.ordering.barrier(waiters, senders)
+            st.async_state.ordering.barrier(waiters, _union(st, *senders) if senders else np.zeros(0, np.int64))
         for pc, threads in released:
             cohorts.release(pc + 1, threads)

@@ -105,9 +105,14 @@ class SharedRaces:
         threads that took part are ordered after everything before it, and those of threads
         that did not stay unordered with what follows."""
         st = self.st
-        ctas = np.unique(st.cta[threads])
-        self.events[ctas] += np.uint16(1)
-        self.who[threads, EPOCH] = self.events[st.cta[threads]]
+        if len(threads) == st.n:             # every thread of the wave: the usual bar.sync
+            self.events += np.uint16(1)
+            self.who[:, EPOCH] = np.repeat(self.events, st.cta_threads)
+            self.who[:, WARP_EPOCH] += np.uint16(1)
+            return
+        ctas = st.cta[threads]
+        self.events[np.bincount(ctas, minlength=st.num_ctas) > 0] += np.uint16(1)
+        self.who[threads, EPOCH] = self.events[ctas]
         self.who[threads, WARP_EPOCH] += np.uint16(1)
 
     def warp_barrier(self, threads):
