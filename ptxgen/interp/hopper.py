@@ -199,8 +199,15 @@ class Ordering:
         """A barrier released `waiters` (threads that waited at it) and took `senders` (threads
         that arrived without waiting): each waiter knows what any of them knew (for a barrier of
         whole CTAs: every thread of them, what any knew), and every one's own clock moves on."""
-        st = self.st
-        for cta in np.unique(st.cta[waiters]).tolist():
+        st, T = self.st, self.T
+        ctas = np.unique(st.cta[waiters])
+        if not len(senders) and len(waiters) == len(ctas) * T:     # whole CTAs: one vectorised join
+            vc = self.vc.reshape(st.num_ctas, T, -1)
+            vc[ctas] = vc[ctas].max(axis=1, keepdims=True)
+            rows = (ctas[:, None] * T + np.arange(T)).ravel()
+            self.vc[rows, np.tile(np.arange(T), len(ctas))] += 1
+            return
+        for cta in ctas.tolist():
             mine = waiters[st.cta[waiters] == cta]
             told = np.concatenate([mine, senders[st.cta[senders] == cta]])
             self.vc[mine] = self.vc[told].max(axis=0)
@@ -417,7 +424,7 @@ class AsyncState:
         self.inflight_line = {}
         self.accumulated = {}                     # register id -> latest in-flight value
         self.max_registers = {}                   # wave warpgroup -> setmaxnreg count
-        self.declined = np.full(st.n, -1, np.int64)    # per thread: the wait that last answered false
+        self.declined = {}     # wait pc -> per thread: it answered false there since the last true
         self.ordering = Ordering(st, self.groups_per_cta) if st.sanitize else None
         self.written_at = {}                      # register id -> last ordinary write, per thread
         self.fenced_at = np.full(st.n, -1, np.int64)   # last wgmma.fence, per thread
@@ -527,6 +534,7 @@ class AsyncState:
         if tx is not None:
             np.add.at(bar.tx, ctas, tx)
         np.subtract.at(bar.pending, ctas, count)
+        self.st.ordering.cta_event(threads)
         if drop:
             np.subtract.at(bar.expected, ctas, count)
             gone = bar.expected[ctas] < 1
@@ -809,11 +817,14 @@ def _mbarrier(c):
                 phase = bar.phase[st.cta[threads[pos]]]
                 done = phase % 2 != want[pos] % 2 if parity else phase > want[pos]
                 blocked[pos[~done]] = True
-                if s.ordering and done.any():
-                    s.ordering.acquire(threads[pos[done]], bar)
-            first = blocked & (s.declined[threads] != st.pc)
-            s.declined[threads[first]] = st.pc
-            s.declined[threads[~blocked]] = -1
+                if done.any():
+                    st.ordering.cta_event(threads[pos[done]])
+                    if s.ordering:
+                        s.ordering.acquire(threads[pos[done]], bar)
+            declined = s.declined.setdefault(st.pc, np.zeros(st.n, bool))
+            first = blocked & ~declined[threads]
+            declined[threads[first]] = True
+            declined[threads[~blocked]] = False
             if first.any():
                 done_w(st, threads[first], np.False_)
             if not blocked.all():

@@ -363,9 +363,9 @@ def _run_wave(st, code, sync_points, stats, name, rng, members):
                                   active[np.flatnonzero(st.before_wait[active])[0]])
                 ctas = st.cta[active]
                 exited += np.bincount(ctas, minlength=st.num_ctas)
-                stuck = barriers.whole_cta_waiting(ctas)
+                barriers.exited[active] = True
+                stuck, bpc = barriers.stranded(active)
                 if stuck.any():
-                    bpc = int(barriers.at[:, ctas[stuck][0]].max())
                     raise Finding(f"thread exits while other threads of its CTA wait at "
                                   f"bar.sync on line {code[bpc].ins.line}: that barrier can never "
                                   "complete (divergent barrier)", active[np.flatnonzero(stuck)[0]])
@@ -397,11 +397,25 @@ class _CtaBarriers:
         self.at = np.full(shape, -1, np.int64)            # where its aligned waiters wait
         self.waiting = []                                 # [(pc, threads, id)] parked at a barrier
         self.arrivers = []                                # [(threads, id)] that arrived without waiting
+        self.exited = np.zeros(st.n, bool)
 
-    def whole_cta_waiting(self, ctas):
-        """Per CTA: whether threads wait at a barrier that needs every thread of the CTA."""
-        full = (self.expected == self.st.cta_threads) & (self.arrived > 0)
-        return full.any(axis=0)[ctas]
+    def stranded(self, threads):
+        """Exiting `threads`: which of them leave a barrier that needs every thread of their CTA
+        waited at without having arrived there, and the line those wait at (-1: none)."""
+        st = self.st
+        stuck, where = np.zeros(len(threads), bool), -1
+        for pc, waiting, bid in self.waiting:
+            full = np.zeros(st.num_ctas, bool)
+            full[st.cta[waiting]] = self.expected[bid][st.cta[waiting]] == st.cta_threads
+            came = np.zeros(st.n, bool)
+            for arrived, at in self.arrivers:
+                if at == bid:
+                    came[arrived] = True
+            hit = full[st.cta[threads]] & ~came[threads]
+            if hit.any() and where < 0:
+                where = pc
+            stuck |= hit
+        return stuck, where
 
     def arrive(self, ex, pc, active, sel, cohorts, exited, code):
         st = self.st
@@ -444,7 +458,7 @@ class _CtaBarriers:
             k = int(np.argmax(clash[ctas]))
             raise Finding(f"barrier {bid}: threads arrive with thread count {int(count[ctas[k]])}, others with "
                           f"{int(expected[ctas[k]])}", active[k])
-        if wait and aligned:
+        if wait and aligned and counts is None:   # (with a count, code meets one at several call sites)
             other = touched & (at >= 0) & (at != pc)
             if other.any():
                 k = int(np.argmax(other[ctas]))
@@ -452,6 +466,12 @@ class _CtaBarriers:
                               f"line {code[int(at[ctas[k]])].ins.line}", active[k])
             at[touched] = pc
         gone = touched & (count == st.cta_threads) & (exited > 0)
+        if gone.any():    # unless the threads that exited had arrived at this barrier first
+            came = np.zeros(st.num_ctas, np.int64)
+            for threads, at in self.arrivers:
+                if at == bid:
+                    came += np.bincount(st.cta[threads[self.exited[threads]]], minlength=st.num_ctas)
+            gone &= exited > came
         if gone.any():
             k = int(np.argmax(gone[ctas]))
             raise Finding(f"divergent barrier: {int(exited[ctas[k]])} threads of this CTA already "
@@ -505,15 +525,14 @@ class _CtaBarriers:
             if not go.all():
                 kept.append((threads[~go], at))
         self.waiting, self.arrivers = still, kept
-        whole = done & (self.expected[bid] == st.cta_threads)
         self.arrived[bid][done] = 0
         self.expected[bid][done] = 0
         self.at[bid][done] = -1
         waiters = _union(st, *(t for _, t in released)) if released else np.zeros(0, np.int64)
-        if whole.any():
-            st.ordering.barrier(st.cta_ids[np.flatnonzero(whole)])
-        if (done & ~whole).any():
-            st.ordering.barrier(st.cta_ids[np.flatnonzero(done & ~whole)], whole=False)
+        # For the global-memory ordering a barrier of part of a CTA counts as one of all of it
+        # (a release after it covers its writes): otherwise a correct publication after a named
+        # barrier would read stale (a race between a thread outside it and one inside is missed).
+        st.ordering.barrier(st.cta_ids[np.flatnonzero(done)])
         if st.races is not None:
             st.races.barrier(waiters)
         if st.async_state is not None and st.async_state.ordering is not None:   # (sanitizer on)

@@ -1078,8 +1078,10 @@ def _hint(c):
 @opcode("membar", "fence")
 def _fence(c):
     effect = fence_of(c.ins.base, c.mods)
-    if effect is None:       # CTA scope (bar.sync orders a CTA already) or a proxy fence
-        return c.alu(lambda st, sel: None)
+    if effect is None:       # CTA scope (an event inside the CTA only) or a proxy fence
+        if any(m.startswith(("proxy", "mbarrier_init")) for m in c.mods):
+            return c.alu(lambda st, sel: None)
+        return c.alu(lambda st, sel: st.ordering.cta_event(st.indices(sel)))
     acquire, release = effect
     return c.alu(lambda st, sel: st.ordering.fence(st.indices(sel), acquire, release))
 

@@ -52,10 +52,11 @@ bar.sync does); a read-then-write (write-after-read) is not tracked, across CTAs
 one; .cluster scope counts as .cta (the interpreter launches no clusters).
 
 Inside one CTA (sanitizer on): a read or write of bytes another warp of the CTA wrote since
-the CTA's last bar.sync after a write is a race unless both accesses are strong (any scope);
-so are two warps storing to the same bytes in one instruction. Lanes of one warp count as
-ordered (they run in lockstep here), and a release by the writer starts a new epoch, so a race
-across one is missed.
+the CTA's last synchronisation after a write is a race unless both accesses are strong (any
+scope); so are two warps storing to the same bytes in one instruction. Synchronisation here is
+any bar.sync or named barrier, mbarrier arrive or completed wait, fence, or release/acquire of
+any scope, whoever did it: a race across one of those is missed. Lanes of one warp count as
+ordered (they run in lockstep here).
 """
 from typing import NamedTuple
 
@@ -85,6 +86,7 @@ class Access(NamedTuple):
     release: bool = False
     observes: bool = False    # a strong read that can form an acquire pattern
     nc: bool = False          # the non-coherent read-only path (.nc, ldu)
+    orders: bool = False      # .release/.acquire/.acq_rel at any scope (a CTA's own synchronisation)
 
 
 WEAK = Access()
@@ -101,7 +103,8 @@ def access_of(base, mods):
                   acquire=strong and sem in ("acquire", "acq_rel"),
                   release=strong and sem in ("release", "acq_rel"),
                   observes=strong and base in ("ld", "atom"),
-                  nc=base == "ldu" or "nc" in mods)
+                  nc=base == "ldu" or "nc" in mods,
+                  orders=sem in ("release", "acquire", "acq_rel"))
 
 
 def fence_of(base, mods):
@@ -222,15 +225,19 @@ class Ordering:
         self.epoch[ctas] += 1
         self.wrote[ctas] = False
 
-    def barrier(self, ctas, whole=True):
+    def barrier(self, ctas):
         """A bar.sync completed in these CTAs: it orders every thread's earlier writes before
-        each thread's later releases. A new epoch only where the CTA wrote since the last one.
-        A barrier of part of a CTA (whole=False) only starts a new epoch: it orders the writes
-        of no thread outside it, so no release covers more for it (a race between a thread
-        that took part and one that did not is missed inside the CTA)."""
+        each thread's later releases. A new epoch only where the CTA wrote since the last one."""
         self._bump(ctas[self.wrote[ctas]])
-        if whole:
-            self.barrier_at[ctas] = self.epoch[ctas]
+        self.barrier_at[ctas] = self.epoch[ctas]
+
+    def cta_event(self, threads):
+        """A synchronisation inside the CTAs of these threads that bar.sync epochs do not see (an
+        mbarrier arrive or completed wait, a CTA-scope fence, release or acquire): a new epoch
+        where the CTA wrote since the last one, so the in-CTA race check (_check_in_cta) takes
+        what came before as ordered (it cannot tell whom such an event orders)."""
+        ctas = np.unique(self.st.cta_global[threads])
+        self._bump(ctas[self.wrote[ctas]])
 
     def _release(self, threads):
         """A release by these wave threads: each CTA's new epoch covers the releasing threads'
@@ -277,6 +284,7 @@ class Ordering:
             self.pending[cta] = clock.copy()
 
     def fence(self, threads, acquire, release):
+        self.cta_event(threads)
         if acquire:
             for cta in np.unique(self.st.cta_global[threads]).tolist():
                 self._acquire(cta, self.pending.pop(cta, None))
@@ -393,6 +401,8 @@ class Ordering:
         the loaded items (patched to stale bytes where the read is unordered)."""
         access = access or WEAK
         ctas = self.st.cta_global[threads]
+        if access.orders:
+            self.cta_event(threads)
         if access.strong:
             self.last_read = (region, hash(off.tobytes()), hash(np.asarray(raw).tobytes()))
         if access.observes and self.clocks.get(region):
@@ -421,6 +431,8 @@ class Ordering:
         """A global st of size bytes per thread (before memory changes)."""
         access = access or WEAK
         ctas = self.st.cta_global[threads]
+        if access.orders:
+            self.cta_event(threads)
         if access.release:
             self._release(threads)
         self._write(region, off, size, ctas, threads, access, "write")
@@ -437,6 +449,8 @@ class Ordering:
     def atomic(self, region, off, size, threads, access, order):
         """An atom (or red) by threads, serialised in `order` (positions into off)."""
         ctas = self.st.cta_global[threads]
+        if access.orders:
+            self.cta_event(threads)
         if access.release:
             self._release(threads)
         self._chain(region, off, ctas, order, observe=access.observes, publish=access.strong,

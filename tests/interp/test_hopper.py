@@ -627,6 +627,41 @@ def test_arrive_drop_lowers_the_count_of_later_phases():
     np.testing.assert_array_equal(out[:16], 0)   # 16 of 32 arrivals: phase 1 still open
 
 
+def test_one_loop_polling_two_mbarriers_finishes():
+    """test_wait on two mbarriers in one loop (each answers false once, then parks the thread),
+    while the warp that completes them comes later in the program."""
+    ptx = SM90A + """.visible .entry k(.param .u64 out)
+{
+  .shared .align 8 .b64 bar[2];
+  .reg .b32 %t;
+  .reg .b64 %out;
+  .reg .pred %p, %p1, %p2, %leader;
+  ld.param.u64 %out, [out];
+  mov.u32 %t, %tid.x;
+  setp.eq.u32 %leader, %t, 0;
+  @%leader mbarrier.init.shared::cta.b64 [bar], 32;
+  @%leader mbarrier.init.shared::cta.b64 [bar+8], 32;
+  bar.sync 0;
+  setp.ge.u32 %p, %t, 32;
+  @%p bra PRODUCER;
+POLL:
+  mbarrier.test_wait.parity.shared::cta.b64 %p1, [bar], 0;
+  mbarrier.test_wait.parity.shared::cta.b64 %p2, [bar+8], 0;
+  and.pred %p, %p1, %p2;
+  @!%p bra POLL;
+  st.global.u32 [%out], 1;
+  ret;
+PRODUCER:
+  mbarrier.arrive.shared::cta.b64 _, [bar];
+  mbarrier.arrive.shared::cta.b64 _, [bar+8];
+  ret;
+}
+"""
+    out = np.zeros(1, np.uint32)
+    launch(ptx, "k", (1, 1, 1), (64, 1, 1), [out])
+    assert out[0] == 1
+
+
 def test_more_arrivals_than_expected_is_caught():
     ptx = mark(MBARRIER, "  @%p mbarrier.arrive.shared::cta.b64 _, [bar], 2;",
                "  mbarrier.arrive.shared::cta.b64 _, [bar], 2;")

@@ -524,6 +524,43 @@ def test_a_read_of_another_warps_write_without_bar_sync_is_a_race(change):
             in_cta(seed=seed, **change)
 
 
+# Warp 1 hands a value to warp 0 of its CTA through global memory with CTA-scope release and
+# acquire on a flag (no bar.sync): ordered, so no finding.
+HANDOFF = """
+  .reg .b32 %t, %v, %f;
+  .reg .b64 %d, %o;
+  .reg .pred %p;
+  ld.param.u64 %d, [data];
+  ld.param.u64 %o, [out];
+  mov.u32 %t, %tid.x;
+  setp.ne.u32 %p, %t, 32;
+  @%p bra READER;
+  st.global.u32 [%d], 99;
+  {publish} [%d+4], 1;
+  bra.uni END;
+READER:
+  setp.ne.u32 %p, %t, 0;
+  @%p bra END;
+SPIN:
+  {observe} %f, [%d+4];
+  setp.eq.u32 %p, %f, 0;
+  @%p bra SPIN;
+  ld.global.u32 %v, [%d];
+  st.global.u32 [%o], %v;
+END:
+  ret;"""
+
+
+@pytest.mark.parametrize("publish, observe", [("st.release.cta.global.u32", "ld.acquire.cta.global.u32"),
+                                              ("st.release.gpu.global.u32", "ld.acquire.gpu.global.u32")])
+def test_warps_of_a_cta_handing_over_through_a_flag(publish, observe):
+    for seed in SEEDS[:2]:
+        out = np.zeros(1, np.uint32)
+        launch(module(HANDOFF.format(publish=publish, observe=observe), ".param .u64 data, .param .u64 out"), "k",
+               (1, 1, 1), (64, 1, 1), [np.zeros(2, np.uint32), out], seed=seed)
+        assert out[0] == 99
+
+
 def test_warps_of_a_cta_storing_to_one_word():
     ptx = module("""
   .reg .b64 %a;
