@@ -193,11 +193,9 @@ class SharedRaces:
         """An access after another thread's write of the same barrier interval (an atomic after
         another atomic is fine: they are ordered among themselves; `changes`: the records a
         store changes, where known)."""
-        lin, warp, epoch, wepoch = who.T
+        _, warp, _, wepoch = who.T
         writer = w[:, W_THREAD]
-        race = (w[:, EPOCH] == epoch) & (writer != lin)
-        if changes is not None:
-            race &= changes
+        race = self._same_interval(writer, w[:, EPOCH], who, changes)
         if race.any():
             race &= (writer != NOBODY) & (writer != ASYNC) & ~(((writer >> 5) == warp) & (w[:, WARP_EPOCH] != wepoch))
             if atomic:
@@ -228,12 +226,17 @@ class SharedRaces:
                               f"which thread {self.thread_xyz(self.lin[threads[last[k]]])} writes in the same "
                               "instruction (two warps store to the same bytes)", threads[k])
 
+    @staticmethod
+    def _same_interval(other, other_epoch, who, changes):
+        """Records left by another thread in the accessing thread's barrier interval (and, where
+        `changes` says, by a store that changes the bytes)."""
+        race = (other_epoch == who[:, EPOCH]) & (other != who[:, R_THREAD])
+        return race if changes is None else race & changes
+
     def _check_readers(self, r, rows, size, per, who, threads, changes=None):
-        lin, warp, epoch, wepoch = who.T
+        _, warp, _, wepoch = who.T
         reader = r[:, R_THREAD]
-        race = (r[:, EPOCH] == epoch) & (reader != lin)
-        if changes is not None:
-            race &= changes
+        race = self._same_interval(reader, r[:, EPOCH], who, changes)
         if race.any():
             race &= (reader != NOBODY) & ~((r[:, R_WARP] == warp) & (r[:, WARP_EPOCH] != wepoch))
             if race.any():
