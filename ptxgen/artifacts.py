@@ -64,13 +64,24 @@ def compare(folder: Path, files: dict[str, bytes]) -> Difference:
     return Difference(stale, missing, unexpected)
 
 
+def read_only(path: Path, access: int) -> bool:
+    """Whether `path` lacks `access` (os.W_OK...) or has no write bit at all: root passes every
+    access(2) check, but a file or folder its user made read-only is theirs to keep."""
+    return not os.access(path, access) or not path.stat().st_mode & 0o222
+
+
+def file_in_the_way(path: Path) -> Path | None:
+    """A file where one of `path`'s folders should be, if any."""
+    return next((p for p in path.absolute().parents if p.exists() and not p.is_dir()), None)
+
+
 def check_output_folder(folder: Path) -> None:
     """Refuse a target that is not a folder ptxgen may own (before any work is done)."""
     if folder.exists() and not folder.is_dir():
         raise PtxgenError(f"-o {folder}: exists and is not a folder")
-    if folder.is_dir() and (not os.access(folder, os.W_OK | os.X_OK) or not folder.stat().st_mode & 0o222):
+    if folder.is_dir() and read_only(folder, os.W_OK | os.X_OK):
         raise PtxgenError(f"-o {folder}: the folder is read-only; refusing to replace it")
-    blocking = next((p for p in folder.absolute().parents if p.exists() and not p.is_dir()), None)
+    blocking = file_in_the_way(folder)
     if blocking is not None:
         raise PtxgenError(f"-o {folder}: {blocking} is a file, not a folder")
     if folder.is_dir() and any(folder.iterdir()) and not (folder / "manifest.json").is_file():
@@ -229,18 +240,18 @@ def check_output_file(path: Path, what: str, suffix: str | None = None, inputs=(
         raise PtxgenError(f"{what} {path}: is not a regular file (a device or a pipe); give a file name")
     if suffix is not None and path.suffix != suffix:
         raise PtxgenError(f"{what} {path}: expected a {suffix} file name")
-    if path.is_file() and (not os.access(path, os.W_OK) or not path.stat().st_mode & 0o222):
+    if path.is_file() and read_only(path, os.W_OK):
         raise PtxgenError(f"{what} {path}: the file is read-only; refusing to replace it")
     for given in inputs:
         if given is not None and path.is_file() and Path(given).exists() and os.path.samefile(path, given):
             raise PtxgenError(f"{what} {path}: is the input file {given}; refusing to replace it")
-    parent = path.absolute().parent
-    blocking = next((p for p in (parent, *parent.parents) if p.exists() and not p.is_dir()), None)
+    blocking = file_in_the_way(path)
     if blocking is not None:
         raise PtxgenError(f"{what} {path}: {blocking} is a file, not a folder")
+    parent = path.absolute().parent
     if not parent.is_dir():
         raise PtxgenError(f"{what} {path}: the folder {parent} does not exist")
-    if not os.access(parent, os.W_OK | os.X_OK) or not parent.stat().st_mode & 0o222:
+    if read_only(parent, os.W_OK | os.X_OK):
         raise PtxgenError(f"{what} {path}: the folder {parent} is read-only")
 
 

@@ -279,7 +279,6 @@ def _run_wave(st, code, sync_points, stats, name, rng, members):
     n, end = st.n, len(code)
     cohorts = _Cohorts(st, rng, members)
     barriers = _CtaBarriers(st)
-    exited = np.zeros(st.num_ctas, np.int64)
     parked, stalled = {}, False                    # pc -> threads at an incomplete mbarrier wait
     steps = 0
     while True:
@@ -361,16 +360,13 @@ def _run_wave(st, code, sync_points, stats, name, rng, members):
                                   "grid whose threads all end without waiting can complete before the kernel it "
                                   "depends on, and the next kernel would not wait for that one",
                                   active[np.flatnonzero(st.before_wait[active])[0]])
-                ctas = st.cta[active]
-                exited += np.bincount(ctas, minlength=st.num_ctas)
-                barriers.exited[active] = True
-                stuck, bpc = barriers.stranded(active)
+                stuck, bpc = barriers.exit(active)
                 if stuck.any():
                     raise Finding(f"thread exits while other threads of its CTA wait at "
                                   f"bar.sync on line {code[bpc].ins.line}: that barrier can never "
                                   "complete (divergent barrier)", active[np.flatnonzero(stuck)[0]])
             else:
-                barriers.arrive(ex, pc, active, sel, cohorts, exited, code)
+                barriers.arrive(ex, pc, active, sel, cohorts, code)
         except Finding as finding:
             raise _report(finding, ins, st, name) from None
     if barriers.waiting:
@@ -398,41 +394,49 @@ class _CtaBarriers:
         self.waiting = []                                 # [(pc, threads, id)] parked at a barrier
         self.arrivers = []                                # [(threads, id)] that arrived without waiting
         self.exited = np.zeros(st.n, bool)
+        self.exited_per_cta = np.zeros(st.num_ctas, np.int64)
 
-    def stranded(self, threads):
-        """Exiting `threads`: which of them leave a barrier that needs every thread of their CTA
-        waited at without having arrived there, and the line those wait at (-1: none)."""
+    def _arrived_only(self, bid):
+        """Per wave thread: it arrived at barrier `bid`'s current phase without waiting."""
+        came = np.zeros(self.st.n, bool)
+        for threads, at in self.arrivers:
+            if at == bid:
+                came[threads] = True
+        return came
+
+    def exit(self, threads):
+        """These threads exit. Returns which of them leave a barrier that needs every thread of
+        their CTA, and that others wait at, without having arrived there, and the pc those wait
+        at (-1: none)."""
         st = self.st
+        self.exited[threads] = True
+        self.exited_per_cta += np.bincount(st.cta[threads], minlength=st.num_ctas)
         stuck, where = np.zeros(len(threads), bool), -1
         for pc, waiting, bid in self.waiting:
             full = np.zeros(st.num_ctas, bool)
             full[st.cta[waiting]] = self.expected[bid][st.cta[waiting]] == st.cta_threads
-            came = np.zeros(st.n, bool)
-            for arrived, at in self.arrivers:
-                if at == bid:
-                    came[arrived] = True
-            hit = full[st.cta[threads]] & ~came[threads]
+            hit = full[st.cta[threads]] & ~self._arrived_only(bid)[threads]
             if hit.any() and where < 0:
                 where = pc
             stuck |= hit
         return stuck, where
 
-    def arrive(self, ex, pc, active, sel, cohorts, exited, code):
+    def arrive(self, ex, pc, active, sel, cohorts, code):
         st = self.st
         ids, counts = ex.run(st, sel)
         wait, aligned = ex.target
         if not wait:
             cohorts.merge(pc + 1, active)
         if np.ndim(ids) == 0:
-            self._arrive_at(int(ids), pc, active, counts, wait, aligned, cohorts, exited, code)
+            self._arrive_at(int(ids), pc, active, counts, wait, aligned, cohorts, code)
             return
         ids = np.asarray(ids, np.int64)
         for bid in np.unique(ids).tolist():
             mine = ids == bid
             self._arrive_at(bid, pc, active[mine], counts if np.ndim(counts) == 0 else np.asarray(counts)[mine],
-                            wait, aligned, cohorts, exited, code)
+                            wait, aligned, cohorts, code)
 
-    def _arrive_at(self, bid, pc, active, counts, wait, aligned, cohorts, exited, code):
+    def _arrive_at(self, bid, pc, active, counts, wait, aligned, cohorts, code):
         st = self.st
         if not 0 <= bid < self.IDS:
             raise Finding(f"barrier id {bid}: expected 0..{self.IDS - 1}", active[0])
@@ -465,13 +469,11 @@ class _CtaBarriers:
                 raise Finding(f"divergent barrier: other threads of this CTA wait at the bar.sync on "
                               f"line {code[int(at[ctas[k]])].ins.line}", active[k])
             at[touched] = pc
+        exited = self.exited_per_cta
         gone = touched & (count == st.cta_threads) & (exited > 0)
         if gone.any():    # unless the threads that exited had arrived at this barrier first
-            came = np.zeros(st.num_ctas, np.int64)
-            for threads, at in self.arrivers:
-                if at == bid:
-                    came += np.bincount(st.cta[threads[self.exited[threads]]], minlength=st.num_ctas)
-            gone &= exited > came
+            left = np.flatnonzero(self._arrived_only(bid) & self.exited)
+            gone &= exited > np.bincount(st.cta[left], minlength=st.num_ctas)
         if gone.any():
             k = int(np.argmax(gone[ctas]))
             raise Finding(f"divergent barrier: {int(exited[ctas[k]])} threads of this CTA already "

@@ -1065,13 +1065,11 @@ def _griddepcontrol(c):
 def _hint(c):
     """Performance hints with no effect on results: a prefetch into a cache level (even of an
     address outside every array: it never faults), a sleep (the scheduler picks who runs)."""
+    c.need(1)
     if c.ins.base == "nanosleep":
-        c.need(1)
         c.read(0, "u32")
-    else:
-        c.need(1)
-        if not isinstance(c.ops[0], Addr):
-            c.fail("expected [address]")
+    elif not isinstance(c.ops[0], Addr):
+        c.fail("expected [address]")
     return c.alu(lambda st, sel: None)
 
 

@@ -76,6 +76,7 @@ KEY_MASK = np.uint64((1 << (CTA_BITS + EPOCH_BITS)) - 1)     # (CTA, epoch) afte
 # CTA | thread in its CTA (a CTA has at most 1024) | epoch of the release.
 OWN_THREAD_SHIFT, OWN_CTA_SHIFT = EPOCH_BITS, EPOCH_BITS + 10
 _SCOPES = ("cta", "cluster", "gpu", "sys")
+_VERBS = {"read": "reads", "write": "overwrites", "atomic": "atomically updates"}   # findings' wording
 _SEMANTICS = ("relaxed", "acquire", "release", "acq_rel", "volatile", "mmio", "sc")
 
 
@@ -362,11 +363,11 @@ class Ordering:
         return foreign
 
     def _check_in_cta(self, what, region, off, per, rec, actors, threads_of, threads):
-        """A data race inside one CTA: bytes another warp of the acting CTA wrote since the CTA's
-        last bar.sync after a write (the same epoch), unless both accesses are strong at some
-        scope (atomics; ld/st with .relaxed/.acquire/.release/.volatile). Lanes of one warp are
-        taken as ordered (the interpreter runs a warp in lockstep); a release by the writer
-        starts a new epoch, so a race across one is missed."""
+        """A data race inside one CTA: bytes another warp of the acting CTA wrote in the CTA's
+        current epoch (no barrier or other synchronisation of the CTA since, cta_event), unless
+        both accesses are strong at some scope (atomics; ld/st with .relaxed/.acquire/.release/
+        .volatile). Lanes of one warp are taken as ordered (the interpreter runs a warp in
+        lockstep)."""
         writer = (rec >> np.uint64(CTA_SHIFT)) & np.uint64((1 << CTA_BITS) - 1)
         epoch = ((rec >> np.uint64(EPOCH_SHIFT)) & np.uint64((1 << EPOCH_BITS) - 1)).astype(np.int64)
         mine = (writer == actors.astype(np.uint64) + np.uint64(1)) & (epoch == self.epoch[actors])
@@ -385,8 +386,7 @@ class Ordering:
         index, byte = int(k[first]) // per, int(k[first]) % per
         place = self.memory.describe_byte(region, int(off[index]) + byte)
         pc = int(rec[k[first]]) & ((1 << PC_BITS) - 1)
-        access = {"read": "reads", "write": "overwrites", "atomic": "atomically updates"}[what]
-        raise Finding(f"global-memory race: {access} {place}, which thread "
+        raise Finding(f"global-memory race: {_VERBS[what]} {place}, which thread "
                       f"{self._thread(int(wrote_by[first][np.argmax(other[first])]))} of this CTA wrote "
                       f"({self._instruction(pc)}) with no bar.sync in between", threads[index])
 
@@ -559,7 +559,6 @@ class Ordering:
             raise Finding(f"non-coherent load (.nc / ldu) of {place}, which {by} in this launch: the "
                           "read-only path may return a stale value; load it with ld.global or "
                           "ld.global.cg", threads[i])
-        access = {"read": "reads", "write": "overwrites", "atomic": "atomically updates"}[what]
         signal = self.signals.get(writer)
         wrote_by = int(self.threads[region][int(off[i]) + j]) if self.stamp_threads else 0
         writers, epochs = np.array([writer]), np.array([epoch])
@@ -581,5 +580,5 @@ class Ordering:
                    "atomic or ld.relaxed that observed the writer, or an .acquire, is missing)")
         else:
             why = "the writer has not released it (no fence.acq_rel.gpu / membar.gl / .release after the write)"
-        raise Finding(f"global-memory race: {access} {place}, which {by} in this launch, with "
+        raise Finding(f"global-memory race: {_VERBS[what]} {place}, which {by} in this launch, with "
                       f"nothing ordering the two: {why}", threads[i])
