@@ -9,7 +9,8 @@ cost and tail included; the tail column is what comes after the rest of the grid
 attention's count-in and merge, Kind.dependent_tail). A row whose measured time falls outside
 that range by more than 10% is marked; the code may have changed since the recording (its commit
 is printed), and the model has no term for tensor-core pipes (prefill attention is
-compute-bound: its rows are listed, not judged).
+compute-bound: its rows are listed, not judged). Where a row recorded the driver's occupancy
+(`occupancy`, from 2026-11-27 on), the model's resident CTAs an SM are printed beside it.
 """
 
 from __future__ import annotations
@@ -49,6 +50,18 @@ def check_row(row: dict, gpu: perf.Gpu) -> dict:
             "verdict": "inside" if inside else ("outside" if judged else "not judged (tensor cores)")}
 
 
+def occupancy_agrees(row: dict) -> bool:
+    return row["occupancy"]["ctas_per_sm"] == row["occupancy"]["model_ctas_per_sm"]
+
+
+def occupancy_line(row: dict) -> str:
+    """The driver's resident CTAs an SM against the model's, for a row that recorded them."""
+    seen = row["occupancy"]
+    return (f"{row['kernel']:<28} CTAs an SM: driver {seen['ctas_per_sm']}, model {seen['model_ctas_per_sm']} "
+            f"({seen['model_limiter']}){'' if occupancy_agrees(row) else '  DIFFERENT'}; registers {seen['registers']} / "
+            f"{seen['model_registers']}, static shared {seen['static_shared']} / {seen['model_static_shared']} bytes")
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="+", type=Path)
@@ -57,7 +70,7 @@ def main(argv: list[str]) -> int:
     gpu = perf.gpu_named(args.gpu)
     print(f"model: {gpu.name}, launch {gpu.launch_us} us, copy {gpu.bandwidth_gbs} GB/s, latency {gpu.latency_ns} ns, "
           f"dependent issue {perf.DEPENDENT_ISSUE_CYCLES} cycles at {gpu.clock_ghz} GHz")
-    outside = 0
+    outside = different = 0
     for path in args.results:
         data, rows = rows_of(path)
         print(f"\n{path} (commit {data.get('git_commit', '?')}, {data['device']['name']})")
@@ -72,7 +85,12 @@ def main(argv: list[str]) -> int:
             else:
                 model = f"{'-':>17} {'-':>7}"
             print(f"{result['kernel']:<28} {scalars:<18} {result['measured_us']:>11.2f} {model}  {result['verdict']}")
-    print(f"\n{outside} row(s) outside the model's range by more than {MARGIN:.0%}")
+        recorded = [row for row in data["rows"] if row.get("occupancy")]
+        different += sum(not occupancy_agrees(row) for row in recorded)
+        if recorded:
+            print("\noccupancy (driver / model):\n" + "\n".join(map(occupancy_line, recorded)))
+    print(f"\n{outside} row(s) outside the model's range by more than {MARGIN:.0%}; {different} row(s) whose "
+          "occupancy the model got wrong")
     return 0
 
 

@@ -352,7 +352,7 @@ def new_row(compiled: CompiledKernel, scalars: dict) -> dict:
             "bytes": int(traffic.bytes), "flops": int(traffic.flops), "checks": [], "passed": True, "failure": None,
             "sets": 0, "set_bytes": 0, "median_us": None, "p10_us": None, "p90_us": None, "gbs": None, "tflops": None,
             "pct_copy_bw": None, "host_bound": False, "calls_per_chunk": None, "graph": None, "peers": [],
-            "best_peer": None, "step": None, "notes": []}
+            "best_peer": None, "step": None, "occupancy": None, "notes": []}
 
 
 @functools.cache
@@ -410,6 +410,10 @@ def bench_row(compiled: CompiledKernel, scalars: dict, iters: int, graph: bool, 
         if step is not None:
             step.free()
 
+    row["occupancy"] = occupancy_row(gpu, compiled, scalars)
+    if row["occupancy"]["ctas_per_sm"] != row["occupancy"]["model_ctas_per_sm"]:
+        row["notes"].append(f"{compiled.name}: the driver fits {row['occupancy']['ctas_per_sm']} CTAs an SM, the model "
+                            f"(ptxgen show) {row['occupancy']['model_ctas_per_sm']}")
     timed = time_kernel(gpu, compiled, arrays, scalars, iters, graph, traffic.bytes)
     row["sets"], row["set_bytes"] = timed["sets"], timed["set_bytes"]
     if timed["sets"] * min(timed["set_bytes"], traffic.bytes) < L2_MULTIPLE * gpu.l2_bytes:
@@ -428,6 +432,25 @@ def bench_row(compiled: CompiledKernel, scalars: dict, iters: int, graph: bool, 
         row["best_peer"] = best_peer(row["peers"])
         row["notes"] += notes
     return row, verified
+
+
+def occupancy_row(gpu, compiled: CompiledKernel, scalars: dict) -> dict:
+    """The driver's resident CTAs an SM for this launch (its occupancy calculator) beside the
+    model's (perf.occupancy, what `ptxgen show` prints), with the registers and static shared
+    bytes each side started from: the assembler's report, or the driver's where the GPU's arch
+    was JIT-compiled from PTX."""
+    from .perf import arch_limits, occupancy
+
+    kernel = gpu.kernel(compiled)
+    launch = gpu.prepare(kernel, compiled.launch(scalars, gpu.arch))
+    binary = compiled.binaries.get(gpu.arch)
+    registers, static = ((binary.resources["registers"], binary.resources["shared_bytes"]) if binary is not None
+                         else (kernel.registers, kernel.static_shared))
+    model = occupancy(arch_limits(gpu.arch), math.prod(launch.block), registers, static + launch.dynamic_shared)
+    return {"ctas_per_sm": gpu.resident_ctas(kernel, launch), "registers": kernel.registers,
+            "static_shared": kernel.static_shared, "dynamic_shared": launch.dynamic_shared,
+            "model_ctas_per_sm": model.ctas_per_sm, "model_limiter": model.limiter, "model_registers": registers,
+            "model_static_shared": static}
 
 
 def device_info() -> dict:

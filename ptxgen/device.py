@@ -117,6 +117,7 @@ class DeviceKernel:
     static_shared: int
     max_threads: int
     dynamic_limit: int  # dynamic shared bytes the function is currently allowed
+    registers: int  # per thread, as the driver loaded it
     pdl: bool = False  # its PTX waits for the previous kernel itself: launched for PDL (compiled.Variant.pdl)
 
 
@@ -283,7 +284,10 @@ class DeviceSession:
                              f"{entry}: cuFuncGetAttribute(MAX_THREADS_PER_BLOCK)")
         dynamic = self.check(cu.cuFuncGetAttribute(attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, function),
                              f"{entry}: cuFuncGetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
-        kernel = DeviceKernel(entry, function, compiled.params, int(static), int(threads), int(dynamic), variant.pdl)
+        registers = self.check(cu.cuFuncGetAttribute(attribute.CU_FUNC_ATTRIBUTE_NUM_REGS, function),
+                               f"{entry}: cuFuncGetAttribute(NUM_REGS)")
+        kernel = DeviceKernel(entry, function, compiled.params, int(static), int(threads), int(dynamic),
+                              int(registers), variant.pdl)
         self.kernels[key] = kernel
         return kernel
 
@@ -307,15 +311,23 @@ class DeviceSession:
         if launch.cooperative:
             if not self.cooperative:
                 raise LaunchError(f"{kernel.entry}: needs a cooperative launch, which {self.name} does not support")
-            per_sm = self.check(self.cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(kernel.function, threads, dynamic),
-                                f"{kernel.entry}: occupancy query", LaunchError)
-            ctas, fit = math.prod(launch.grid), int(per_sm) * self.sm_count
+            per_sm = self.resident_ctas(kernel, launch)
+            ctas, fit = math.prod(launch.grid), per_sm * self.sm_count
             if ctas > fit:
                 if not (launch.any_grid and fit > 0 and launch.grid[1:] == (1, 1)):
                     raise LaunchError(f"{kernel.entry}: a cooperative grid of {ctas} CTAs does not fit {self.name} at "
                                       f"once ({per_sm} per SM x {self.sm_count} SMs)")
                 launch = dataclasses.replace(launch, grid=(fit, 1, 1))
         return launch
+
+    def resident_ctas(self, kernel: DeviceKernel, launch) -> int:
+        """CTAs of this launch the driver fits on one SM at once (its occupancy calculator; the
+        launch's dynamic shared memory must already be allowed: prepare)."""
+        threads = math.prod(launch.block)
+        per_sm = self.check(self.cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(kernel.function, threads,
+                                                                                 launch.dynamic_shared),
+                            f"{kernel.entry}: occupancy query", LaunchError)
+        return int(per_sm)
 
     def launch(self, kernel: DeviceKernel, launch, args: list) -> None:
         """Queue one launch on the stream; args are DeviceBuffers (pointers) and ints, in PTX order."""

@@ -42,6 +42,8 @@ class SimulatedDriver:
     KERNEL_SECONDS = 4e-6  # simulated duration of one kernel
     HOST_SECONDS = 1e-6  # simulated host time of one driver call
     DEFAULT_DYNAMIC = 48 * 1024
+    REGISTERS = 32  # what cuFuncGetAttribute(NUM_REGS) says of every function
+    resident_ctas = 2  # what the occupancy query says of every launch
 
     def __init__(self, kernels: dict, queue_depth: int = device.QUEUE_DEPTH, faulty=(), wrong=(),
                  launch_log: str | None = None):
@@ -176,7 +178,7 @@ class SimulatedDriver:
         return SUCCESS, self.handle(real.CUfunction, {"entry": name.decode(), "dynamic": self.DEFAULT_DYNAMIC})
 
     def sim_cuFuncGetAttribute(self, attribute, function):
-        values = {"SHARED_SIZE_BYTES": 0, "MAX_THREADS_PER_BLOCK": 1024,
+        values = {"SHARED_SIZE_BYTES": 0, "MAX_THREADS_PER_BLOCK": 1024, "NUM_REGS": self.REGISTERS,
                   "MAX_DYNAMIC_SHARED_SIZE_BYTES": self.handles[int(function)]["dynamic"]}
         return SUCCESS, values[attribute.name.removeprefix("CU_FUNC_ATTRIBUTE_")]
 
@@ -186,7 +188,7 @@ class SimulatedDriver:
         return (SUCCESS,)
 
     def sim_cuOccupancyMaxActiveBlocksPerMultiprocessor(self, function, threads, dynamic):
-        return SUCCESS, 2
+        return SUCCESS, self.resident_ctas
 
     def sim_cuLaunchKernel(self, function, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
         return self.launch(function, (gx, gy, gz), (bx, by, bz), shared, params, cooperative=False)

@@ -441,6 +441,30 @@ def test_make_bench_report_has_the_targets_and_the_decode_step_in_tokens_per_sec
     assert "- a note" in report
 
 
+def test_bench_records_the_drivers_occupancy_beside_the_models(sim, monkeypatch):
+    """Each timed row says how many CTAs an SM the driver fits and what `ptxgen show`'s rule says,
+    from the registers and static shared bytes of the assembler's report; a disagreement is a note
+    (the first GPU run of this settles whether the rule counts sm_90's 1 KB reservation twice)."""
+    from ptxgen import perf
+
+    kernel = spec_kernel("qwen3_8b_rmsnorm")
+    resources = kernel.binaries["sm_90"].resources
+    launch = kernel.launch({"rows": 3}, "sm_90")
+    expected = perf.occupancy(perf.arch_limits("sm_90"), launch.threads_per_cta, resources["registers"],
+                              resources["shared_bytes"] + launch.dynamic_shared)
+    for driver in (expected.ctas_per_sm, expected.ctas_per_sm - 1):
+        sim.resident_ctas = driver
+        row = quick_bench(sim, monkeypatch, [("qwen3_8b_rmsnorm", {"rows": 3})])["rows"][0]
+        assert row["occupancy"] == {"ctas_per_sm": driver, "registers": sim.REGISTERS, "static_shared": 0,
+                                    "dynamic_shared": launch.dynamic_shared, "model_ctas_per_sm": expected.ctas_per_sm,
+                                    "model_limiter": expected.limiter, "model_registers": resources["registers"],
+                                    "model_static_shared": resources["shared_bytes"]}, row["occupancy"]
+        noted = [note for note in row["notes"] if "CTAs an SM" in note]
+        assert noted == ([] if driver == expected.ctas_per_sm else
+                         [f"qwen3_8b_rmsnorm: the driver fits {driver} CTAs an SM, the model (ptxgen show) "
+                          f"{expected.ctas_per_sm}"]), row["notes"]
+
+
 def test_bench_checks_a_fused_kernel_against_its_separate_kernels_then_times_both(sim, monkeypatch, capsys):
     from ptxgen.bench import print_results
 

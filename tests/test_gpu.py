@@ -58,6 +58,18 @@ def test_kernel_on_the_device_matches_its_reference(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_the_models_occupancy_is_the_drivers(name):
+    """`ptxgen show`'s resident CTAs an SM (perf.occupancy over the assembler's registers and the
+    cubin's shared section) are what the driver's occupancy calculator says for the same launch."""
+    from ptxgen.bench import occupancy_row
+
+    kernel = COMPILED[name]
+    row = occupancy_row(device.session(), kernel, kernel.definition.example_scalars())
+    assert row["registers"] == row["model_registers"], row
+    assert row["ctas_per_sm"] == row["model_ctas_per_sm"], row
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_kernel_on_the_device_matches_the_interpreter(name):
     kernel = COMPILED[name]
     kind = kernel.definition

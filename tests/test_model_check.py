@@ -53,3 +53,14 @@ def test_the_model_brackets_the_h100s_36_layer_decode_step(monkeypatch):
     assert result["verdict"] == "inside" and result["tail_us"] > 400, result
     monkeypatch.setattr(PersistentDecoder, "dependent_tail", lambda self, scalars: None)
     assert model_check.check_row(row, gpu)["verdict"] == "outside"
+
+
+def test_a_row_with_the_drivers_occupancy_is_compared_with_the_models():
+    row = {"kernel": "g", "occupancy": {"ctas_per_sm": 3, "registers": 64, "static_shared": 48, "dynamic_shared": 0,
+                                        "model_ctas_per_sm": 2, "model_limiter": "shared", "model_registers": 64,
+                                        "model_static_shared": 1072}}
+    assert not model_check.occupancy_agrees(row)
+    line = model_check.occupancy_line(row)
+    assert "driver 3, model 2 (shared)  DIFFERENT" in line and "static shared 48 / 1072 bytes" in line, line
+    row["occupancy"]["model_ctas_per_sm"] = 3
+    assert model_check.occupancy_agrees(row) and "DIFFERENT" not in model_check.occupancy_line(row)
