@@ -7,8 +7,11 @@ a wgmma's accumulators reach its registers when a wgmma.wait_group retires its g
 then its register operands are off limits to ordinary instructions, which the sanitizer reports
 as reads of unwritten registers); bytes written by a bulk copy, or by cp.asyncs handed to an
 mbarrier with cp.async.mbarrier.arrive, stay pending until the mbarrier phase tracking them
-completes. A bulk copy's complete_tx is applied at issue, so a wrong expect_tx count leaves the
-phase incomplete forever: a deadlock. A thread whose mbarrier try_wait/test_wait finds its phase
+completes. A bulk copy's bytes are in flight until a try_wait/test_wait on its mbarrier in that
+CTA is retried after answering false, or an arrival needs the phase complete (more arrivals than
+it expects); its complete_tx is applied then, so the first wait after a copy always finds the
+phase incomplete; a wrong expect_tx count leaves the phase incomplete
+forever: a deadlock. A thread whose mbarrier try_wait/test_wait finds its phase
 incomplete gets false once and goes on (so a kernel that ignores the answer reads early, a
 finding); asked again at the same instruction it parks (launch runs every other thread first,
 then retries it), so producer and
@@ -144,6 +147,7 @@ class Barrier:
         self.offset, self.slot = offset, slot
         self.ready = np.zeros(num_ctas, bool)
         self.expected, self.pending, self.tx, self.phase = (np.zeros(num_ctas, np.int64) for _ in range(4))
+        self.flying = np.zeros(num_ctas, np.int64)   # bulk-copy bytes issued whose complete_tx is to come
         self.tracked = []
         if columns:
             self.clocks_now = np.zeros((num_ctas, columns), np.int32)    # released this phase
@@ -520,7 +524,7 @@ class AsyncState:
         ctas = self.st.cta[threads]
         bar.ready[ctas] = True
         bar.expected[ctas] = bar.pending[ctas] = count
-        bar.tx[ctas] = bar.phase[ctas] = 0
+        bar.tx[ctas] = bar.phase[ctas] = bar.flying[ctas] = 0
         bar.tracked = [p for p in bar.tracked if p.cta not in set(ctas.tolist())]
         if self.ordering:
             bar.clocks_now[ctas] = bar.clocks_done[ctas] = 0
@@ -530,6 +534,10 @@ class AsyncState:
         """Arrive-on (after an optional expect-tx); returns each thread's phase (its state).
         `drop` (arrive_drop): the arrivals also leave the count every later phase expects."""
         ctas = self.st.cta[threads]
+        arriving = np.bincount(ctas, np.broadcast_to(count, ctas.shape), minlength=len(bar.pending))
+        # More arrivals than the phase still expects belong to the next one: in a correct kernel the
+        # phase has completed by then, so the copies it waits for have landed.
+        self.land(bar, np.flatnonzero(arriving > bar.pending), threads)
         state = bar.phase[ctas].copy()
         if tx is not None:
             np.add.at(bar.tx, ctas, tx)
@@ -566,6 +574,14 @@ class AsyncState:
             bar.tracked = [p for p in bar.tracked if not (p.cta == cta and p.phase == done)]
             if self.ordering:
                 self.ordering.phase_completed(bar, cta, delivered)
+
+    def land(self, bar, ctas, threads):
+        """Apply the complete_tx of the bulk copies in flight to bar in these CTAs."""
+        flying = np.unique(ctas[bar.flying[ctas] != 0]) if len(ctas) else ctas
+        if len(flying):
+            bar.tx[flying] -= bar.flying[flying]
+            bar.flying[flying] = 0
+            self.settle(bar, flying, threads)
 
     def track(self, bar, cta, granules, issuer, line, generic):
         """Async writes to granules complete with the current phase of bar in this CTA."""
@@ -813,7 +829,11 @@ def _mbarrier(c):
             threads = st.indices(sel)
             want = np.broadcast_to(np.asarray(target(st, sel)).astype(np.int64), threads.shape)
             blocked = np.zeros(len(threads), bool)
+            declined = s.declined.setdefault(st.pc, np.zeros(st.n, bool))
             for bar, pos in s.barriers_at(address(st, sel), threads, name):
+                retried = threads[pos][declined[threads[pos]]]
+                if len(retried):   # asked again after a false answer: the copies have landed
+                    s.land(bar, st.cta[retried], retried)
                 phase = bar.phase[st.cta[threads[pos]]]
                 done = phase % 2 != want[pos] % 2 if parity else phase > want[pos]
                 blocked[pos[~done]] = True
@@ -821,7 +841,6 @@ def _mbarrier(c):
                     st.ordering.cta_event(threads[pos[done]])
                     if s.ordering:
                         s.ordering.acquire(threads[pos[done]], bar)
-            declined = s.declined.setdefault(st.pc, np.zeros(st.n, bool))
             first = blocked & ~declined[threads]
             declined[threads[first]] = True
             declined[threads[~blocked]] = False
@@ -879,8 +898,7 @@ def _bulk_copy(c):
                 s.track(bar, cta, offsets // 16, thread, line, generic=False)
                 view = st.view("shared", 16)
                 np.put(view, offsets // 16, np.ascontiguousarray(data).view(view.dtype).ravel())
-                bar.tx[cta] -= int(nbytes[i])              # complete_tx: the bytes have landed
-                s.settle(bar, np.array([cta]), np.array([thread]))
+                bar.flying[cta] += int(nbytes[i])          # complete_tx once a wait is retried: s.land
     return c.alu(run)
 
 
