@@ -17,7 +17,7 @@ VENV310 := .venv310
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,ptxas]'
+	$(BIN)/python -m pip install --quiet -e '.[test,ptxas,sass]'
 	touch $(STAMP)
 
 build: $(STAMP)
