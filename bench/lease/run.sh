@@ -66,8 +66,9 @@ for variant in prefill prefill_sm90a; do
     step "$variant" 60 "${BENCH[@]}" --spec "bench/lease/$variant.toml" --set seq_len=1024,4096,8192 \
         --json "$OUT/$variant.json"
 done
+# InstructionStats: the SASS thread-instructions executed, against `ptxgen show`'s PTX count (2.54 a byte).
 step "ncu gemv_12288x4096" 60 ncu --section SpeedOfLight --section Occupancy --section WarpStateStats \
-    -k regex:'^gemv_12288x4096$' -c 1 --log-file "$OUT/ncu_gemv.txt" \
+    --section InstructionStats --metrics smsp__thread_inst_executed.sum -k regex:'^gemv_12288x4096$' -c 1 --log-file "$OUT/ncu_gemv.txt" \
     "${BENCH[@]}" gemv_12288x4096 --spec bench/lease/decode.toml
 step "pytest -m gpu" 150 python3 -m pytest -m gpu -q -p no:cacheprovider
 echo "== done after $(( SECONDS - START )) s"
