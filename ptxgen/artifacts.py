@@ -10,6 +10,7 @@ the target and renamed over it, and only ever over a regular file.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import json
@@ -77,6 +78,11 @@ def file_in_the_way(path: Path) -> Path | None:
 
 def check_output_folder(folder: Path) -> None:
     """Refuse a target that is not a folder ptxgen may own (before any work is done)."""
+    with os_errors(f"-o {folder}"):
+        _check_output_folder(folder)
+
+
+def _check_output_folder(folder: Path) -> None:
     if folder.exists() and not folder.is_dir():
         raise PtxgenError(f"-o {folder}: exists and is not a folder")
     if folder.is_dir() and read_only(folder, os.W_OK | os.X_OK):
@@ -228,10 +234,25 @@ def _alive(pid: int) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def os_errors(what: str):
+    """An OSError of a file-system check (a name too long, a folder it may not search) as one
+    message naming `what`."""
+    try:
+        yield
+    except OSError as error:
+        raise PtxgenError(f"{what}: {error.strerror or error}") from None
+
+
 def check_output_file(path: Path, what: str, suffix: str | None = None, inputs=()) -> None:
     """Refuse, before any work is done, an output file write_file would refuse, one not named
     `suffix`, or one that is one of the command's `inputs` (paths; None where not given). `what`
     names the option in messages (e.g. "--outputs")."""
+    with os_errors(f"{what} {path}"):
+        _check_output_file(path, what, suffix, inputs)
+
+
+def _check_output_file(path: Path, what: str, suffix: str | None, inputs) -> None:
     if path.is_symlink():
         raise PtxgenError(f"{what} {path}: is a symbolic link; give the file itself")
     if path.is_dir():

@@ -288,14 +288,25 @@ class Generator:
                   f"blk.{layer}.{short}.weight") for param, short in LAYER_TENSORS.items() for layer in range(c.num_layers)]
         copies = [(param, index, tensor) for (param, index), tensor in slots if param in decoder]
         copies += [("output_norm", None, "output_norm.weight"), ("lm_head", None, c.lm_head.name)]
-        matrices = {m.name for m in c.matrices()}
+        if not c.tied_embeddings:  # looked up by row on the host: checked whole here
+            self._check_finite("token_embd.weight", self.model.tensor_bytes("token_embd.weight"))
         for done, (buffer, layer, tensor) in enumerate(copies, 1):
-            if tensor in matrices:
+            if tensor in c.quants:
                 data = self.model.tensor_bytes(tensor)
             else:
                 data = self.model.dequantize(tensor).astype(np.float32)
+            self._check_finite(tensor, data)
             self.memory.write(buffer, data, layer)
             progress(done, len(copies), tensor)
+
+    def _check_finite(self, tensor: str, data: np.ndarray) -> None:
+        """Refuse a NaN or infinite weight (a norm gain, a block scale): the kernels would not pass
+        it on faithfully (e.g. x quantised to int8 drops it), so the tokens would mean nothing."""
+        quant = self.config.quants.get(tensor)
+        bad = quant_type(quant).non_finite(data) if quant else int(np.count_nonzero(~np.isfinite(data)))
+        if bad:
+            what = "block scales" if quant and quant_type(quant).block_weights > 1 else "values"
+            raise PtxgenError(f"{self.config.name}: tensor {tensor!r} holds {bad} NaN or infinite {what}")
 
     # --- one step ------------------------------------------------------------------------------
     def layer_calls(self, pos: int) -> list[Call]:

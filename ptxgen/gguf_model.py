@@ -8,32 +8,54 @@ tensor the model would not use is refused with a PtxgenError naming it.
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .errors import PtxgenError
-from .model_config import ARCHITECTURES, ModelConfig, matrix_names
+from .model_config import ARCHITECTURES, LAYER_MATRICES, ModelConfig, matrix_names
 from .quants import Q4_K, QuantType, quant_type
 
 _ABSENT = object()
 
 
 def open_gguf_reader(path: Path):
-    """gguf-py's reader over a memory map of `path`; PtxgenError for a missing or bad file."""
+    """gguf-py's reader over a memory map of `path`; PtxgenError for a missing or bad file, a
+    big-endian one, or one whose tensors' data are misplaced (outside the file, overlapping,
+    off the file's alignment)."""
     import gguf
 
-    if Path(path).exists() and not Path(path).is_file():
-        raise PtxgenError(f"{path}: cannot read GGUF file: not a regular file")
     try:
-        return gguf.GGUFReader(path, "r")
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise PtxgenError(f"{path}: cannot read GGUF file: not a regular file")
+        with np.errstate(over="ignore"):  # a damaged tensor offset wraps: found below, not warned about
+            reader = gguf.GGUFReader(path, "r")
     except OSError as error:
         raise PtxgenError(f"{path}: cannot read GGUF file: {error.strerror or error}") from None
     except (ValueError, KeyError, IndexError) as error:
         # gguf-py reads the header, metadata and tensor table as numpy views of the map: a file cut
         # short or damaged shows as numpy's view, reshape or index errors.
         raise PtxgenError(f"{path}: not a readable GGUF file (truncated or damaged?): {error}") from None
+    if reader.byte_order != "I":
+        raise PtxgenError(f"{path}: a big-endian GGUF file: not supported (its tensors would be read byte-swapped)")
+    check_tensor_data(path, reader)
+    return reader
+
+
+def check_tensor_data(path, reader) -> None:
+    """Each tensor's data lies inside the file's data section, starts on its alignment, and
+    overlaps no other tensor's (as llama.cpp's loader requires)."""
+    size = len(reader.data) - reader.data_offset
+    end, previous = 0, None
+    for offset, nbytes, name in sorted((int(t.field.parts[-1][0]), int(t.n_bytes), t.name) for t in reader.tensors):
+        if offset % reader.alignment or offset < end or offset + nbytes > size:
+            why = (f"not a multiple of the alignment {reader.alignment}" if offset % reader.alignment
+                   else f"overlaps tensor {previous!r}" if offset < end else f"runs past the end of the file ({size} bytes of data)")
+            raise PtxgenError(f"{path}: tensor {name!r}: data offset {offset} ({nbytes} bytes) {why}: damaged file?")
+        end, previous = offset + nbytes, name
 
 
 @dataclass(frozen=True)
@@ -126,6 +148,10 @@ class GGUFModel:
 
         hidden = self._number(key("embedding_length"), int)
         heads = self._number(key("attention.head_count"), int)
+        if key("attention.key_length") not in self.reader.fields and heads > 0 and hidden % heads:
+            raise PtxgenError(f"{self.path}: metadata {key('embedding_length')!r} = {hidden} is not a multiple of "
+                              f"{key('attention.head_count')!r} = {heads}, and {key('attention.key_length')!r} "
+                              "(the head size) is absent")
         head_dim = self._number(key("attention.key_length"), int, hidden // heads if heads else 0)
         if self._number(key("attention.value_length"), int, head_dim) != head_dim:
             raise PtxgenError(f"{self.path}: {key('attention.value_length')} differs from the key length "
@@ -147,28 +173,36 @@ class GGUFModel:
         vocab = len(tokens.data) if tokens else embedding.shape[0] if embedding else 0
         tied = "output.weight" not in self.tensors
         layers = self._number(key("block_count"), int)
+        if layers * len(LAYER_MATRICES) > len(self.tensors):
+            raise PtxgenError(f"{self.path}: metadata {key('block_count')!r} says {layers} layers, but the file holds "
+                              f"{len(self.tensors)} tensors ({len(LAYER_MATRICES)} matrices a layer at least)")
         names = matrix_names(layers, tied) if layers > 0 else []
         missing = [name for name in names if name not in self.tensors]
         if missing:
             raise PtxgenError(f"{self.path}: missing tensor {missing[0]!r}"
                               + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
-        return ModelConfig(
-            name=str(self.metadata("general.name", "") or self.path.stem),
-            architecture=arch,
-            num_layers=layers,
-            hidden=hidden,
-            intermediate=self._number(key("feed_forward_length"), int),
-            num_heads=heads,
-            num_kv_heads=self._number(key("attention.head_count_kv"), int, heads),
-            head_dim=head_dim,
-            # llama.cpp's defaults for absent keys
-            rope_theta=self._number(key("rope.freq_base"), float, 10000.0),
-            eps=self._number(key("attention.layer_norm_rms_epsilon"), float),
-            context_length=self._number(key("context_length"), int),
-            vocab_size=self._number(key("vocab_size"), int, vocab),
-            tied_embeddings=tied,
-            quants={name: self.tensors[name].quant.name for name in names},
-        )
+        # llama.cpp's defaults for absent keys
+        values = dict(num_layers=layers, hidden=hidden, intermediate=self._number(key("feed_forward_length"), int),
+                      num_heads=heads, num_kv_heads=self._number(key("attention.head_count_kv"), int, heads),
+                      head_dim=head_dim, rope_theta=self._number(key("rope.freq_base"), float, 10000.0),
+                      eps=self._number(key("attention.layer_norm_rms_epsilon"), float),
+                      context_length=self._number(key("context_length"), int),
+                      vocab_size=self._number(key("vocab_size"), int, vocab))
+        keys = {"num_layers": "block_count", "hidden": "embedding_length", "intermediate": "feed_forward_length",
+                "num_heads": "attention.head_count", "num_kv_heads": "attention.head_count_kv",
+                "head_dim": "attention.key_length", "rope_theta": "rope.freq_base",
+                "eps": "attention.layer_norm_rms_epsilon", "context_length": "context_length", "vocab_size": "vocab_size"}
+        origin = {name: f"metadata {key(short)!r}" for name, short in keys.items() if key(short) in self.reader.fields}
+        if "head_dim" not in origin:
+            origin["head_dim"] = f"{key('embedding_length')} / {key('attention.head_count')}"
+        if "vocab_size" not in origin:
+            origin["vocab_size"] = "the tokenizer's tokens" if tokens else "token_embd.weight's rows"
+        try:
+            return ModelConfig(name=str(self.metadata("general.name", "") or self.path.stem), architecture=arch,
+                               tied_embeddings=tied, quants={name: self.tensors[name].quant.name for name in names},
+                               origin=origin, **values)
+        except PtxgenError as error:  # ModelConfig's refusals name the field and its origin, not the file
+            raise PtxgenError(f"{self.path}: {error}") from None
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every tensor a model of this config reads, with its shape (numpy order)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import PtxgenError
@@ -61,6 +61,11 @@ class ModelConfig:
     tied_embeddings: bool  # no output.weight: the lm_head is token_embd
     # Type (a ptxgen.quants name) of every matrix of matrix_names(), by GGUF tensor name.
     quants: dict[str, str]
+    # Where a field's value came from (e.g. "metadata 'qwen3.block_count'"), for the refusals.
+    origin: dict[str, str] = field(default_factory=dict, compare=False)
+
+    def _named(self, name: str) -> str:
+        return f"{name} ({self.origin[name]})" if name in self.origin else name
 
     def __post_init__(self):
         if self.architecture not in ARCHITECTURES:
@@ -70,15 +75,17 @@ class ModelConfig:
                      "context_length", "vocab_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise PtxgenError(f"{self.name}: {name} must be a positive integer, got {value!r}")
+                raise PtxgenError(f"{self.name}: {self._named(name)} must be a positive integer, got {value!r}")
         if self.num_heads % self.num_kv_heads:
-            raise PtxgenError(f"{self.name}: num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})")
+            raise PtxgenError(f"{self.name}: {self._named('num_kv_heads')} = {self.num_kv_heads} must divide "
+                              f"{self._named('num_heads')} = {self.num_heads}")
         if self.head_dim % 2:
-            raise PtxgenError(f"{self.name}: head_dim must be even for rope, got {self.head_dim}")
+            raise PtxgenError(f"{self.name}: {self._named('head_dim')} must be even for rope, got {self.head_dim}")
         if not (math.isfinite(self.rope_theta) and self.rope_theta > 1):
-            raise PtxgenError(f"{self.name}: rope_theta must be a finite number above 1, got {self.rope_theta}")
+            raise PtxgenError(f"{self.name}: {self._named('rope_theta')} must be a finite number above 1, "
+                              f"got {self.rope_theta}")
         if not 0 < self.eps < 1:
-            raise PtxgenError(f"{self.name}: eps must be in (0, 1), got {self.eps}")
+            raise PtxgenError(f"{self.name}: {self._named('eps')} must be in (0, 1), got {self.eps}")
         expected = matrix_names(self.num_layers, self.tied_embeddings)
         if set(self.quants) != set(expected):
             missing = sorted(set(expected) - set(self.quants))
@@ -147,8 +154,8 @@ def from_hf_config(path, quant: str) -> ModelConfig:
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
-            raise PtxgenError(f"{path}: {key!r} must be {'a number' if kind is float else 'an ' + kind.__name__}, "
-                              f"got {value!r}")
+            expected = {float: "a number", int: "an integer", bool: "true or false", str: "a string"}[kind]
+            raise PtxgenError(f"{path}: {key!r} must be {expected}, got {value!r}")
         return value
 
     architecture = get("model_type", str)
@@ -162,7 +169,14 @@ def from_hf_config(path, quant: str) -> ModelConfig:
     hidden = get("hidden_size", int)
     layers = get("num_hidden_layers", int)
     tied = get("tie_word_embeddings", bool, False)
+    keys = {"num_layers": "num_hidden_layers", "hidden": "hidden_size", "intermediate": "intermediate_size",
+            "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads", "head_dim": "head_dim",
+            "rope_theta": "rope_theta", "eps": "rms_norm_eps", "context_length": "max_position_embeddings",
+            "vocab_size": "vocab_size"}
+    origin = {name: f"{path.name}'s {key!r}" if key in data else f"default of {path.name}'s {key!r}"
+              for name, key in keys.items()}
     return ModelConfig(
+        origin=origin,
         name=str(data.get("_name_or_path") or path.resolve().parent.name),
         architecture=architecture,
         num_layers=layers,

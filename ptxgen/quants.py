@@ -57,6 +57,9 @@ class QuantType:
     block_bytes: int
     quantize_blocks: Callable[[np.ndarray], np.ndarray]  # finite f32 [B, weights] -> u8 [B, bytes]
     dequantize_blocks: Callable[[np.ndarray], np.ndarray]  # u8 [..., bytes] -> f32 [..., weights]
+    # A block's floating-point fields as (byte offset, "f16" | "bf16" | "f32"): the scales of a
+    # quantised type (its codes are integers), the weight itself of a plain float type.
+    float_fields: tuple[tuple[int, str], ...]
 
     @property
     def ggml_type(self):
@@ -110,6 +113,16 @@ class QuantType:
             out[start:start + chunk] = self.quantize_blocks(blocks[start:start + chunk])
         return out.reshape(n, self.row_bytes(k))
 
+    def non_finite(self, w: np.ndarray) -> int:
+        """How many floating-point fields of packed rows are NaN or infinite (an all-ones exponent)."""
+        blocks = np.asarray(w).reshape(-1, self.block_bytes)
+        found = 0
+        for offset, kind in self.float_fields:
+            size, exponent = _EXPONENT_BITS[kind]
+            bits = np.ascontiguousarray(blocks[:, offset:offset + size]).view(f"<u{size}")
+            found += int(np.count_nonzero(bits & exponent == exponent))
+        return found
+
     def dequantize(self, w: np.ndarray, k: int | None = None) -> np.ndarray:
         """Packed u8 [n, row_bytes] (or one row, 1-D) -> float32 [n, k], ptxgen's own dequantiser."""
         w = self.check_packed(w, k)
@@ -140,16 +153,20 @@ class QuantType:
         return pool[picks].reshape(n, self.row_bytes(k))
 
 
+_EXPONENT_BITS = {"f16": (2, 0x7C00), "bf16": (2, 0x7F80), "f32": (4, 0x7F800000)}  # bytes, exponent mask
 QUANT_TYPES: dict[str, QuantType] = {
     q.name: q
     for q in (
-        QuantType("q4_k", "Q4_K", kquants.QK_K, kquants.Q4_K_BYTES, kquants.quantize_q4_k, kquants.dequantize_q4_k),
-        QuantType("q6_k", "Q6_K", kquants.QK_K, kquants.Q6_K_BYTES, kquants.quantize_q6_k, kquants.dequantize_q6_k),
-        QuantType("q8_0", "Q8_0", 32, 34, _quantize_q8_0, _dequantize_q8_0),
-        QuantType("f32", "F32", 1, 4, lambda xb: xb.view(np.uint8), _view_as(np.float32)),
-        QuantType("f16", "F16", 1, 2, lambda xb: xb.astype(np.float16).view(np.uint8), _view_as(np.float16)),
+        QuantType("q4_k", "Q4_K", kquants.QK_K, kquants.Q4_K_BYTES, kquants.quantize_q4_k, kquants.dequantize_q4_k,
+                  ((0, "f16"), (2, "f16"))),  # d, dmin
+        QuantType("q6_k", "Q6_K", kquants.QK_K, kquants.Q6_K_BYTES, kquants.quantize_q6_k, kquants.dequantize_q6_k,
+                  ((kquants.Q6_K_BYTES - 2, "f16"),)),  # d, the last field
+        QuantType("q8_0", "Q8_0", 32, 34, _quantize_q8_0, _dequantize_q8_0, ((0, "f16"),)),
+        QuantType("f32", "F32", 1, 4, lambda xb: xb.view(np.uint8), _view_as(np.float32), ((0, "f32"),)),
+        QuantType("f16", "F16", 1, 2, lambda xb: xb.astype(np.float16).view(np.uint8), _view_as(np.float16),
+                  ((0, "f16"),)),
         QuantType("bf16", "BF16", 1, 2, lambda xb: f32_to_bf16(xb).view(np.uint8),
-                  lambda blocks: bf16_to_f32(np.ascontiguousarray(blocks).view(np.uint16))),
+                  lambda blocks: bf16_to_f32(np.ascontiguousarray(blocks).view(np.uint16)), ((0, "bf16"),)),
     )
 }
 Q4_K = QUANT_TYPES["q4_k"]

@@ -122,16 +122,12 @@ def generated_spec(config: ModelConfig, source: str, max_seq_len: int | None = N
     # Two m16 tiles a warp share each K/V fragment (half the ldmatrix per MMA): 320/372 TFLOP/s at
     # 4k/8k keys against 292/323 on an H100 at head_dim 128; 4 warps load rows of up to 128.
     wide = c.head_dim <= 128
-    try:
-        refusal = kind_of(config_from_json(decoder)).unbuildable()
-    except ValidationError as error:
-        refusal = f"persistent_decoder {config_problem(error)}"
-    if refusal:
-        whole = (f"Whole decoder layers in one launch: none ({refusal})", [])
-    else:
-        whole = ("Whole decoder layers for one token, one launch", [decoder])
+    prefill = {"name": f"{prefix}_prefill_attention", "kind": "flash_attention", "num_heads": c.num_heads,
+               "num_kv_heads": c.num_kv_heads, "head_dim": c.head_dim, "dtype": "f16", "out_dtype": "f16",
+               "causal": True, **({"block_m": 128, "warp_rows": 32} if wide else {})}
     sections = [
-        whole,
+        optional_section("Whole decoder layers for one token, one launch", "Whole decoder layers in one launch",
+                         decoder),
         ("RMSNorm (attention, MLP and final norms share a shape)" + (", Qwen3's per-head Q/K norms" if c.qk_norm else ""),
          [{"name": f"{prefix}_rmsnorm", "kind": "rmsnorm", "hidden": c.hidden, "eps": c.eps}]
          + ([{"name": f"{prefix}_q_norm", "kind": "per_head_rmsnorm", "num_heads": c.num_heads, **norm},
@@ -153,10 +149,9 @@ def generated_spec(config: ModelConfig, source: str, max_seq_len: int | None = N
           {"name": f"{prefix}_residual_add", "kind": "residual_add", "n": c.hidden}]),
         ("Greedy sampling: the index of the largest logit",
          [{"name": f"{prefix}_argmax", "kind": "argmax", "n": c.vocab_size}]),
-        ("Prefill attention (causal)" + (", 128-row CTAs of 32-row warps: faster from 4k keys on an H100" if wide else ""),
-         [{"name": f"{prefix}_prefill_attention", "kind": "flash_attention", "num_heads": c.num_heads,
-           "num_kv_heads": c.num_kv_heads, "head_dim": c.head_dim, "dtype": "f16", "out_dtype": "f16",
-           "causal": True, **({"block_m": 128, "warp_rows": 32} if wide else {})}]),
+        optional_section("Prefill attention (causal)"
+                         + (", 128-row CTAs of 32-row warps: faster from 4k keys on an H100" if wide else ""),
+                         "Prefill attention", prefill),
     ]
     types = sorted({q.upper() for q in c.quants.values()})
     lines = [
@@ -175,6 +170,16 @@ def generated_spec(config: ModelConfig, source: str, max_seq_len: int | None = N
             lines += ["", "[[kernels]]"] + [f"{key} = {_toml_value(value)}" for key, value in kernel.items()]
     text = "\n".join(lines) + "\n"
     return text, check_generated(text, c.name, max_seq_len)
+
+
+def optional_section(title: str, short: str, kernel: dict) -> tuple[str, list[dict]]:
+    """A section of one kernel the model's shapes may rule out (the persistent decoder, prefill
+    attention: decode runs without them): left out, with the reason, where its kind refuses them."""
+    try:
+        refusal = kind_of(config_from_json(kernel)).unbuildable()
+    except ValidationError as error:
+        refusal = f"{kernel['kind']} {config_problem(error)}"
+    return (f"{short}: none ({refusal})", []) if refusal else (title, [kernel])
 
 
 def config_problem(error: ValidationError) -> str:

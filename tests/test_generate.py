@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -66,7 +67,21 @@ def files(tmp_path_factory):
             "split": rewrite_gguf(write_tiny_gguf(root / "split-source.gguf"), root / "split.gguf",
                                   drop_tensors=("blk.0.ffn_up.weight",),
                                   add_tensors=[("blk.0.ffn_up.weight", quant_type("q8_0").random_weights(
-                                      np.random.default_rng(0), 512, 256), gguf.GGMLQuantizationType.Q8_0)])}
+                                      np.random.default_rng(0), 512, 256), gguf.GGMLQuantizationType.Q8_0)]),
+            "nan_norm": poisoned(root, "output_norm.weight", 4, np.float32(np.nan)),
+            "inf_scale": poisoned(root, "blk.1.attn_q.weight", 144 * 3, np.float16(-np.inf)),  # block 3's d
+            }
+
+
+def poisoned(root, name: str, at: int, value) -> Path:
+    """The tiny model with `value`'s bytes written at byte `at` of tensor `name`."""
+    source = write_tiny_gguf(root / f"{name}-source.gguf", quant="q4_k")
+    tensor = next(t for t in gguf.GGUFReader(source).tensors if t.name == name)
+    data = np.array(tensor.data)
+    raw = data.view(np.uint8).reshape(-1)
+    raw[at:at + value.nbytes] = np.frombuffer(value.tobytes(), np.uint8)
+    kind = None if tensor.tensor_type == gguf.GGMLQuantizationType.F32 else tensor.tensor_type
+    return rewrite_gguf(source, root / f"{name}-poisoned.gguf", drop_tensors=(name,), add_tensors=[(name, data, kind)])
 
 
 def quantisation_noise(model, prompt, tokens) -> float:
@@ -262,6 +277,8 @@ def test_unsupported_weight_types_are_named(files):
                                               r".*a layer's cache must be below 4 GiB"),
     (["{qwen3}", "--max-seq-len", "16777217"], r"\(--max-seq-len 16777217\): kernel '\w+_kv_append' .*max_seq_len"),
     (["{split}", "--fused"], r"--fused: weight_quants: w_gate and w_up differ in layer\(s\) 0"),
+    (["{nan_norm}"], r"tiny-qwen3: tensor 'output_norm\.weight' holds 1 NaN or infinite values"),
+    (["{inf_scale}"], r"tiny-qwen3: tensor 'blk\.1\.attn_q\.weight' holds 1 NaN or infinite block scales"),
     (["{qwen3}", "--save-logits", "{folder}"], r"--save-logits .*: is a folder; give a file name"),
     (["{qwen3}", "--save-logits", "/dev/null"], r"--save-logits /dev/null: is not a regular file"),
     (["{qwen3}", "--save-logits", "{qwen3}"], r"--save-logits .*qwen3\.gguf: expected a \.npy file name"),
@@ -272,7 +289,7 @@ def test_bad_input_is_one_message_and_exit_2(files, tmp_path, args, message):
     (tmp_path / "not-a-model.gguf").write_text("hello")
     (tmp_path / "folder").mkdir()
     names = {"missing": tmp_path / "missing.gguf", "text": tmp_path / "not-a-model.gguf", "folder": tmp_path / "folder",
-             "qwen3": files["qwen3"], "split": files["split"]}
+             **{name: files[name] for name in ("qwen3", "split", "nan_norm", "inf_scale")}}
     args = [a.format(**names) for a in args]
     defaults = [option for name, value in (("--tokens", "1,2,3"), ("--max-new", "2")) if name not in args
                 for option in (name, value)]

@@ -112,6 +112,21 @@ BAD_FILES = [
           add_tensors=[("output.weight", QUANT_TYPES["q6_k"].random_weights(np.random.default_rng(0), 999, 256),
                         gguf.GGMLQuantizationType.Q6_K)]),
      r"tensor 'output\.weight' has shape \[999, 256\], expected \[1000, 256\]"),
+    # metadata refusals name the key, before any work that scales with it
+    (dict(drop_fields=["qwen3.block_count"], set_fields=[("qwen3.block_count", 4_000_000_000, V.UINT32)]),
+     r"metadata 'qwen3\.block_count' says 4000000000 layers, but the file holds \d+ tensors"),
+    (dict(drop_fields=["qwen3.attention.head_count_kv"], set_fields=[("qwen3.attention.head_count_kv", -2, V.INT32)]),
+     r"num_kv_heads \(metadata 'qwen3\.attention\.head_count_kv'\) must be a positive integer, got -2"),
+    (dict(drop_fields=["qwen3.attention.layer_norm_rms_epsilon"],
+          set_fields=[("qwen3.attention.layer_norm_rms_epsilon", float("nan"), V.FLOAT32)]),
+     r"eps \(metadata 'qwen3\.attention\.layer_norm_rms_epsilon'\) must be in \(0, 1\), got nan"),
+    (dict(drop_fields=[f"qwen3.{key}" for key in ("attention.head_count", "attention.head_count_kv",
+                                                   "attention.key_length", "attention.value_length",
+                                                   "rope.dimension_count")],
+          set_fields=[("qwen3.attention.head_count", 5, V.UINT32), ("qwen3.attention.head_count_kv", 5, V.UINT32)]),
+     r"metadata 'qwen3\.embedding_length' = 256 is not a multiple of 'qwen3\.attention\.head_count' = 5, and "
+     r"'qwen3\.attention\.key_length' \(the head size\) is absent"),
+    (dict(big_endian=True), r"a big-endian GGUF file: not supported"),
 ]
 
 
@@ -123,7 +138,29 @@ def test_unsupported_files_are_refused_by_name(tmp_path, qwen3, edits, message):
     assert str(bad) in str(error.value)
 
 
+@pytest.mark.parametrize("offset, why", [
+    (lambda offset: offset + 32, r"overlaps tensor 'blk\.1\.ffn_norm\.weight'"),
+    (lambda offset: offset + 1, r"not a multiple of the alignment 32"),
+    (lambda offset: 2**64 - 32, r"runs past the end of the file"),
+])
+def test_tensor_data_offsets_are_checked(tmp_path, qwen3, offset, why, recwarn):
+    """A damaged tensor table (data offsets that overlap, are misaligned or wrap past 2^64) is
+    refused by name, as llama.cpp's loader does, not read from the wrong bytes."""
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(qwen3.read_bytes())
+    reader = gguf.GGUFReader(bad, "r+")
+    tensor = next(t for t in reader.tensors if t.name == "blk.1.ffn_norm.weight")
+    tensor.field.parts[-1][0] = offset(int(tensor.field.parts[-1][0]))
+    reader.data.flush()
+    del reader
+    with pytest.raises(PtxgenError, match=r"bad\.gguf: tensor '[^']+': data offset \d+ \(\d+ bytes\) (" + why + ")"):
+        GGUFModel(bad)
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)], "no numpy overflow warning"
+
+
 def test_unreadable_files(tmp_path):
+    with pytest.raises(PtxgenError, match=r"\.gguf: cannot read GGUF file: File name too long"):
+        GGUFModel(tmp_path / ("a" * 300 + ".gguf"))
     with pytest.raises(PtxgenError, match=r"missing\.gguf: cannot read GGUF file"):
         GGUFModel(tmp_path / "missing.gguf")
     junk = tmp_path / "junk.gguf"

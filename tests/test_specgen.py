@@ -15,6 +15,7 @@ import pytest
 from fixtures.make_tiny_gguf import tiny_config, write_tiny_gguf
 
 from ptxgen.errors import PtxgenError
+from ptxgen.generate import step_kernels
 from ptxgen.model_config import from_hf_config
 from ptxgen.spec import load_spec
 from ptxgen.kernels import config_from_json
@@ -139,6 +140,16 @@ def test_a_decoder_without_a_fused_kernel_is_left_out_and_the_spec_says_why():
     assert "# --- Whole decoder layers in one launch: none (weight_quants: w_gate and w_up differ in layer(s) 1;" in text
 
 
+def test_prefill_attention_the_model_cannot_have_is_left_out_and_decode_still_runs():
+    """head_dim 256: flash_attention takes 64 and 128 only, but decode (what generate runs) needs
+    no prefill kernel: the spec leaves it out and says why."""
+    config = dataclasses.replace(tiny_config(), head_dim=256)
+    text = spec_text(config, "x")
+    assert "flash_attention" not in {e["kind"] for e in kernels(text)}
+    assert "# --- Prefill attention: none (flash_attention head_dim: Input should be 64 or 128 (got 256))" in text
+    assert step_kernels(config, 16).decoder.head_dim == 256
+
+
 def test_write_spec_never_replaces_unasked(tmp_path):
     out = tmp_path / "spec.toml"
     out.write_text("mine")
@@ -157,9 +168,10 @@ def test_write_spec_never_replaces_unasked(tmp_path):
     ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope scaling .* is not supported"),
     ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope scaling .* is not supported"),
     ({"hidden_size": None}, "missing 'hidden_size'"),
-    ({"num_attention_heads": "32"}, r"'num_attention_heads' must be an int, got '32'"),
-    ({"tie_word_embeddings": 1}, r"'tie_word_embeddings' must be an bool"),
-    ({"num_key_value_heads": 7}, r"num_kv_heads \(7\) must divide num_heads \(32\)"),
+    ({"num_attention_heads": "32"}, r"'num_attention_heads' must be an integer, got '32'"),
+    ({"tie_word_embeddings": 1}, r"'tie_word_embeddings' must be true or false"),
+    ({"num_key_value_heads": 7}, r"num_kv_heads \(config.json's 'num_key_value_heads'\) = 7 must divide "
+                                 r"num_heads \(config.json's 'num_attention_heads'\) = 32"),
 ])
 def test_hf_config_errors(tmp_path, changes, message):
     with pytest.raises(PtxgenError, match=message):
