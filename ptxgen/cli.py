@@ -617,13 +617,14 @@ def generate(
     import numpy as np
 
     from .artifacts import check_output_file, write_file
-    from .generate import Generator
+    from .generate import Generator, check_request
     from .gguf_model import GGUFModel
 
     prompt = parse_tokens(tokens)
     if save_logits is not None:
         check_output_file(save_logits, "--save-logits", ".npy", inputs=(model,))
     loaded = GGUFModel(model)
+    check_request(loaded.config, max_seq_len, prompt, max_new)
     with progress_bar("loading", 0, True) as progress:
         task = progress.add_task("loading weights", total=None)
         generator = Generator(loaded, backend.value, max_seq_len, fused,

@@ -100,6 +100,25 @@ def step_kernels(config: ModelConfig, max_seq_len: int) -> StepKernels:
     return StepKernels(decoder_config(config, max_seq_len), spec.find("rmsnorm"), lm_head, spec.find("argmax"))
 
 
+def check_request(config: ModelConfig, max_seq_len: int | None, prompt: list[int], max_new: int) -> None:
+    """Refuse a prompt or a length the model cannot take (cheap: before any weight is loaded).
+    `max_seq_len`: the KV cache's positions as --max-seq-len gave them (None: context_length)."""
+    if not prompt:
+        raise PtxgenError("--tokens: give at least one prompt token")
+    for token in prompt:
+        if not 0 <= token < config.vocab_size:
+            raise PtxgenError(f"--tokens: token {token} is outside the vocabulary (0..{config.vocab_size - 1})")
+    if max_new < 1:
+        raise PtxgenError(f"--max-new: expected at least 1, got {max_new}")
+    positions = len(prompt) + max_new - 1  # the last new token is not fed back
+    cache = max_seq_len or config.context_length
+    if positions > cache:
+        source = "--max-seq-len" if max_seq_len else "the model's context_length; --max-seq-len sets it"
+        prompted = f"{len(prompt)} prompt token{'s' if len(prompt) > 1 else ''}"
+        raise PtxgenError(f"--max-new {max_new}: {prompted} and {max_new} new ones need {positions} cache positions; "
+                          f"the KV cache holds {cache} ({source})")
+
+
 # --- where the buffers live ------------------------------------------------------------------------
 class HostMemory:
     """Named host arrays; calls run in the PTX interpreter (sanitizer on), one launch after another."""
@@ -333,25 +352,11 @@ class Generator:
         return self.memory.read("logits")
 
     # --- greedy decoding -----------------------------------------------------------------------
-    def check_request(self, prompt: list[int], max_new: int) -> None:
-        c = self.config
-        if not prompt:
-            raise PtxgenError("--tokens: give at least one prompt token")
-        for token in prompt:
-            if not 0 <= token < c.vocab_size:
-                raise PtxgenError(f"--tokens: token {token} is outside the vocabulary (0..{c.vocab_size - 1})")
-        if max_new < 1:
-            raise PtxgenError(f"--max-new: expected at least 1, got {max_new}")
-        positions = len(prompt) + max_new - 1  # the last new token is not fed back
-        if positions > self.max_seq_len:
-            raise PtxgenError(f"--max-new {max_new}: the prompt's {len(prompt)} tokens and {max_new} new ones need "
-                              f"{positions} cache positions; the KV cache holds {self.max_seq_len} (--max-seq-len)")
-
     def generate(self, prompt: list[int], max_new: int, keep_logits: bool = False) -> Generation:
         """Greedy decoding from an empty cache: the prompt token by token, then `max_new` tokens,
         each the argmax of the logits before it. Decode steps are timed on the wall clock."""
         prompt = [int(t) for t in prompt]
-        self.check_request(prompt, max_new)
+        check_request(self.config, self.max_seq_len, prompt, max_new)
         for pos, token in enumerate(prompt[:-1]):
             self.step(token, pos, head=False)
         generated = [self.step(prompt[-1], len(prompt) - 1)]

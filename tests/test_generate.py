@@ -271,7 +271,10 @@ def test_unsupported_weight_types_are_named(files):
     (["{qwen3}", "--tokens", "1,1000"], r"--tokens: token 1000 is outside the vocabulary \(0\.\.999\)"),
     (["{qwen3}", "--tokens", "-1"], r"token -1 is outside the vocabulary"),
     (["{qwen3}", "--max-seq-len", "4", "--max-new", "3"],
-     r"--max-new 3: the prompt's 3 tokens and 3 new ones need 5 cache positions; the KV cache holds 4"),
+     r"--max-new 3: 3 prompt tokens and 3 new ones need 5 cache positions; the KV cache holds 4 \(--max-seq-len\)"),
+    (["{qwen3}", "--tokens", "7", "--max-new", "300"],
+     r"--max-new 300: 1 prompt token and 300 new ones need 300 cache positions; the KV cache holds 256 \(the "
+     r"model's context_length; --max-seq-len sets it\)"),
     (["{qwen3}", "--max-new", "0"], r"--max-new: expected at least 1, got 0"),
     (["{qwen3}", "--max-seq-len", "8388608"], r"at --max-seq-len 8388608: its layers have no plan \(persistent_decoder "
                                               r".*a layer's cache must be below 4 GiB"),
