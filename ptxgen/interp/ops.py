@@ -18,7 +18,7 @@ from ..errors import InterpError
 from . import numerics as nm
 from .approx import EXACT
 from .ordering import access_of, fence_of
-from .parser import TYPES, Addr, Imm, Neg, Pair, Reg, Sink, Special, Sym, Vec
+from .parser import TYPE_NAME, TYPES, Addr, Imm, Neg, Pair, Reg, Sink, Special, Sym, Vec
 from .sanitizer import full_warps, warp_members
 from .findings import Finding
 from .state import SHARED_WINDOW, converter, dtype_of, storage_of, store_converter
@@ -85,6 +85,9 @@ class Ctx:
         types = [m for m in self.mods if m in TYPES]
         self.type = types[-1] if types else None
         self.types = types
+        unknown = [m for m in self.mods if m not in TYPES and TYPE_NAME.fullmatch(m)]
+        if unknown:
+            self.fail(f"unsupported type .{unknown[0]}")
 
     def fail(self, msg):
         raise InterpError(f"line {self.ins.line}: `{self.ins.text}`: {msg}")
@@ -632,9 +635,18 @@ def _absneg(c):
     return c.alu(lambda st, sel: dst(st, sel, fn(np.asarray(a(st, sel)))))
 
 
+def _bitwise(c):
+    """The type of a bitwise instruction: bits, integers or predicates (numpy has no bitwise
+    operations on floats)."""
+    if TYPES[c.type][1] in ("f", "bf"):
+        c.fail(f"{c.ins.base} needs a .b, .u, .s or .pred type, not .{c.type}")
+    return c.type
+
+
 @opcode("and", "or", "xor")
 def _logic(c):
     c.need(3)
+    _bitwise(c)
     fn = {"and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor}[c.ins.base]
     return _int_binary(c, fn)
 
@@ -642,7 +654,7 @@ def _logic(c):
 @opcode("not", "cnot")
 def _not(c):
     c.need(2)
-    t = c.type
+    t = _bitwise(c)
     a, dst = c.read(1, t), c.write(0, t)
     if c.ins.base == "cnot":
         return c.alu(lambda st, sel: dst(st, sel, (np.asarray(a(st, sel)) == 0).astype(dtype_of(t))))
@@ -923,10 +935,9 @@ def _unary(c):
 # ---- conversion ------------------------------------------------------------------------
 @opcode("cvt")
 def _cvt(c):
+    c.check_mods({*FLOAT_ROUND, *INT_ROUND, "ftz", "sat", "relu"})    # not .satfinite, .pack, .rna, .rs
     types = c.types
     mode = c.pick(FLOAT_ROUND + INT_ROUND)
-    if any(m in ("satfinite",) for m in c.mods):
-        c.fail(".satfinite is not supported")
     if len(types) != 2:
         c.fail("cvt needs a destination and a source type")
     dt_, at = types
