@@ -365,40 +365,44 @@ def _float_kind(t):
     return t in ("f16", "bf16", "f16x2", "bf16x2")
 
 
-def _half(c, t, fn, nargs):
-    """f16/bf16 scalar or packed-pair arithmetic: decode to exact float64, compute with fn
-    (which returns (float64 value, error) or a float64), round once."""
-    kind = t.replace("x2", "")
+def _half_lanes(c, t, fn, nargs):
+    """Compile fn (uint16 bit arrays -> uint16 bits) over the operands of an .f16/.bf16
+    instruction, or over both halves of each .x2 operand at once (as [threads, 2] arrays,
+    the low half first)."""
     packed = t.endswith("x2")
-    mode = c.pick(FLOAT_ROUND, "rn")
     readers = [c.read(i + 1, "b32" if packed else "b16") for i in range(nargs)]
     dst = c.write(0, "b32" if packed else "b16")
+
+    def run(st, sel):
+        args = [np.atleast_1d(np.asarray(r(st, sel))) for r in readers]
+        if packed:
+            halves = [np.ascontiguousarray(a).view(np.uint16).reshape(-1, 2) for a in args]
+            dst(st, sel, np.ascontiguousarray(fn(*halves), np.uint16).view(np.uint32).reshape(-1))
+        else:
+            dst(st, sel, fn(*args))
+    return c.alu(run)
+
+
+def _half(c, t, fn, nargs):
+    """f16/bf16 scalar or packed-pair arithmetic: decode to exact float64, compute and round
+    once with fn(kind, mode, *values)."""
+    kind = t.replace("x2", "")
+    mode = c.pick(FLOAT_ROUND, "rn")
     flush = "ftz" in c.mods and kind == "f16"
     sat = "sat" in c.mods
 
-    def one(halves):
+    def one(*halves):
         vals = [nm.decode(h.view(np.float16) if kind == "f16" else h, kind) for h in halves]
         if flush:
             vals = [nm.flush_subnormal(v.astype(np.float16)).astype(np.float64) for v in vals]
         out = np.asarray(fn(kind, mode, *vals))
-        if out.dtype == np.float64:        # exact results (min, max) still need narrowing
-            out = nm.narrow(out, kind, "rn")
         if sat:
             v = nm.decode(out, kind)
             out = nm.narrow(np.where(np.isnan(v), 0.0, np.clip(v, 0.0, 1.0)), kind, "rn")
         if flush:
             out = nm.flush_subnormal(out)
         return out.view(np.uint16) if kind == "f16" else out.astype(np.uint16)
-
-    def run(st, sel):
-        args = [np.atleast_1d(np.asarray(r(st, sel))) for r in readers]
-        if packed:
-            lo = one([(a & 0xFFFF).astype(np.uint16) for a in args]).astype(np.uint32)
-            hi = one([(a >> 16).astype(np.uint16) for a in args]).astype(np.uint32)
-            dst(st, sel, lo | (hi << np.uint32(16)))
-        else:
-            dst(st, sel, one(args))
-    return c.alu(run)
+    return _half_lanes(c, t, one, nargs)
 
 
 def _int_binary(c, fn):
@@ -598,18 +602,72 @@ def _div(c):
     return _int_binary(c, divide)
 
 
+# .f16 and .bf16 bits <-> numpy floats that hold them exactly (bf16 as the f32 of its bits)
+_HALF_VALUES = {"f16": (lambda h: h.view(np.float16), lambda v: v.view(np.uint16)),
+                "bf16": (nm.bf16_bits_to_f32, lambda v: (v.view(np.uint32) >> 16).astype(np.uint16))}
+# the canonical NaN, as a value of the numpy float that holds each kind
+_CANONICAL_NAN = {"f16": np.uint16(0x7FFF).view(np.float16), "bf16": np.uint32(0x7FFF0000).view(np.float32),
+                  "f32": np.uint32(0x7FFFFFFF).view(np.float32)}
+
+
+def _float_minmax(is_max, nan, xorsign, canonical):
+    """min/max of two float arrays of one dtype (ISA 9.7.3.11-12, 9.7.4.7-8): a NaN loses to a
+    number, or with .NaN makes the result the canonical NaN; +0 > -0; with .xorsign.abs the
+    magnitudes are compared and a number result takes the XOR of the input signs."""
+    pick = np.fmax if is_max else np.fmin
+
+    def fn(x, y):
+        if xorsign:
+            negative = np.signbit(x) ^ np.signbit(y)
+            x, y = np.abs(x), np.abs(y)
+        r = pick(x, y)
+        # fmax/fmin return either of two equal values; equal values have equal bits but for
+        # zeros, where AND-ing the bits gives max's +0 and OR-ing them min's -0
+        u = _uint(r.dtype.itemsize)
+        tie = (x.view(u) & y.view(u)) if is_max else (x.view(u) | y.view(u))
+        r = np.where(x == y, tie.view(r.dtype), r)
+        if nan:
+            r = np.where(np.isnan(x) | np.isnan(y), canonical, r)
+        if xorsign:
+            r = np.where(negative & ~np.isnan(r), -r, r)
+        return r
+    return fn
+
+
 @opcode("min", "max")
 def _minmax(c):
     c.need(3)
+    c.check_mods({"ftz", "NaN", "xorsign", "abs", "relu"})
     t, is_max = c.type, c.ins.base == "max"
+    kind = TYPES[t][1]
+    if kind in ("u", "s"):
+        if c.has("ftz", "NaN", "xorsign", "abs"):
+            c.fail(".ftz, .NaN and .xorsign.abs need a float type")
+        fn = np.maximum if is_max else np.minimum
+        if "relu" in c.mods:        # negative results clamp to 0
+            if t != "s32":
+                c.fail(".relu needs .s32")
+            return _int_binary(c, lambda x, y: np.maximum(fn(x, y), 0))
+        return _int_binary(c, fn)
+    if kind not in ("f", "bf") and not _float_kind(t):
+        c.fail(f"{c.ins.base} needs an integer or float type, not .{t}")
+    if "relu" in c.mods:
+        c.fail(".relu needs .s32")
+    xorsign = "xorsign" in c.mods
+    if xorsign != ("abs" in c.mods):
+        c.fail(".xorsign and .abs go together (the three-operand .abs form is not supported)")
+    half = t.replace("x2", "")
+    if t == "f64" and c.has("ftz", "NaN", "xorsign"):
+        c.fail("min/max.f64 takes no .ftz, .NaN or .xorsign.abs")
+    if "ftz" in c.mods and half == "bf16":
+        c.fail(".ftz needs .f32, .f16 or .f16x2")
+    fn = _float_minmax(is_max, "NaN" in c.mods, xorsign, _CANONICAL_NAN.get(half))
     if _float_kind(t):
-        fn = np.fmax if is_max else np.fmin
-        return _half(c, t, lambda k, m, x, y: fn(x, y), 2)
-    if TYPES[t][1] == "f":
-        fn = (np.maximum if is_max else np.minimum) if "NaN" in c.mods else (np.fmax if is_max else np.fmin)
-        fin = _ftz_in(c, t)
-        return _int_binary(c, lambda x, y: c.finish_float(np.asarray(fn(fin(x), fin(y))), t))
-    return _int_binary(c, np.maximum if is_max else np.minimum)
+        decode, encode = _HALF_VALUES[half]
+        flush = nm.flush_subnormal if "ftz" in c.mods else _as_is
+        return _half_lanes(c, t, lambda a, b: encode(fn(flush(decode(a)), flush(decode(b)))), 2)
+    fin = _ftz_in(c, t)     # results are inputs (or the canonical NaN): flushed already
+    return _int_binary(c, lambda x, y: fn(fin(x), fin(y)))
 
 
 @opcode("abs", "neg")

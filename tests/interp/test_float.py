@@ -1,4 +1,5 @@
 """Floating-point instructions: exact IEEE results, FMA rounding, conversions."""
+import re
 from fractions import Fraction
 
 import numpy as np
@@ -6,6 +7,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from ptxgen.errors import InterpError
 from interp_helpers import elementwise, f32
 
 
@@ -108,6 +110,71 @@ def test_min_max_nan_and_setp_orderings():
         out = elementwise(f"setp.{cmp}.f32 %p, %a, %b; selp.u32 %d, 1, 0, %p;", a, b)
         assert list(out) == want, cmp
 
+
+
+# (type, bits of -0, of +0, of 1.0, of -3.0, of a NaN, the canonical NaN), packed types in both halves
+MINMAX_TYPES = {
+    "f32": (0x80000000, 0, 0x3F800000, 0xC0400000, 0x7FC00001, 0x7FFFFFFF),
+    "f16x2": (0x80008000, 0, 0x3C003C00, 0xC200C200, 0x7E017E01, 0x7FFF7FFF),
+    "bf16x2": (0x80008000, 0, 0x3F803F80, 0xC040C040, 0x7FC17FC1, 0x7FFF7FFF),
+}
+
+
+@pytest.mark.parametrize("t", MINMAX_TYPES)
+def test_min_max_order_signed_zeros_whatever_the_operand_order(t):
+    neg0, pos0 = MINMAX_TYPES[t][:2]
+    n = 300                                   # several CTAs: the result must not depend on the launch
+    a = np.where(np.arange(n) % 2 == 0, neg0, pos0).astype(np.uint32)
+    b = np.where(np.arange(n) % 2 == 0, pos0, neg0).astype(np.uint32)
+    for nan in ("", ".NaN"):
+        assert set(elementwise(f"max{nan}.{t} %d, %a, %b;", a, b)) == {pos0}, (t, nan)
+        assert set(elementwise(f"min{nan}.{t} %d, %a, %b;", a, b)) == {neg0}, (t, nan)
+    assert list(elementwise(f"max.{t} %d, %a, %b;", a[:2], a[:2])) == [neg0, pos0]   # x, x is x
+
+
+def test_min_max_order_signed_zeros_f64():
+    a, b = np.array([-0.0, 0.0]), np.array([0.0, -0.0])
+    assert list(elementwise("max.f64 %D, %A, %B;", a, b, wide=True)) == [0, 0]
+    assert list(elementwise("min.f64 %D, %A, %B;", a, b, wide=True)) == [2**63, 2**63]
+
+
+@pytest.mark.parametrize("t", MINMAX_TYPES)
+def test_min_max_nan_modifier_gives_the_canonical_nan(t):
+    one, nan, canonical = (MINMAX_TYPES[t][i] for i in (2, 4, 5))
+    a = np.array([nan, one, nan], np.uint32)
+    b = np.array([one, nan, nan], np.uint32)
+    assert list(elementwise(f"max.NaN.{t} %d, %a, %b;", a, b)) == [canonical] * 3
+    assert list(elementwise(f"min.NaN.{t} %d, %a, %b;", a, b)) == [canonical] * 3
+    assert list(elementwise(f"max.{t} %d, %a, %b;", a, b))[:2] == [one, one]     # a NaN loses to a number
+
+
+@pytest.mark.parametrize("t", MINMAX_TYPES)
+def test_min_max_xorsign_abs(t):
+    """The magnitudes are compared; the result's sign is the XOR of the inputs' signs."""
+    _, _, one, minus3, nan, canonical = MINMAX_TYPES[t]
+    sign = 0x80000000 if t == "f32" else 0x80008000
+    minus1, three = one | sign, minus3 & ~sign
+    a = np.array([minus1, minus1, one, nan, nan], np.uint32)
+    b = np.array([three, minus3, three, minus3, nan], np.uint32)
+    assert list(elementwise(f"max.xorsign.abs.{t} %d, %a, %b;", a, b))[:4] == [minus3, three, three, minus3]
+    assert list(elementwise(f"min.xorsign.abs.{t} %d, %a, %b;", a, b))[:4] == [minus1, one, one, minus3]
+    assert list(elementwise(f"max.NaN.xorsign.abs.{t} %d, %a, %b;", a, b))[3:] == [canonical, canonical]
+
+
+@pytest.mark.parametrize("ins,message", [
+    ("max.xorsign.f32", ".xorsign and .abs go together"),
+    ("min.abs.f32", ".xorsign and .abs go together"),
+    ("max.relu.f32", ".relu needs .s32"),
+    ("max.relu.u32", ".relu needs .s32"),
+    ("max.NaN.f64", "min/max.f64 takes no .ftz, .NaN or .xorsign.abs"),
+    ("min.ftz.bf16x2", ".ftz needs .f32, .f16 or .f16x2"),
+    ("max.NaN.s32", ".ftz, .NaN and .xorsign.abs need a float type"),
+    ("max.b32", "max needs an integer or float type, not .b32"),
+    ("max.foo.f32", "unsupported modifier .foo on max"),
+])
+def test_min_max_forms_it_lacks_are_refused(ins, message):
+    with pytest.raises(InterpError, match=re.escape(message)):
+        elementwise(f"{ins} %d, %a, %b;", np.zeros(1, np.uint32))
 
 # ---- conversions -----------------------------------------------------------------------
 def test_cvt_f16_round_to_nearest_even_ties_nan_overflow():
