@@ -365,6 +365,15 @@ def _float_kind(t):
     return t in ("f16", "bf16", "f16x2", "bf16x2")
 
 
+# .f16 and .bf16 bits <-> numpy floats that hold them exactly (bf16 as the f32 of its bits)
+_HALF_VALUES = {"f16": (lambda h: h.view(np.float16), lambda v: v.view(np.uint16)),
+                "bf16": (nm.bf16_bits_to_f32, lambda v: (v.view(np.uint32) >> 16).astype(np.uint16))}
+_HALF_NAN = np.uint16(0x7FFF)      # the canonical NaN of .f16 and .bf16
+# the canonical NaN, as a value of the numpy float that holds each kind
+_CANONICAL_NAN = {"f16": _HALF_NAN.view(np.float16), "bf16": nm.bf16_bits_to_f32(_HALF_NAN),
+                  "f32": np.uint32(0x7FFFFFFF).view(np.float32)}
+
+
 def _half_lanes(c, t, fn, nargs):
     """Compile fn (uint16 bit arrays -> uint16 bits) over the operands of an .f16/.bf16
     instruction, or over both halves of each .x2 operand at once (as [threads, 2] arrays,
@@ -389,7 +398,7 @@ def _half(c, t, fn, nargs):
     kind = t.replace("x2", "")
     mode = c.pick(FLOAT_ROUND, "rn")
     flush = "ftz" in c.mods and kind == "f16"
-    sat = "sat" in c.mods
+    sat, relu = "sat" in c.mods, "relu" in c.mods
 
     def one(*halves):
         vals = [nm.decode(h.view(np.float16) if kind == "f16" else h, kind) for h in halves]
@@ -401,7 +410,11 @@ def _half(c, t, fn, nargs):
             out = nm.narrow(np.where(np.isnan(v), 0.0, np.clip(v, 0.0, 1.0)), kind, "rn")
         if flush:
             out = nm.flush_subnormal(out)
-        return out.view(np.uint16) if kind == "f16" else out.astype(np.uint16)
+        bits = out.view(np.uint16) if kind == "f16" else out.astype(np.uint16)
+        if relu:        # negative results clamp to 0, a NaN result is the canonical NaN
+            v = nm.decode(out, kind)
+            bits = np.where(np.isnan(v), _HALF_NAN, np.where(v < 0, np.uint16(0), bits))
+        return bits
     return _half_lanes(c, t, one, nargs)
 
 
@@ -510,7 +523,10 @@ def _fma64(a, b, c):
 
 
 def _fma(c):
+    c.check_mods({*FLOAT_ROUND, "ftz", "sat", "relu"})     # not .oob (needs the tensor copies' OOB NaN)
     t = c.type
+    if c.pick(("sat", "relu")) == "relu" and not _float_kind(t):
+        c.fail(".relu needs .f16, .f16x2, .bf16 or .bf16x2")
     mode = c.pick(FLOAT_ROUND)
     if mode is None and c.ins.base == "fma":
         c.fail("fma needs a rounding modifier")
@@ -600,14 +616,6 @@ def _div(c):
             return np.where(zero, x, x - q * ys).astype(dt)
         return np.where(zero, dt.type(-1) if signed else np.iinfo(dt).max, q).astype(dt)
     return _int_binary(c, divide)
-
-
-# .f16 and .bf16 bits <-> numpy floats that hold them exactly (bf16 as the f32 of its bits)
-_HALF_VALUES = {"f16": (lambda h: h.view(np.float16), lambda v: v.view(np.uint16)),
-                "bf16": (nm.bf16_bits_to_f32, lambda v: (v.view(np.uint32) >> 16).astype(np.uint16))}
-# the canonical NaN, as a value of the numpy float that holds each kind
-_CANONICAL_NAN = {"f16": np.uint16(0x7FFF).view(np.float16), "bf16": np.uint32(0x7FFF0000).view(np.float32),
-                  "f32": np.uint32(0x7FFFFFFF).view(np.float32)}
 
 
 def _float_minmax(is_max, nan, xorsign, canonical):

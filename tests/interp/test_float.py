@@ -293,3 +293,24 @@ def test_bf16x2_arithmetic_rounds_once():
     assert out[0] == (0x3F80 << 16) | 0x3F81         # tie to even (hi), above tie rounds up (lo)
     out = elementwise("fma.rn.bf16x2 %d, %a, %b, %a;", a, b)
     assert out[0] == (0x3F80 << 16) | 0x3F81
+
+
+@pytest.mark.parametrize("t,one,nan", [("f16x2", 0x3C00, 0x7E01), ("bf16x2", 0x3F80, 0x7FC1)])
+def test_fma_relu_clamps_negative_results_and_canonicalises_nan(t, one, nan):
+    a = np.array([(one | 0x8000) << 16 | one, nan << 16 | one], np.uint32)      # {1, -1}, {1, NaN}
+    b = np.array([one << 16 | one] * 2, np.uint32)
+    out = elementwise(f"fma.rn.relu.{t} %d, %a, %b, %c;", a, b, np.zeros(2, np.uint32))
+    assert list(out) == [one, 0x7FFF << 16 | one]      # -1 -> +0, NaN -> the canonical NaN
+    out = elementwise(f"fma.rn.relu.{t[:-2]} %d, %a, %b, %c;", a, b, np.zeros(2, np.uint32))  # low halves
+    assert list(out & 0xFFFF) == [one, one]
+
+
+@pytest.mark.parametrize("ins,message", [
+    ("fma.rn.oob.f16x2", "unsupported modifier .oob on fma"),
+    ("fma.rn.oob.relu.bf16x2", "unsupported modifier .oob on fma"),
+    ("fma.rn.relu.f32", ".relu needs .f16, .f16x2, .bf16 or .bf16x2"),
+    ("fma.rn.sat.relu.f16x2", "conflicting modifiers ['sat', 'relu']"),
+])
+def test_fma_forms_it_lacks_are_refused(ins, message):
+    with pytest.raises(InterpError, match=re.escape(message)):
+        elementwise(f"{ins} %d, %a, %b, %c;", np.zeros(1, np.uint32))
