@@ -681,20 +681,28 @@ def _minmax(c):
 @opcode("abs", "neg")
 def _absneg(c):
     c.need(2)
+    c.check_mods({"ftz"})
     t, is_abs = c.type, c.ins.base == "abs"
     size, kind = TYPES[t]
-    if kind in ("f", "bf") or _float_kind(t):   # sign-bit operations, NaNs included
-        packed = t.endswith("x2")
-        sign = 0x80008000 if packed else 1 << (8 * size - 1)
-        udt = _uint(size)
-        fin = _ftz_in(c, t)
-        a, dst = c.read(1, t), c.write(0, t)
-        dt = dtype_of(t)
+    if "ftz" in c.mods and t not in ("f32", "f16", "f16x2"):
+        c.fail(".ftz needs .f32, .f16 or .f16x2")
+    # sign-bit operations, NaNs included; .ftz flushes subnormal inputs to sign-preserving zero
+    if _float_kind(t):
+        decode, encode = _HALF_VALUES[t.replace("x2", "")]
+        flush = nm.flush_subnormal if "ftz" in c.mods else _as_is
+        sign = np.uint16(0x8000)
+
+        def one(h):
+            bits = encode(flush(decode(h)))
+            return bits & ~sign if is_abs else bits ^ sign
+        return _half_lanes(c, t, one, 1)
+    if kind == "f":
+        udt, sign = _uint(size), _uint(size).type(1 << (8 * size - 1))
+        a, dst, fin, dt = c.read(1, t), c.write(0, t), _ftz_in(c, t), dtype_of(t)
 
         def run(st, sel):
             bits = np.asarray(fin(a(st, sel))).view(udt)
-            bits = bits & udt.type(~sign & (2**(8 * size) - 1)) if is_abs else bits ^ udt.type(sign)
-            dst(st, sel, c.finish_float(bits.view(dt), t) if kind == "f" else bits.view(dt))
+            dst(st, sel, (bits & ~sign if is_abs else bits ^ sign).view(dt))
         return c.alu(run)
     a, dst = c.read(1, t), c.write(0, t)
     fn = np.abs if is_abs else np.negative

@@ -314,3 +314,15 @@ def test_fma_relu_clamps_negative_results_and_canonicalises_nan(t, one, nan):
 def test_fma_forms_it_lacks_are_refused(ins, message):
     with pytest.raises(InterpError, match=re.escape(message)):
         elementwise(f"{ins} %d, %a, %b, %c;", np.zeros(1, np.uint32))
+
+
+def test_abs_neg_ftz_flush_subnormal_halves_to_signed_zero():
+    a = np.array([0x80010001, 0x83FF3C00, 0x7E018001], np.uint32)    # subnormals, -subnormal/1.0, NaN/-subnormal
+    assert list(elementwise("abs.ftz.f16x2 %d, %a;", a)) == [0x00000000, 0x00003C00, 0x7E010000]
+    assert list(elementwise("neg.ftz.f16x2 %d, %a;", a)) == [0x00008000, 0x0000BC00, 0xFE010000]
+    assert list(elementwise("abs.f16x2 %d, %a;", a)) == [0x00010001, 0x03FF3C00, 0x7E010001]   # kept without .ftz
+    out = elementwise(".reg .b16 %h; mov.b32 {%h, _}, %a; neg.ftz.f16 %h, %h; cvt.u32.u16 %d, %h;", a)
+    assert list(out) == [0x8000, 0xBC00, 0x0000]
+    assert list(elementwise("neg.bf16x2 %d, %a;", a)) == [0x00018001, 0x03FFBC00, 0xFE010001]
+    with pytest.raises(InterpError, match=re.escape(".ftz needs .f32, .f16 or .f16x2")):
+        elementwise("abs.ftz.bf16x2 %d, %a;", a)
