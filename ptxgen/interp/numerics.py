@@ -38,6 +38,17 @@ def _two_sum(a, b):
     return s, (a - (s - bv)) + (b - bv)
 
 
+def _exact_sum(a, b, mode):
+    """s = RN(a + b) and its exact error, for the rounding by mode. An exact zero sum of
+    operands of opposite signs is +0, but -0 under roundTowardNegative (IEEE 754 6.3): under .rm
+    the negated operands are summed and the sum negated, which RN's symmetry allows; (+0) + (+0)
+    stays +0 that way and (-0) + (-0) -0."""
+    if mode == "rm":
+        s, err = _two_sum(-a, -b)
+        return -s, -err
+    return _two_sum(a, b)
+
+
 def round_sum(s, err, kind, mode):
     """The exact value s + err (s = RN(s + err) in float64) rounded to kind by mode."""
     if kind != "f64":
@@ -72,13 +83,13 @@ def fma(a, b, c, kind, mode="rn"):
             sub, err = _two_sum(p[risky], c[risky])
             out[risky] = round_sum(sub, np.where(np.isfinite(sub), err, 0.0), kind, mode)
         return out
-    s, err = _two_sum(p, c)
+    s, err = _exact_sum(p, c, mode)
     return round_sum(s, np.where(np.isfinite(s), err, 0.0), kind, mode)
 
 
 def add(a, b, kind, mode="rn"):
     """Correctly rounded a+b for inputs exact in float64 (f32 and narrower)."""
-    s, err = _two_sum(np.asarray(a, np.float64), np.asarray(b, np.float64))
+    s, err = _exact_sum(np.asarray(a, np.float64), np.asarray(b, np.float64), mode)
     return round_sum(s, np.where(np.isfinite(s), err, 0.0), kind, mode)
 
 

@@ -98,6 +98,20 @@ def test_ftz_and_sat():
     assert list(out.view(np.float32)) == [1.0, 0.0, 0.0, 0.25]
 
 
+def test_exact_zero_sum_is_negative_zero_under_rm_only():
+    """IEEE 754 6.3: x + (-x) is +0 in every rounding direction but toward negative, where it is
+    -0; x + x keeps the sign of x, zeros included."""
+    a = f32([1.5, 0.0, -0.0, 0.0, 2.0**-140])
+    b = f32([-1.5, 0.0, -0.0, -0.0, -2.0**-140])
+    assert list(elementwise("add.rm.f32 %d, %a, %b;", a, b)) == [0x80000000, 0, 0x80000000, 0x80000000, 0x80000000]
+    for mode in ("rn", "rz", "rp"):
+        assert list(elementwise(f"add.{mode}.f32 %d, %a, %b;", a, b)) == [0, 0, 0x80000000, 0, 0], mode
+    assert list(elementwise("sub.rm.f32 %d, %a, %a;", a)) == [0x80000000] * 5
+    for ins in ("fma.rm.f32", "mad.rm.f32"):
+        out = elementwise(f"{ins} %d, %a, %b, %c;", f32([2.0, 0.0, 0.0]), f32([3.0, 5.0, -5.0]), f32([-6.0, 0.0, -0.0]))
+        assert list(out) == [0x80000000, 0, 0x80000000], ins
+    assert list(elementwise("fma.rp.f32 %d, %a, %b, %c;", f32([2.0]), f32([3.0]), f32([-6.0]))) == [0]
+
 def test_min_max_nan_and_setp_orderings():
     a = f32([1.0, np.nan, 2.0])
     b = f32([2.0, 5.0, np.nan])
