@@ -183,8 +183,8 @@ def round_integral(x, mode):
     return {"rni": np.rint, "rzi": np.trunc, "rmi": np.floor, "rpi": np.ceil}[mode](x)
 
 
-def float_to_int(x, dtype, mode):
-    """float64 -> integer dtype: round by mode, saturate to the range, NaN -> 0 (as PTX cvt)."""
+def float_to_int(x, dtype, mode, nan_value):
+    """float64 -> integer dtype: round by mode, saturate to the range, NaN -> nan_value."""
     info = np.iinfo(dtype)
     r = round_integral(np.asarray(x, np.float64), mode)
     nan = np.isnan(r)
@@ -193,7 +193,7 @@ def float_to_int(x, dtype, mode):
     out = safe.astype(dtype)
     out = np.where(lo, dtype.type(info.min), out)
     out = np.where(hi, dtype.type(info.max), out)
-    return out.astype(dtype)
+    return np.where(nan, nan_value, out).astype(dtype)
 
 
 def finest(values):

@@ -1033,7 +1033,11 @@ def _cvt(c):
     if a_float and not d_float:
         if mode not in INT_ROUND:
             c.fail("float-to-integer cvt needs .rni, .rzi, .rmi or .rpi")
-        return c.alu(lambda st, sel: dst(st, sel, nm.float_to_int(source(st, sel), ddt, mode)))
+        # NaN -> 0 unless the source is .f64 or the destination 64-bit: then 1 << (bits - 1)
+        # (MININT, or MAXINT / 2 + 1 unsigned; ISA 9.7.9.21)
+        size = ddt.itemsize
+        nan = np.array(0 if at != "f64" and size != 8 else 1 << (8 * size - 1), _uint(size)).view(ddt)[()]
+        return c.alu(lambda st, sel: dst(st, sel, nm.float_to_int(source(st, sel), ddt, mode, nan)))
     if d_float:
         if mode in INT_ROUND and not a_float:
             c.fail(f".{mode} needs a float source")

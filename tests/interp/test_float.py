@@ -8,6 +8,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ptxgen.errors import InterpError
+from ptxgen.interp.parser import TYPES
 from interp_helpers import elementwise, f32
 
 
@@ -259,6 +260,22 @@ def test_cvt_float_to_int_saturates_and_nan_is_zero():
     u8 = elementwise("cvt.rni.u8.f32 %d, %a;", f32([300.0, -5.0, 254.6]))
     assert list(u8) == [255, 0, 255]
 
+
+# NaN (bits in the source's width) -> integer: 0 unless the source is .f64 or the destination
+# 64-bit, then 1 << (width - 1) (ISA 9.7.9.21)
+CVT_NAN = [("s32", "f32", 0), ("u8", "f32", 0), ("s32", "f16", 0), ("u16", "bf16", 0),
+           ("s64", "f32", 1 << 63), ("u64", "f32", 1 << 63), ("s64", "f16", 1 << 63),
+           ("s32", "f64", 1 << 31), ("u32", "f64", 1 << 31), ("s16", "f64", 1 << 15),
+           ("u8", "f64", 0x80), ("s64", "f64", 1 << 63), ("u64", "f64", 1 << 63)]
+
+
+@pytest.mark.parametrize("dst,src,want", CVT_NAN, ids=[f"{d}.{s}" for d, s, _ in CVT_NAN])
+def test_cvt_nan_to_integer_depends_on_the_widths(dst, src, want):
+    nan = {"f64": 0x7FF8000000000000, "f32": 0x7FC00000, "f16": 0x7E00, "bf16": 0x7FC0}[src]
+    bits, width = 8 * TYPES[src][0], 8 * TYPES[dst][0]
+    snippet = (f".reg .b{bits} %x; .reg .b{width} %y; cvt.u{bits}.u64 %x, %A; "
+               f"cvt.rzi.{dst}.{src} %y, %x; cvt.u64.u{width} %D, %y;")
+    assert elementwise(snippet, np.array([nan], np.uint64), wide=True)[0] == want
 
 def test_cvt_round_to_integral_float():
     x = f32([2.5, 3.5, -2.5, 1.7])
