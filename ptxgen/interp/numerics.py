@@ -19,6 +19,11 @@ def flush_subnormal(x):
     return np.where(tiny, np.copysign(np.zeros_like(x), x), x)
 
 
+def is_subnormal(x):
+    x = np.asarray(x)
+    return (np.abs(x) < np.finfo(x.dtype).tiny) & (x != 0)
+
+
 def _round_to_odd(s, err):
     """s + err (exact, s = RN(s + err)) rounded to f64 by round-to-odd.
 

@@ -1182,6 +1182,8 @@ _ATOMIC = {
     "dec": lambda old, b, c: np.where((old == 0) | (old > b), b, old - 1).astype(old.dtype),
     "and": lambda old, b, c: old & b, "or": lambda old, b, c: old | b,
     "xor": lambda old, b, c: old ^ b,
+    # not a PTX modifier: the add of atom/red.add.f32 on global memory (_flushed_add)
+    "add.ftz": lambda old, b, c: nm.flush_subnormal(nm.flush_subnormal(old) + b),
 }
 _ACCUMULATE = {"add": np.add, "min": np.minimum, "max": np.maximum, "and": np.bitwise_and,
                "or": np.bitwise_or, "xor": np.bitwise_xor}
@@ -1233,6 +1235,20 @@ def serialize(mem, elems, op, b, c, order):
     return out
 
 
+def _flushed_add(mem, elems, b, c, order):
+    """serialize's add for atom/red.add.f32 on global memory, b flushed already: subnormal
+    inputs (b, the values in memory) and results flush to sign-preserving zero (ISA 9.7.13.5;
+    shared memory keeps them). Each partial sum is an old value or a final one: unless one of
+    them is subnormal, the plain sums are the flushed ones, and only then are the additions
+    redone, flushing each."""
+    saved = mem[elems]
+    old = serialize(mem, elems, "add", b, c, order)
+    if nm.is_subnormal(old).any() or nm.is_subnormal(mem[elems]).any():
+        mem[elems] = saved
+        old = serialize(mem, elems, "add.ftz", b, c, order)
+    return old
+
+
 @opcode("atom", "red")
 def _atom(c):
     c.check_mods({"global", "shared", "shared::cta", *_ATOMIC})
@@ -1259,6 +1275,7 @@ def _atom(c):
     dt, size = dtype_of(t), TYPES[t][0]
     access = access_of(c.ins.base, c.mods)
     float_add = op == "add" and t in ("f32", "f64")
+    flushing = op == "add" and t == "f32"       # on global memory
 
     def run(st, sel):
         threads = st.indices(sel)
@@ -1276,9 +1293,14 @@ def _atom(c):
                     st.races.atomic(off, size, who)
             else:
                 st.ordering.atomic(region, off, size, who, access, order)
+            elems, ftz = off // size, flushing and region != "shared"
+            here = nm.flush_subnormal(bv[pos]) if ftz else bv[pos]
             if float_add and st.float_atomics is not None:
-                st.float_atomics.add(region, off // size, mem, bv[pos], who)
-            old[pos] = serialize(mem, off // size, op, bv[pos], cv[pos], order)
+                st.float_atomics.add(region, elems, mem, here, who)
+            if ftz:
+                old[pos] = _flushed_add(mem, elems, here, cv[pos], order)
+            else:
+                old[pos] = serialize(mem, elems, op, here, cv[pos], order)
             if op == "cas" and region != "shared" and (old[pos] != bv[pos]).all():
                 st.ordering.failed_cas(region, off, old[pos])
         dst(st, sel, old)
