@@ -100,16 +100,17 @@ class Approx:
         """div.full.f32 / div.approx.f32 of float32 arrays -> float32."""
         a, b = np.broadcast_arrays(np.atleast_1d(np.asarray(a, np.float32)), np.asarray(b, np.float32))
         exact = a.astype(np.float64) / b.astype(np.float64)
-        if approx:      # d = a * (1/b): for 2^126 < |b| the reciprocal underflows
+        if approx:      # d = a * (1/b): for 2^126 < |b| the reciprocal underflows to +-0
             huge = np.abs(b) > np.float32(2.0**126)
-            exact = np.where(huge & np.isfinite(b), np.where(np.isinf(a), np.nan, 0.0), exact)
+            exact = np.where(huge & np.isfinite(b), exact * 0.0, exact)     # +-0, inf * 0 = NaN
         if self.exact:
             return exact.astype(np.float32)
         nearest = exact.astype(np.float32)
         bound = DIV_ULPS * np.spacing(np.abs(nearest)).astype(np.float64)
         u = self._u("div", a.view(np.uint32), b.view(np.uint32))
         r = _within(exact, exact + u * bound, bound)
-        return np.where(np.isfinite(exact) & (exact != 0), r, nearest)
+        # zeros, infinities, NaNs and quotients past the f32 range (their bound is NaN) as rounded
+        return np.where(np.isfinite(nearest) & (exact != 0), r, nearest)
 
     def mma(self, A, B, C):
         """D = A B + C of one m16n8k16 per warp: A [w, 16, 16], B [w, 16, 8] exact float64

@@ -112,10 +112,20 @@ def test_division_within_two_ulps(mode):
 
 
 def test_div_approx_of_a_huge_divisor_is_zero():
-    # d = a * (1/b): past 2^126 the reciprocal underflows; div.full scales instead
-    out = run("div.approx.f32 %d, %a, %b;", [1.0, np.inf], [2.0**127, 2.0**127])
-    assert out[0] == 0 and np.isnan(out[1])
+    # d = a * (1/b): past 2^126 the reciprocal underflows to a zero of b's sign; div.full scales instead
+    a = f32([1.0, -1.0, 1.0, -3.0, np.inf, np.nan])
+    b = f32([2.0**127, 2.0**127, -2.0**127, -1.5 * 2.0**126, 2.0**127, 2.0**127])
+    for options in ({}, {"approx": "exact"}):
+        out = elementwise("div.approx.f32 %d, %a, %b;", a, b, **options)
+        assert list(out[:4]) == [0, 0x80000000, 0x80000000, 0] and np.isnan(out[4:].view(np.float32)).all()
     assert abs(run("div.full.f32 %d, %a, %b;", [2.0**100], [2.0**127])[0] - 2.0**-27) <= 2 * 2.0**-50
+
+
+@pytest.mark.parametrize("mode", ["full", "approx"])
+def test_division_overflow_is_a_signed_infinity(mode):
+    for options in ({}, {"approx": "exact"}):
+        out = run(f"div.{mode}.f32 %d, %a, %b;", [3e38, -3e38, 3e38], [0.5, 0.5, -0.25], **options)
+        assert list(out) == [np.inf, -np.inf, -np.inf], options
 
 
 def test_unknown_mode_is_refused():
