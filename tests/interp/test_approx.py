@@ -85,6 +85,14 @@ def test_special_values_follow_the_isa_tables():
     assert np.abs(run("cos.approx.f32 %d, %a;", RNG.uniform(-1e5, 1e5, 512))).max() <= 1
 
 
+def test_tanh_passes_subnormal_inputs_through():
+    x = np.concatenate([np.arange(1, 2**23, 4099), np.arange(1, 2**23, 4099) | 0x80000000]).astype(np.uint32)
+    for seed in (0, 1, 2):
+        assert np.array_equal(elementwise("tanh.approx.f32 %d, %a;", x, seed=seed), x)
+    normal = f32(RNG.uniform(1, 2, 256) * 2.0**-126).astype(np.float64)       # still moved within the bound
+    assert np.mean(run("tanh.approx.f32 %d, %a;", normal) != normal) > 0.3
+
+
 def test_ftz_flushes_inputs_and_results():
     tiny = 1e-40                   # an f32 subnormal
     assert run("ex2.approx.ftz.f32 %d, %a;", [tiny, -200.0]).tolist() == [1.0, 0.0]    # 2^-200: flushed
