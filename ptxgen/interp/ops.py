@@ -511,14 +511,17 @@ def _mul(c):
 
 
 def _fma64(a, b, c):
-    """Correctly rounded f64 fma, element by element through exact rationals (slow, rare)."""
+    """Correctly rounded f64 fma (.rn), element by element through exact rationals (slow, rare)."""
     out = np.empty(np.broadcast(a, b, c).shape, np.float64)
     for i, (x, y, z) in enumerate(np.broadcast(a, b, c)):
         if not (np.isfinite(x) and np.isfinite(y) and np.isfinite(z)):
             out.flat[i] = x * y + z
-        else:
-            exact = Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z))
+            continue
+        exact = Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z))
+        try:
             out.flat[i] = float(exact) if exact != 0 else (x * y + z)
+        except OverflowError:       # rounds past the largest double: to nearest is an infinity
+            out.flat[i] = np.inf if exact > 0 else -np.inf
     return out
 
 

@@ -316,6 +316,16 @@ def test_f64_ops():
     assert out[0] == 0x3F800001
 
 
+def test_fma_f64_overflow_rounds_to_infinity():
+    big = np.finfo(np.float64).max                     # odd significand: its tie rounds up, to inf
+    a = np.array([1e308, -1e308, big, big, big])
+    b = np.array([10.0, 10.0, 1.0, 1.0, 2.0])
+    c = np.array([1.0, 1.0, 2.0**970, 2.0**970 * (1 - 2.0**-52), -big])
+    for ins in ("fma.rn.f64", "mad.rn.f64"):
+        out = elementwise(f"{ins} %D, %A, %B, %C;", a, b, c, wide=True).view(np.float64)
+        assert list(out) == [np.inf, -np.inf, np.inf, big, big], ins
+
+
 def test_bf16x2_arithmetic_rounds_once():
     one, eps = 0x3F80, 0x3B80           # 1.0 and 2^-8 (half an ulp of 1.0 in bf16)
     a = np.array([(one << 16) | one], np.uint32)
