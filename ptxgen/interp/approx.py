@@ -17,6 +17,7 @@ from ..errors import LaunchError
 # The error bounds (measured on an H100, else the PTX ISA's), shared with the kinds' error analyses.
 from ..hardware_errors import (DIV_ULPS, EX2_REL, LG2_ABS, MMA_SUM, RCP_REL, RSQRT_REL, SIN_COS_ABS, SQRT_REL,
                                TANH_REL)
+from . import numerics as nm
 
 _MODES = ("pessimistic", "exact")
 _KEYS = (np.uint64(0xD6E8FEB86659FD93), np.uint64(0xA0761D6478BD642F))   # odd: bijective products
@@ -96,6 +97,24 @@ class Approx:
                 r = np.clip(r, -1, 1)
                 keep |= np.abs(x) < np.finfo(np.float32).tiny
         return np.where(keep, exact.astype(np.float32), r)
+
+    def upper_word(self, name, x):
+        """rcp/rsqrt.approx.ftz.f64 of float64 x (ISA 9.7.3.14, 9.7.3.17): the function of the
+        1.11.20 float in x's upper word (the low word ignored, a subnormal flushed to a zero of
+        its sign), as a 1.11.20 float in the result's upper word (the low word zero; a subnormal
+        result flushed, a NaN the canonical 0x7fffffff00000000). The ISA gives no error bound
+        for this "gross approximation": assumed faithful, either 1.11.20 neighbour of the exact
+        value (the nearest in exact mode); special values are exact."""
+        low = np.uint64(0xFFFFFFFF)
+        word = np.atleast_1d(np.asarray(x, np.float64)).view(np.uint64) & ~low
+        exact = EXACT[name](nm.flush_subnormal(word.view(np.float64))).view(np.uint64)
+        toward_zero = exact & ~low
+        if self.exact:      # to nearest, ties to even
+            up = (exact & low) > np.uint64(0x80000000) - ((toward_zero >> np.uint64(32)) & np.uint64(1))
+        else:
+            up = ((exact & low) != 0) & (self._u(name, word) >= 0)
+        r = nm.flush_subnormal((toward_zero + (up.astype(np.uint64) << np.uint64(32))).view(np.float64))
+        return np.where(np.isnan(r), np.uint64(0x7FFFFFFF00000000).view(np.float64), r)
 
     def divide(self, a, b, approx):
         """div.full.f32 / div.approx.f32 of float32 arrays -> float32."""

@@ -1004,9 +1004,14 @@ def _unary(c):
         return c.alu(lambda st, sel: dst(st, sel, c.finish_float(np.asarray(fn(fin(a(st, sel)))), t)))
     if t == "f32":
         return c.alu(lambda st, sel: dst(st, sel, c.finish_float(st.approx.unary(name, fin(a(st, sel))), t)))
-    # .f64 approximations (rcp/rsqrt.approx.ftz.f64, ...): exact, rounded once
-    return c.alu(lambda st, sel: dst(st, sel, c.finish_float(
-        np.asarray(fn(np.asarray(fin(a(st, sel)), np.float64))).astype(dt), t)))
+    if mode != "approx" or name not in ("rcp", "rsqrt"):
+        c.fail(f"{name}.{mode}.f64 is not a PTX instruction")
+    if "ftz" in c.mods:      # rcp/rsqrt.approx.ftz.f64: of the upper word only
+        return c.alu(lambda st, sel: dst(st, sel, st.approx.upper_word(name, a(st, sel))))
+    if name == "rcp":
+        c.fail("rcp.approx.f64 needs .ftz")
+    # rsqrt.approx.f64: emulated in software, no error bound given (ISA 9.7.3.16): exact, rounded once
+    return c.alu(lambda st, sel: dst(st, sel, np.asarray(fn(np.asarray(a(st, sel), np.float64)))))
 
 
 # ---- conversion ------------------------------------------------------------------------
