@@ -365,19 +365,26 @@ def _float_kind(t):
     return t in ("f16", "bf16", "f16x2", "bf16x2")
 
 
-# .f16 and .bf16 bits <-> numpy floats that hold them exactly (bf16 as the f32 of its bits)
-_HALF_VALUES = {"f16": (lambda h: h.view(np.float16), lambda v: v.view(np.uint16)),
-                "bf16": (nm.bf16_bits_to_f32, lambda v: (v.view(np.uint32) >> 16).astype(np.uint16))}
+# .f16 and .bf16 bits <-> floats holding their values (numpy's float16 arithmetic is slow, its
+# conversions of float16 to and from float64 the fastest; NaN payloads survive both ways)
+_HALF_VALUES = {
+    "f16": (lambda h: h.view(np.float16).astype(np.float64), lambda v: v.astype(np.float16).view(np.uint16)),
+    "bf16": (nm.bf16_bits_to_f32, lambda v: (v.view(np.uint32) >> 16).astype(np.uint16))}
 _HALF_NAN = np.uint16(0x7FFF)      # the canonical NaN of .f16 and .bf16
-# the canonical NaN, as a value of the numpy float that holds each kind
-_CANONICAL_NAN = {"f16": _HALF_NAN.view(np.float16), "bf16": nm.bf16_bits_to_f32(_HALF_NAN),
+# the canonical NaN as the value that holds each kind
+_CANONICAL_NAN = {"f16": _HALF_VALUES["f16"][0](_HALF_NAN), "bf16": _HALF_VALUES["bf16"][0](_HALF_NAN),
                   "f32": np.uint32(0x7FFFFFFF).view(np.float32)}
+
+
+def _flush_f16(h):
+    """.f16 bits with subnormals flushed to sign-preserving zero (.ftz)."""
+    return np.where((h & np.uint16(0x7C00)) == 0, h & np.uint16(0x8000), h)
 
 
 def _half_lanes(c, t, fn, nargs):
     """Compile fn (uint16 bit arrays -> uint16 bits) over the operands of an .f16/.bf16
-    instruction, or over both halves of each .x2 operand at once (as [threads, 2] arrays,
-    the low half first)."""
+    instruction, or over the low, then the high halves of .x2 operands (one pass over both
+    runs slower: its arrays, twice the size, fall out of the cache)."""
     packed = t.endswith("x2")
     readers = [c.read(i + 1, "b32" if packed else "b16") for i in range(nargs)]
     dst = c.write(0, "b32" if packed else "b16")
@@ -385,8 +392,9 @@ def _half_lanes(c, t, fn, nargs):
     def run(st, sel):
         args = [np.atleast_1d(np.asarray(r(st, sel))) for r in readers]
         if packed:
-            halves = [np.ascontiguousarray(a).view(np.uint16).reshape(-1, 2) for a in args]
-            dst(st, sel, np.ascontiguousarray(fn(*halves), np.uint16).view(np.uint32).reshape(-1))
+            lo = fn(*[(a & 0xFFFF).astype(np.uint16) for a in args]).astype(np.uint32)
+            hi = fn(*[(a >> 16).astype(np.uint16) for a in args]).astype(np.uint32)
+            dst(st, sel, lo | (hi << np.uint32(16)))
         else:
             dst(st, sel, fn(*args))
     return c.alu(run)
@@ -401,9 +409,9 @@ def _half(c, t, fn, nargs):
     sat, relu = "sat" in c.mods, "relu" in c.mods
 
     def one(*halves):
-        vals = [nm.decode(h.view(np.float16) if kind == "f16" else h, kind) for h in halves]
         if flush:
-            vals = [nm.flush_subnormal(v.astype(np.float16)).astype(np.float64) for v in vals]
+            halves = [_flush_f16(h) for h in halves]
+        vals = [nm.decode(h.view(np.float16) if kind == "f16" else h, kind) for h in halves]
         out = np.asarray(fn(kind, mode, *vals))
         if sat:
             v = nm.decode(out, kind)
@@ -678,8 +686,8 @@ def _minmax(c):
     fn = _float_minmax(is_max, "NaN" in c.mods, xorsign, _CANONICAL_NAN.get(half))
     if _float_kind(t):
         decode, encode = _HALF_VALUES[half]
-        flush = nm.flush_subnormal if "ftz" in c.mods else _as_is
-        return _half_lanes(c, t, lambda a, b: encode(fn(flush(decode(a)), flush(decode(b)))), 2)
+        flush = _flush_f16 if "ftz" in c.mods else _as_is
+        return _half_lanes(c, t, lambda a, b: encode(fn(decode(flush(a)), decode(flush(b)))), 2)
     fin = _ftz_in(c, t)     # results are inputs (or the canonical NaN): flushed already
     return _int_binary(c, lambda x, y: fn(fin(x), fin(y)))
 
@@ -694,14 +702,8 @@ def _absneg(c):
         c.fail(".ftz needs .f32, .f16 or .f16x2")
     # sign-bit operations, NaNs included; .ftz flushes subnormal inputs to sign-preserving zero
     if _float_kind(t):
-        decode, encode = _HALF_VALUES[t.replace("x2", "")]
-        flush = nm.flush_subnormal if "ftz" in c.mods else _as_is
-        sign = np.uint16(0x8000)
-
-        def one(h):
-            bits = encode(flush(decode(h)))
-            return bits & ~sign if is_abs else bits ^ sign
-        return _half_lanes(c, t, one, 1)
+        flush, sign = (_flush_f16 if "ftz" in c.mods else _as_is), np.uint16(0x8000)
+        return _half_lanes(c, t, lambda h: flush(h) & ~sign if is_abs else flush(h) ^ sign, 1)
     if kind == "f":
         udt, sign = _uint(size), _uint(size).type(1 << (8 * size - 1))
         a, dst, fin, dt = c.read(1, t), c.write(0, t), _ftz_in(c, t), dtype_of(t)
