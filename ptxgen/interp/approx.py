@@ -17,6 +17,7 @@ from ..errors import LaunchError
 # The error bounds (measured on an H100, else the PTX ISA's), shared with the kinds' error analyses.
 from ..hardware_errors import (DIV_ULPS, EX2_REL, LG2_ABS, MMA_SUM, RCP_REL, RSQRT_REL, SIN_COS_ABS, SQRT_REL,
                                TANH_REL)
+from . import numerics as nm
 
 _MODES = ("pessimistic", "exact")
 _KEYS = (np.uint64(0xD6E8FEB86659FD93), np.uint64(0xA0761D6478BD642F))   # odd: bijective products
@@ -91,25 +92,45 @@ class Approx:
                    "sqrt": SQRT_REL}[name]
             bound = np.abs(exact) * rel
             r = _within(exact, exact + u * bound, bound)
-            if name == "tanh":
-                r = np.clip(r, -1, 1)
             keep = ~np.isfinite(exact) | (exact == 0) | ~np.isfinite(x64) | ((x64 == 0) & (name == "ex2"))
+            if name == "tanh":      # subnormal inputs pass through (ISA 9.7.3.22): tanh(x) rounds to x
+                r = np.clip(r, -1, 1)
+                keep |= np.abs(x) < np.finfo(np.float32).tiny
         return np.where(keep, exact.astype(np.float32), r)
+
+    def upper_word(self, name, x):
+        """rcp/rsqrt.approx.ftz.f64 of float64 x (ISA 9.7.3.14, 9.7.3.17): the function of the
+        1.11.20 float in x's upper word (the low word ignored, a subnormal flushed to a zero of
+        its sign), as a 1.11.20 float in the result's upper word (the low word zero; a subnormal
+        result flushed, a NaN the canonical 0x7fffffff00000000). The ISA gives no error bound
+        for this "gross approximation": assumed faithful, either 1.11.20 neighbour of the exact
+        value (the nearest in exact mode); special values are exact."""
+        low = np.uint64(0xFFFFFFFF)
+        word = np.atleast_1d(np.asarray(x, np.float64)).view(np.uint64) & ~low
+        exact = EXACT[name](nm.flush_subnormal(word.view(np.float64))).view(np.uint64)
+        toward_zero = exact & ~low
+        if self.exact:      # to nearest, ties to even
+            up = (exact & low) > np.uint64(0x80000000) - ((toward_zero >> np.uint64(32)) & np.uint64(1))
+        else:
+            up = ((exact & low) != 0) & (self._u(name, word) >= 0)
+        r = nm.flush_subnormal((toward_zero + (up.astype(np.uint64) << np.uint64(32))).view(np.float64))
+        return np.where(np.isnan(r), np.uint64(0x7FFFFFFF00000000).view(np.float64), r)
 
     def divide(self, a, b, approx):
         """div.full.f32 / div.approx.f32 of float32 arrays -> float32."""
         a, b = np.broadcast_arrays(np.atleast_1d(np.asarray(a, np.float32)), np.asarray(b, np.float32))
         exact = a.astype(np.float64) / b.astype(np.float64)
-        if approx:      # d = a * (1/b): for 2^126 < |b| the reciprocal underflows
+        if approx:      # d = a * (1/b): for 2^126 < |b| the reciprocal underflows to +-0
             huge = np.abs(b) > np.float32(2.0**126)
-            exact = np.where(huge & np.isfinite(b), np.where(np.isinf(a), np.nan, 0.0), exact)
+            exact = np.where(huge & np.isfinite(b), exact * 0.0, exact)     # +-0, inf * 0 = NaN
         if self.exact:
             return exact.astype(np.float32)
         nearest = exact.astype(np.float32)
         bound = DIV_ULPS * np.spacing(np.abs(nearest)).astype(np.float64)
         u = self._u("div", a.view(np.uint32), b.view(np.uint32))
         r = _within(exact, exact + u * bound, bound)
-        return np.where(np.isfinite(exact) & (exact != 0), r, nearest)
+        # zeros, infinities, NaNs and quotients past the f32 range (their bound is NaN) as rounded
+        return np.where(np.isfinite(nearest) & (exact != 0), r, nearest)
 
     def mma(self, A, B, C):
         """D = A B + C of one m16n8k16 per warp: A [w, 16, 16], B [w, 16, 8] exact float64

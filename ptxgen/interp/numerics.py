@@ -19,6 +19,11 @@ def flush_subnormal(x):
     return np.where(tiny, np.copysign(np.zeros_like(x), x), x)
 
 
+def is_subnormal(x):
+    x = np.asarray(x)
+    return (np.abs(x) < np.finfo(x.dtype).tiny) & (x != 0)
+
+
 def _round_to_odd(s, err):
     """s + err (exact, s = RN(s + err)) rounded to f64 by round-to-odd.
 
@@ -36,6 +41,17 @@ def _two_sum(a, b):
     s = a + b
     bv = s - a
     return s, (a - (s - bv)) + (b - bv)
+
+
+def _exact_sum(a, b, mode):
+    """s = RN(a + b) and its exact error, for the rounding by mode. An exact zero sum of
+    operands of opposite signs is +0, but -0 under roundTowardNegative (IEEE 754 6.3): under .rm
+    the negated operands are summed and the sum negated, which RN's symmetry allows; (+0) + (+0)
+    stays +0 that way and (-0) + (-0) -0."""
+    if mode == "rm":
+        s, err = _two_sum(-a, -b)
+        return -s, -err
+    return _two_sum(a, b)
 
 
 def round_sum(s, err, kind, mode):
@@ -72,13 +88,13 @@ def fma(a, b, c, kind, mode="rn"):
             sub, err = _two_sum(p[risky], c[risky])
             out[risky] = round_sum(sub, np.where(np.isfinite(sub), err, 0.0), kind, mode)
         return out
-    s, err = _two_sum(p, c)
+    s, err = _exact_sum(p, c, mode)
     return round_sum(s, np.where(np.isfinite(s), err, 0.0), kind, mode)
 
 
 def add(a, b, kind, mode="rn"):
     """Correctly rounded a+b for inputs exact in float64 (f32 and narrower)."""
-    s, err = _two_sum(np.asarray(a, np.float64), np.asarray(b, np.float64))
+    s, err = _exact_sum(np.asarray(a, np.float64), np.asarray(b, np.float64), mode)
     return round_sum(s, np.where(np.isfinite(s), err, 0.0), kind, mode)
 
 
@@ -172,8 +188,8 @@ def round_integral(x, mode):
     return {"rni": np.rint, "rzi": np.trunc, "rmi": np.floor, "rpi": np.ceil}[mode](x)
 
 
-def float_to_int(x, dtype, mode):
-    """float64 -> integer dtype: round by mode, saturate to the range, NaN -> 0 (as PTX cvt)."""
+def float_to_int(x, dtype, mode, nan_value):
+    """float64 -> integer dtype: round by mode, saturate to the range, NaN -> nan_value."""
     info = np.iinfo(dtype)
     r = round_integral(np.asarray(x, np.float64), mode)
     nan = np.isnan(r)
@@ -182,7 +198,7 @@ def float_to_int(x, dtype, mode):
     out = safe.astype(dtype)
     out = np.where(lo, dtype.type(info.min), out)
     out = np.where(hi, dtype.type(info.max), out)
-    return out.astype(dtype)
+    return np.where(nan, nan_value, out).astype(dtype)
 
 
 def finest(values):

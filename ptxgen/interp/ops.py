@@ -18,7 +18,7 @@ from ..errors import InterpError
 from . import numerics as nm
 from .approx import EXACT
 from .ordering import access_of, fence_of
-from .parser import TYPES, Addr, Imm, Neg, Pair, Reg, Sink, Special, Sym, Vec
+from .parser import TYPE_NAME, TYPES, Addr, Imm, Neg, Pair, Reg, Sink, Special, Sym, Vec
 from .sanitizer import full_warps, warp_members
 from .findings import Finding
 from .state import SHARED_WINDOW, converter, dtype_of, storage_of, store_converter
@@ -85,6 +85,9 @@ class Ctx:
         types = [m for m in self.mods if m in TYPES]
         self.type = types[-1] if types else None
         self.types = types
+        unknown = [m for m in self.mods if m not in TYPES and TYPE_NAME.fullmatch(m)]
+        if unknown:
+            self.fail(f"unsupported type .{unknown[0]}")
 
     def fail(self, msg):
         raise InterpError(f"line {self.ins.line}: `{self.ins.text}`: {msg}")
@@ -362,40 +365,65 @@ def _float_kind(t):
     return t in ("f16", "bf16", "f16x2", "bf16x2")
 
 
-def _half(c, t, fn, nargs):
-    """f16/bf16 scalar or packed-pair arithmetic: decode to exact float64, compute with fn
-    (which returns (float64 value, error) or a float64), round once."""
-    kind = t.replace("x2", "")
+# .f16 and .bf16 bits <-> floats holding their values (numpy's float16 arithmetic is slow, its
+# conversions of float16 to and from float64 the fastest; NaN payloads survive both ways)
+_HALF_VALUES = {
+    "f16": (lambda h: h.view(np.float16).astype(np.float64), lambda v: v.astype(np.float16).view(np.uint16)),
+    "bf16": (nm.bf16_bits_to_f32, lambda v: (v.view(np.uint32) >> 16).astype(np.uint16))}
+_HALF_NAN = np.uint16(0x7FFF)      # the canonical NaN of .f16 and .bf16
+# the canonical NaN as the value that holds each kind
+_CANONICAL_NAN = {"f16": _HALF_VALUES["f16"][0](_HALF_NAN), "bf16": _HALF_VALUES["bf16"][0](_HALF_NAN),
+                  "f32": np.uint32(0x7FFFFFFF).view(np.float32)}
+
+
+def _flush_f16(h):
+    """.f16 bits with subnormals flushed to sign-preserving zero (.ftz)."""
+    return np.where((h & np.uint16(0x7C00)) == 0, h & np.uint16(0x8000), h)
+
+
+def _half_lanes(c, t, fn, nargs):
+    """Compile fn (uint16 bit arrays -> uint16 bits) over the operands of an .f16/.bf16
+    instruction, or over the low, then the high halves of .x2 operands (one pass over both
+    runs slower: its arrays, twice the size, fall out of the cache)."""
     packed = t.endswith("x2")
-    mode = c.pick(FLOAT_ROUND, "rn")
     readers = [c.read(i + 1, "b32" if packed else "b16") for i in range(nargs)]
     dst = c.write(0, "b32" if packed else "b16")
-    flush = "ftz" in c.mods and kind == "f16"
-    sat = "sat" in c.mods
 
-    def one(halves):
-        vals = [nm.decode(h.view(np.float16) if kind == "f16" else h, kind) for h in halves]
+    def run(st, sel):
+        args = [np.atleast_1d(np.asarray(r(st, sel))) for r in readers]
+        if packed:
+            lo = fn(*[(a & 0xFFFF).astype(np.uint16) for a in args]).astype(np.uint32)
+            hi = fn(*[(a >> 16).astype(np.uint16) for a in args]).astype(np.uint32)
+            dst(st, sel, lo | (hi << np.uint32(16)))
+        else:
+            dst(st, sel, fn(*args))
+    return c.alu(run)
+
+
+def _half(c, t, fn, nargs):
+    """f16/bf16 scalar or packed-pair arithmetic: decode to exact float64, compute and round
+    once with fn(kind, mode, *values)."""
+    kind = t.replace("x2", "")
+    mode = c.pick(FLOAT_ROUND, "rn")
+    flush = "ftz" in c.mods and kind == "f16"
+    sat, relu = "sat" in c.mods, "relu" in c.mods
+
+    def one(*halves):
         if flush:
-            vals = [nm.flush_subnormal(v.astype(np.float16)).astype(np.float64) for v in vals]
+            halves = [_flush_f16(h) for h in halves]
+        vals = [nm.decode(h.view(np.float16) if kind == "f16" else h, kind) for h in halves]
         out = np.asarray(fn(kind, mode, *vals))
-        if out.dtype == np.float64:        # exact results (min, max) still need narrowing
-            out = nm.narrow(out, kind, "rn")
         if sat:
             v = nm.decode(out, kind)
             out = nm.narrow(np.where(np.isnan(v), 0.0, np.clip(v, 0.0, 1.0)), kind, "rn")
         if flush:
             out = nm.flush_subnormal(out)
-        return out.view(np.uint16) if kind == "f16" else out.astype(np.uint16)
-
-    def run(st, sel):
-        args = [np.atleast_1d(np.asarray(r(st, sel))) for r in readers]
-        if packed:
-            lo = one([(a & 0xFFFF).astype(np.uint16) for a in args]).astype(np.uint32)
-            hi = one([(a >> 16).astype(np.uint16) for a in args]).astype(np.uint32)
-            dst(st, sel, lo | (hi << np.uint32(16)))
-        else:
-            dst(st, sel, one(args))
-    return c.alu(run)
+        bits = out.view(np.uint16) if kind == "f16" else out.astype(np.uint16)
+        if relu:        # negative results clamp to 0, a NaN result is the canonical NaN
+            v = nm.decode(out, kind)
+            bits = np.where(np.isnan(v), _HALF_NAN, np.where(v < 0, np.uint16(0), bits))
+        return bits
+    return _half_lanes(c, t, one, nargs)
 
 
 def _int_binary(c, fn):
@@ -491,19 +519,25 @@ def _mul(c):
 
 
 def _fma64(a, b, c):
-    """Correctly rounded f64 fma, element by element through exact rationals (slow, rare)."""
+    """Correctly rounded f64 fma (.rn), element by element through exact rationals (slow, rare)."""
     out = np.empty(np.broadcast(a, b, c).shape, np.float64)
     for i, (x, y, z) in enumerate(np.broadcast(a, b, c)):
         if not (np.isfinite(x) and np.isfinite(y) and np.isfinite(z)):
             out.flat[i] = x * y + z
-        else:
-            exact = Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z))
+            continue
+        exact = Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z))
+        try:
             out.flat[i] = float(exact) if exact != 0 else (x * y + z)
+        except OverflowError:       # rounds past the largest double: to nearest is an infinity
+            out.flat[i] = np.inf if exact > 0 else -np.inf
     return out
 
 
 def _fma(c):
+    c.check_mods({*FLOAT_ROUND, "ftz", "sat", "relu"})     # not .oob (needs the tensor copies' OOB NaN)
     t = c.type
+    if c.pick(("sat", "relu")) == "relu" and not _float_kind(t):
+        c.fail(".relu needs .f16, .f16x2, .bf16 or .bf16x2")
     mode = c.pick(FLOAT_ROUND)
     if mode is None and c.ins.base == "fma":
         c.fail("fma needs a rounding modifier")
@@ -595,46 +629,106 @@ def _div(c):
     return _int_binary(c, divide)
 
 
+def _float_minmax(is_max, nan, xorsign, canonical):
+    """min/max of two float arrays of one dtype (ISA 9.7.3.11-12, 9.7.4.7-8): a NaN loses to a
+    number, or with .NaN makes the result the canonical NaN; +0 > -0; with .xorsign.abs the
+    magnitudes are compared and a number result takes the XOR of the input signs."""
+    pick = np.fmax if is_max else np.fmin
+
+    def fn(x, y):
+        if xorsign:
+            negative = np.signbit(x) ^ np.signbit(y)
+            x, y = np.abs(x), np.abs(y)
+        r = pick(x, y)
+        # fmax/fmin return either of two equal values; equal values have equal bits but for
+        # zeros, where AND-ing the bits gives max's +0 and OR-ing them min's -0 (rare: the
+        # test of any tie is a fifth of the cost of fixing them all)
+        tie = x == y
+        if tie.any():
+            u = _uint(r.dtype.itemsize)
+            bits = (x.view(u) & y.view(u)) if is_max else (x.view(u) | y.view(u))
+            r = np.where(tie, bits.view(r.dtype), r)
+        if nan:
+            r = np.where(np.isnan(x) | np.isnan(y), canonical, r)
+        if xorsign:
+            r = np.where(negative & ~np.isnan(r), -r, r)
+        return r
+    return fn
+
+
 @opcode("min", "max")
 def _minmax(c):
     c.need(3)
+    c.check_mods({"ftz", "NaN", "xorsign", "abs", "relu"})
     t, is_max = c.type, c.ins.base == "max"
+    kind = TYPES[t][1]
+    if kind in ("u", "s"):
+        if c.has("ftz", "NaN", "xorsign", "abs"):
+            c.fail(".ftz, .NaN and .xorsign.abs need a float type")
+        fn = np.maximum if is_max else np.minimum
+        if "relu" in c.mods:        # negative results clamp to 0
+            if t != "s32":
+                c.fail(".relu needs .s32")
+            return _int_binary(c, lambda x, y: np.maximum(fn(x, y), 0))
+        return _int_binary(c, fn)
+    if kind not in ("f", "bf") and not _float_kind(t):
+        c.fail(f"{c.ins.base} needs an integer or float type, not .{t}")
+    if "relu" in c.mods:
+        c.fail(".relu needs .s32")
+    xorsign = "xorsign" in c.mods
+    if xorsign != ("abs" in c.mods):
+        c.fail(".xorsign and .abs go together (the three-operand .abs form is not supported)")
+    half = t.replace("x2", "")
+    if t == "f64" and c.has("ftz", "NaN", "xorsign"):
+        c.fail("min/max.f64 takes no .ftz, .NaN or .xorsign.abs")
+    if "ftz" in c.mods and half == "bf16":
+        c.fail(".ftz needs .f32, .f16 or .f16x2")
+    fn = _float_minmax(is_max, "NaN" in c.mods, xorsign, _CANONICAL_NAN.get(half))
     if _float_kind(t):
-        fn = np.fmax if is_max else np.fmin
-        return _half(c, t, lambda k, m, x, y: fn(x, y), 2)
-    if TYPES[t][1] == "f":
-        fn = (np.maximum if is_max else np.minimum) if "NaN" in c.mods else (np.fmax if is_max else np.fmin)
-        fin = _ftz_in(c, t)
-        return _int_binary(c, lambda x, y: c.finish_float(np.asarray(fn(fin(x), fin(y))), t))
-    return _int_binary(c, np.maximum if is_max else np.minimum)
+        decode, encode = _HALF_VALUES[half]
+        flush = _flush_f16 if "ftz" in c.mods else _as_is
+        return _half_lanes(c, t, lambda a, b: encode(fn(decode(flush(a)), decode(flush(b)))), 2)
+    fin = _ftz_in(c, t)     # results are inputs (or the canonical NaN): flushed already
+    return _int_binary(c, lambda x, y: fn(fin(x), fin(y)))
 
 
 @opcode("abs", "neg")
 def _absneg(c):
     c.need(2)
+    c.check_mods({"ftz"})
     t, is_abs = c.type, c.ins.base == "abs"
     size, kind = TYPES[t]
-    if kind in ("f", "bf") or _float_kind(t):   # sign-bit operations, NaNs included
-        packed = t.endswith("x2")
-        sign = 0x80008000 if packed else 1 << (8 * size - 1)
-        udt = _uint(size)
-        fin = _ftz_in(c, t)
-        a, dst = c.read(1, t), c.write(0, t)
-        dt = dtype_of(t)
+    if "ftz" in c.mods and t not in ("f32", "f16", "f16x2"):
+        c.fail(".ftz needs .f32, .f16 or .f16x2")
+    # sign-bit operations, NaNs included; .ftz flushes subnormal inputs to sign-preserving zero
+    if _float_kind(t):
+        flush, sign = (_flush_f16 if "ftz" in c.mods else _as_is), np.uint16(0x8000)
+        return _half_lanes(c, t, lambda h: flush(h) & ~sign if is_abs else flush(h) ^ sign, 1)
+    if kind == "f":
+        udt, sign = _uint(size), _uint(size).type(1 << (8 * size - 1))
+        a, dst, fin, dt = c.read(1, t), c.write(0, t), _ftz_in(c, t), dtype_of(t)
 
         def run(st, sel):
             bits = np.asarray(fin(a(st, sel))).view(udt)
-            bits = bits & udt.type(~sign & (2**(8 * size) - 1)) if is_abs else bits ^ udt.type(sign)
-            dst(st, sel, c.finish_float(bits.view(dt), t) if kind == "f" else bits.view(dt))
+            dst(st, sel, (bits & ~sign if is_abs else bits ^ sign).view(dt))
         return c.alu(run)
     a, dst = c.read(1, t), c.write(0, t)
     fn = np.abs if is_abs else np.negative
     return c.alu(lambda st, sel: dst(st, sel, fn(np.asarray(a(st, sel)))))
 
 
+def _bitwise(c):
+    """The type of a bitwise instruction: bits, integers or predicates (numpy has no bitwise
+    operations on floats)."""
+    if TYPES[c.type][1] in ("f", "bf"):
+        c.fail(f"{c.ins.base} needs a .b, .u, .s or .pred type, not .{c.type}")
+    return c.type
+
+
 @opcode("and", "or", "xor")
 def _logic(c):
     c.need(3)
+    _bitwise(c)
     fn = {"and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor}[c.ins.base]
     return _int_binary(c, fn)
 
@@ -642,7 +736,7 @@ def _logic(c):
 @opcode("not", "cnot")
 def _not(c):
     c.need(2)
-    t = c.type
+    t = _bitwise(c)
     a, dst = c.read(1, t), c.write(0, t)
     if c.ins.base == "cnot":
         return c.alu(lambda st, sel: dst(st, sel, (np.asarray(a(st, sel)) == 0).astype(dtype_of(t))))
@@ -915,18 +1009,22 @@ def _unary(c):
         return c.alu(lambda st, sel: dst(st, sel, c.finish_float(np.asarray(fn(fin(a(st, sel)))), t)))
     if t == "f32":
         return c.alu(lambda st, sel: dst(st, sel, c.finish_float(st.approx.unary(name, fin(a(st, sel))), t)))
-    # .f64 approximations (rcp/rsqrt.approx.ftz.f64, ...): exact, rounded once
-    return c.alu(lambda st, sel: dst(st, sel, c.finish_float(
-        np.asarray(fn(np.asarray(fin(a(st, sel)), np.float64))).astype(dt), t)))
+    if mode != "approx" or name not in ("rcp", "rsqrt"):
+        c.fail(f"{name}.{mode}.f64 is not a PTX instruction")
+    if "ftz" in c.mods:      # rcp/rsqrt.approx.ftz.f64: of the upper word only
+        return c.alu(lambda st, sel: dst(st, sel, st.approx.upper_word(name, a(st, sel))))
+    if name == "rcp":
+        c.fail("rcp.approx.f64 needs .ftz")
+    # rsqrt.approx.f64: emulated in software, no error bound given (ISA 9.7.3.16): exact, rounded once
+    return c.alu(lambda st, sel: dst(st, sel, np.asarray(fn(np.asarray(a(st, sel), np.float64)))))
 
 
 # ---- conversion ------------------------------------------------------------------------
 @opcode("cvt")
 def _cvt(c):
+    c.check_mods({*FLOAT_ROUND, *INT_ROUND, "ftz", "sat", "relu"})    # not .satfinite, .pack, .rna, .rs
     types = c.types
     mode = c.pick(FLOAT_ROUND + INT_ROUND)
-    if any(m in ("satfinite",) for m in c.mods):
-        c.fail(".satfinite is not supported")
     if len(types) != 2:
         c.fail("cvt needs a destination and a source type")
     dt_, at = types
@@ -948,7 +1046,11 @@ def _cvt(c):
     if a_float and not d_float:
         if mode not in INT_ROUND:
             c.fail("float-to-integer cvt needs .rni, .rzi, .rmi or .rpi")
-        return c.alu(lambda st, sel: dst(st, sel, nm.float_to_int(source(st, sel), ddt, mode)))
+        # NaN -> 0 unless the source is .f64 or the destination 64-bit: then 1 << (bits - 1)
+        # (MININT, or MAXINT / 2 + 1 unsigned; ISA 9.7.9.21)
+        size = ddt.itemsize
+        nan = np.array(0 if at != "f64" and size != 8 else 1 << (8 * size - 1), _uint(size)).view(ddt)[()]
+        return c.alu(lambda st, sel: dst(st, sel, nm.float_to_int(source(st, sel), ddt, mode, nan)))
     if d_float:
         if mode in INT_ROUND and not a_float:
             c.fail(f".{mode} needs a float source")
@@ -1093,6 +1195,8 @@ _ATOMIC = {
     "dec": lambda old, b, c: np.where((old == 0) | (old > b), b, old - 1).astype(old.dtype),
     "and": lambda old, b, c: old & b, "or": lambda old, b, c: old | b,
     "xor": lambda old, b, c: old ^ b,
+    # not a PTX modifier: the add of atom/red.add.f32 on global memory (_flushed_add)
+    "add.ftz": lambda old, b, c: nm.flush_subnormal(nm.flush_subnormal(old) + b),
 }
 _ACCUMULATE = {"add": np.add, "min": np.minimum, "max": np.maximum, "and": np.bitwise_and,
                "or": np.bitwise_or, "xor": np.bitwise_xor}
@@ -1144,6 +1248,20 @@ def serialize(mem, elems, op, b, c, order):
     return out
 
 
+def _flushed_add(mem, elems, b, c, order):
+    """serialize's add for atom/red.add.f32 on global memory, b flushed already: subnormal
+    inputs (b, the values in memory) and results flush to sign-preserving zero (ISA 9.7.13.5;
+    shared memory keeps them). Each partial sum is an old value or a final one: unless one of
+    them is subnormal, the plain sums are the flushed ones, and only then are the additions
+    redone, flushing each."""
+    saved = mem[elems]
+    old = serialize(mem, elems, "add", b, c, order)
+    if nm.is_subnormal(old).any() or nm.is_subnormal(mem[elems]).any():
+        mem[elems] = saved
+        old = serialize(mem, elems, "add.ftz", b, c, order)
+    return old
+
+
 @opcode("atom", "red")
 def _atom(c):
     c.check_mods({"global", "shared", "shared::cta", *_ATOMIC})
@@ -1170,6 +1288,7 @@ def _atom(c):
     dt, size = dtype_of(t), TYPES[t][0]
     access = access_of(c.ins.base, c.mods)
     float_add = op == "add" and t in ("f32", "f64")
+    flushing = op == "add" and t == "f32"       # on global memory
 
     def run(st, sel):
         threads = st.indices(sel)
@@ -1187,9 +1306,14 @@ def _atom(c):
                     st.races.atomic(off, size, who)
             else:
                 st.ordering.atomic(region, off, size, who, access, order)
+            elems, ftz = off // size, flushing and region != "shared"
+            here = nm.flush_subnormal(bv[pos]) if ftz else bv[pos]
             if float_add and st.float_atomics is not None:
-                st.float_atomics.add(region, off // size, mem, bv[pos], who)
-            old[pos] = serialize(mem, off // size, op, bv[pos], cv[pos], order)
+                st.float_atomics.add(region, elems, mem, here, who)
+            if ftz:
+                old[pos] = _flushed_add(mem, elems, here, cv[pos], order)
+            else:
+                old[pos] = serialize(mem, elems, op, here, cv[pos], order)
             if op == "cas" and region != "shared" and (old[pos] != bv[pos]).all():
                 st.ordering.failed_cas(region, off, old[pos])
         dst(st, sel, old)

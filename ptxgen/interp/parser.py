@@ -12,6 +12,9 @@ TYPES = {  # name -> (bytes, kind); kind u/s/b integer, f float, bf bfloat16 bit
     "f16": (2, "f"), "bf16": (2, "bf"), "f32": (4, "f"), "f64": (8, "f"),
     "f16x2": (4, "b"), "bf16x2": (4, "b"), "pred": (1, "p"),
 }
+# Any PTX type name, TYPES' or not (.u16x2, .f32x2, .b128, .tf32, .e4m3x2, ...): a modifier that
+# names a type the interpreter lacks is refused, not taken for another modifier.
+TYPE_NAME = re.compile(r"[usbf]\d+(x\d+)?|bf16(x\d+)?|tf32|u?e\dm\d(x\d+)?|s2f6x2")
 SPECIAL = {f"%{r}.{c}" for r in ("tid", "ntid", "ctaid", "nctaid") for c in "xyz"} | {
     "%laneid", "%warpid", "%lanemask_eq", "%lanemask_lt", "%lanemask_le", "%lanemask_gt",
     "%lanemask_ge"}

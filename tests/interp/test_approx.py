@@ -5,7 +5,7 @@ rounds the exact result once."""
 import numpy as np
 import pytest
 
-from ptxgen.errors import LaunchError
+from ptxgen.errors import InterpError, LaunchError
 from ptxgen.interp import approx as model
 from interp_helpers import elementwise, f32
 
@@ -85,6 +85,51 @@ def test_special_values_follow_the_isa_tables():
     assert np.abs(run("cos.approx.f32 %d, %a;", RNG.uniform(-1e5, 1e5, 512))).max() <= 1
 
 
+def test_tanh_passes_subnormal_inputs_through():
+    x = np.concatenate([np.arange(1, 2**23, 4099), np.arange(1, 2**23, 4099) | 0x80000000]).astype(np.uint32)
+    for seed in (0, 1, 2):
+        assert np.array_equal(elementwise("tanh.approx.f32 %d, %a;", x, seed=seed), x)
+    normal = f32(RNG.uniform(1, 2, 256) * 2.0**-126).astype(np.float64)       # still moved within the bound
+    assert np.mean(run("tanh.approx.f32 %d, %a;", normal) != normal) > 0.3
+
+
+def test_rcp_rsqrt_approx_ftz_f64_compute_on_the_upper_word():
+    """ISA 9.7.3.14 and 9.7.3.17: the result's upper word approximates the function of the input's
+    upper word (a 1.11.20 float; subnormals flushed), its low word is zero. Modelled as either
+    1.11.20 neighbour of the exact value, the nearest in exact mode."""
+    nan, inf = "0x7fffffff00000000", "0x7ff0000000000000"
+    special = np.array([-np.inf, -1e-310, -0.0, 0.0, 1e-310, np.inf, np.nan, 1e308, -4.0])
+    rcp = elementwise("rcp.approx.ftz.f64 %D, %A;", special, wide=True)
+    assert [hex(v) for v in rcp] == ["0x8000000000000000", "0xfff0000000000000", "0xfff0000000000000", inf, inf,
+                                     "0x0", nan, "0x0", "0xbfd0000000000000"]
+    rsqrt = elementwise("rsqrt.approx.ftz.f64 %D, %A;", special, wide=True)
+    assert [hex(v) for v in rsqrt] == [nan, "0xfff0000000000000", "0xfff0000000000000", inf, inf,
+                                       "0x0", nan, "0x1ff573d700000000", nan]
+    x = np.exp(RNG.uniform(-700, 700, N)) * np.where(np.arange(N) % 2 == 0, 1.0, -1.0)
+    upper = (x.view(np.uint64) & np.uint64(0xFFFFFFFF00000000)).view(np.float64)
+    for name, fn in (("rcp", lambda v: 1 / v), ("rsqrt", lambda v: 1 / np.sqrt(v))):
+        positive = np.ones(N, bool) if name == "rcp" else x > 0
+        exact = fn(upper[positive])
+        spacing = np.spacing(np.abs(exact)) * 2.0**32       # of the 20-bit significand
+        got = {}
+        for mode in ("pessimistic", "exact"):
+            out = elementwise(f"{name}.approx.ftz.f64 %D, %A;", x, wide=True, approx=mode)
+            assert (out & np.uint64(0xFFFFFFFF) == 0).all(), f"{name}: the low word is not zero"
+            got[mode] = out.view(np.float64)[positive]
+        assert (np.abs(got["pessimistic"] - exact) <= spacing).all(), name
+        assert (np.abs(got["exact"] - exact) <= spacing / 2).all(), name
+        assert np.mean(got["pessimistic"] != got["exact"]) > 0.2, f"{name}: the pessimistic results never move"
+        no_low_word = elementwise(f"{name}.approx.ftz.f64 %D, %A;", upper, wide=True).view(np.float64)[positive]
+        assert np.array_equal(no_low_word, got["pessimistic"]), f"{name}: the input's low word matters"
+
+
+@pytest.mark.parametrize("ins,message", [("rcp.approx.f64", "rcp.approx.f64 needs .ftz"),
+                                         ("sin.approx.f64", "sin.approx.f64 is not a PTX instruction"),
+                                         ("rsqrt.rn.f64", "rsqrt.rn.f64 is not a PTX instruction")])
+def test_f64_approximations_the_isa_lacks_are_refused(ins, message):
+    with pytest.raises(InterpError, match=message):
+        elementwise(f"{ins} %D, %A;", np.ones(1), wide=True)
+
 def test_ftz_flushes_inputs_and_results():
     tiny = 1e-40                   # an f32 subnormal
     assert run("ex2.approx.ftz.f32 %d, %a;", [tiny, -200.0]).tolist() == [1.0, 0.0]    # 2^-200: flushed
@@ -112,10 +157,20 @@ def test_division_within_two_ulps(mode):
 
 
 def test_div_approx_of_a_huge_divisor_is_zero():
-    # d = a * (1/b): past 2^126 the reciprocal underflows; div.full scales instead
-    out = run("div.approx.f32 %d, %a, %b;", [1.0, np.inf], [2.0**127, 2.0**127])
-    assert out[0] == 0 and np.isnan(out[1])
+    # d = a * (1/b): past 2^126 the reciprocal underflows to a zero of b's sign; div.full scales instead
+    a = f32([1.0, -1.0, 1.0, -3.0, np.inf, np.nan])
+    b = f32([2.0**127, 2.0**127, -2.0**127, -1.5 * 2.0**126, 2.0**127, 2.0**127])
+    for options in ({}, {"approx": "exact"}):
+        out = elementwise("div.approx.f32 %d, %a, %b;", a, b, **options)
+        assert list(out[:4]) == [0, 0x80000000, 0x80000000, 0] and np.isnan(out[4:].view(np.float32)).all()
     assert abs(run("div.full.f32 %d, %a, %b;", [2.0**100], [2.0**127])[0] - 2.0**-27) <= 2 * 2.0**-50
+
+
+@pytest.mark.parametrize("mode", ["full", "approx"])
+def test_division_overflow_is_a_signed_infinity(mode):
+    for options in ({}, {"approx": "exact"}):
+        out = run(f"div.{mode}.f32 %d, %a, %b;", [3e38, -3e38, 3e38], [0.5, 0.5, -0.25], **options)
+        assert list(out) == [np.inf, -np.inf, -np.inf], options
 
 
 def test_unknown_mode_is_refused():

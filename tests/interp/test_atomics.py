@@ -214,19 +214,49 @@ def operands(op, t, rng, n):
     return old, b, c
 
 
-@pytest.mark.parametrize("space", ["global", "shared"])
-@pytest.mark.parametrize("op, t", CASES, ids=[f"{op}.{t}" for op, t in CASES])
-def test_uncontended_atomic_returns_the_old_value(op, t, space):
-    n = 64
-    old, b, c = operands(op, t, np.random.default_rng(len(op) * 7 + len(t)), n)
+def uncontended(op, t, space, old, b, c):
+    """Thread i applies atom.space.op.t to its own cell, old[i], with b[i] (and c[i]): the cells
+    after, and the old values the threads saw."""
     size = old.itemsize
     reg = ("f" if t.startswith("f") else "b") + str(8 * size)
     atom = (GLOBAL if space == "global" else SHARED).format(op=op, t=t, size=size,
                                                             c=", %c" if op == "cas" else "")
-    ptx = module(UNCONTENDED.format(reg=reg, t=t, size=size, shared=n * size, body=atom),
+    ptx = module(UNCONTENDED.format(reg=reg, t=t, size=size, shared=old.size * size, body=atom),
                  ".param .u64 cell, .param .u64 bp, .param .u64 cp, .param .u64 out")
     cell, out = old.copy(), np.zeros_like(old)
-    launch(ptx, "k", (1, 1, 1), (n, 1, 1), [cell, b, c, out])
+    launch(ptx, "k", (1, 1, 1), (old.size, 1, 1), [cell, b, c, out])
+    return cell, out
+
+
+@pytest.mark.parametrize("space", ["global", "shared"])
+@pytest.mark.parametrize("op, t", CASES, ids=[f"{op}.{t}" for op, t in CASES])
+def test_uncontended_atomic_returns_the_old_value(op, t, space):
+    old, b, c = operands(op, t, np.random.default_rng(len(op) * 7 + len(t)), 64)
+    cell, out = uncontended(op, t, space, old, b, c)
     assert np.array_equal(out.view(np.uint8), old.view(np.uint8)), f"{op}.{t}: returned values are not the old ones"
     want = OPS[op](old, b, c)
     assert np.array_equal(cell.view(np.uint8), want.astype(old.dtype).view(np.uint8)), f"{op}.{t}: new values"
+
+
+def test_float_add_flushes_subnormals_on_global_memory_only():
+    """ISA 9.7.13.5: atom.add.f32 on global memory flushes subnormal inputs (the value in memory
+    too) and results to sign-preserving zero; on shared memory it keeps them."""
+    tiny = 2.0**-126
+    old = np.array([tiny / 2, 2 * tiny, -2 * tiny, 1.5, tiny / 2], np.float32)
+    b = np.array([tiny / 2, -1.5 * tiny, 1.5 * tiny, 2.0**-140, 1.0], np.float32)
+    cell, seen = uncontended("add", "f32", "global", old, b, b)
+    assert list(cell.view(np.uint32)) == [0, 0, 0x80000000, 0x3FC00000, 0x3F800000]
+    assert np.array_equal(seen, old)                      # the old values come back unflushed
+    cell, _ = uncontended("add", "f32", "shared", old, b, b)
+    assert np.array_equal(cell, old + b)
+    old64, b64 = old.astype(np.float64) * 2.0**-900, b.astype(np.float64) * 2.0**-900    # f64 keeps subnormals
+    assert np.array_equal(uncontended("add", "f64", "global", old64, b64, b64)[0], old64 + b64)
+
+
+def test_contended_float_add_flushes_each_partial_sum():
+    """2^-125 + 3 x (-1.5 x 2^-126): the first partial sum, 2^-127, is subnormal and flushed."""
+    cell = np.array([2.0**-125], np.float32)
+    old = run("  mov.b32 %f, 0f80C00000;\n  atom.add.f32 %fold, [%cell], %f;\n  mov.b32 %old, %fold;",
+              cell, threads=3, ctas=1)
+    assert cell.view(np.uint32)[0] == 0x81400000                    # -3 x 2^-126, not -2.5 x 2^-126
+    assert sorted(old) == [0, 0x01000000, 0x80C00000]

@@ -1,4 +1,5 @@
 """Floating-point instructions: exact IEEE results, FMA rounding, conversions."""
+import re
 from fractions import Fraction
 
 import numpy as np
@@ -6,6 +7,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from ptxgen.errors import InterpError
+from ptxgen.interp.parser import TYPES
 from interp_helpers import elementwise, f32
 
 
@@ -96,6 +99,20 @@ def test_ftz_and_sat():
     assert list(out.view(np.float32)) == [1.0, 0.0, 0.0, 0.25]
 
 
+def test_exact_zero_sum_is_negative_zero_under_rm_only():
+    """IEEE 754 6.3: x + (-x) is +0 in every rounding direction but toward negative, where it is
+    -0; x + x keeps the sign of x, zeros included."""
+    a = f32([1.5, 0.0, -0.0, 0.0, 2.0**-140])
+    b = f32([-1.5, 0.0, -0.0, -0.0, -2.0**-140])
+    assert list(elementwise("add.rm.f32 %d, %a, %b;", a, b)) == [0x80000000, 0, 0x80000000, 0x80000000, 0x80000000]
+    for mode in ("rn", "rz", "rp"):
+        assert list(elementwise(f"add.{mode}.f32 %d, %a, %b;", a, b)) == [0, 0, 0x80000000, 0, 0], mode
+    assert list(elementwise("sub.rm.f32 %d, %a, %a;", a)) == [0x80000000] * 5
+    for ins in ("fma.rm.f32", "mad.rm.f32"):
+        out = elementwise(f"{ins} %d, %a, %b, %c;", f32([2.0, 0.0, 0.0]), f32([3.0, 5.0, -5.0]), f32([-6.0, 0.0, -0.0]))
+        assert list(out) == [0x80000000, 0, 0x80000000], ins
+    assert list(elementwise("fma.rp.f32 %d, %a, %b, %c;", f32([2.0]), f32([3.0]), f32([-6.0]))) == [0]
+
 def test_min_max_nan_and_setp_orderings():
     a = f32([1.0, np.nan, 2.0])
     b = f32([2.0, 5.0, np.nan])
@@ -108,6 +125,71 @@ def test_min_max_nan_and_setp_orderings():
         out = elementwise(f"setp.{cmp}.f32 %p, %a, %b; selp.u32 %d, 1, 0, %p;", a, b)
         assert list(out) == want, cmp
 
+
+
+# (type, bits of -0, of +0, of 1.0, of -3.0, of a NaN, the canonical NaN), packed types in both halves
+MINMAX_TYPES = {
+    "f32": (0x80000000, 0, 0x3F800000, 0xC0400000, 0x7FC00001, 0x7FFFFFFF),
+    "f16x2": (0x80008000, 0, 0x3C003C00, 0xC200C200, 0x7E017E01, 0x7FFF7FFF),
+    "bf16x2": (0x80008000, 0, 0x3F803F80, 0xC040C040, 0x7FC17FC1, 0x7FFF7FFF),
+}
+
+
+@pytest.mark.parametrize("t", MINMAX_TYPES)
+def test_min_max_order_signed_zeros_whatever_the_operand_order(t):
+    neg0, pos0 = MINMAX_TYPES[t][:2]
+    n = 300                                   # several CTAs: the result must not depend on the launch
+    a = np.where(np.arange(n) % 2 == 0, neg0, pos0).astype(np.uint32)
+    b = np.where(np.arange(n) % 2 == 0, pos0, neg0).astype(np.uint32)
+    for nan in ("", ".NaN"):
+        assert set(elementwise(f"max{nan}.{t} %d, %a, %b;", a, b)) == {pos0}, (t, nan)
+        assert set(elementwise(f"min{nan}.{t} %d, %a, %b;", a, b)) == {neg0}, (t, nan)
+    assert list(elementwise(f"max.{t} %d, %a, %b;", a[:2], a[:2])) == [neg0, pos0]   # x, x is x
+
+
+def test_min_max_order_signed_zeros_f64():
+    a, b = np.array([-0.0, 0.0]), np.array([0.0, -0.0])
+    assert list(elementwise("max.f64 %D, %A, %B;", a, b, wide=True)) == [0, 0]
+    assert list(elementwise("min.f64 %D, %A, %B;", a, b, wide=True)) == [2**63, 2**63]
+
+
+@pytest.mark.parametrize("t", MINMAX_TYPES)
+def test_min_max_nan_modifier_gives_the_canonical_nan(t):
+    one, nan, canonical = (MINMAX_TYPES[t][i] for i in (2, 4, 5))
+    a = np.array([nan, one, nan], np.uint32)
+    b = np.array([one, nan, nan], np.uint32)
+    assert list(elementwise(f"max.NaN.{t} %d, %a, %b;", a, b)) == [canonical] * 3
+    assert list(elementwise(f"min.NaN.{t} %d, %a, %b;", a, b)) == [canonical] * 3
+    assert list(elementwise(f"max.{t} %d, %a, %b;", a, b))[:2] == [one, one]     # a NaN loses to a number
+
+
+@pytest.mark.parametrize("t", MINMAX_TYPES)
+def test_min_max_xorsign_abs(t):
+    """The magnitudes are compared; the result's sign is the XOR of the inputs' signs."""
+    _, _, one, minus3, nan, canonical = MINMAX_TYPES[t]
+    sign = 0x80000000 if t == "f32" else 0x80008000
+    minus1, three = one | sign, minus3 & ~sign
+    a = np.array([minus1, minus1, one, nan, nan], np.uint32)
+    b = np.array([three, minus3, three, minus3, nan], np.uint32)
+    assert list(elementwise(f"max.xorsign.abs.{t} %d, %a, %b;", a, b))[:4] == [minus3, three, three, minus3]
+    assert list(elementwise(f"min.xorsign.abs.{t} %d, %a, %b;", a, b))[:4] == [minus1, one, one, minus3]
+    assert list(elementwise(f"max.NaN.xorsign.abs.{t} %d, %a, %b;", a, b))[3:] == [canonical, canonical]
+
+
+@pytest.mark.parametrize("ins,message", [
+    ("max.xorsign.f32", ".xorsign and .abs go together"),
+    ("min.abs.f32", ".xorsign and .abs go together"),
+    ("max.relu.f32", ".relu needs .s32"),
+    ("max.relu.u32", ".relu needs .s32"),
+    ("max.NaN.f64", "min/max.f64 takes no .ftz, .NaN or .xorsign.abs"),
+    ("min.ftz.bf16x2", ".ftz needs .f32, .f16 or .f16x2"),
+    ("max.NaN.s32", ".ftz, .NaN and .xorsign.abs need a float type"),
+    ("max.b32", "max needs an integer or float type, not .b32"),
+    ("max.foo.f32", "unsupported modifier .foo on max"),
+])
+def test_min_max_forms_it_lacks_are_refused(ins, message):
+    with pytest.raises(InterpError, match=re.escape(message)):
+        elementwise(f"{ins} %d, %a, %b;", np.zeros(1, np.uint32))
 
 # ---- conversions -----------------------------------------------------------------------
 def test_cvt_f16_round_to_nearest_even_ties_nan_overflow():
@@ -179,6 +261,22 @@ def test_cvt_float_to_int_saturates_and_nan_is_zero():
     assert list(u8) == [255, 0, 255]
 
 
+# NaN (bits in the source's width) -> integer: 0 unless the source is .f64 or the destination
+# 64-bit, then 1 << (width - 1) (ISA 9.7.9.21)
+CVT_NAN = [("s32", "f32", 0), ("u8", "f32", 0), ("s32", "f16", 0), ("u16", "bf16", 0),
+           ("s64", "f32", 1 << 63), ("u64", "f32", 1 << 63), ("s64", "f16", 1 << 63),
+           ("s32", "f64", 1 << 31), ("u32", "f64", 1 << 31), ("s16", "f64", 1 << 15),
+           ("u8", "f64", 0x80), ("s64", "f64", 1 << 63), ("u64", "f64", 1 << 63)]
+
+
+@pytest.mark.parametrize("dst,src,want", CVT_NAN, ids=[f"{d}.{s}" for d, s, _ in CVT_NAN])
+def test_cvt_nan_to_integer_depends_on_the_widths(dst, src, want):
+    nan = {"f64": 0x7FF8000000000000, "f32": 0x7FC00000, "f16": 0x7E00, "bf16": 0x7FC0}[src]
+    bits, width = 8 * TYPES[src][0], 8 * TYPES[dst][0]
+    snippet = (f".reg .b{bits} %x; .reg .b{width} %y; cvt.u{bits}.u64 %x, %A; "
+               f"cvt.rzi.{dst}.{src} %y, %x; cvt.u64.u{width} %D, %y;")
+    assert elementwise(snippet, np.array([nan], np.uint64), wide=True)[0] == want
+
 def test_cvt_round_to_integral_float():
     x = f32([2.5, 3.5, -2.5, 1.7])
     assert list(elementwise("cvt.rni.f32.f32 %d, %a;", x).view(np.float32)) == [2, 4, -2, 2]
@@ -218,6 +316,16 @@ def test_f64_ops():
     assert out[0] == 0x3F800001
 
 
+def test_fma_f64_overflow_rounds_to_infinity():
+    big = np.finfo(np.float64).max                     # odd significand: its tie rounds up, to inf
+    a = np.array([1e308, -1e308, big, big, big])
+    b = np.array([10.0, 10.0, 1.0, 1.0, 2.0])
+    c = np.array([1.0, 1.0, 2.0**970, 2.0**970 * (1 - 2.0**-52), -big])
+    for ins in ("fma.rn.f64", "mad.rn.f64"):
+        out = elementwise(f"{ins} %D, %A, %B, %C;", a, b, c, wide=True).view(np.float64)
+        assert list(out) == [np.inf, -np.inf, np.inf, big, big], ins
+
+
 def test_bf16x2_arithmetic_rounds_once():
     one, eps = 0x3F80, 0x3B80           # 1.0 and 2^-8 (half an ulp of 1.0 in bf16)
     a = np.array([(one << 16) | one], np.uint32)
@@ -226,3 +334,36 @@ def test_bf16x2_arithmetic_rounds_once():
     assert out[0] == (0x3F80 << 16) | 0x3F81         # tie to even (hi), above tie rounds up (lo)
     out = elementwise("fma.rn.bf16x2 %d, %a, %b, %a;", a, b)
     assert out[0] == (0x3F80 << 16) | 0x3F81
+
+
+@pytest.mark.parametrize("t,one,nan", [("f16x2", 0x3C00, 0x7E01), ("bf16x2", 0x3F80, 0x7FC1)])
+def test_fma_relu_clamps_negative_results_and_canonicalises_nan(t, one, nan):
+    a = np.array([(one | 0x8000) << 16 | one, nan << 16 | one], np.uint32)      # {1, -1}, {1, NaN}
+    b = np.array([one << 16 | one] * 2, np.uint32)
+    out = elementwise(f"fma.rn.relu.{t} %d, %a, %b, %c;", a, b, np.zeros(2, np.uint32))
+    assert list(out) == [one, 0x7FFF << 16 | one]      # -1 -> +0, NaN -> the canonical NaN
+    out = elementwise(f"fma.rn.relu.{t[:-2]} %d, %a, %b, %c;", a, b, np.zeros(2, np.uint32))  # low halves
+    assert list(out & 0xFFFF) == [one, one]
+
+
+@pytest.mark.parametrize("ins,message", [
+    ("fma.rn.oob.f16x2", "unsupported modifier .oob on fma"),
+    ("fma.rn.oob.relu.bf16x2", "unsupported modifier .oob on fma"),
+    ("fma.rn.relu.f32", ".relu needs .f16, .f16x2, .bf16 or .bf16x2"),
+    ("fma.rn.sat.relu.f16x2", "conflicting modifiers ['sat', 'relu']"),
+])
+def test_fma_forms_it_lacks_are_refused(ins, message):
+    with pytest.raises(InterpError, match=re.escape(message)):
+        elementwise(f"{ins} %d, %a, %b, %c;", np.zeros(1, np.uint32))
+
+
+def test_abs_neg_ftz_flush_subnormal_halves_to_signed_zero():
+    a = np.array([0x80010001, 0x83FF3C00, 0x7E018001], np.uint32)    # subnormals, -subnormal/1.0, NaN/-subnormal
+    assert list(elementwise("abs.ftz.f16x2 %d, %a;", a)) == [0x00000000, 0x00003C00, 0x7E010000]
+    assert list(elementwise("neg.ftz.f16x2 %d, %a;", a)) == [0x00008000, 0x0000BC00, 0xFE010000]
+    assert list(elementwise("abs.f16x2 %d, %a;", a)) == [0x00010001, 0x03FF3C00, 0x7E010001]   # kept without .ftz
+    out = elementwise(".reg .b16 %h; mov.b32 {%h, _}, %a; neg.ftz.f16 %h, %h; cvt.u32.u16 %d, %h;", a)
+    assert list(out) == [0x8000, 0xBC00, 0x0000]
+    assert list(elementwise("neg.bf16x2 %d, %a;", a)) == [0x00018001, 0x03FFBC00, 0xFE010001]
+    with pytest.raises(InterpError, match=re.escape(".ftz needs .f32, .f16 or .f16x2")):
+        elementwise("abs.ftz.bf16x2 %d, %a;", a)

@@ -58,6 +58,13 @@ def test_min_max_abs_neg_signedness():
     assert list(elementwise("neg.s32 %d, %a;", a).view(np.int32)) == [5, -3]
 
 
+def test_min_max_relu_clamps_negative_results_to_zero():
+    a = np.array([-5, 3, -1, 4], np.int32).view(np.uint32)
+    b = np.array([-3, -8, 0, 2], np.int32).view(np.uint32)
+    assert list(elementwise("max.relu.s32 %d, %a, %b;", a, b).view(np.int32)) == [0, 3, 0, 4]
+    assert list(elementwise("min.relu.s32 %d, %a, %b;", a, b).view(np.int32)) == [0, 0, 0, 2]
+
+
 def test_shifts_clamp():
     a = np.array([0x80000001] * 4, np.uint32)
     n = np.array([1, 31, 32, 100], np.uint32)

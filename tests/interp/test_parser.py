@@ -1,5 +1,6 @@
 """Parsing: declarations, scopes, labels, comments, layout, caching and clear refusals."""
 import importlib
+import re
 
 import numpy as np
 import pytest
@@ -73,6 +74,35 @@ def test_program_is_parsed_once():
 def test_unsupported_ptx_is_refused_with_line(body, message):
     with pytest.raises(InterpError, match=message):
         launch(module(body + "\n  ret;", ""), "k", (1, 1, 1), (1, 1, 1), [])
+
+
+_REGS = "  .reg .b32 %r;\n  .reg .b64 %w;\n  .reg .b16 %h;\n  .reg .pred %p;\n  "
+
+
+@pytest.mark.parametrize("ins,message", [
+    # types the interpreter lacks are named, whatever the opcode
+    ("add.u16x2 %r, %r, %r;", "unsupported type .u16x2"),
+    ("sub.s16x2 %r, %r, %r;", "unsupported type .s16x2"),
+    ("min.u16x2 %r, %r, %r;", "unsupported type .u16x2"),
+    ("max.relu.s16x2 %r, %r, %r;", "unsupported type .s16x2"),
+    ("abs.s16x2 %r, %r;", "unsupported type .s16x2"),
+    ("add.rn.f32x2 %w, %w, %w;", "unsupported type .f32x2"),
+    ("mul.rn.f32x2 %w, %w, %w;", "unsupported type .f32x2"),
+    ("fma.rn.f32x2 %w, %w, %w, %w;", "unsupported type .f32x2"),
+    ("setp.lt.u16x2 %p, %r, %r;", "unsupported type .u16x2"),
+    ("cvt.rna.tf32.f32 %r, %r;", "unsupported type .tf32"),
+    ("cvt.rn.satfinite.e4m3x2.f32 %h, %r, %r;", "unsupported type .e4m3x2"),
+    ("cvt.rn.satfinite.e5m2x2.f32 %h, %r, %r;", "unsupported type .e5m2x2"),
+    # and the forms of cvt it lacks
+    ("cvt.rn.satfinite.f16x2.f32 %r, %r, %r;", "unsupported modifier .satfinite on cvt"),
+    ("cvt.pack.sat.u16.s32.b32 %r, %r, %r, %r;", "unsupported modifier .pack on cvt"),
+    # bitwise operations on floats are not PTX
+    ("not.f32 %r, %r;", "not needs a .b, .u, .s or .pred type, not .f32"),
+    ("and.f32 %r, %r, %r;", "and needs a .b, .u, .s or .pred type, not .f32"),
+])
+def test_unsupported_types_and_forms_are_named(ins, message):
+    with pytest.raises(InterpError, match=rf"line \d+: `{re.escape(ins)}`: {re.escape(message)}$"):
+        launch(module(_REGS + ins + "\n  ret;", ""), "k", (1, 1, 1), (1, 1, 1), [])
 
 
 def test_unknown_entry_and_other_entries_skipped():
