@@ -75,7 +75,7 @@ def _uint(size):
 class Ctx:
     """One instruction being compiled: its modifiers, type and operand accessors."""
     # compiled closures keep their Ctx alive: no per-instance dict for the garbage collector
-    __slots__ = ("ins", "prog", "accessors", "mods", "ops", "type", "types")
+    __slots__ = ("ins", "prog", "accessors", "mods", "ops", "_type", "types")
 
     def __init__(self, ins, prog, accessors):
         self.ins, self.prog = ins, prog
@@ -83,11 +83,18 @@ class Ctx:
         self.mods = ins.mods
         self.ops = ins.operands
         types = [m for m in self.mods if m in TYPES]
-        self.type = types[-1] if types else None
+        self._type = types[-1] if types else None
         self.types = types
         unknown = [m for m in self.mods if m not in TYPES and TYPE_NAME.fullmatch(m)]
         if unknown:
             self.fail(f"unsupported type .{unknown[0]}")
+
+    @property
+    def type(self) -> str:
+        """The instruction's (last) type modifier; an instruction that needs one and lacks it fails."""
+        if self._type is None:
+            self.fail(f"{self.ins.base} needs a type (e.g. .u32, .f32)")
+        return self._type
 
     def fail(self, msg):
         raise InterpError(f"line {self.ins.line}: `{self.ins.text}`: {msg}")
@@ -446,12 +453,26 @@ def _float_binary(c, numpy_fn, exact_fn):
                  mode), t)))
 
 
+def _arithmetic_mods(c, t, extra=()):
+    """Check add/sub/mul/fma's modifiers: rounding, .ftz and .sat on the float types that have
+    them (.ftz, .sat: .f32, .f16, .f16x2; neither on .f64 or .bf16), `extra` as the caller allows."""
+    c.check_mods({*FLOAT_ROUND, "ftz", "sat", *extra})
+    if TYPES[t][1] not in ("f", "bf") and not _float_kind(t):
+        if c.has("ftz") or c.pick(FLOAT_ROUND):
+            c.fail("rounding modifiers and .ftz need a float type")
+        return
+    for flag in ("ftz", "sat"):
+        if flag in c.mods and t not in ("f32", "f16", "f16x2"):
+            c.fail(f".{flag} needs .f32, .f16 or .f16x2")
+
+
 @opcode("add", "sub")
 def _add(c):
     c.need(3)
     t, sub = c.type, c.ins.base == "sub"
     if c.has("cc") or "c" in c.mods:
         c.fail("carry arithmetic is not supported")
+    _arithmetic_mods(c, t)
     if _float_kind(t):
         return _half(c, t, lambda k, m, x, y: nm.add(x, -y if sub else y, k, m), 2)
     if TYPES[t][1] == "f":
@@ -509,6 +530,9 @@ def _int_product(c, t):
 def _mul(c):
     c.need(3)
     t = c.type
+    _arithmetic_mods(c, t, ("lo", "hi", "wide"))
+    if (TYPES[t][1] in ("f", "bf") or _float_kind(t)) and c.pick(("lo", "hi", "wide")):
+        c.fail(".lo, .hi and .wide need an integer type")
     if _float_kind(t):
         return _half(c, t, lambda k, m, x, y: nm.narrow(x * y, k, m), 2)
     if TYPES[t][1] == "f":
@@ -534,8 +558,10 @@ def _fma64(a, b, c):
 
 
 def _fma(c):
-    c.check_mods({*FLOAT_ROUND, "ftz", "sat", "relu"})     # not .oob (needs the tensor copies' OOB NaN)
     t = c.type
+    if TYPES[t][1] not in ("f", "bf") and not _float_kind(t):
+        c.fail(f"fma needs a float type, not .{t}")
+    _arithmetic_mods(c, t, ("relu",))     # not .oob (needs the tensor copies' OOB NaN)
     if c.pick(("sat", "relu")) == "relu" and not _float_kind(t):
         c.fail(".relu needs .f16, .f16x2, .bf16 or .bf16x2")
     mode = c.pick(FLOAT_ROUND)
@@ -567,6 +593,7 @@ def _mad(c):
     t = c.type
     if TYPES[t][1] == "f" or _float_kind(t):
         return _fma(c)        # mad.rn.f32 is a fused multiply-add
+    c.check_mods({"lo", "hi", "wide", "sat", "cc"})
     if "sat" in c.mods or "cc" in c.mods:
         c.fail("mad .sat/.cc is not supported")
     fn, out_t = _int_product(c, t)

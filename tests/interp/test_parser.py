@@ -8,7 +8,7 @@ import pytest
 from ptxgen.errors import InterpError
 from ptxgen.interp import launch
 from ptxgen.interp.parser import parse
-from interp_helpers import module
+from interp_helpers import elementwise, module
 
 launch_module = importlib.import_module("ptxgen.interp.launch")
 
@@ -110,3 +110,21 @@ def test_unknown_entry_and_other_entries_skipped():
     launch(ptx, "second", (1, 1, 1), (1, 1, 1), [])
     with pytest.raises(InterpError, match="entry 'third' not found"):
         launch(ptx, "third", (1, 1, 1), (1, 1, 1), [])
+
+
+@pytest.mark.parametrize("snippet, message", [
+    ("add %d, %a, %b;", "add needs a type"),
+    ("mov %d, %a;", "mov needs a type"),
+    ("add.relu.f16x2 %d, %a, %b;", "unsupported modifier .relu on add"),
+    ("add.rn.u32 %d, %a, %b;", "rounding modifiers and .ftz need a float type"),
+    ("add.sat.f64 %D, %A, %B;", r"\.sat needs \.f32, \.f16 or \.f16x2"),
+    ("fma.rn.ftz.f64 %D, %A, %B, %C;", r"\.ftz needs \.f32, \.f16 or \.f16x2"),
+    ("fma.rn.u32 %d, %a, %b, %c;", "fma needs a float type, not .u32"),
+    ("mul.wide.f32 %d, %a, %b;", r"\.lo, \.hi and \.wide need an integer type"),
+    ("mad.lo.rn.u32 %d, %a, %b, %c;", "unsupported modifier .rn on mad"),
+])
+def test_arithmetic_modifiers_a_type_lacks_are_refused(snippet, message):
+    """A modifier the interpreter would ignore, or a missing type, is a one-line error at compile."""
+    ones = np.ones(2, np.uint64 if "%D" in snippet else np.uint32)
+    with pytest.raises(InterpError, match=message):
+        elementwise(snippet, ones, ones, ones, wide="%D" in snippet)
