@@ -33,8 +33,9 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 DEFAULT_SPEC = Path("specs/qwen3.toml")
 H100_TENSOR_TFLOPS = 989.0  # dense f16/bf16
 
-SpecArg = Annotated[Path, typer.Argument(help="Spec file (.toml, .yaml).")]
-SpecOption = Annotated[Path, typer.Option("--spec", "-s", help="Spec file (.toml, .yaml).")]
+# Paths are not checked by click (readable=False): ptxgen's own checks name an unreadable file in one line.
+SpecArg = Annotated[Path, typer.Argument(readable=False, help="Spec file (.toml, .yaml).")]
+SpecOption = Annotated[Path, typer.Option("--spec", "-s", readable=False, help="Spec file (.toml, .yaml).")]
 QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing but errors.")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print a machine-readable JSON summary.")]
 ArchOption = Annotated[Optional[str], typer.Option(
@@ -111,7 +112,7 @@ def compile_one(spec: LoadedSpec, kernel):
 @app.command()
 def build(
     spec_path: SpecArg,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o",
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", readable=False,
                                                    help="Artifact folder (default build/<spec name>).")] = None,
     arch: Annotated[Optional[list[str]], typer.Option("--arch", help="Target arch; repeat for several (default: "
                                                                      "the spec's).")] = None,
@@ -351,15 +352,16 @@ def default_backend() -> str:
 @app.command()
 def run(
     kernel_name: Annotated[str, typer.Argument(metavar="KERNEL", help="Kernel name in the spec.")],
-    inputs: Annotated[Path, typer.Option("--inputs", help=".npz with one array per array parameter.")],
-    outputs: Annotated[Path, typer.Option("--outputs", help=".npz to write every array parameter to.")],
+    inputs: Annotated[Path, typer.Option("--inputs", readable=False, help=".npz with one array per array parameter.")],
+    outputs: Annotated[Path, typer.Option("--outputs", readable=False, help=".npz to write every array parameter to.")],
     spec_path: SpecOption = DEFAULT_SPEC,
     assignments: Annotated[Optional[list[str]], typer.Option("--set", help="Runtime scalar NAME=VALUE.")] = None,
     backend: Annotated[Optional[Backend], typer.Option(
         help="emulator (CPU interpreter) or device (default: device if a GPU is present).")] = None,
     arch: ArchOption = None,
     gguf: Annotated[Optional[Path], typer.Option(
-        "--gguf", help="GGUF file to take the kernel's quantised weight parameter (Q4_K, Q6_K, Q8_0) from.")] = None,
+        "--gguf", readable=False,
+        help="GGUF file to take the kernel's quantised weight parameter (Q4_K, Q6_K, Q8_0) from.")] = None,
     tensor: Annotated[Optional[str], typer.Option("--tensor", help="Tensor name in --gguf.")] = None,
 ):
     """Run one kernel once on IN.npz and write every array parameter to OUT.npz."""
@@ -489,9 +491,10 @@ def bench(
     assignments: Annotated[Optional[list[str]], typer.Option(
         "--set", help="Runtime scalar NAME=VALUE; a comma list VALUE,VALUE,... sweeps (one row each).")] = None,
     iters: Annotated[int, typer.Option("--iters", min=100, help="Timed runs per figure.")] = 100,
-    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write every figure to this JSON file.")] = None,
+    json_path: Annotated[Optional[Path], typer.Option("--json", readable=False,
+                                                      help="Write every figure to this JSON file.")] = None,
     plot_path: Annotated[Optional[Path], typer.Option(
-        "--plot", help="Write a roofline-style chart (PNG; needs matplotlib).")] = None,
+        "--plot", readable=False, help="Write a roofline-style chart (PNG; needs matplotlib).")] = None,
     graph: Annotated[bool, typer.Option("--graph", help="Also time each kernel as CUDA-graph replays.")] = False,
 ):
     """Check kernels on the GPU, then time them: median/p10/p90, GB/s, TFLOP/s, % of copy bandwidth, peers."""
@@ -544,7 +547,8 @@ def bench(
 
 
 # --- specs for models ------------------------------------------------------------------------------
-OutputSpec = Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the spec here (default: print it).")]
+OutputSpec = Annotated[Optional[Path], typer.Option("--output", "-o", readable=False,
+                                                    help="Write the spec here (default: print it).")]
 ForceOption = Annotated[bool, typer.Option("--force", help="Replace an existing --output file.")]
 MaxSeqLen = Annotated[Optional[int], typer.Option("--max-seq-len", min=1, help="KV-cache length (default: the "
                                                                                "model's context length).")]
@@ -566,7 +570,8 @@ def emit_spec(make_text, output: Path | None, force: bool) -> None:
 
 
 @spec_app.command("from-gguf")
-def spec_from_gguf_command(model: Annotated[Path, typer.Argument(help="A .gguf model file.")], output: OutputSpec = None,
+def spec_from_gguf_command(model: Annotated[Path, typer.Argument(readable=False, help="A .gguf model file.")],
+                           output: OutputSpec = None,
                            max_seq_len: MaxSeqLen = None, prefix: Prefix = None, force: ForceOption = False):
     """Every kernel a GGUF model needs (its shapes, its tensors' quant types, its rope convention)."""
     from .specgen import spec_from_gguf
@@ -575,7 +580,7 @@ def spec_from_gguf_command(model: Annotated[Path, typer.Argument(help="A .gguf m
 
 
 @spec_app.command("from-hf")
-def spec_from_hf_command(config: Annotated[Path, typer.Argument(help="A Hugging Face config.json.")],
+def spec_from_hf_command(config: Annotated[Path, typer.Argument(readable=False, help="A Hugging Face config.json.")],
                          quant: Annotated[str, typer.Option("--quant", help="Weight type: q4_k, q6_k or q8_0.")],
                          output: OutputSpec = None, max_seq_len: MaxSeqLen = None, prefix: Prefix = None,
                          force: ForceOption = False):
@@ -595,7 +600,8 @@ def parse_tokens(text: str) -> list[int]:
 
 @app.command()
 def generate(
-    model: Annotated[Path, typer.Argument(help="A .gguf model file (qwen3 or llama; matrices Q4_K, Q6_K or Q8_0).")],
+    model: Annotated[Path, typer.Argument(readable=False,
+                                          help="A .gguf model file (qwen3 or llama; matrices Q4_K, Q6_K or Q8_0).")],
     tokens: Annotated[str, typer.Option("--tokens", help="Prompt token ids, comma-separated.")],
     max_new: Annotated[int, typer.Option("--max-new", help="Tokens to generate.")] = 16,
     backend: Annotated[Backend, typer.Option(help="device (GPU) or emulator (the PTX interpreter on the CPU: "
@@ -604,8 +610,9 @@ def generate(
                                                          "token instead of the separate kernels.")] = False,
     max_seq_len: Annotated[Optional[int], typer.Option("--max-seq-len", min=1, help="KV-cache positions "
                                                        "(default: the model's context length).")] = None,
-    save_logits: Annotated[Optional[Path], typer.Option("--save-logits", help="Write the logits of each generated "
-                                                        "token, float32 [generated, vocab], to this .npy file.")] = None,
+    save_logits: Annotated[Optional[Path], typer.Option("--save-logits", readable=False, help="Write the logits of "
+                                                        "each generated token, float32 [generated, vocab], to this "
+                                                        ".npy file.")] = None,
     as_json: JsonOption = False,
 ):
     """Greedy decoding with ptxgen's kernels: each token's embedding row (dequantised on the host),

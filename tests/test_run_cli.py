@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import stat
 import struct
+import subprocess
+import sys
 import zipfile
 
 import numpy as np
@@ -301,3 +304,36 @@ def test_read_only_outputs_are_refused_not_replaced(tmp_path, norm_run):
     assert inside.returncode == 2 and f"the folder {folder} is read-only" in inside.stderr, inside
     assert not any(folder.iterdir())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["build", "in.npz", "kept.npz", "one.toml"]
+
+
+def unprivileged() -> list[str] | None:
+    """A command prefix under which file permissions bind (root's capabilities to bypass them
+    dropped), or None where that cannot be done."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    caps = "-dac_override,-dac_read_search"
+    return None if setpriv is None else [setpriv, f"--bounding-set={caps}", f"--inh-caps={caps}"]
+
+
+@pytest.mark.parametrize("command", [
+    ["validate", "{toml}"], ["spec", "from-hf", "{json}", "--quant", "q4_k"], ["spec", "from-gguf", "{gguf}"],
+    ["generate", "{gguf}", "--tokens", "1", "--backend", "emulator"],
+    ["run", "qwen3_8b_rmsnorm", "--spec", str(ROOT / "specs" / "qwen3.toml"), "--inputs", "{npz}", "--outputs", "{out}"],
+])
+def test_an_unreadable_input_is_one_message_naming_it(tmp_path, command):
+    """Not click's three-line usage error: ptxgen's own check, one line, exit 2."""
+    prefix = unprivileged()
+    if prefix is None:
+        pytest.skip("running as root without setpriv: file permissions do not bind")
+    files = {suffix: tmp_path / f"unreadable.{suffix}" for suffix in ("toml", "json", "gguf", "npz")}
+    for path in files.values():
+        path.write_bytes(b"x")
+        path.chmod(0)
+    args = [part.format(**files, out=tmp_path / "out.npz") for part in command]
+    result = subprocess.run([*prefix, sys.executable, "-m", "ptxgen.cli", *args], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 2, result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "unreadable." in lines[0], result.stderr
+    assert "Permission denied" in lines[0], lines[0]
