@@ -53,7 +53,8 @@ def check_tensor_data(path, reader) -> None:
     for offset, nbytes, name in sorted((int(t.field.parts[-1][0]), int(t.n_bytes), t.name) for t in reader.tensors):
         if offset % reader.alignment or offset < end or offset + nbytes > size:
             why = (f"not a multiple of the alignment {reader.alignment}" if offset % reader.alignment
-                   else f"overlaps tensor {previous!r}" if offset < end else f"runs past the end of the file ({size} bytes of data)")
+                   else f"overlaps tensor {previous!r}" if offset < end
+                   else f"runs past the end of the file ({size} bytes of data)")
             raise PtxgenError(f"{path}: tensor {name!r}: data offset {offset} ({nbytes} bytes) {why}: damaged file?")
         end, previous = offset + nbytes, name
 
