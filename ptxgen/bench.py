@@ -370,14 +370,15 @@ def bench_row(compiled: CompiledKernel, scalars: dict, iters: int, graph: bool, 
     Returns the row and those checks."""
     from .device import session
     from .runner import prepare_arrays, run
-    from .verify import compare, ran_target, verify_kernel
+    from .verify import compare, ran_target, verify_sizes
 
     gpu = session()
     kind = compiled.definition
     traffic = kind.traffic(scalars)
     row = new_row(compiled, scalars)
     if verified is None:  # the kind's own small sizes, once per kernel
-        verified = [check for sizes in kind.verify_scalars() for check in verify_kernel(compiled, sizes, backend="device")]
+        verified = [check for checks in verify_sizes(compiled, kind.verify_scalars(), backend="device")
+                    for check in checks]
     checks = list(verified)
     inputs = kind.sample_inputs(np.random.default_rng(0), scalars)
     reference = None

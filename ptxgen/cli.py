@@ -472,13 +472,13 @@ def verify(
 def emulate_checks(kernels, seed: int, arch: str | None, progress) -> list:
     """verify's checks in the PTX interpreter (its sanitizer on), a KernelRun a kernel."""
     from .device_verify import KernelRun
-    from .verify import verify_kernel
+    from .verify import verify_sizes
 
     runs = []
     for compiled in kernels:
         progress(compiled.name)
-        runs.append(KernelRun(compiled.name, None, [check for scalars in compiled.definition.verify_scalars()
-                                                    for check in verify_kernel(compiled, scalars, seed=seed, arch=arch)]))
+        runs.append(KernelRun(compiled.name, None, [check for checks in verify_sizes(
+            compiled, compiled.definition.verify_scalars(), seed, arch=arch) for check in checks]))
     return runs
 
 

@@ -17,7 +17,7 @@ from typing import Callable
 
 from .compiled import CompiledKernel
 from .errors import LaunchError, PtxgenError
-from .verify import Check, verify_kernel
+from .verify import Check, verify_sizes
 from .worker import DeviceWorker
 
 TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
@@ -124,12 +124,11 @@ def open_device() -> str:
 
 def run_kernel_checks(worker, compiled: CompiledKernel, cases: list[dict], seed: int, arch: str | None,
                       run: KernelRun) -> None:
-    for scalars in cases:
-        try:
-            run.checks += worker.call(verify_kernel, compiled, scalars, seed=seed, backend="device", arch=arch)
-        except LaunchError as error:
-            run.failure = str(error)
-            return
+    try:
+        for checks in verify_sizes(compiled, cases, seed, call=worker.call, backend="device", arch=arch):
+            run.checks += checks
+    except LaunchError as error:
+        run.failure = str(error)
 
 
 def verify_on_device(kernels: list[CompiledKernel], seed: int, arch: str | None, tools: list[str],

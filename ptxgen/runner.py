@@ -52,9 +52,10 @@ def check_inputs(compiled: CompiledKernel, inputs: dict[str, np.ndarray], scalar
 
 def prepare_arrays(compiled: CompiledKernel, inputs: dict[str, np.ndarray],
                    scalars: dict[str, int]) -> dict[str, np.ndarray]:
-    """Copies of the inputs, NaN-poisoned outputs, zeroed workspaces: one array per array param.
-    The elements of an inout parameter that its kind says the kernel rewrites without reading
-    them (Kind.rewritten) are poisoned too, so one the kernel fails to write shows."""
+    """Copies of the inputs, NaN-poisoned outputs, workspaces zeroed (or as `inputs` give them: what
+    an earlier launch left there): one array per array param. The elements of an inout parameter
+    that its kind says the kernel rewrites without reading them (Kind.rewritten) are poisoned too,
+    so one the kernel fails to write shows."""
     check_input_names(compiled, inputs)
     compiled.check_scalars(scalars)
     check_inputs(compiled, inputs, scalars)
@@ -66,7 +67,9 @@ def prepare_arrays(compiled: CompiledKernel, inputs: dict[str, np.ndarray],
         elif param.role == "out":
             arrays[param.name] = poison(param.concrete_shape(scalars), param.dtype)
         elif param.role == "workspace":
-            arrays[param.name] = np.zeros(param.concrete_shape(scalars), dtype=DTYPES[param.dtype].numpy)
+            given = inputs.get(param.name)
+            arrays[param.name] = (np.zeros(param.concrete_shape(scalars), dtype=DTYPES[param.dtype].numpy)
+                                  if given is None else np.ascontiguousarray(given).copy())
     compiled.check_values(arrays)
     for param in compiled.params:
         region = kind.rewritten(param, arrays, scalars) if param.role == "inout" else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 
@@ -116,9 +117,40 @@ def compare(compiled: CompiledKernel, arrays: dict[str, np.ndarray], reference: 
 
 def verify_kernel(compiled: CompiledKernel, scalars: dict, seed: int = 0, backend: str = "emulator",
                   sanitize: bool = True, arch: str | None = None) -> list[Check]:
-    """Random non-zero inputs, poisoned outputs, one launch, compare to the reference."""
+    """Random non-zero inputs, poisoned outputs, one launch on zeroed workspaces, compare to the
+    reference."""
+    return verify_launch(compiled, scalars, seed, backend, sanitize, arch)[0]
+
+
+def verify_launch(compiled: CompiledKernel, scalars: dict, seed: int = 0, backend: str = "emulator",
+                  sanitize: bool = True, arch: str | None = None,
+                  workspaces: dict[str, np.ndarray] | None = None) -> tuple[list[Check], dict[str, np.ndarray]]:
+    """verify_kernel with the workspaces an earlier launch left (None: zeroed, as allocated); also
+    returns the workspaces this launch leaves."""
     kind = compiled.definition
-    rng = np.random.default_rng(seed)
-    inputs = kind.sample_inputs(rng, scalars)
-    arrays = run(compiled, inputs, scalars, backend=backend, sanitize=sanitize, arch=arch)
-    return compare(compiled, arrays, kind.reference(inputs, scalars), scalars, ran_target(compiled, backend, arch))
+    inputs = kind.sample_inputs(np.random.default_rng(seed), scalars)
+    arrays = run(compiled, {**inputs, **(workspaces or {})}, scalars, backend=backend, sanitize=sanitize, arch=arch)
+    checks = compare(compiled, arrays, kind.reference(inputs, scalars), scalars, ran_target(compiled, backend, arch))
+    return checks, {param.name: arrays[param.name] for param in compiled.workspaces}
+
+
+def verify_sizes(compiled: CompiledKernel, sizes: list[dict], seed: int = 0, call=None,
+                 **options) -> Iterator[list[Check]]:
+    """The checks of verify_launch at each of `sizes` in order, a list a launch, each launch on the
+    workspaces the one before left (zeroed once, the kernel must leave them ready for the next
+    launch: an engine reuses its counters and partials, as a CUDA graph does); a kernel with
+    workspaces and one size is launched twice, the second time on other inputs.
+    `call(function, *args, **kwargs)` runs each launch (a DeviceWorker's call; default: here).
+    `options`: verify_launch's backend, sanitize, arch."""
+    cases = [(scalars, seed) for scalars in sizes]
+    if compiled.workspaces and len(cases) == 1:
+        cases.append((sizes[0], seed + 1))
+    workspaces = None
+    for scalars, case_seed in cases:
+        checks, workspaces = (call or _here)(verify_launch, compiled, scalars, case_seed, workspaces=workspaces,
+                                             **options)
+        yield checks
+
+
+def _here(function, *args, **kwargs):
+    return function(*args, **kwargs)

@@ -10,9 +10,9 @@ from pydantic import ValidationError
 
 from ptxgen.kernels.argmax import first_argmax
 from ptxgen.runner import launch_arrays, prepare_arrays, run
-from ptxgen.verify import compare
+from ptxgen.verify import compare, verify_kernel, verify_sizes
 
-from helpers import assert_passes, make_config, make_kernel, resources
+from helpers import assert_passes, make_config, make_kernel, resources, with_ptx
 
 # 1, 3 (tail only), 4, 5, 127 (one CTA), 1000 (2 CTAs), 4099 (tail + partial CTA), 70001 and 151936
 # (a Qwen3 vocabulary: ~300 CTAs meeting in the workspace), 4 * (2^18 + 1) + 3 (4 vectors a thread,
@@ -97,3 +97,17 @@ def test_config_and_resources():
         make_config("argmax", n=2**30 + 1)
     for arch, used in resources(make_config("argmax", n=151936)).items():
         assert used["spill_stores"] == used["spill_loads"] == 0, f"{arch}: spills {used}"
+
+
+def test_verify_catches_a_kernel_that_leaves_its_workspace_unready():
+    """verify launches a kernel with workspaces a second time on what the first launch left (an
+    engine zeroes them once): without its counter reset the second launch's count-in is off, and
+    its index wrong."""
+    kernel = make_kernel("argmax", n=70001)
+    reset = "\tst.global.u32 [%state+8], 0;\n"
+    assert reset in kernel.portable.ptx
+    planted = with_ptx(kernel, kernel.portable.ptx.replace(reset, ""))
+    assert_passes(verify_kernel(planted, {}))  # one launch on zeroed workspaces cannot tell
+    first, second = verify_sizes(planted, [{}])
+    assert_passes(first)
+    assert len(second) == 1 and second[0].failure, second
