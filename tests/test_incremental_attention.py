@@ -15,7 +15,7 @@ from ptxgen.kernels.families.attention import division_magic
 from ptxgen.kernels.incremental_attention import attention_reference, max_scale
 from ptxgen.runner import prepare_arrays, run
 from ptxgen.spec import load_spec
-from ptxgen.verify import compare, verify_kernel
+from ptxgen.verify import compare, verify_kernel, verify_sizes
 
 from helpers import ROOT, assert_passes, make_config, make_kernel, resources, spec_kernel
 
@@ -395,6 +395,8 @@ def test_spec_instance_verifies_at_small_lengths():
     kernel = spec_kernel(QWEN3, "qwen3_8b_decode_attention")
     kind = kernel.definition
     lengths = [s["seq_len"] for s in kind.verify_scalars()]
-    assert 0 in lengths and max(kind.splits(n) for n in lengths) > 1
-    for scalars in kind.verify_scalars():
-        assert_passes(verify_kernel(kernel, scalars, seed=1))
+    assert lengths == [0, 1, 37, 2121, 323, 137]
+    splits = [kind.splits(n) for n in lengths]
+    assert lengths[3] > splits[3] * kind.plan.tile, "a CTA streams more than one ring tile"
+    assert splits[3] > splits[4] > splits[5] > 1, "fewer splits after more: the merge must ignore older partials"
+    assert_passes([check for checks in verify_sizes(kernel, kind.verify_scalars(), seed=1) for check in checks])

@@ -203,8 +203,14 @@ class IncrementalAttention(Kind):
         return {"seq_len": min(self.config.max_seq_len, 8192)}
 
     def verify_scalars(self) -> list[dict[str, int]]:
-        long = min(self.config.max_seq_len, 5 * self.plan.tile + 3)
-        return [{"seq_len": n} for n in dict.fromkeys((0, 1, min(self.config.max_seq_len, 37), long))]
+        """Empty, one key, one split; more keys than max_splits tiles (a CTA's running max moves
+        across its ring tiles: o rescaled); then fewer splits after more, twice (the merge must not
+        read a split the launch before left); two lengths end past the middle of a key group (the
+        tail mask's upper lanes)."""
+        plan, top = self.plan, self.config.max_seq_len
+        tail = plan.group_keys // 2 + 1
+        lengths = (0, 1, 37, plan.max_splits * plan.tile + tail, 5 * plan.tile + 3, 2 * plan.tile + tail)
+        return [{"seq_len": n} for n in dict.fromkeys(min(top, n) for n in lengths)]
 
     def sample_inputs(self, rng, scalars):
         """Random q, K and V; cache rows at and past L hold NaN, so a kernel that lets any of
