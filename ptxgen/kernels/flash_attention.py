@@ -38,6 +38,7 @@ Q_REGISTERS_MAX = 32
 # The running row max is only moved when a tile's max exceeds it by more than 2^8 (in exp2
 # units): p <= 256 then, exact in f16/bf16 and far from overflow, and O is rescaled rarely.
 RESCALE_THRESHOLD = 8.0
+OUTLIER_KEY = 130  # sample_inputs' key that moves rows' max: past the first tile of every block_n up to 128
 
 
 class Sm90aTuning(BaseModel):
@@ -282,14 +283,24 @@ class FlashAttention(Kind):
         return {"seq_len": 4096}
 
     def verify_scalars(self) -> list[dict[str, int]]:
-        return [{"seq_len": 70}]
+        """One query block; then several, the last key tile holding one key (193 = 3 * 64 + 1)
+        and a key past the first 128 that moves some rows' max (sample_inputs)."""
+        return [{"seq_len": 70}, {"seq_len": 193}]
 
     def sample_inputs(self, rng, scalars):
+        """Gaussian q, K, V (V off zero). Past OUTLIER_KEY + 8 keys, rows OUTLIER_KEY.. +7 of q and
+        key OUTLIER_KEY gain 12/sqrt(head_dim) in every dimension: their score rises by about 144,
+        so those rows' running max jumps in a later key tile by more than RESCALE_THRESHOLD allows
+        (62.7 in score units at head_dim 128), and the kernel must rescale o and l."""
         c = self.config
         seq_len = scalars["seq_len"]
         q = rng.standard_normal((c.num_heads, seq_len, c.head_dim))
         k = rng.standard_normal((c.num_kv_heads, seq_len, c.head_dim))
         v = rng.standard_normal((c.num_kv_heads, seq_len, c.head_dim)) + 0.25
+        if seq_len > OUTLIER_KEY + 8:
+            boost = 12 / math.sqrt(c.head_dim)
+            q[:, OUTLIER_KEY:OUTLIER_KEY + 8] += boost
+            k[:, OUTLIER_KEY] += boost
         return {"q": from_float(q, c.dtype), "k": from_float(k, c.dtype), "v": from_float(v, c.dtype)}
 
     def reference(self, arrays, scalars):
