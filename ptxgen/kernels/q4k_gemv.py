@@ -208,10 +208,15 @@ class Q4kGemv(Kind):
         return [] if sum(self.matrices.values()) * self.config.k > MAX_VERIFY_WEIGHTS else [{}]
 
     def sample_inputs(self, rng, scalars):
+        """Quantised Gaussian weights, x Gaussian off zero; for the fused kinds gamma near 1 and x
+        as small as eps (mean(x^2) about 1.06 eps), so eps is half of the norm's denominator and an
+        eps the kernel gets wrong shows (the normalised x, what the GEMV multiplies, is of unit
+        size whatever x's)."""
         k = self.config.k
         quant = QUANT_TYPES[self.quant]
         inputs = {f"w{name}": quant.random_weights(rng, n, k) for name, n in self.matrices.items()}
-        inputs["x"] = (rng.standard_normal(k) + 0.25).astype(np.float32)
+        x = rng.standard_normal(k) + 0.25
+        inputs["x"] = (x * np.sqrt(self.config.eps) if self.fused else x).astype(np.float32)
         if self.fused:
             inputs["gamma"] = (1.0 + 0.25 * rng.standard_normal(k)).astype(np.float32)
         return inputs
