@@ -341,7 +341,7 @@ def best_peer(peers: list[dict]) -> dict | None:
 def check_rows(checks) -> list[dict]:
     return [{"scalars": dict(c.scalars), "param": c.param, "error": float(c.error), "tolerance": float(c.tolerance),
              "unwritten": int(c.unwritten), "changed": int(c.changed), "element_error": c.element_error,
-             "passed": bool(c.passed), "failure": c.failure} for c in checks]
+             "passed": bool(c.passed), "failure": c.failure, "again": c.again} for c in checks]
 
 
 def new_row(compiled: CompiledKernel, scalars: dict) -> dict:

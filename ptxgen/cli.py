@@ -451,7 +451,9 @@ def verify(
         for check in run.checks:
             verdict = "pass" if check.passed else f"FAIL ({check.failure})"
             element = "-" if check.element_error is None else f"{check.element_error:.2f}"
-            rows.append([run.kernel, ", ".join(f"{k}={v}" for k, v in check.scalars.items()),
+            scalars = ", ".join([*(f"{k}={v}" for k, v in check.scalars.items()),
+                                 *(["again (reused workspaces)"] if check.again else [])])
+            rows.append([run.kernel, scalars,
                          f"{check.param}{list(check.shape)}", f"{check.error:.2e}", f"{check.tolerance:.1e}", element,
                          verdict + tag])
         if run.failure is not None:

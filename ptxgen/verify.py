@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -24,6 +25,7 @@ class Check:
     changed: int = 0  # elements the kernel must keep (outside Kind.rewritten) whose bits changed
     # Largest |result - reference| / the kind's per-element bound (Kind.error_bound); None: no bound.
     element_error: float | None = None
+    again: bool = False  # a second launch at the same size, on other inputs and the workspaces the first left
 
     @property
     def failure(self) -> str:
@@ -146,10 +148,10 @@ def verify_sizes(compiled: CompiledKernel, sizes: list[dict], seed: int = 0, cal
     if compiled.workspaces and len(cases) == 1:
         cases.append((sizes[0], seed + 1))
     workspaces = None
-    for scalars, case_seed in cases:
+    for index, (scalars, case_seed) in enumerate(cases):
         checks, workspaces = (call or _here)(verify_launch, compiled, scalars, case_seed, workspaces=workspaces,
                                              **options)
-        yield checks
+        yield [dataclasses.replace(check, again=True) for check in checks] if index == len(sizes) else checks
 
 
 def _here(function, *args, **kwargs):

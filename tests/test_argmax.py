@@ -110,4 +110,4 @@ def test_verify_catches_a_kernel_that_leaves_its_workspace_unready():
     assert_passes(verify_kernel(planted, {}))  # one launch on zeroed workspaces cannot tell
     first, second = verify_sizes(planted, [{}])
     assert_passes(first)
-    assert len(second) == 1 and second[0].failure, second
+    assert len(second) == 1 and second[0].failure and second[0].again and not first[0].again, second
