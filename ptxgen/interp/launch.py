@@ -353,6 +353,8 @@ def _run_wave(st, code, sync_points, stats, name, rng, members):
                     stalled = False
                     cohorts.merge(pc + 1, active[~blocked])
             elif kind == "bra":
+                if ex.run is not None and rest is not None and len(rest) and st.sanitize:
+                    ex.run(st, active, rest)
                 cohorts.merge(ex.target, active)
             elif kind == "exit":
                 if st.before_wait is not None and st.before_wait[active].any():

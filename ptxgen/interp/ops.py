@@ -1129,9 +1129,20 @@ def _cvt_pack(c, dt_, at, mode):
 
 
 # ---- control flow and synchronisation --------------------------------------------------
+def _uniform_branch(st, taken, passed):
+    """bra.uni's promise (ISA 9.7.8.1: the guard is the same for every active thread of a warp):
+    a warp whose threads here go both ways is a finding (hardware may send it all one way)."""
+    split = np.intersect1d(st.warp[taken], st.warp[passed])
+    if len(split):
+        thread = taken[int(np.flatnonzero(st.warp[taken] == split[0])[0])]
+        raise Finding("bra.uni whose guard differs between threads of a warp: a divergent branch marked "
+                      "uniform (drop .uni, or make the guard warp-uniform, e.g. by vote.sync)", thread)
+
+
 @opcode("bra")
 def _bra(c):
-    return Exec(c.ins, "bra", target=c.ins.target)
+    """A branch; `run` (bra.uni only) checks the taken and passing threads share no warp."""
+    return Exec(c.ins, "bra", run=_uniform_branch if "uni" in c.mods else None, target=c.ins.target)
 
 
 @opcode("ret", "exit")

@@ -269,6 +269,24 @@ END:
 """)
 
 
+def test_a_uniform_branch_that_diverges_within_a_warp():
+    """bra.uni promises the guard is the same for a warp's threads: lane 5 going its own way is a
+    finding; a guard that differs only between warps is what .uni is for."""
+    expect("""
+  and.b32 %v, %lin, 31;
+  setp.eq.u32 %p, %v, 5;
+  @%p bra.uni SKIP;  // BUG
+  mov.u32 %v, 1;
+SKIP:
+""", r"bra.uni whose guard differs between threads of a warp", (0, 0, 0), (5, 0, 0))
+    clean("""
+  setp.ge.u32 %p, %lin, 32;
+  @%p bra.uni SKIP;
+  mov.u32 %v, 1;
+SKIP:
+""")
+
+
 def test_one_sided_barrier_with_exiting_threads():
     expect("""
   setp.ge.u32 %p, %lin, 32;
