@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from ptxgen.errors import SanitizerError
 from ptxgen.spec import load_spec
 from ptxgen.verify import verify_sizes
 
-from helpers import SPECS, assert_passes, spec_kernel
+from helpers import ROOT, SPECS, assert_passes, spec_kernel, with_ptx
 
 CASES = [(path, kernel.name) for path in SPECS for kernel in load_spec(path).spec.kernels]
 
@@ -19,3 +20,30 @@ def test_spec_kernel_matches_its_reference(path, name):
     if not cases:
         pytest.skip(f"{name}: no runtime size small enough for the interpreter (assemble-checked only)")
     assert_passes([check for checks in verify_sizes(kernel, cases, seed=11) for check in checks])
+
+
+# Bugs planted in shipped kernels' PTX that verify missed until mutation testing showed it (session
+# 9): a reused workspace, lengths past max_splits tiles, several query blocks, x as small as eps.
+PLANTED = [
+    ("qwen3_8b_decode_attention", "setp.lt.u32 %ok1, %this_split, %active;",
+     "setp.le.u32 %ok1, %this_split, %active;"),  # the merge reads a split past the active ones
+    ("qwen3_8b_decode_attention", "@%ok bra RESCALED;", "bra RESCALED;"),  # o never rescaled
+    ("qwen3_8b_decode_attention", "setp.gt.s32 %ok, %limit, 9;", "setp.gt.s32 %ok, %limit, 8;"),  # tail mask
+    ("qwen3_8b_decode_attention", "@%first_thread st.global.u32 [%counters], 0;", ""),  # counter not reset
+    ("qwen3_8b_prefill_attention", "mul.f32 %l0, %l0, %alpha0;", ""),  # l not rescaled
+    ("qwen3_8b_prefill_attention", "vote.sync.any.pred %any, %any, 0xffffffff;", ""),  # bra.uni diverges
+    ("qwen3_8b_attn_norm_q_proj", "0f358637BD", "0f360637BD"),  # eps 1e-6 -> 2e-6
+]
+
+
+@pytest.mark.parametrize("name, text, planted", PLANTED)
+def test_verify_catches_bugs_planted_in_shipped_kernels(name, text, planted):
+    kernel = spec_kernel(ROOT / "specs" / "qwen3.toml", name)
+    assert text in kernel.portable.ptx, text
+    mutant = with_ptx(kernel, kernel.portable.ptx.replace(text, planted, 1))
+    try:
+        checks = [check for checks in verify_sizes(mutant, kernel.definition.verify_scalars(), seed=11)
+                  for check in checks]
+    except SanitizerError:
+        return
+    assert any(check.failure for check in checks), [check.failure for check in checks]
