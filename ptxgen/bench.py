@@ -437,17 +437,18 @@ def bench_row(compiled: CompiledKernel, scalars: dict, iters: int, graph: bool, 
 
 def occupancy_row(gpu, compiled: CompiledKernel, scalars: dict) -> dict:
     """The driver's resident CTAs an SM for this launch (its occupancy calculator) beside the
-    model's (perf.occupancy, what `ptxgen show` prints), with the registers and static shared
-    bytes each side started from: the assembler's report, or the driver's where the GPU's arch
-    was JIT-compiled from PTX."""
-    from .perf import arch_limits, occupancy
+    model's (perf.occupancy_per_arch over arch_launches, as `ptxgen show` computes it), with the
+    registers and static shared bytes each side started from: the assembler's report, or the
+    driver's where the GPU's arch was JIT-compiled from PTX."""
+    from .perf import arch_launches, occupancy_per_arch
 
     kernel = gpu.kernel(compiled)
     launch = gpu.prepare(kernel, compiled.launch(scalars, gpu.arch))
     binary = compiled.binaries.get(gpu.arch)
     registers, static = ((binary.resources["registers"], binary.resources["shared_bytes"]) if binary is not None
                          else (kernel.registers, kernel.static_shared))
-    model = occupancy(arch_limits(gpu.arch), math.prod(launch.block), registers, static + launch.dynamic_shared)
+    model = occupancy_per_arch(arch_launches(compiled, scalars, [gpu.arch]),
+                               {gpu.arch: {"registers": registers, "shared_bytes": static}})[gpu.arch]
     return {"ctas_per_sm": gpu.resident_ctas(kernel, launch), "registers": kernel.registers,
             "static_shared": kernel.static_shared, "dynamic_shared": launch.dynamic_shared,
             "model_ctas_per_sm": model.ctas_per_sm, "model_limiter": model.limiter, "model_registers": registers,

@@ -321,10 +321,10 @@ class Generator:
     def _check_finite(self, tensor: str, data: np.ndarray) -> None:
         """Refuse a NaN or infinite weight (a norm gain, a block scale): the kernels would not pass
         it on faithfully (e.g. x quantised to int8 drops it), so the tokens would mean nothing."""
-        quant = self.config.quants.get(tensor)
-        bad = quant_type(quant).non_finite(data) if quant else int(np.count_nonzero(~np.isfinite(data)))
+        quant = quant_type(self.config.quants[tensor]) if tensor in self.config.quants else None
+        bad = quant.non_finite(data) if quant else int(np.count_nonzero(~np.isfinite(data)))
         if bad:
-            what = "block scales" if quant and quant_type(quant).block_weights > 1 else "values"
+            what = "block scales" if quant and quant.block_weights > 1 else "values"
             raise PtxgenError(f"{self.config.name}: tensor {tensor!r} holds {bad} NaN or infinite {what}")
 
     # --- one step ------------------------------------------------------------------------------

@@ -20,6 +20,11 @@ from .model_config import ARCHITECTURES, LAYER_MATRICES, ModelConfig, matrix_nam
 from .quants import Q4_K, QuantType, quant_type
 
 _ABSENT = object()
+# The ModelConfig field each metadata key (after the architecture's "<arch>.") gives.
+CONFIG_KEYS = {"num_layers": "block_count", "hidden": "embedding_length", "intermediate": "feed_forward_length",
+               "num_heads": "attention.head_count", "num_kv_heads": "attention.head_count_kv",
+               "head_dim": "attention.key_length", "rope_theta": "rope.freq_base",
+               "eps": "attention.layer_norm_rms_epsilon", "context_length": "context_length", "vocab_size": "vocab_size"}
 
 
 def open_gguf_reader(path: Path):
@@ -147,13 +152,17 @@ class GGUFModel:
         def key(name: str) -> str:
             return f"{arch}.{name}"
 
-        hidden = self._number(key("embedding_length"), int)
-        heads = self._number(key("attention.head_count"), int)
+        def number(field: str, kind: type, default=_ABSENT):
+            """The metadata value of ModelConfig's `field` (CONFIG_KEYS)."""
+            return self._number(key(CONFIG_KEYS[field]), kind, default)
+
+        hidden = number("hidden", int)
+        heads = number("num_heads", int)
         if key("attention.key_length") not in self.reader.fields and heads > 0 and hidden % heads:
             raise PtxgenError(f"{self.path}: metadata {key('embedding_length')!r} = {hidden} is not a multiple of "
                               f"{key('attention.head_count')!r} = {heads}, and {key('attention.key_length')!r} "
                               "(the head size) is absent")
-        head_dim = self._number(key("attention.key_length"), int, hidden // heads if heads else 0)
+        head_dim = number("head_dim", int, hidden // heads if heads else 0)
         if self._number(key("attention.value_length"), int, head_dim) != head_dim:
             raise PtxgenError(f"{self.path}: {key('attention.value_length')} differs from the key length "
                               f"{head_dim}: not supported")
@@ -173,7 +182,7 @@ class GGUFModel:
         embedding = self.tensors.get("token_embd.weight")
         vocab = len(tokens.data) if tokens else embedding.shape[0] if embedding else 0
         tied = "output.weight" not in self.tensors
-        layers = self._number(key("block_count"), int)
+        layers = number("num_layers", int)
         if layers * len(LAYER_MATRICES) > len(self.tensors):
             raise PtxgenError(f"{self.path}: metadata {key('block_count')!r} says {layers} layers, but the file holds "
                               f"{len(self.tensors)} tensors ({len(LAYER_MATRICES)} matrices a layer at least)")
@@ -183,17 +192,12 @@ class GGUFModel:
             raise PtxgenError(f"{self.path}: missing tensor {missing[0]!r}"
                               + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
         # llama.cpp's defaults for absent keys
-        values = dict(num_layers=layers, hidden=hidden, intermediate=self._number(key("feed_forward_length"), int),
-                      num_heads=heads, num_kv_heads=self._number(key("attention.head_count_kv"), int, heads),
-                      head_dim=head_dim, rope_theta=self._number(key("rope.freq_base"), float, 10000.0),
-                      eps=self._number(key("attention.layer_norm_rms_epsilon"), float),
-                      context_length=self._number(key("context_length"), int),
-                      vocab_size=self._number(key("vocab_size"), int, vocab))
-        keys = {"num_layers": "block_count", "hidden": "embedding_length", "intermediate": "feed_forward_length",
-                "num_heads": "attention.head_count", "num_kv_heads": "attention.head_count_kv",
-                "head_dim": "attention.key_length", "rope_theta": "rope.freq_base",
-                "eps": "attention.layer_norm_rms_epsilon", "context_length": "context_length", "vocab_size": "vocab_size"}
-        origin = {name: f"metadata {key(short)!r}" for name, short in keys.items() if key(short) in self.reader.fields}
+        values = dict(num_layers=layers, hidden=hidden, intermediate=number("intermediate", int), num_heads=heads,
+                      num_kv_heads=number("num_kv_heads", int, heads), head_dim=head_dim,
+                      rope_theta=number("rope_theta", float, 10000.0), eps=number("eps", float),
+                      context_length=number("context_length", int), vocab_size=number("vocab_size", int, vocab))
+        origin = {field: f"metadata {key(short)!r}" for field, short in CONFIG_KEYS.items()
+                  if key(short) in self.reader.fields}
         if "head_dim" not in origin:
             origin["head_dim"] = f"{key('embedding_length')} / {key('attention.head_count')}"
         if "vocab_size" not in origin:

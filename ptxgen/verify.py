@@ -144,14 +144,14 @@ def verify_sizes(compiled: CompiledKernel, sizes: list[dict], seed: int = 0, cal
     workspaces and one size is launched twice, the second time on other inputs.
     `call(function, *args, **kwargs)` runs each launch (a DeviceWorker's call; default: here).
     `options`: verify_launch's backend, sanitize, arch."""
-    cases = [(scalars, seed) for scalars in sizes]
-    if compiled.workspaces and len(cases) == 1:
-        cases.append((sizes[0], seed + 1))
+    cases = [(scalars, seed, False) for scalars in sizes]
+    if compiled.workspaces and len(sizes) == 1:
+        cases.append((sizes[0], seed + 1, True))
     workspaces = None
-    for index, (scalars, case_seed) in enumerate(cases):
+    for scalars, case_seed, again in cases:
         checks, workspaces = (call or _here)(verify_launch, compiled, scalars, case_seed, workspaces=workspaces,
                                              **options)
-        yield [dataclasses.replace(check, again=True) for check in checks] if index == len(sizes) else checks
+        yield [dataclasses.replace(check, again=True) for check in checks] if again else checks
 
 
 def _here(function, *args, **kwargs):

@@ -577,7 +577,7 @@ class AsyncState:
 
     def land(self, bar, ctas, threads):
         """Apply the complete_tx of the bulk copies in flight to bar in these CTAs."""
-        flying = np.unique(ctas[bar.flying[ctas] != 0]) if len(ctas) else ctas
+        flying = np.unique(ctas[bar.flying[ctas] != 0])
         if len(flying):
             bar.tx[flying] -= bar.flying[flying]
             bar.flying[flying] = 0

@@ -372,6 +372,11 @@ def _float_kind(t):
     return t in ("f16", "bf16", "f16x2", "bf16x2")
 
 
+def _any_float(t):
+    """A float type: .f16/.f32/.f64, .bf16, or a packed pair of halves."""
+    return TYPES[t][1] in ("f", "bf") or _float_kind(t)
+
+
 # .f16 and .bf16 bits <-> floats holding their values (numpy's float16 arithmetic is slow, its
 # conversions of float16 to and from float64 the fastest; NaN payloads survive both ways)
 _HALF_VALUES = {
@@ -457,7 +462,7 @@ def _arithmetic_mods(c, t, extra=()):
     """Check add/sub/mul/fma's modifiers: rounding, .ftz and .sat on the float types that have
     them (.ftz, .sat: .f32, .f16, .f16x2; neither on .f64 or .bf16), `extra` as the caller allows."""
     c.check_mods({*FLOAT_ROUND, "ftz", "sat", *extra})
-    if TYPES[t][1] not in ("f", "bf") and not _float_kind(t):
+    if not _any_float(t):
         if c.has("ftz") or c.pick(FLOAT_ROUND):
             c.fail("rounding modifiers and .ftz need a float type")
         return
@@ -531,7 +536,7 @@ def _mul(c):
     c.need(3)
     t = c.type
     _arithmetic_mods(c, t, ("lo", "hi", "wide"))
-    if (TYPES[t][1] in ("f", "bf") or _float_kind(t)) and c.pick(("lo", "hi", "wide")):
+    if _any_float(t) and c.pick(("lo", "hi", "wide")):
         c.fail(".lo, .hi and .wide need an integer type")
     if _float_kind(t):
         return _half(c, t, lambda k, m, x, y: nm.narrow(x * y, k, m), 2)
@@ -559,7 +564,7 @@ def _fma64(a, b, c):
 
 def _fma(c):
     t = c.type
-    if TYPES[t][1] not in ("f", "bf") and not _float_kind(t):
+    if not _any_float(t):
         c.fail(f"fma needs a float type, not .{t}")
     _arithmetic_mods(c, t, ("relu",))     # not .oob (needs the tensor copies' OOB NaN)
     if c.pick(("sat", "relu")) == "relu" and not _float_kind(t):
@@ -698,7 +703,7 @@ def _minmax(c):
                 c.fail(".relu needs .s32")
             return _int_binary(c, lambda x, y: np.maximum(fn(x, y), 0))
         return _int_binary(c, fn)
-    if kind not in ("f", "bf") and not _float_kind(t):
+    if not _any_float(t):
         c.fail(f"{c.ins.base} needs an integer or float type, not .{t}")
     if "relu" in c.mods:
         c.fail(".relu needs .s32")
