@@ -111,7 +111,7 @@ def check_request(config: ModelConfig, max_seq_len: int | None, prompt: list[int
     if max_new < 1:
         raise PtxgenError(f"--max-new: expected at least 1, got {max_new}")
     positions = len(prompt) + max_new - 1  # the last new token is not fed back
-    cache = max_seq_len or config.context_length
+    cache = config.cache_positions(max_seq_len)
     if positions > cache:
         source = "--max-seq-len" if max_seq_len else "the model's context_length; --max-seq-len sets it"
         prompted = f"{len(prompt)} prompt token{'s' if len(prompt) > 1 else ''}"
@@ -261,7 +261,7 @@ class Generator:
         config = model.config
         check_supported(config, fused)
         self.model, self.config, self.fused = model, config, fused
-        self.max_seq_len = max_seq_len or config.context_length
+        self.max_seq_len = config.cache_positions(max_seq_len)
         kernels = step_kernels(config, self.max_seq_len)
         if backend == "device":
             from .device import session

@@ -95,6 +95,20 @@ class ModelConfig:
         for name in expected:
             quant_type(self.quants[name])  # rejects an unknown type name
 
+    def cache_positions(self, max_seq_len: int | None) -> int:
+        """The KV cache's positions: `max_seq_len` (--max-seq-len), else the context length. Refused
+        above the context length: the model was never trained at those positions, and ptxgen
+        applies no rope scaling (YaRN, linear) to stretch it."""
+        if max_seq_len is None:
+            return self.context_length
+        if max_seq_len < 1:
+            raise PtxgenError(f"--max-seq-len: expected at least 1, got {max_seq_len}")
+        if max_seq_len > self.context_length:
+            raise PtxgenError(f"--max-seq-len {max_seq_len}: above the model's {self._named('context_length')} "
+                              f"= {self.context_length} (positions it was never trained at; rope scaling is not "
+                              "supported)")
+        return max_seq_len
+
     @property
     def rope_style(self) -> str:
         return ROPE_STYLES[self.architecture]

@@ -112,9 +112,7 @@ def generated_spec(config: ModelConfig, source: str, max_seq_len: int | None = N
     prefix = prefix or model_prefix(c.name)
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,31}", prefix):
         raise PtxgenError(f"kernel name prefix must be an identifier of at most 32 characters, got {prefix!r}")
-    max_seq_len = max_seq_len or c.context_length
-    if max_seq_len < 1:
-        raise PtxgenError(f"max_seq_len must be >= 1, got {max_seq_len}")
+    max_seq_len = c.cache_positions(max_seq_len)
     rope_style = {} if c.rope_style == "rotate_half" else {"style": c.rope_style}
     norm = {"head_dim": c.head_dim, "eps": c.eps}
     gemvs = gemv_kernels(c, prefix)  # (names a matrix of a type without a GEMV kind)

@@ -70,6 +70,10 @@ def files(tmp_path_factory):
                                       np.random.default_rng(0), 512, 256), gguf.GGMLQuantizationType.Q8_0)]),
             "nan_norm": poisoned(root, "output_norm.weight", 4, np.float32(np.nan)),
             "inf_scale": poisoned(root, "blk.1.attn_q.weight", 144 * 3, np.float16(-np.inf)),  # block 3's d
+            # a context past what the decode kinds take (2^24 positions)
+            "long": rewrite_gguf(write_tiny_gguf(root / "long-source.gguf", quant="q4_k"), root / "long.gguf",
+                                 drop_fields=("qwen3.context_length",),
+                                 set_fields=[("qwen3.context_length", 1 << 25, gguf.GGUFValueType.UINT32)]),
             }
 
 
@@ -276,9 +280,12 @@ def test_unsupported_weight_types_are_named(files):
      r"--max-new 300: 1 prompt token and 300 new ones need 300 cache positions; the KV cache holds 256 \(the "
      r"model's context_length; --max-seq-len sets it\)"),
     (["{qwen3}", "--max-new", "0"], r"--max-new: expected at least 1, got 0"),
-    (["{qwen3}", "--max-seq-len", "8388608"], r"at --max-seq-len 8388608: its layers have no plan \(persistent_decoder "
+    (["{qwen3}", "--max-seq-len", "257"], r"--max-seq-len 257: above the model's context_length \(metadata "
+                                          r"'qwen3\.context_length'\) = 256 \(positions it was never trained at; rope "
+                                          r"scaling is not supported\)"),
+    (["{long}", "--max-seq-len", "8388608"], r"at --max-seq-len 8388608: its layers have no plan \(persistent_decoder "
                                               r".*a layer's cache must be below 4 GiB"),
-    (["{qwen3}", "--max-seq-len", "16777217"], r"\(--max-seq-len 16777217\): kernel '\w+_kv_append' .*max_seq_len"),
+    (["{long}", "--max-seq-len", "16777217"], r"\(--max-seq-len 16777217\): kernel '\w+_kv_append' .*max_seq_len"),
     (["{split}", "--fused"], r"--fused: weight_quants: w_gate and w_up differ in layer\(s\) 0"),
     (["{nan_norm}"], r"tiny-qwen3: tensor 'output_norm\.weight' holds 1 NaN or infinite values"),
     (["{inf_scale}"], r"tiny-qwen3: tensor 'blk\.1\.attn_q\.weight' holds 1 NaN or infinite block scales"),
@@ -292,7 +299,7 @@ def test_bad_input_is_one_message_and_exit_2(files, tmp_path, args, message):
     (tmp_path / "not-a-model.gguf").write_text("hello")
     (tmp_path / "folder").mkdir()
     names = {"missing": tmp_path / "missing.gguf", "text": tmp_path / "not-a-model.gguf", "folder": tmp_path / "folder",
-             **{name: files[name] for name in ("qwen3", "split", "nan_norm", "inf_scale")}}
+             **{name: files[name] for name in ("qwen3", "split", "nan_norm", "inf_scale", "long")}}
     args = [a.format(**names) for a in args]
     defaults = [option for name, value in (("--tokens", "1,2,3"), ("--max-new", "2")) if name not in args
                 for option in (name, value)]

@@ -118,7 +118,7 @@ def test_options_and_names():
     assert model_prefix("8B-chat!!") == "model_8b_chat"
     assert model_prefix("Meta-Llama-3.1-8B-Instruct-Q4_K_M") == "meta_llama_3_1_8b_instru"
     assert model_prefix("???") == "model"
-    with pytest.raises(PtxgenError, match="max_seq_len must be >= 1"):
+    with pytest.raises(PtxgenError, match="--max-seq-len: expected at least 1, got -1"):
         spec_text(config, "x", max_seq_len=-1)
     with pytest.raises(PtxgenError, match="prefix must be an identifier"):
         spec_text(config, "x", prefix="8b-model")
@@ -237,11 +237,16 @@ def test_a_model_whose_shapes_a_kind_refuses_gets_one_message_and_no_file(tmp_pa
 
 
 def test_max_seq_len_past_what_the_kinds_take_names_the_option(tmp_path):
-    """Past the decode kinds' 2^24 positions: refused naming --max-seq-len; at 2^24 the decoder's
+    """Past the model's context: refused. Past the decode kinds' 2^24 positions (a model whose context
+    is longer): refused naming --max-seq-len; at 2^24 the decoder's
     per-layer cache would pass 4 GiB, so the spec leaves the fused decoder out and says why."""
+    with pytest.raises(PtxgenError, match=r"--max-seq-len 40961: above the model's context_length \(config\.json's "
+                                          r"'max_position_embeddings'\) = 40960"):
+        spec_from_hf_config(hf_config(tmp_path), "q4_k", max_seq_len=40961)
+    long = hf_config(tmp_path, max_position_embeddings=1 << 25)
     with pytest.raises(PtxgenError, match=r"\(--max-seq-len 16777217\): kernel 'qwen3_8b_kv_append' .*max_seq_len"):
-        spec_from_hf_config(hf_config(tmp_path), "q4_k", max_seq_len=(1 << 24) + 1)
-    text = spec_from_hf_config(hf_config(tmp_path), "q4_k", max_seq_len=1 << 24)
+        spec_from_hf_config(long, "q4_k", max_seq_len=(1 << 24) + 1)
+    text = spec_from_hf_config(long, "q4_k", max_seq_len=1 << 24)
     assert "persistent_decoder" not in {e["kind"] for e in kernels(text)}
     assert "Whole decoder layers in one launch: none (persistent_decoder " in text and "below 4 GiB" in text
     load_spec_text(tmp_path, text)

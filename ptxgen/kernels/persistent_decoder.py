@@ -191,11 +191,11 @@ class PersistentDecoderConfig(KernelConfig):
     def consistent(self) -> PersistentDecoderConfig:
         for name in ("hidden", "intermediate"):
             if getattr(self, name) % BLOCK_WEIGHTS:
-                raise ValueError(f"{name}: expected a multiple of {BLOCK_WEIGHTS} (Q4_K block), got {getattr(self, name)}")
+                raise ValueError(f"{name}: expected a multiple of {BLOCK_WEIGHTS} (the decoder's weight block, a K-quant super-block), got {getattr(self, name)}")
         if self.head_dim not in HEAD_DIMS:
             raise ValueError(f"head_dim: expected one of {', '.join(map(str, HEAD_DIMS))}, got {self.head_dim}")
         if self.num_heads * self.head_dim % BLOCK_WEIGHTS:
-            raise ValueError(f"num_heads * head_dim: expected a multiple of {BLOCK_WEIGHTS} (Q4_K block), "
+            raise ValueError(f"num_heads * head_dim: expected a multiple of {BLOCK_WEIGHTS} (the decoder's weight block, a K-quant super-block), "
                              f"got {self.num_heads * self.head_dim}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})")
