@@ -35,11 +35,22 @@ from .families.quant_gemv import (FORMATS, MAX_K, MAX_REGISTERS, MAX_ROW_STEPS, 
                                   queue_split)
 
 MAX_N = 2**31 - 1
-# `ptxgen verify` (the interpreter) runs a config only up to this many weights: the float64
-# reference holds 8 bytes a weight (a Qwen3-8B lm_head, 151936 x 4096, would take 5 GB).
-MAX_VERIFY_WEIGHTS = 1 << 27
+# `ptxgen verify` (the interpreter) runs a config only up to this many weights: the Qwen3-8B lm_head
+# (151936 x 4096, 622M Q6_K weights) takes about 3 minutes a launch on one CPU core (measured: 5.4 s
+# for 12288 of its rows in the interpreter, 3.8 s for their float64 reference).
+MAX_VERIFY_WEIGHTS = 1 << 30
+# The float64 reference and error analysis go through the weights this many at a time (8 bytes a
+# weight, several arrays of it: whole, the lm_head's would take tens of GB).
+CHUNK_WEIGHTS = 1 << 22
 # Relative L2 error of dequant(w) @ xq against dequant(w) @ x on Gaussian data (see the docstring).
 QUANTISATION_ERROR = 6e-3
+
+
+def by_rows(weights: np.ndarray, k: int, per_rows) -> np.ndarray:
+    """per_rows (quantised rows -> one float64 value a row) over `weights` [n, row bytes], about
+    CHUNK_WEIGHTS at a time."""
+    rows = max(1, CHUNK_WEIGHTS // k)
+    return np.concatenate([per_rows(weights[start:start + rows]) for start in range(0, len(weights), rows)])
 
 
 def check_k(k: int, quant: str) -> int:
@@ -228,7 +239,8 @@ class Q4kGemv(Kind):
     def reference(self, arrays, scalars):
         xq = self.activations(arrays)
         quant = QUANT_TYPES[self.quant]
-        return {f"y{name}": quant.dequantize_f64(arrays[f"w{name}"]) @ xq for name in self.matrices}
+        return {f"y{name}": by_rows(arrays[f"w{name}"], self.config.k, lambda w: quant.dequantize_f64(w) @ xq)
+                for name in self.matrices}
 
     # --- error analysis -------------------------------------------------------------------------
     # The integer dot products are exact (dp4a on codes; |sc * dot| < 2^24, so its int-to-float is
@@ -271,12 +283,12 @@ class Q4kGemv(Kind):
         return self.f32_error()
 
     def error_bound(self, param, arrays, reference, scalars):
-        weights = arrays["w" + param.name.removeprefix("y")]
-        return self.f32_error() * (self.magnitudes(weights) @ np.abs(self.activations(arrays)))
+        weights, size = arrays["w" + param.name.removeprefix("y")], np.abs(self.activations(arrays))
+        return self.f32_error() * by_rows(weights, self.config.k, lambda w: self.magnitudes(w) @ size)
 
     def error_scale(self, param, arrays, reference, scalars):
-        weights = arrays["w" + param.name.removeprefix("y")]
-        return np.sqrt(self.magnitudes(weights) ** 2 @ self.activations(arrays) ** 2)
+        weights, square = arrays["w" + param.name.removeprefix("y")], self.activations(arrays) ** 2
+        return np.sqrt(by_rows(weights, self.config.k, lambda w: self.magnitudes(w) ** 2 @ square))
 
     def traffic(self, scalars) -> Traffic:
         k, rows = self.config.k, sum(self.matrices.values())
