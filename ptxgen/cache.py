@@ -7,6 +7,7 @@ changed on disk is dropped (and reported), and the caller assembles again.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -20,8 +21,11 @@ from typing import Callable
 from . import __version__
 from .errors import PtxgenError
 
-SCHEMA = 2  # bump when the entry layout or what a key covers changes
-_HEX = re.compile(r"[0-9a-f]+")
+SCHEMA = 3  # bump when the entry layout or what a key covers changes
+_KEY = re.compile(r"[0-9a-f]{64}")
+_STAGING = re.compile(r"\.[0-9a-f]{8}-[a-z0-9_]{8}")  # put's tempfile.mkdtemp(prefix=".{key[:8]}-")
+# A compiled template under ROOT/jinja (render.TemplateCache), or one being written.
+TEMPLATE_FILE = re.compile(r"__jinja2_[0-9a-f]{40}\.cache|\.__jinja2_[0-9a-f]{40}-[a-z0-9_]{8}\.tmp")
 
 
 def cache_key(ptx: str, arch: str, assembler: str, assembler_version: str, options: dict) -> str:
@@ -37,8 +41,9 @@ def cache_key(ptx: str, arch: str, assembler: str, assembler_version: str, optio
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
 
 
-def _digest(cubin: bytes, log: str) -> str:
-    return hashlib.sha256(hashlib.sha256(cubin).digest() + log.encode()).hexdigest()
+def _digest(key: str, cubin: bytes, log: str) -> str:
+    """The entry's digest, tied to its key: an entry copied under another key does not match."""
+    return hashlib.sha256(key.encode() + hashlib.sha256(cubin).digest() + log.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -71,14 +76,15 @@ class Cache:
             if entry.exists():
                 self.drop(entry, "unreadable or incomplete")
             return None
-        if digest != _digest(cubin, log):
+        if digest != _digest(key, cubin, log):
             self.drop(entry, "its cubin or log does not match its digest (truncated or changed)")
             return None
         return cubin, log
 
     def drop(self, entry: Path, why: str) -> None:
-        self.report(f"cache entry {entry} dropped and rebuilt: {why}")
         shutil.rmtree(entry, ignore_errors=True)
+        done = "dropped and rebuilt" if not entry.exists() else "rebuilt (it could not be removed)"
+        self.report(f"cache entry {entry} {done}: {why}")
 
     def put(self, key: str, cubin: bytes, log: str) -> None:
         if self.root is None or not self.writable:
@@ -94,23 +100,24 @@ class Cache:
         try:
             (staging / "cubin").write_bytes(cubin)
             (staging / "log").write_text(log)
-            (staging / "sha256").write_text(_digest(cubin, log) + "\n")
+            (staging / "sha256").write_text(_digest(key, cubin, log) + "\n")
             os.rename(staging, entry)
         except OSError:  # another process put the same entry first (identical by construction), or a full disk
             shutil.rmtree(staging, ignore_errors=True)
 
     def entries(self) -> list[Path]:
-        """The folders this cache made: ROOT/ab/abcdef... (hex names) holding a `sha256` file, and
-        staging leftovers beside them. Nothing else under ROOT is ever counted or removed (ROOT
-        may be a folder the user shares with other files)."""
+        """The folders this cache made: ROOT/ab/abcdef... (a key's 64 hex digits, under its first
+        two) holding a `sha256` file, and put's staging leftovers beside them (named as put names
+        them). Nothing else under ROOT is ever counted or removed (ROOT may be a folder the user
+        shares with other files)."""
         found = []
         for shard in self.root.glob("??"):
-            if not (shard.is_dir() and _HEX.fullmatch(shard.name)):
+            if not (shard.is_dir() and re.fullmatch(r"[0-9a-f]{2}", shard.name)):
                 continue
             for entry in shard.iterdir():
-                name = entry.name.lstrip(".").split("-")[0]
-                if entry.is_dir() and (_HEX.fullmatch(entry.name) and (entry / "sha256").is_file()
-                                       or entry.name.startswith(".") and _HEX.fullmatch(name)):
+                if entry.is_dir() and (_KEY.fullmatch(entry.name) and entry.name.startswith(shard.name)
+                                       and (entry / "sha256").is_file()
+                                       or _STAGING.fullmatch(entry.name) and entry.name[1:3] == shard.name):
                     found.append(entry)
         return found
 
@@ -120,23 +127,33 @@ class Cache:
         return CacheInfo(self.root, len(entries), size)
 
     def clean(self) -> int:
-        """Remove every entry this cache made (and staging leftovers, and Jinja's compiled
-        templates); the count of entries removed."""
+        """Remove every entry this cache made (and staging leftovers, and the compiled templates);
+        the count of entries removed. An entry that cannot be removed (a read-only cache) is one
+        error naming it, after the others are gone."""
         if not self.root.is_dir():
             return 0
         entries = self.entries()
         for entry in entries:
             shutil.rmtree(entry, ignore_errors=True)
         for shard in {entry.parent for entry in entries}:
-            if not any(shard.iterdir()):
-                shard.rmdir()
+            if shard.is_dir() and not any(shard.iterdir()):
+                with contextlib.suppress(OSError):
+                    shard.rmdir()
         jinja = self.root / "jinja"
-        if jinja.is_dir() and all(f.name.startswith("__jinja2_") for f in jinja.iterdir()):
+        if jinja.is_dir() and all(TEMPLATE_FILE.fullmatch(f.name) for f in jinja.iterdir()):
             shutil.rmtree(jinja, ignore_errors=True)
-        return sum(1 for entry in entries if not entry.name.startswith("."))
+        left = [entry for entry in entries if entry.exists()]
+        removed = sum(1 for entry in entries if not entry.name.startswith(".") and entry not in left)
+        if left:
+            raise PtxgenError(f"cache {self.root}: removed {removed} entries; {len(left)} could not be removed "
+                              f"(a read-only folder?), e.g. {left[0]}")
+        return removed
 
 
 def check_cache_root(root: Path) -> None:
-    """A cache path that exists but is not a folder is a user error worth naming."""
+    """A cache path that is not a folder, or lies under a file, is a user error worth naming."""
     if root.exists() and not root.is_dir():
         raise PtxgenError(f"PTXGEN_CACHE_DIR {root} is not a folder")
+    blocking = next((parent for parent in root.parents if parent.exists() and not parent.is_dir()), None)
+    if blocking is not None:
+        raise PtxgenError(f"PTXGEN_CACHE_DIR {root}: {blocking} is a file, not a folder")

@@ -65,7 +65,7 @@ def stage_ptx(spec: Spec, units: list[Unit], options: BuildOptions) -> None:
             kind = kind_of(unit.config, own)
             version = spec.ptx_version(unit.config, own)
             target = own or spec.ptx_target
-            ptx = render(unit.config, version, target, own)
+            ptx = render(unit.config, version, target, own, compiled_templates=options.use_cache)
             unit.variants[target] = Variant(target, ptx, format_version(version), kind.geometry(), kind.launch_note(),
                                             pdl=kind.pdl)
 

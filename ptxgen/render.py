@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import struct
+import tempfile
 from functools import cache
 from importlib import resources
+from pathlib import Path
 
 import jinja2
 
@@ -32,21 +35,54 @@ def register_names(prefix: str, start: int, count: int) -> list[str]:
     return [f"{prefix}{i}" for i in range(start, start + count)]
 
 
+class TemplateCache(jinja2.BytecodeCache):
+    """Jinja's compiled templates, a file each under `folder`: the sha256 of the code, then the
+    code. A file truncated or changed on disk is compiled again, not run; a folder that cannot be
+    read or written (read-only, full, removed by `ptxgen cache clean` meanwhile) only costs the
+    compile time, never an error."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    def _path(self, bucket) -> Path:
+        return self.folder / f"__jinja2_{bucket.key}.cache"
+
+    def load_bytecode(self, bucket) -> None:
+        try:
+            data = self._path(bucket).read_bytes()
+        except OSError:
+            return
+        if hashlib.sha256(data[32:]).digest() != data[:32]:
+            return
+        try:
+            bucket.bytecode_from_string(data[32:])
+        except Exception:  # unreadable code despite its digest (another Python's marshal format): compile
+            bucket.reset()
+
+    def dump_bytecode(self, bucket) -> None:
+        code = bucket.bytecode_to_string()
+        staging = None
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=self.folder, prefix=f".__jinja2_{bucket.key}-", suffix=".tmp",
+                                             delete=False) as file:
+                staging = Path(file.name)
+                file.write(hashlib.sha256(code).digest() + code)
+            os.replace(staging, self._path(bucket))
+        except OSError:
+            if staging is not None:
+                staging.unlink(missing_ok=True)
+
+
 @cache
-def environment() -> jinja2.Environment:
+def environment(compiled_templates: bool = True) -> jinja2.Environment:
+    """The templates' environment; with `compiled_templates`, Jinja's compiled code cached under the
+    cache folder (TemplateCache): compiling the templates (with the family macros they import,
+    ~1800 lines) costs more than a whole warm build otherwise."""
     templates = resources.files("ptxgen.templates")
-    # Compiling the templates (with the family macros they import, ~1800 lines) costs more than a
-    # whole warm build otherwise; Jinja's bytecode cache keys on the template source and writes atomically.
-    # A cache folder that cannot be written only costs that time: render without it.
-    bytecode = SETTINGS.cache_dir / "jinja"
-    try:
-        bytecode.mkdir(parents=True, exist_ok=True)
-        bytecode_cache = jinja2.FileSystemBytecodeCache(str(bytecode)) if os.access(bytecode, os.W_OK) else None
-    except OSError:
-        bytecode_cache = None
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(templates)),
-        bytecode_cache=bytecode_cache,
+        bytecode_cache=TemplateCache(SETTINGS.cache_dir / "jinja") if compiled_templates else None,
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
@@ -57,13 +93,14 @@ def environment() -> jinja2.Environment:
     return env
 
 
-def render(kernel, ptx_version: tuple[int, int], ptx_target: str, own_target: str | None = None) -> str:
+def render(kernel, ptx_version: tuple[int, int], ptx_target: str, own_target: str | None = None,
+           compiled_templates: bool = True) -> str:
     """PTX text of one validated kernel config (`own_target`: the arch-specific variant the kind
-    renders for that target, or None for the portable PTX)."""
+    renders for that target, or None for the portable PTX; `compiled_templates`: environment's)."""
     kind = kind_of(kernel, own_target)
     config = kernel.model_dump(mode="json")
     try:
-        text = environment().get_template(kind.template).render(
+        text = environment(compiled_templates).get_template(kind.template).render(
             tool_version=__version__,
             kind=kind.name,
             config_json=json.dumps(config, sort_keys=True),

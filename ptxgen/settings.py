@@ -14,7 +14,7 @@ class Settings:
 
 def _read() -> Settings:
     default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ptxgen"
-    return Settings(cache_dir=Path(os.environ.get("PTXGEN_CACHE_DIR") or default))
+    return Settings(cache_dir=Path(os.environ.get("PTXGEN_CACHE_DIR") or default).expanduser())
 
 
 SETTINGS = _read()

@@ -9,6 +9,7 @@ import shutil
 import stat
 import subprocess
 
+import jinja2
 import pytest
 import typer
 
@@ -156,6 +157,61 @@ def test_cache_clean_removes_only_what_the_cache_made(tmp_path, cache_dir):
     assert "0 entries" in run_cli("cache", "info").stdout
 
 
+def test_cache_clean_keeps_dot_folders_that_only_look_like_staging(tmp_path, cache_dir):
+    """Staging leftovers are named as put names them (.<8 hex>-<8 characters>); a user's hidden
+    folder inside a shard-like folder is not one."""
+    assert build(tmp_path / "out").returncode == 0
+    mine = [cache_dir / "be" / ".ef" / "file.txt", cache_dir / "ca" / ".fe-notes" / "todo.txt"]
+    for path in mine:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("user data")
+    assert run_cli("cache", "clean").returncode == 0
+    assert all(path.read_text() == "user data" for path in mine), "cache clean removed a user's folder"
+
+
+def test_an_entry_copied_under_another_key_is_dropped(tmp_path, cache_dir):
+    """The digest covers the key: one kernel's entry under another's key is not taken for it."""
+    out = tmp_path / "out"
+    assert build(out).returncode == 0
+    entries = sorted(p for p in cache_dir.glob("??/*") if (p / "cubin").is_file())
+    for name in ("cubin", "log", "sha256"):
+        shutil.copy(entries[1] / name, entries[0] / name)
+    result = run_cli("build", str(SPEC), "-o", str(tmp_path / "again"), "--arch", "sm_80", "--json")
+    assert result.returncode == 0 and result.stderr.count("dropped and rebuilt") == 1, result.stderr
+    assert (tmp_path / "again" / "manifest.json").read_bytes() == (out / "manifest.json").read_bytes()
+
+
+def test_compiled_templates_changed_on_disk_are_compiled_again(tmp_path, cache_dir):
+    """Jinja's compiled templates are cached with a digest: code changed on disk (here a mul turned
+    into an add, which still compiles) is not run; --no-cache does not read them at all."""
+    assert build(tmp_path / "out").returncode == 0
+    compiled = list((cache_dir / "jinja").glob("__jinja2_*.cache"))
+    assert any(b"mul.f32" in path.read_bytes() for path in compiled)
+    for path in compiled:
+        path.write_bytes(path.read_bytes().replace(b"mul.f32", b"add.f32"))
+    for extra in ([], ["--no-cache"]):
+        shutil.rmtree(cache_dir / "jinja" if extra else tmp_path / "nothing", ignore_errors=True)
+        again = tmp_path / f"again{len(extra)}"
+        assert build(again, *extra).returncode == 0
+        assert snapshot_bytes(again) == snapshot_bytes(tmp_path / "out")
+
+
+def snapshot_bytes(folder):
+    return {name: data for name, (data, _) in snapshot(folder).items()}
+
+
+def test_a_template_cache_that_cannot_be_written_costs_only_time(tmp_path):
+    """A full disk, a removed folder or a file in the way: rendering goes on without the cache."""
+    from ptxgen.render import TemplateCache
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    environment = jinja2.Environment(loader=jinja2.DictLoader({"t": "{{ 1 + 2 }}"}),
+                                     bytecode_cache=TemplateCache(blocker / "jinja"))
+    assert environment.get_template("t").render() == "3"
+    assert blocker.read_text() == "x"
+
+
 def test_cache_info_and_clean(tmp_path, cache_dir):
     """One entry a kernel of the spec."""
     assert build(tmp_path / "out").returncode == 0
@@ -201,6 +257,12 @@ def test_every_command_works_with_a_cache_it_cannot_write(tmp_path, setup):
     try:
         for command in commands:
             result = run_cli(*command, env=env)
+            if command == ["cache", "clean"] and setup == "read-only":  # what it was asked to do, it cannot
+                assert result.returncode == 2 and "could not be removed (a read-only folder?)" in result.stderr
+                continue
+            if command[0] == "cache" and setup == "cannot be created":  # the cache's own commands name why
+                assert result.returncode == 2 and f"{blocker} is a file, not a folder" in result.stderr
+                continue
             assert result.returncode == 0, (command, result.stderr)
             assert "Traceback" not in result.stderr and result.stderr.count("not writable") <= 1, result.stderr
     finally:
