@@ -367,22 +367,37 @@ def run(
     """Run one kernel once on IN.npz and write every array parameter to OUT.npz."""
     from .artifacts import check_output_file
     from .npz import load_npz, save_npz, scalar_of
+    from .runner import check_input_names, check_inputs
     from .runner import run as run_kernel
 
     arch = known_arch(arch)
     check_output_file(outputs, "--outputs", ".npz", inputs=(inputs, gguf))
     spec = load_spec(spec_path)
     config = spec.spec.kernel(kernel_name)
-    arrays = load_npz(inputs, "--inputs")
-    scalars = {name: scalar_of(arrays.pop(name), f"--inputs {inputs}: {name}") for name in list(arrays)
-               if arrays[name].ndim == 0}
-    for name, value in single_sets(assignments, "run").items():
-        if name in scalars:
-            raise LaunchError(f"--set {name}: --inputs {inputs} gives it too; give it once")
-        scalars[name] = value
+    sets = single_sets(assignments, "run")
     if (gguf is None) != (tensor is None):
         raise LaunchError("--gguf and --tensor go together")
     compiled = compile_one(spec, config)
+
+    def scalars_of(members: dict[str, np.ndarray]) -> dict[str, int]:
+        """The runtime scalars: 0-d arrays of their names (taken out of `members`), then --set."""
+        scalars = {name: scalar_of(members.pop(name), f"--inputs {inputs}: {name}") for name in list(members)
+                   if members[name].ndim == 0 and name in compiled.scalar_limits}
+        for name, value in sets.items():
+            if name in scalars:
+                raise LaunchError(f"--set {name}: --inputs {inputs} gives it too; give it once")
+            scalars[name] = value
+        return scalars
+
+    def check_declared(declared: dict[str, np.ndarray]) -> None:
+        members = dict(declared)
+        scalars = scalars_of(members)
+        check_input_names(compiled, members)
+        compiled.check_scalars(scalars)
+        check_inputs(compiled, members, scalars, complete=False)
+
+    arrays = load_npz(inputs, "--inputs", check=check_declared)
+    scalars = scalars_of(arrays)
     if gguf is not None:
         arrays.update(gguf_weights(compiled, gguf, tensor))
     chosen = backend.value if backend else default_backend()

@@ -7,6 +7,7 @@ header that claims terabytes is one clear error, not a traceback or an allocatio
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import zipfile
@@ -20,34 +21,61 @@ from .quote import clip, echo
 MAX_HEADER = 1 << 16
 
 
-def load_npz(path: Path, what: str) -> dict[str, np.ndarray]:
-    """Every array of an .npz archive, keyed by name (`what` names the option in messages)."""
+def load_npz(path: Path, what: str, check=None) -> dict[str, np.ndarray]:
+    """Every array of an .npz archive, keyed by name (`what` names the option in messages).
+    `check(declared)`, if given, sees every member before any data is read: its 0-d arrays read,
+    the others as zero-stride arrays of the declared dtype and shape (no memory), so an array the
+    caller would refuse is refused before the archive's gigabytes are inflated."""
     where = f"{what} {path}"
     if path.suffix.lower() != ".npz":
         raise LaunchError(f"{where}: expected an .npz archive (numpy.savez), got {path.suffix or 'no extension'!r}")
+    if path.exists() and not path.is_file():
+        raise LaunchError(f"{where}: not a regular file (a folder, a device or a pipe)")
     try:
         archive = zipfile.ZipFile(path)
     except FileNotFoundError:
         raise LaunchError(f"{where}: no such file") from None
     except (OSError, zipfile.BadZipFile, ValueError) as error:
         raise LaunchError(f"{where}: not a readable .npz archive ({clip(str(error))})") from None
-    arrays = {}
     with archive:
+        declared = {}
         for member in archive.infolist():
             name = member.filename
             if not name.endswith(".npy") or "/" in name:
                 raise LaunchError(f"{where}: member {echo(name)} is not an array (.npy)")
-            try:
-                with archive.open(member) as stream:
-                    arrays[name[:-4]] = _read_array(stream, member.file_size)
-            except LaunchError as error:
-                raise LaunchError(f"{where}: {clip(name[:-4])}: {error}") from None
-            except (OSError, zipfile.BadZipFile, ValueError, EOFError) as error:
-                raise LaunchError(f"{where}: {clip(name[:-4])}: unreadable ({clip(str(error))})") from None
+            if name[:-4] in declared:
+                raise LaunchError(f"{where}: member {echo(name)} appears twice")
+            with _member(archive, member, where) as stream:
+                declared[name[:-4]] = _read_array(stream, member.file_size, data=False)
+        if check is not None:
+            check(declared)
+        arrays = {}
+        for member in archive.infolist():
+            name = member.filename[:-4]
+            if declared[name].ndim == 0:
+                arrays[name] = declared[name]
+                continue
+            with _member(archive, member, where) as stream:
+                arrays[name] = _read_array(stream, member.file_size, data=True)
     return arrays
 
 
-def _read_array(stream, size: int) -> np.ndarray:
+@contextlib.contextmanager
+def _member(archive, member, where: str):
+    """An archive member's stream, its errors one LaunchError naming it."""
+    name = member.filename[:-4]
+    try:
+        with archive.open(member) as stream:
+            yield stream
+    except LaunchError as error:
+        raise LaunchError(f"{where}: {clip(name)}: {error}") from None
+    except (OSError, zipfile.BadZipFile, ValueError, EOFError) as error:
+        raise LaunchError(f"{where}: {clip(name)}: unreadable ({clip(str(error))})") from None
+
+
+def _read_array(stream, size: int, data: bool) -> np.ndarray:
+    """One checked .npy member; with `data` False only its header (a 0-d array is read whole; any
+    other is a zero-stride stand-in of its dtype and shape)."""
     version = np.lib.format.read_magic(stream)
     reader = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
     if reader is None:
@@ -55,13 +83,17 @@ def _read_array(stream, size: int) -> np.ndarray:
     shape, fortran, dtype = reader(stream, max_header_size=MAX_HEADER)
     if dtype.hasobject or dtype.kind not in "biuf":
         raise LaunchError(f"dtype {clip(str(dtype))} is not a plain number type")
+    if any(extent < 0 for extent in shape):
+        raise LaunchError(clip(f"declares a negative extent: {list(shape)}"))
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes > size:
         raise LaunchError(clip(f"declares {list(shape)} {dtype} ({nbytes:,} bytes) but holds {size:,}"))
-    data = stream.read(nbytes)
-    if len(data) != nbytes:
-        raise LaunchError(f"truncated: {len(data):,} of {nbytes:,} bytes")
-    array = np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C")
+    if not data and shape:
+        return np.lib.stride_tricks.as_strided(np.zeros(1, dtype), shape, (0,) * len(shape), writeable=False)
+    raw = stream.read(nbytes)
+    if len(raw) != nbytes:
+        raise LaunchError(f"truncated: {len(raw):,} of {nbytes:,} bytes")
+    array = np.frombuffer(raw, dtype=dtype).reshape(shape, order="F" if fortran else "C")
     return np.array(array, order="C")  # a writable, C-ordered copy (0-d stays 0-d)
 
 

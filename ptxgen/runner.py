@@ -30,13 +30,15 @@ def check_input_names(compiled: CompiledKernel, inputs: dict[str, np.ndarray]) -
                               f"array), got {given}")
 
 
-def check_inputs(compiled: CompiledKernel, inputs: dict[str, np.ndarray], scalars: dict[str, int]) -> None:
-    """Every read array present, and every array given, with the exact dtype and shape (one the
-    kernel only writes, e.g. from an earlier run's outputs, is checked and not used)."""
+def check_inputs(compiled: CompiledKernel, inputs: dict[str, np.ndarray], scalars: dict[str, int],
+                 complete: bool = True) -> None:
+    """Every read array present (unless not `complete`: more come later), and every array given,
+    with the exact dtype and shape (one the kernel only writes, e.g. from an earlier run's
+    outputs, is checked and not used)."""
     name = compiled.name
     for param in compiled.arrays + tuple(p for p in compiled.params if p.role == "workspace"):
         if param.name not in inputs:
-            if param.read:
+            if param.read and complete:
                 raise LaunchError(f"{name}: input {param.name!r} is missing: expected {param.describe()}")
             continue
         array = inputs[param.name]

@@ -163,6 +163,53 @@ def test_a_header_that_declares_terabytes(tmp_path):
     assert "x: declares [1000000000000] float32 (4,000,000,000,000 bytes) but holds" in message, message
 
 
+def test_an_archive_that_inflates_to_gigabytes_is_refused_before_it_is_read(tmp_path):
+    """A compressed member holds the bytes it declares (2 GB of zeros deflate to 2 MB), so the shape
+    is checked against the kernel's parameter before the data is inflated: run refuses it at once
+    and load_npz's check sees it as a stand-in that takes no memory."""
+    path = tmp_path / "inflates.npz"
+    count = 1 << 29
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        with archive.open("x.npy", "w", force_zip64=True) as member:
+            member.write(npy_member(f"{{'descr': '<f4', 'fortran_order': False, 'shape': ({count},), }}"))
+            zeros = bytes(1 << 24)
+            for _ in range(4 * count // len(zeros)):
+                member.write(zeros)
+    seen = {}
+
+    def refuse(declared):
+        seen.update(declared)
+        raise LaunchError("refused")
+
+    with pytest.raises(LaunchError, match="refused"):
+        load_npz(path, "--inputs", check=refuse)
+    assert seen["x"].shape == (count,) and seen["x"].strides == (0,)
+    result = run_cli_in_process("run", "qwen3_8b_rmsnorm", "--spec", str(SPEC), "--inputs", str(path), "--outputs",
+                                str(tmp_path / "out.npz"), "--set", "rows=2", "--backend", "emulator")
+    assert result.returncode == 2 and f"input 'x': expected float32[2, 4096]" in result.stderr, result.stderr
+    assert "got float32[536870912]" in result.stderr
+
+
+def test_members_twice_negative_extents_and_pipes(tmp_path):
+    one = io.BytesIO()
+    np.save(one, np.zeros(3, np.float32))
+    with zipfile.ZipFile(tmp_path / "twice.npz", "w") as archive, pytest.warns(UserWarning, match="Duplicate name"):
+        for _ in range(2):
+            archive.writestr("x.npy", one.getvalue())
+    assert "member 'x.npy' appears twice" in npz_error(tmp_path / "twice.npz")
+    negative = npy_member("{'descr': '<f4', 'fortran_order': False, 'shape': (-4,), }", b"\0" * 16)
+    assert "x: declares a negative extent: [-4]" in npz_error(zip_of(tmp_path / "neg.npz", {"x.npy": negative}))
+    os.mkfifo(tmp_path / "pipe.npz")
+    assert "not a regular file" in npz_error(tmp_path / "pipe.npz")
+
+
+def test_a_0d_array_named_like_an_array_parameter_is_a_shape_error(tmp_path):
+    np.savez(tmp_path / "in.npz", x=np.ones((1, 4096), np.float32), gamma=np.array(1.0, np.float32))
+    result = run_cli_in_process("run", "qwen3_8b_rmsnorm", "--spec", str(SPEC), "--inputs", str(tmp_path / "in.npz"),
+                                "--outputs", str(tmp_path / "out.npz"), "--set", "rows=1", "--backend", "emulator")
+    assert result.returncode == 2 and "input 'gamma': expected float32[4096]" in result.stderr, result.stderr
+
+
 def test_object_arrays_and_odd_headers(tmp_path):
     np.savez(tmp_path / "objects.npz", x=np.array([{"a": 1}], dtype=object))
     assert "not a plain number type" in npz_error(tmp_path / "objects.npz")
