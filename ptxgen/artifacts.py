@@ -83,6 +83,8 @@ def check_output_folder(folder: Path) -> None:
 
 
 def _check_output_folder(folder: Path) -> None:
+    if folder.is_symlink():
+        raise PtxgenError(f"-o {folder}: is a symbolic link; give the folder itself (ptxgen replaces the folder whole)")
     if folder.exists() and not folder.is_dir():
         raise PtxgenError(f"-o {folder}: exists and is not a folder")
     if folder.is_dir() and read_only(folder, os.W_OK | os.X_OK):
@@ -215,7 +217,10 @@ def remove_tree(path: Path) -> None:
         except OSError:
             pass
 
-    if path.is_dir() and not path.is_symlink():
+    if path.is_symlink():  # a staging link an older ptxgen left (-o was a link): the link, never its target
+        path.unlink(missing_ok=True)
+        return
+    if path.is_dir():
         writable(path)
         for root, folders, _ in os.walk(path):  # top-down: a folder is made writable before it is entered
             for folder in folders:

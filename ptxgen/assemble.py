@@ -58,7 +58,7 @@ def assemble_nvjitlink(ptx: str, arch: str, options: dict) -> Assembled:
         linker = Linker(ObjectCode.from_ptx(ptx.encode()), options=LinkerOptions(arch=arch, **options))
         cubin = linker.link("cubin").code
     except nvJitLinkError as error:
-        raise AssemblerError(f"nvJitLink failed to assemble PTX for {arch}", log=str(error)) from None
+        raise AssemblerError(f"nvJitLink failed to assemble PTX for {arch}", log=clean_log(str(error))) from None
     return Assembled(cubin=bytes(cubin), info_log=clean_log(linker.get_info_log()))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from dataclasses import asdict
 from enum import Enum
@@ -19,6 +20,7 @@ from . import __version__
 from .abi import Param
 from .archs import ARCHS
 from .errors import LaunchError, PtxgenError
+from .quote import clip, echo
 from .spec import LoadedSpec, load_spec, with_archs
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -138,6 +140,7 @@ def build(
         raise PtxgenError("-o: give a folder for the artifacts (ptxgen owns it and replaces its contents)")
     if not check:
         check_output_folder(target)
+        check_cache_outside(target, no_cache)
     total = len(spec.spec.kernels) * len(spec.spec.target.archs)
     notes: list[str] = []
     with progress_bar("assembling", total, not quiet and not as_json) as progress:
@@ -199,6 +202,17 @@ def list_kinds():
     print_table("", ["kind", "what it computes"], rows)
 
 
+def check_cache_outside(target: Path, no_cache: bool) -> None:
+    """The cache may not live in the artifact folder, which ptxgen replaces whole (and whose
+    foreign files stop a build)."""
+    from .settings import SETTINGS
+
+    cache, folder = SETTINGS.cache_dir.absolute(), target.absolute()
+    if not no_cache and (cache == folder or folder in cache.parents):
+        raise PtxgenError(f"-o {target}: the cache folder (PTXGEN_CACHE_DIR {SETTINGS.cache_dir}) is inside it; "
+                          "ptxgen replaces the artifact folder whole: choose another folder or cache")
+
+
 @app.command()
 def show(
     name: Annotated[str, typer.Argument(help="Kernel name in the spec, or a kind (its first instance).")],
@@ -220,6 +234,8 @@ def show(
     from .perf import arch_launches, evaluate_kernel, gpu_named, occupancy_per_arch
 
     chosen = gpu_named(gpu)
+    if not math.isfinite(tensor_tflops):
+        raise PtxgenError(f"--tensor-tflops: expected a finite number, got {tensor_tflops}")
     arch = known_arch(arch)
     chosen_scalars = single_sets(assignments, "show")
     spec = load_spec(spec_path)
@@ -319,13 +335,21 @@ def parse_sets(assignments: list[str]) -> dict[str, list[int]]:
         try:
             if not equals or not name.strip():
                 raise ValueError
-            parsed = [int(part, 0) for part in text.split(",")]
+            parsed = [_integer(part) for part in text.split(",")]
         except ValueError:
-            raise LaunchError(f"--set: expected NAME=INTEGER[,INTEGER...], got {assignment!r}") from None
+            raise LaunchError(f"--set: expected NAME=INTEGER[,INTEGER...], got {echo(assignment)}") from None
         if name.strip() in values:
-            raise LaunchError(f"--set {name.strip()}: given twice")
+            raise LaunchError(f"--set {clip(name.strip())}: given twice")
         values[name.strip()] = parsed
     return values
+
+
+def _integer(text: str) -> int:
+    """An integer as Python writes one (0x40 too), or decimal with leading zeros (02)."""
+    try:
+        return int(text, 0)
+    except ValueError:
+        return int(text, 10)
 
 
 def single_sets(assignments: list[str] | None, command: str) -> dict[str, int]:

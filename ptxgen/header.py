@@ -6,6 +6,7 @@ manifest alone (pure data), so it says exactly what the folder holds.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 
@@ -20,7 +21,11 @@ def header_name(spec_path: str) -> str:
 
 
 def _guard(name: str) -> str:
-    return "PTXGEN_" + re.sub(r"[^A-Za-z0-9]", "_", name).upper()
+    """The include guard of a spec's header: its name in C letters, and a hash of the name itself
+    (a-b.toml and a_b.toml, or two names that differ only in case or in non-ASCII letters, would
+    otherwise share one, and a program including both would lose one header)."""
+    tag = hashlib.sha256(name.encode()).hexdigest()[:8].upper()
+    return f"PTXGEN_{re.sub(r'[^A-Za-z0-9]', '_', name).upper()}_{tag}"
 
 
 def _workspace_bytes(param: Param) -> str:

@@ -11,6 +11,7 @@ import json
 import math
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -22,7 +23,7 @@ from .archs import ARCHS, format_version
 from .assemble import OPTIONS, assemble, assembler_for, assembler_version, parse_resources, resolve_assembler
 from .cache import Cache, cache_key
 from .compiled import Binary, CompiledKernel, Variant, serving_variant
-from .errors import AssemblerError, SpecError
+from .errors import AssemblerError, PtxgenError, SpecError
 from .kernels import kind_of, rendered_targets
 from .render import render
 from .settings import SETTINGS
@@ -102,7 +103,12 @@ def stage_cubin(spec: Spec, units: list[Unit], options: BuildOptions) -> tuple[i
             futures = [pool.submit(assemble, assembler, variant.ptx, arch, OPTIONS)
                        for _, arch, variant, _, assembler in misses]
             for (unit, arch, variant, key, _), future in zip(misses, futures):
-                record(cache, unit, arch, variant, key, future.result(), options)
+                try:
+                    assembled = future.result()
+                except BrokenProcessPool:
+                    raise PtxgenError(f"{unit.config.name} {arch}: an assembler process (--jobs) ended abruptly (killed, "
+                                      "or out of memory); nothing was written: build again, or with fewer --jobs") from None
+                record(cache, unit, arch, variant, key, assembled, options)
     else:
         for unit, arch, variant, key, assembler in misses:
             record(cache, unit, arch, variant, key, assemble(assembler, variant.ptx, arch, OPTIONS), options)

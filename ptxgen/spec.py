@@ -143,6 +143,11 @@ class LoadedSpec(BaseModel):
 
 def load_spec(path: str | Path) -> LoadedSpec:
     path = Path(path)
+    try:
+        str(path).encode()
+    except UnicodeEncodeError:
+        raise SpecError(f"{ascii(str(path))}: the file name is not valid UTF-8 (its artifacts name it): rename "
+                        "the file") from None
     raw_bytes, data = read_document(path)
     spec = validate(path, data)
     check_against_archs(path, spec)

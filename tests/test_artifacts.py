@@ -117,6 +117,64 @@ def test_output_that_cannot_be_written_and_the_current_folder(tmp_path, cache_di
     assert blocked.read_text() == "x"
 
 
+def test_a_symbolic_link_as_the_folder_is_refused_and_left_as_it_is(tmp_path, cache_dir):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    result = build(tmp_path / "link")
+    assert result.returncode == 2 and "is a symbolic link; give the folder itself" in result.stderr, result.stderr
+    assert (tmp_path / "link").is_symlink() and not any((tmp_path / "real").iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "cache") == ["link", "real"]  # no staging link
+
+
+def test_a_cache_inside_the_artifact_folder_is_refused_before_any_work(tmp_path):
+    for cache in (tmp_path / "out" / "cache", tmp_path / "out"):
+        result = run_cli("build", str(SPEC), "-o", str(tmp_path / "out"), "--arch", "sm_80", "-q",
+                         env={"PTXGEN_CACHE_DIR": str(cache)})
+        assert result.returncode == 2 and "the cache folder (PTXGEN_CACHE_DIR" in result.stderr, result.stderr
+        assert not (tmp_path / "out").exists()
+
+
+def test_a_spec_file_name_that_is_not_utf8_is_refused(tmp_path, cache_dir):
+    odd = os.fsdecode(bytes(tmp_path) + b"/\xff.toml")
+    shutil.copy(SPEC, odd)
+    result = run_cli("build", odd, "-o", str(tmp_path / "out"), "--arch", "sm_80", "-q")
+    assert result.returncode == 2 and "the file name is not valid UTF-8" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
+
+
+def test_specs_whose_names_differ_in_punctuation_get_distinct_include_guards():
+    from ptxgen.header import _guard
+
+    assert len({_guard(name) for name in ("a-b", "a_b", "A_B", "a.b", "\u00fc", "\u00e9")}) == 6
+
+
+def test_a_killed_assembler_process_is_one_message(monkeypatch, cache_dir):
+    """--jobs: a worker the OOM killer ends breaks the pool; one message, nothing written."""
+    from concurrent.futures import Future
+    from concurrent.futures.process import BrokenProcessPool
+
+    class KilledPool:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, *args):
+            future = Future()
+            future.set_exception(BrokenProcessPool("A process in the process pool was terminated abruptly"))
+            return future
+
+    monkeypatch.setattr(pipeline, "ProcessPoolExecutor", KilledPool)
+    spec = load_spec(SPEC).spec
+    with pytest.raises(PtxgenError, match=r"an assembler process \(--jobs\) ended abruptly"):
+        pipeline.compile_spec(spec.model_copy(update={"kernels": spec.kernels[:2]}),
+                              pipeline.BuildOptions(use_cache=False, jobs=2))
+
+
 def test_a_crashed_builds_staging_folder_is_cleaned_up(built):
     leftover = built.parent / f".out{STAGING}999999999-abc"
     leftover.mkdir()

@@ -310,12 +310,21 @@ def test_outputs_is_written_whole_with_the_umasks_permissions_or_the_replaced_fi
     (["show", "qwen3_8b_rmsnorm", "--spec", str(SPEC), "--set", "seq_len=4"], "seq_len"),
     (["show", "qwen3_8b_rmsnorm", "--spec", str(SPEC), "--set", "rows=0x"], "--set"),
     (["show", "qwen3_8b_rmsnorm", "--spec", str(SPEC), "--set", "rows=1,2"], "rows"),
+    (["show", "qwen3_8b_rmsnorm", "--spec", str(SPEC), "--tensor-tflops", "inf"], "--tensor-tflops: expected a finite"),
+    (["show", "qwen3_8b_rmsnorm", "--spec", str(SPEC), "--set", "rows=" + "9" * 5000 + "x"], "--set: expected NAME="),
     (["run", "qwen3_8b_rmsnorm", "--spec", str(SPEC), "--inputs", "in.npz", "--outputs", "o.npz", "--backend", "gpu"],
      "--backend"),
 ])
 def test_bad_option_values_are_usage_errors(args, named):
     result = run_cli_in_process(*args)
     assert result.returncode == 2 and named in result.stderr and result.stdout == "", result
+    assert len(result.stderr) < 400, "a message quotes a bounded part of what it was given"
+
+
+def test_set_takes_decimal_with_leading_zeros_and_python_integers():
+    from ptxgen.cli import parse_sets
+
+    assert parse_sets(["rows=02", "pos=0x40,007"]) == {"rows": [2], "pos": [64, 7]}
 
 
 def test_an_arch_the_spec_has_no_code_for_is_refused(tmp_path):
