@@ -95,7 +95,9 @@ class Cache:
             staging = Path(tempfile.mkdtemp(prefix=f".{key[:8]}-", dir=entry.parent))
         except OSError as error:
             self.writable = False
-            self.report(f"cache {self.root} is not writable ({error.strerror or error}): building without it")
+            blocking = next((p for p in (entry.parent, *entry.parent.parents) if p.is_file()), None)
+            why = f"{blocking} is a file, not a folder" if blocking else error.strerror or error
+            self.report(f"cache {self.root} is not writable ({why}): building without it")
             return
         try:
             (staging / "cubin").write_bytes(cubin)
