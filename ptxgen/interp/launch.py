@@ -65,7 +65,10 @@ def _program(ptx, entry):
         if len(_CACHE) >= _CACHE_LIMIT:
             _CACHE.pop(next(iter(_CACHE)))
         prog = parse(ptx, entry)
-        _CACHE[key] = (prog, compile_program(prog), [synchronises(ins) for ins in prog.instructions])
+        sync_points = [synchronises(ins) for ins in prog.instructions]
+        # where the scheduler may hold a CTA back (_hold_back): global (or generic) atomics
+        holds = [sync and ins.base in ("atom", "red") for sync, ins in zip(sync_points, prog.instructions)]
+        _CACHE[key] = (prog, compile_program(prog), sync_points, holds)
     return _CACHE[key]
 
 
@@ -103,7 +106,7 @@ def launch(ptx: str, entry: str, grid: tuple[int, int, int], block: tuple[int, i
     same in every launch of a step (a model's weights): with the sanitizer on, a kernel that
     executes griddepcontrol.wait (programmatic dependent launch) may touch only these before it,
     and every thread must execute it before it ends."""
-    prog, code, sync_points = _program(ptx, entry)
+    prog, code, sync_points, holds = _program(ptx, entry)
     grid, block = tuple(int(v) for v in grid), tuple(int(v) for v in block)
     if len(grid) != 3 or len(block) != 3 or min(grid + block) < 1:
         raise LaunchError(f"grid {grid} and block {block} need three positive sizes")
@@ -150,7 +153,7 @@ def launch(ptx: str, entry: str, grid: tuple[int, int, int], block: tuple[int, i
             ordering.start_wave(st, first)
             cut = min(cut * 32, st.n)
             members = [st.all[:cut], st.all[cut:]] if 0 < cut < st.n else [st.all]
-            _run_wave(st, code, sync_points, stats, name, rng, members)
+            _run_wave(st, code, sync_points, holds, stats, name, rng, members)
             stats.waves += 1
     return stats
 
@@ -209,6 +212,7 @@ class _Cohorts:
         self.current, self.budget = 0, np.inf
         self.reads = [{}]                       # per cohort: strong-load PC -> what it last read
         self.parked, self.parked_at = [], None  # [(cohort, pc, threads)], global writes then
+        self.held = []                          # [(pc, threads)] held back at an atomic (hold_back)
         self.cohort_of = np.zeros(st.n, np.int64)
         for k, m in enumerate(members):
             self.cohort_of[m] = k
@@ -239,6 +243,11 @@ class _Cohorts:
         groups = self.groups[self.current]
         if not groups or self.budget <= 0:
             live = [k for k, g in enumerate(self.groups) if g]
+            if not live and self.held:           # only now do the CTAs held back go on
+                for pc, threads in self.held:
+                    self.release(pc, threads)
+                self.held = []
+                live = [k for k, g in enumerate(self.groups) if g]
             if not live:
                 return "spinning" if self.parked else None
             self.current = live[int(self.rng.integers(len(live)))]
@@ -260,6 +269,23 @@ class _Cohorts:
         self.budget = 0
         return True
 
+    def hold_back(self, pc, threads, active, rest):
+        """Before a global atomic that active threads of several CTAs execute together: the CTA
+        whose threads land last in the seeded order (st.rank) does not execute it now, but waits
+        at it (with its threads of this group that the guard turns off) until nothing else in the
+        wave can run. CTAs in lockstep would otherwise do everything before the atomic at once,
+        so a CTA that acts on what the atomic counts would always find every other CTA's earlier
+        writes done: "the last CTA to count in merges" with an off-by-one would pass. Deferring a
+        CTA is a legal interleaving, and a spin-wait on it parks (spun) until the wave is idle,
+        so nothing deadlocks. Returns threads, active and rest without the held CTA."""
+        st = self.st
+        late = st.cta[active[np.argmax(st.rank[active])]]
+        mine = st.cta[threads] == late
+        self.held.append((pc, threads[mine]))
+        if rest is not None:
+            rest = rest[st.cta[rest] != late]
+        return threads[~mine], active[st.cta[active] != late], rest
+
     def merge(self, pc, threads):
         """threads (all of the running cohort) continue at pc."""
         _merge(self.st, self.groups[self.current], pc, threads)
@@ -275,7 +301,7 @@ class _Cohorts:
                 _merge(self.st, groups, pc, mine)
 
 
-def _run_wave(st, code, sync_points, stats, name, rng, members):
+def _run_wave(st, code, sync_points, holds, stats, name, rng, members):
     n, end = st.n, len(code)
     cohorts = _Cohorts(st, rng, members)
     barriers = _CtaBarriers(st)
@@ -328,6 +354,9 @@ def _run_wave(st, code, sync_points, stats, name, rng, members):
                 if not pred.all():
                     active, rest = threads[pred], threads[~pred]
                     sel = active
+            if holds[pc] and len(active) > 1 and st.cta[active[0]] != st.cta[active[-1]]:
+                threads, active, rest = cohorts.hold_back(pc, threads, active, rest)
+                sel = active
             stats.instructions += 1
             stats.thread_instructions += len(active)
             stats.warps_at[pc] += (st.num_ctas * st.warps_per_cta if len(threads) == n

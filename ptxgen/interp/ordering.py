@@ -189,6 +189,12 @@ class Ordering:
         self.clocks = {}           # region -> {byte offset: int32 clock, [released | covered]}
         self.released = {}         # CTA that acquired something -> clock at its last release
         self.pending = {}          # CTA -> clocks observed by relaxed reads, for its next fence
+        self.nc_read = {}          # region -> uint16 per byte: the mark of a .nc load of it (sanitizer)
+        # each .nc / ldu load's pc -> its mark in nc_read (1, 2, ...)
+        self.nc_marks = {pc: k for k, pc in enumerate((pc for pc, ins in enumerate(program.instructions) if
+                                                        ins.base in ("ld", "ldu") and access_of(ins.base, ins.mods).nc), 1)}
+        if len(self.nc_marks) >= 1 << 16:
+            raise InterpError(f"the memory-ordering model handles < 2^16 non-coherent loads ({len(self.nc_marks)})")
         self.writes = 0            # global writes so far (the scheduler's spin detection)
         self.last_read = None      # where and what the last strong load read (the same)
         self._views = {}
@@ -405,6 +411,8 @@ class Ordering:
             self.cta_event(threads)
         if access.strong:
             self.last_read = (region, hash(off.tobytes()), hash(np.asarray(raw).tobytes()))
+        if access.nc and self.sanitize:
+            self._mark_nc(region, off, size)
         if access.observes and self.clocks.get(region):
             self._chain(region, off, ctas, np.arange(len(off)), observe=True, publish=False,
                         now=access.acquire)
@@ -426,6 +434,14 @@ class Ordering:
             bad = self._bytes(bad, per, size)
             view[bad] = stale[bad]
         return raw
+
+    def _mark_nc(self, region, off, size):
+        """Bytes read through the non-coherent path: a later write to them in this launch is a
+        finding (_write), as a .nc read after the write is (load)."""
+        if region not in self.nc_read:
+            self.nc_read[region] = np.zeros(-(-self.memory.sizes[region] // 64) * 64, np.uint16)
+        rows = self.nc_read[region].view(item(2 * size))
+        np.put(rows, off // size, np.full(len(off) * size, self.nc_marks[self.st.pc], np.uint16).view(rows.dtype))
 
     def store(self, region, off, size, threads, access):
         """A global st of size bytes per thread (before memory changes)."""
@@ -473,6 +489,16 @@ class Ordering:
             bad = self._unordered(rec, writers, threads_of)
             if bad.any():
                 self._report(what, region, off, per, rec, bad, threads)
+            marks = self.nc_read.get(region)
+            if marks is not None:
+                read = marks[off[:, None] + np.arange(size)]
+                if read.any():
+                    i, j = np.argwhere(read)[0]
+                    pc = next(pc for pc, mark in self.nc_marks.items() if mark == read[i, j])
+                    raise Finding(f"write to {self.memory.describe_byte(region, int(off[i]) + int(j))}, which a "
+                                  f"non-coherent load ({self._instruction(pc)}) read earlier in this launch: .nc / "
+                                  "ldu needs bytes that stay read-only for the whole kernel; load them with "
+                                  "ld.global or ld.global.cg", threads[i])
         new = _stamp(ctas, self.epoch[ctas], access.strong, self.st.pc)
         if not self.sanitize:
             key = np.uint64(EPOCH_SHIFT)
