@@ -15,7 +15,10 @@ one cohort for a random number of steps (lowest PC first inside it, so warps sti
 then picks a cohort again; threads that re-read with a strong load what they read last time,
 nothing having been written since (a spin-wait), wait until something is written. So CTAs and
 warps run ahead of each other by varying amounts. Atomics that contend land in a seeded order
-of their threads. Before the first synchronising instruction the order cannot matter: without
+of their threads. At a global atomic that threads of several CTAs reach together, the CTA
+landing last (in an order drawn afresh) is held back until nothing else in the wave can run
+(_Cohorts.hold_back): CTAs in lockstep would otherwise always reach a counter together, every
+one's earlier writes done. Before the first synchronising instruction the order cannot matter: without
 synchronisation every cross-CTA read of data written in the launch is a finding whatever the
 order (ordering.py), and the shared-memory race checks do not depend on the order either.
 The wave's CTAs sit in slot order cohort by cohort, so a cohort is a contiguous range of threads
@@ -243,10 +246,8 @@ class _Cohorts:
         groups = self.groups[self.current]
         if not groups or self.budget <= 0:
             live = [k for k, g in enumerate(self.groups) if g]
-            if not live and self.held:           # only now do the CTAs held back go on
-                for pc, threads in self.held:
-                    self.release(pc, threads)
-                self.held = []
+            if not live and self.held:           # only now does a CTA held back go on (hold_back)
+                self.release(*self.held.pop(0))
                 live = [k for k, g in enumerate(self.groups) if g]
             if not live:
                 return "spinning" if self.parked else None
@@ -270,15 +271,21 @@ class _Cohorts:
         return True
 
     def hold_back(self, pc, threads, active, rest):
-        """Before a global atomic that active threads of several CTAs execute together: the CTA
-        whose threads land last in the seeded order (st.rank) does not execute it now, but waits
-        at it (with its threads of this group that the guard turns off) until nothing else in the
-        wave can run. CTAs in lockstep would otherwise do everything before the atomic at once,
-        so a CTA that acts on what the atomic counts would always find every other CTA's earlier
-        writes done: "the last CTA to count in merges" with an off-by-one would pass. Deferring a
-        CTA is a legal interleaving, and a spin-wait on it parks (spun) until the wave is idle,
-        so nothing deadlocks. Returns threads, active and rest without the held CTA."""
+        """Before a global atomic that active threads of several CTAs execute together: a fresh
+        landing order (st.rank XOR a random number), and the CTA whose threads land last in it
+        does not execute the atomic now, but waits at it (with its threads of this group that the
+        guard turns off) until nothing else in the wave can run; held CTAs go on one at a time, in
+        the order they were held (a straggler that then catches up with a later one would land in
+        lockstep with it again). CTAs in lockstep would otherwise
+        do everything before the atomic at once, so a CTA that acts on what the atomic counts
+        would always find every other CTA's earlier writes done ("the last CTA to count in
+        merges" with an off-by-one passed), and with one order for every atomic the CTA counting
+        last had always landed last on the word it merges (so ordering.py never saw it rely on a
+        later atomic of another CTA). Deferring a CTA is a legal interleaving, and a spin-wait on
+        it parks (spun) until the wave is idle, so nothing deadlocks. Returns threads, active and
+        rest without the held CTA."""
         st = self.st
+        st.rank ^= self.rng.integers(1 << (st.n - 1).bit_length())
         late = st.cta[active[np.argmax(st.rank[active])]]
         mine = st.cta[threads] == late
         self.held.append((pc, threads[mine]))

@@ -649,8 +649,8 @@ TAKE_TOTAL = """
   @%p bra DONE;
   add.u32 %v, %c, 1;
   atom.global.add.u32 %old, [%s], %v;
-  membar.gl;
-  atom.global.add.u32 %old, [%s+4], 1;
+  {release}
+  {count} %old, [%s+4], 1;
   sub.u32 %v, %n, {last};
   setp.ne.u32 %p, %old, %v;
   @%p bra DONE;
@@ -662,19 +662,24 @@ DONE:
   ret;"""
 
 
+def take_total(seed, grid, *args, **change):
+    ptx = module(TAKE_TOTAL.format(**{"release": "membar.gl;", "count": "atom.global.add.u32", "last": 1, **change}),
+                 ".param .u64 state, .param .u64 out")
+    launch(ptx, "k", grid, (64, 1, 1), list(args), seed=seed)
+
+
 @pytest.mark.parametrize("ctas", [3, 8])
 def test_a_cta_that_counts_in_too_early_misses_later_ctas(ctas):
     """CTAs of a cohort run in lockstep, so every CTA's add landed before any CTA counted in, and
     "the second-to-last CTA takes the total" passed. The scheduler holds back the CTA landing last
     at an atomic of several CTAs (_Cohorts.hold_back): the early taker misses its share. (With 2
     CTAs, often one a cohort, only the cohorts' random quanta can show it.)"""
-    ptx = module(TAKE_TOTAL, ".param .u64 state, .param .u64 out")
     want = ctas * (ctas + 1) // 2
     for seed in SEEDS:
         for last in (1, 2):
             state, out = np.zeros(2, np.uint32), np.zeros(1, np.uint32)
             try:
-                launch(ptx.replace("{last}", str(last)), "k", (ctas, 1, 1), (64, 1, 1), [state, out], seed=seed)
+                take_total(seed, (ctas, 1, 1), state, out, last=last)
             except SanitizerError as err:    # (two CTAs taking it with 2 CTAs: both store out)
                 assert last == 2 and "overwrites out[0]" in str(err), err
                 continue
@@ -709,3 +714,27 @@ def test_a_write_to_bytes_a_non_coherent_load_read_earlier(load):
                            r"launch: .* \[CTA \(\d,0,0\), thread \(0,0,0\)\]$"):
             launch(module(body.format(load=load), ".param .u64 a"), "k", (4, 1, 1), (1, 1, 1),
                    [np.zeros(4, np.uint32)], seed=seed)
+
+
+@pytest.mark.parametrize("ctas", [8, 13])
+def test_an_atomic_that_no_release_puts_before_the_count(ctas):
+    """All the accesses are atomics (no data race), but without a release between a CTA's add to
+    the total and its count, the CTA that completes the count need not see that add: in coherence
+    order it may come after the exchange. A finding naming both of that CTA's atomics, once the
+    CTA completing the count added early (the scheduler's hold_back makes that happen with two
+    CTAs or more counting in lockstep; 3 CTAs, at most 2 in a cohort, leave no such pair)."""
+    for change in (dict(), dict(release="", count="atom.release.gpu.global.add.u32"),
+                   dict(release="fence.acq_rel.gpu;", count="atom.relaxed.gpu.global.add.u32")):
+        for seed in SEEDS:
+            state, out = np.zeros(2, np.uint32), np.zeros(1, np.uint32)
+            take_total(seed, (ctas, 1, 1), state, out, **change)
+            assert out[0] == ctas * (ctas + 1) // 2 and not state.any()
+    for count in ("atom.global.add.u32", "atom.acquire.gpu.global.add.u32"):
+        for seed in SEEDS:
+            with pytest.raises(SanitizerError, match=(
+                    r"^k: line 26: `atom.global.exch.b32 %v, \[%s\], 0;`: global-memory ordering: atomically "
+                    r"updates state\[0\], relying on CTA \(\d+,0,0\)'s update of it \(line 19 `atom.global.add.u32 "
+                    rf"%old, \[%s\], %v;` by thread \(0,0,0\)\) coming first, as this CTA observed a later write "
+                    rf"of that CTA \(line 21 `{count} %old, \[%s\+4\], 1;`\); .* is missing\) "
+                    r"\[CTA \(\d+,0,0\), thread \(0,0,0\)\]$")):
+                take_total(seed, (ctas, 1, 1), np.zeros(2, np.uint32), np.zeros(1, np.uint32), release="", count=count)
