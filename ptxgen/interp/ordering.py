@@ -96,6 +96,9 @@ KEY_MASK = np.uint64((1 << (CTA_BITS + EPOCH_BITS)) - 1)     # (CTA, epoch) afte
 # A release by a thread that wrote since its previous release, as a sorted int64 key:
 # CTA | thread in its CTA (a CTA has at most 1024) | epoch of the release.
 OWN_THREAD_SHIFT, OWN_CTA_SHIFT = EPOCH_BITS, EPOCH_BITS + 10
+# A strong access's sequence number (_coherence): its step << STEP_SHIFT | its place in the serial
+# order of its location's accesses in that step (a step has fewer than 2^18 threads).
+STEP_SHIFT = 20
 _SCOPES = ("cta", "cluster", "gpu", "sys")
 _VERBS = {"read": "reads", "write": "overwrites", "atomic": "atomically updates"}   # findings' wording
 _SEMANTICS = ("relaxed", "acquire", "release", "acq_rel", "volatile", "mmio", "sc")
@@ -216,7 +219,7 @@ class Ordering:
                                                         ins.base in ("ld", "ldu") and access_of(ins.base, ins.mods).nc), 1)}
         if len(self.nc_marks) >= 1 << 16:
             raise InterpError(f"the memory-ordering model handles < 2^16 non-coherent loads ({len(self.nc_marks)})")
-        # Coherence of strong accesses (sanitizer, _coherence), in sequence numbers (one per access):
+        # Coherence of strong accesses (sanitizer, _coherence), in sequence numbers (step, position):
         # region -> {byte offset: per CTA, its newest strong write of the location (sequence number,
         # record, thread) and its newest strong read of it}; per wave CTA, per CTA the newest
         # strong write of it that the wave CTA observed (sequence number, record).
@@ -516,8 +519,8 @@ class Ordering:
         atomic on a second word that no release put before that CTA's count.) Then reads observe
         the location's writes as they were before this step, and writes become its newest."""
         ctas = self.st.cta_global[threads]
-        base = self.sequence
-        self.sequence += len(off)
+        base = self.sequence << STEP_SHIFT
+        self.sequence += 1
         locations = self.modified.setdefault(region, {})
         if not writes:
             order = order[np.isin(off[order], list(locations))]
@@ -542,15 +545,16 @@ class Ordering:
 
     def _check_coherence(self, what, region, o, location, readers, threads):
         """_coherence's finding: the first access (in serial order) by a CTA r of a location whose
-        newest strong write M by another CTA w is newer than r's last strong read of it and older
-        than a strong write of w that r observed, where no release that r acquired covers M."""
+        newest strong write M by another CTA w is newer than r's last strong read of it and from
+        an earlier step than a strong write of w that r observed (one instruction's accesses to
+        several locations are not ordered), where no release that r acquired covers M."""
         seq, rec, by, looked = location
         known = np.array([cta in self.seen for cta in readers.tolist()])
         if not known.any():
             return
         k = np.flatnonzero(known)
         seen = np.stack([self.seen[cta] for cta in readers[k].tolist()])     # [reader, seq | record, CTA]
-        relied = (seq > looked[readers[k]][:, None]) & (seq < seen[:, 0])
+        relied = (seq > looked[readers[k]][:, None]) & (seq >> STEP_SHIFT < seen[:, 0] >> STEP_SHIFT)
         relied[np.arange(len(k)), readers[k]] = False
         if not relied.any():
             return
