@@ -270,13 +270,17 @@ class _Cohorts:
         self.budget = 0
         return True
 
+    def may_hold(self, pc):
+        return all(at != pc for at, _ in self.held)
+
     def hold_back(self, pc, threads, active, rest):
         """Before a global atomic that active threads of several CTAs execute together: a fresh
         landing order (st.rank XOR a random number), and the CTA whose threads land last in it
         does not execute the atomic now, but waits at it (with its threads of this group that the
-        guard turns off) until nothing else in the wave can run; held CTAs go on one at a time, in
-        the order they were held (a straggler that then catches up with a later one would land in
-        lockstep with it again). CTAs in lockstep would otherwise
+        guard turns off) until nothing else in the wave can run. Held CTAs go on one at a time, in
+        the order they were held (stragglers released together would run in lockstep again), and
+        an instruction holds one CTA at a time (so a loop of atomics does not leave most CTAs to
+        run alone). CTAs in lockstep would otherwise
         do everything before the atomic at once, so a CTA that acts on what the atomic counts
         would always find every other CTA's earlier writes done ("the last CTA to count in
         merges" with an off-by-one passed), and with one order for every atomic the CTA counting
@@ -361,7 +365,7 @@ def _run_wave(st, code, sync_points, holds, stats, name, rng, members):
                 if not pred.all():
                     active, rest = threads[pred], threads[~pred]
                     sel = active
-            if holds[pc] and len(active) > 1 and st.cta[active[0]] != st.cta[active[-1]]:
+            if holds[pc] and len(active) > 1 and st.cta[active[0]] != st.cta[active[-1]] and cohorts.may_hold(pc):
                 threads, active, rest = cohorts.hold_back(pc, threads, active, rest)
                 sel = active
             stats.instructions += 1

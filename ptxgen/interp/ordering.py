@@ -42,7 +42,8 @@ Rules
   its CTA observe the location's writes: per CTA w, the newest strong write of w seen so far.
   A strong access (read, atomic or store) by CTA r to a location, where w's newest strong write
   M of it is newer than r's last strong read of it (that read's value was not M's or later)
-  but older than a strong write of w that r observed (through any location), relies on M
+  and the newest strong write of w that r observed (through any location) came after M in
+  the program order of M's thread (a later instruction of that thread), relies on M
   coming first in coherence order, which only happens-before (ISA 8.9.3) guarantees: it is a
   finding unless a release of w that r acquired covers M (as for a read above). This is the
   message-passing pattern on atomics: argmax's atom.max of the key, then atom.add of the
@@ -65,6 +66,8 @@ bar.sync does); a read-then-write (write-after-read) is not tracked, across CTAs
 one, except a write after a .nc / ldu read; .cluster scope counts as .cta (the interpreter
 launches no clusters). Coherence: only each CTA's newest strong write and read of a location
 count (locations are byte offsets where accesses start; a word accessed at two sizes is two),
+the observed write must be the newest of its CTA that the observer saw and be by M's thread
+(program order; one that a bar.sync put after M in another thread is not taken as later),
 observation is not transitive (r sees what w wrote to the locations r reads, not what w had
 observed), a failing atom.cas counts as a write, and the check needs the sanitizer (values do
 not change: strong accesses land as the scheduler runs them; launch's hold_back makes the
@@ -222,7 +225,7 @@ class Ordering:
         # Coherence of strong accesses (sanitizer, _coherence), in sequence numbers (step, position):
         # region -> {byte offset: per CTA, its newest strong write of the location (sequence number,
         # record, thread) and its newest strong read of it}; per wave CTA, per CTA the newest
-        # strong write of it that the wave CTA observed (sequence number, record).
+        # strong write of it that the wave CTA observed (sequence number, record, thread).
         self.modified, self.seen, self.sequence = {}, {}, 0
         self.writes = 0            # global writes so far (the scheduler's spin detection)
         self.last_read = None      # where and what the last strong load read (the same)
@@ -512,7 +515,7 @@ class Ordering:
     def _coherence(self, what, region, off, threads, order, reads, writes):
         """Strong accesses (at .gpu/.sys scope) to each location, in serial order: an access by
         CTA r after r observed (by a strong read of another location, or of this one since) a
-        strong write of CTA w that w made after its newest strong write M of this location, and
+        strong write that a thread of CTA w made after its newest strong write M of this location, and
         with no strong read of this location by r since M, relies on M coming before it in
         coherence order, which only happens-before guarantees: a finding unless a release of w
         that r acquired covers M. (A CTA that counted in on one word need not see another CTA's
@@ -534,9 +537,9 @@ class Ordering:
                 self._check_coherence(what, region, o, locations[o], who, threads[here])
             if reads:
                 for cta in np.unique(who).tolist():
-                    row = self.seen.setdefault(cta, np.full((2, self.num_ctas), -1, np.int64))
+                    row = self.seen.setdefault(cta, np.full((3, self.num_ctas), -1, np.int64))
                     newer = seq > row[0]
-                    row[:, newer] = seq[newer], rec[newer]
+                    row[:, newer] = seq[newer], rec[newer], by[newer]
                 looked[who] = base + np.arange(len(here))
             if writes:      # (a CTA's accesses of this step: the last in serial order stays)
                 seq[who] = base + np.arange(len(here))
@@ -545,16 +548,18 @@ class Ordering:
 
     def _check_coherence(self, what, region, o, location, readers, threads):
         """_coherence's finding: the first access (in serial order) by a CTA r of a location whose
-        newest strong write M by another CTA w is newer than r's last strong read of it and from
-        an earlier step than a strong write of w that r observed (one instruction's accesses to
-        several locations are not ordered), where no release that r acquired covers M."""
+        newest strong write M by thread t of another CTA w is newer than r's last strong read of
+        it and from an earlier step than the newest strong write of w that r observed, made by t
+        too (program order; one instruction's accesses to several locations are not ordered, nor
+        are two threads' accesses), where no release that r acquired covers M."""
         seq, rec, by, looked = location
         known = np.array([cta in self.seen for cta in readers.tolist()])
         if not known.any():
             return
         k = np.flatnonzero(known)
-        seen = np.stack([self.seen[cta] for cta in readers[k].tolist()])     # [reader, seq | record, CTA]
-        relied = (seq > looked[readers[k]][:, None]) & (seq >> STEP_SHIFT < seen[:, 0] >> STEP_SHIFT)
+        seen = np.stack([self.seen[cta] for cta in readers[k].tolist()])     # [reader, seq | record | thread, CTA]
+        relied = ((seq > looked[readers[k]][:, None]) & (seq >> STEP_SHIFT < seen[:, 0] >> STEP_SHIFT)
+                  & (by == seen[:, 2]))
         relied[np.arange(len(k)), readers[k]] = False
         if not relied.any():
             return
