@@ -18,8 +18,8 @@ warps run ahead of each other by varying amounts. Atomics that contend land in a
 of their threads. At a global atomic that threads of several CTAs reach together, the CTA
 landing last (in an order drawn afresh) is held back until nothing else in the wave can run
 (_Cohorts.hold_back): CTAs in lockstep would otherwise always reach a counter together, every
-one's earlier writes done. Before the first synchronising instruction the order cannot matter: without
-synchronisation every cross-CTA read of data written in the launch is a finding whatever the
+one's earlier writes done. Before the first synchronising instruction the order cannot
+matter: without synchronisation every cross-CTA read of data written in the launch is a finding whatever the
 order (ordering.py), and the shared-memory race checks do not depend on the order either.
 The wave's CTAs sit in slot order cohort by cohort, so a cohort is a contiguous range of threads
 (a slice: cheap to index)."""
@@ -69,7 +69,7 @@ def _program(ptx, entry):
             _CACHE.pop(next(iter(_CACHE)))
         prog = parse(ptx, entry)
         sync_points = [synchronises(ins) for ins in prog.instructions]
-        # where the scheduler may hold a CTA back (_hold_back): global (or generic) atomics
+        # where the scheduler may hold a CTA back (_Cohorts.hold_back): global (or generic) atomics
         holds = [sync and ins.base in ("atom", "red") for sync, ins in zip(sync_points, prog.instructions)]
         _CACHE[key] = (prog, compile_program(prog), sync_points, holds)
     return _CACHE[key]
@@ -271,6 +271,7 @@ class _Cohorts:
         return True
 
     def may_hold(self, pc):
+        """Whether no CTA is held at pc already (hold_back)."""
         return all(at != pc for at, _ in self.held)
 
     def hold_back(self, pc, threads, active, rest):
@@ -280,14 +281,13 @@ class _Cohorts:
         guard turns off) until nothing else in the wave can run. Held CTAs go on one at a time, in
         the order they were held (stragglers released together would run in lockstep again), and
         an instruction holds one CTA at a time (so a loop of atomics does not leave most CTAs to
-        run alone). CTAs in lockstep would otherwise
-        do everything before the atomic at once, so a CTA that acts on what the atomic counts
-        would always find every other CTA's earlier writes done ("the last CTA to count in
-        merges" with an off-by-one passed), and with one order for every atomic the CTA counting
-        last had always landed last on the word it merges (so ordering.py never saw it rely on a
-        later atomic of another CTA). Deferring a CTA is a legal interleaving, and a spin-wait on
-        it parks (spun) until the wave is idle, so nothing deadlocks. Returns threads, active and
-        rest without the held CTA."""
+        run alone). CTAs in lockstep would otherwise do everything before the atomic at once, so
+        a CTA that acts on what the atomic counts would always find every other CTA's earlier
+        writes done ("the last CTA to count in merges" with an off-by-one passed), and with one
+        order for every atomic the CTA counting last had always landed last on the word it
+        merges (so ordering.py never saw it rely on a later atomic of another CTA). Deferring a
+        CTA is a legal interleaving, and a spin-wait on it parks (spun) until the wave is idle,
+        so nothing deadlocks. Returns threads, active and rest without the held CTA."""
         st = self.st
         st.rank ^= self.rng.integers(1 << (st.n - 1).bit_length())
         late = st.cta[active[np.argmax(st.rank[active])]]
@@ -365,7 +365,8 @@ def _run_wave(st, code, sync_points, holds, stats, name, rng, members):
                 if not pred.all():
                     active, rest = threads[pred], threads[~pred]
                     sel = active
-            if holds[pc] and len(active) > 1 and st.cta[active[0]] != st.cta[active[-1]] and cohorts.may_hold(pc):
+            several = len(active) > 1 and st.cta[active[0]] != st.cta[active[-1]]    # (sorted: CTA order)
+            if holds[pc] and several and cohorts.may_hold(pc):
                 threads, active, rest = cohorts.hold_back(pc, threads, active, rest)
                 sel = active
             stats.instructions += 1

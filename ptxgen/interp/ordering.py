@@ -217,9 +217,9 @@ class Ordering:
         self.released = {}         # CTA that acquired something -> clock at its last release
         self.pending = {}          # CTA -> clocks observed by relaxed reads, for its next fence
         self.nc_read = {}          # region -> uint16 per byte: the mark of a .nc load of it (sanitizer)
-        # each .nc / ldu load's pc -> its mark in nc_read (1, 2, ...)
-        self.nc_marks = {pc: k for k, pc in enumerate((pc for pc, ins in enumerate(program.instructions) if
-                                                        ins.base in ("ld", "ldu") and access_of(ins.base, ins.mods).nc), 1)}
+        nc = [pc for pc, ins in enumerate(program.instructions)
+              if ins.base in ("ld", "ldu") and access_of(ins.base, ins.mods).nc]
+        self.nc_marks = {pc: k for k, pc in enumerate(nc, 1)}    # each .nc / ldu load's mark in nc_read
         if len(self.nc_marks) >= 1 << 16:
             raise InterpError(f"the memory-ordering model handles < 2^16 non-coherent loads ({len(self.nc_marks)})")
         # Coherence of strong accesses (sanitizer, _coherence), in sequence numbers (step, position):
@@ -515,12 +515,13 @@ class Ordering:
     def _coherence(self, what, region, off, threads, order, reads, writes):
         """Strong accesses (at .gpu/.sys scope) to each location, in serial order: an access by
         CTA r after r observed (by a strong read of another location, or of this one since) a
-        strong write that a thread of CTA w made after its newest strong write M of this location, and
-        with no strong read of this location by r since M, relies on M coming before it in
-        coherence order, which only happens-before guarantees: a finding unless a release of w
-        that r acquired covers M. (A CTA that counted in on one word need not see another CTA's
-        atomic on a second word that no release put before that CTA's count.) Then reads observe
-        the location's writes as they were before this step, and writes become its newest."""
+        strong write that the thread of CTA w that made w's newest strong write M of this
+        location made later, and with no strong read of this location by r since M, relies on M
+        coming before it in coherence order, which only happens-before guarantees: a finding
+        unless a release of w that r acquired covers M. (A CTA that counted in on one word need
+        not see another CTA's atomic on a second word that no release put before that CTA's
+        count.) Then reads observe the location's writes as they were before this step, and
+        writes become its newest."""
         ctas = self.st.cta_global[threads]
         base = self.sequence << STEP_SHIFT
         self.sequence += 1
@@ -570,14 +571,14 @@ class Ordering:
         if not bad.any():
             return
         j = int(np.flatnonzero(bad)[0])
-        pc = (1 << PC_BITS) - 1
-        w, later = int(w[j]), int(seen[i[j], 1, w[j]]) & pc
+        writer, pcs = int(w[j]), (1 << PC_BITS) - 1
+        later = int(seen[i[j], 1, writer]) & pcs
         raise Finding(f"global-memory ordering: {_VERBS[what]} {self.memory.describe_byte(region, o)}, relying on CTA "
-                      f"{self.where_cta(w)}'s update of it ({self._instruction(int(rec[w]) & pc)} by thread "
-                      f"{self._thread(int(by[w]))}) coming first, as this CTA observed a later write of that CTA "
-                      f"({self._instruction(later)}); but no release that this CTA acquired orders the update before "
-                      "this access, so in coherence order it may come after (a fence.acq_rel.gpu / membar.gl or "
-                      ".release between the two writes is missing)", threads[k[i[j]]])
+                      f"{self.where_cta(writer)}'s update of it ({self._instruction(int(rec[writer]) & pcs)} by thread "
+                      f"{self._thread(int(by[writer]))}) coming first, as this CTA observed a later write of that "
+                      f"thread ({self._instruction(later)}); but no release that this CTA acquired orders the update "
+                      "before this access, so in coherence order it may come after (a fence.acq_rel.gpu / membar.gl "
+                      "or .release between the two writes is missing)", threads[k[i[j]]])
 
     def failed_cas(self, region, off, old):
         """An atom.cas of which every compare failed, just after its _write: for the

@@ -735,6 +735,6 @@ def test_an_atomic_that_no_release_puts_before_the_count(ctas):
                     r"^k: line 26: `atom.global.exch.b32 %v, \[%s\], 0;`: global-memory ordering: atomically "
                     r"updates state\[0\], relying on CTA \(\d+,0,0\)'s update of it \(line 19 `atom.global.add.u32 "
                     rf"%old, \[%s\], %v;` by thread \(0,0,0\)\) coming first, as this CTA observed a later write "
-                    rf"of that CTA \(line 21 `{count} %old, \[%s\+4\], 1;`\); .* is missing\) "
+                    rf"of that thread \(line 21 `{count} %old, \[%s\+4\], 1;`\); .* is missing\) "
                     r"\[CTA \(\d+,0,0\), thread \(0,0,0\)\]$")):
                 take_total(seed, (ctas, 1, 1), np.zeros(2, np.uint32), np.zeros(1, np.uint32), release="", count=count)
