@@ -36,6 +36,15 @@ PLANTED = [
     ("qwen3_8b_prefill_attention", "mul.f32 %l0, %l0, %alpha0;", ""),  # l not rescaled
     ("qwen3_8b_prefill_attention", "vote.sync.any.pred %any, %any, 0xffffffff;", ""),  # bra.uni diverges
     ("qwen3_8b_attn_norm_q_proj", "0f358637BD", "0f360637BD"),  # eps 1e-6 -> 2e-6
+    # Counting in across CTAs: the second-to-last CTA merges (its CTAs ran in lockstep, every key
+    # already in); a relaxed count that no release puts after the data it announces (all atomics).
+    ("qwen3_8b_argmax", "setp.ne.u32 %not_last, %old, 296;", "setp.ne.u32 %not_last, %old, 295;"),
+    ("qwen3_8b_argmax", "membar.gl;\n\tatom.global.add.u32", "atom.global.add.u32"),
+    ("qwen3_8b_decode_attention", "@%first_thread sub.u32 %flag, %nsplit, 1;",
+     "@%first_thread sub.u32 %flag, %nsplit, 2;"),
+    ("qwen3_8b_down_proj", "@%leader add.u32 %ticket, %ticket, 1;", "@%leader add.u32 %ticket, %ticket, 2;"),
+    ("qwen3_8b_down_proj", "atom.acq_rel.gpu.global.add.u32 %ticket, [%queue+4], 1",
+     "atom.relaxed.gpu.global.add.u32 %ticket, [%queue+4], 1"),
 ]
 
 

@@ -15,8 +15,11 @@ one cohort for a random number of steps (lowest PC first inside it, so warps sti
 then picks a cohort again; threads that re-read with a strong load what they read last time,
 nothing having been written since (a spin-wait), wait until something is written. So CTAs and
 warps run ahead of each other by varying amounts. Atomics that contend land in a seeded order
-of their threads. Before the first synchronising instruction the order cannot matter: without
-synchronisation every cross-CTA read of data written in the launch is a finding whatever the
+of their threads. At a global atomic that threads of several CTAs reach together, the CTA
+landing last (in an order drawn afresh) is held back until nothing else in the wave can run
+(_Cohorts.hold_back): CTAs in lockstep would otherwise always reach a counter together, every
+one's earlier writes done. Before the first synchronising instruction the order cannot
+matter: without synchronisation every cross-CTA read of data written in the launch is a finding whatever the
 order (ordering.py), and the shared-memory race checks do not depend on the order either.
 The wave's CTAs sit in slot order cohort by cohort, so a cohort is a contiguous range of threads
 (a slice: cheap to index)."""
@@ -65,7 +68,10 @@ def _program(ptx, entry):
         if len(_CACHE) >= _CACHE_LIMIT:
             _CACHE.pop(next(iter(_CACHE)))
         prog = parse(ptx, entry)
-        _CACHE[key] = (prog, compile_program(prog), [synchronises(ins) for ins in prog.instructions])
+        sync_points = [synchronises(ins) for ins in prog.instructions]
+        # where the scheduler may hold a CTA back (_Cohorts.hold_back): global (or generic) atomics
+        holds = [sync and ins.base in ("atom", "red") for sync, ins in zip(sync_points, prog.instructions)]
+        _CACHE[key] = (prog, compile_program(prog), sync_points, holds)
     return _CACHE[key]
 
 
@@ -103,7 +109,7 @@ def launch(ptx: str, entry: str, grid: tuple[int, int, int], block: tuple[int, i
     same in every launch of a step (a model's weights): with the sanitizer on, a kernel that
     executes griddepcontrol.wait (programmatic dependent launch) may touch only these before it,
     and every thread must execute it before it ends."""
-    prog, code, sync_points = _program(ptx, entry)
+    prog, code, sync_points, holds = _program(ptx, entry)
     grid, block = tuple(int(v) for v in grid), tuple(int(v) for v in block)
     if len(grid) != 3 or len(block) != 3 or min(grid + block) < 1:
         raise LaunchError(f"grid {grid} and block {block} need three positive sizes")
@@ -150,7 +156,7 @@ def launch(ptx: str, entry: str, grid: tuple[int, int, int], block: tuple[int, i
             ordering.start_wave(st, first)
             cut = min(cut * 32, st.n)
             members = [st.all[:cut], st.all[cut:]] if 0 < cut < st.n else [st.all]
-            _run_wave(st, code, sync_points, stats, name, rng, members)
+            _run_wave(st, code, sync_points, holds, stats, name, rng, members)
             stats.waves += 1
     return stats
 
@@ -209,6 +215,7 @@ class _Cohorts:
         self.current, self.budget = 0, np.inf
         self.reads = [{}]                       # per cohort: strong-load PC -> what it last read
         self.parked, self.parked_at = [], None  # [(cohort, pc, threads)], global writes then
+        self.held = []                          # [(pc, threads)] held back at an atomic (hold_back)
         self.cohort_of = np.zeros(st.n, np.int64)
         for k, m in enumerate(members):
             self.cohort_of[m] = k
@@ -239,6 +246,9 @@ class _Cohorts:
         groups = self.groups[self.current]
         if not groups or self.budget <= 0:
             live = [k for k, g in enumerate(self.groups) if g]
+            if not live and self.held:           # only now does a CTA held back go on (hold_back)
+                self.release(*self.held.pop(0))
+                live = [k for k, g in enumerate(self.groups) if g]
             if not live:
                 return "spinning" if self.parked else None
             self.current = live[int(self.rng.integers(len(live)))]
@@ -260,6 +270,33 @@ class _Cohorts:
         self.budget = 0
         return True
 
+    def may_hold(self, pc):
+        """Whether no CTA is held at pc already (hold_back)."""
+        return all(at != pc for at, _ in self.held)
+
+    def hold_back(self, pc, threads, active, rest):
+        """Before a global atomic that active threads of several CTAs execute together: a fresh
+        landing order (st.rank XOR a random number), and the CTA whose threads land last in it
+        does not execute the atomic now, but waits at it (with its threads of this group that the
+        guard turns off) until nothing else in the wave can run. Held CTAs go on one at a time, in
+        the order they were held (stragglers released together would run in lockstep again), and
+        an instruction holds one CTA at a time (so a loop of atomics does not leave most CTAs to
+        run alone). CTAs in lockstep would otherwise do everything before the atomic at once, so
+        a CTA that acts on what the atomic counts would always find every other CTA's earlier
+        writes done ("the last CTA to count in merges" with an off-by-one passed), and with one
+        order for every atomic the CTA counting last had always landed last on the word it
+        merges (so ordering.py never saw it rely on a later atomic of another CTA). Deferring a
+        CTA is a legal interleaving, and a spin-wait on it parks (spun) until the wave is idle,
+        so nothing deadlocks. Returns threads, active and rest without the held CTA."""
+        st = self.st
+        st.rank ^= self.rng.integers(1 << (st.n - 1).bit_length())
+        late = st.cta[active[np.argmax(st.rank[active])]]
+        mine = st.cta[threads] == late
+        self.held.append((pc, threads[mine]))
+        if rest is not None:
+            rest = rest[st.cta[rest] != late]
+        return threads[~mine], active[st.cta[active] != late], rest
+
     def merge(self, pc, threads):
         """threads (all of the running cohort) continue at pc."""
         _merge(self.st, self.groups[self.current], pc, threads)
@@ -275,7 +312,7 @@ class _Cohorts:
                 _merge(self.st, groups, pc, mine)
 
 
-def _run_wave(st, code, sync_points, stats, name, rng, members):
+def _run_wave(st, code, sync_points, holds, stats, name, rng, members):
     n, end = st.n, len(code)
     cohorts = _Cohorts(st, rng, members)
     barriers = _CtaBarriers(st)
@@ -328,6 +365,10 @@ def _run_wave(st, code, sync_points, stats, name, rng, members):
                 if not pred.all():
                     active, rest = threads[pred], threads[~pred]
                     sel = active
+            several = len(active) > 1 and st.cta[active[0]] != st.cta[active[-1]]    # (sorted: CTA order)
+            if holds[pc] and several and cohorts.may_hold(pc):
+                threads, active, rest = cohorts.hold_back(pc, threads, active, rest)
+                sel = active
             stats.instructions += 1
             stats.thread_instructions += len(active)
             stats.warps_at[pc] += (st.num_ctas * st.warps_per_cta if len(threads) == n

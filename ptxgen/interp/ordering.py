@@ -31,9 +31,23 @@ Rules
   acquired a release of w, newest at epoch K, with a bar.sync of w between the write and that
   release (e below its cover), or with a release by t itself after the write at an epoch up to
   K. Unordered it is a finding, unless both accesses are strong (morally strong: no data
-  race). A .nc / ldu read (non-coherent path) of any byte written in this launch is a finding;
-  so is a weak write over bytes another CTA wrote weakly (unordered) and an atomic on bytes
-  another CTA wrote weakly (unordered).
+  race). A .nc / ldu read (non-coherent path) of any byte written in this launch is a finding,
+  and so is a write (by any CTA or thread) to bytes a .nc / ldu load read earlier in the launch
+  (.nc needs them read-only for the whole kernel; the finding names both instructions); so is
+  a weak write over bytes another CTA wrote weakly (unordered) and an atomic on bytes another
+  CTA wrote weakly (unordered).
+- Coherence of strong accesses (no race, but an order a kernel may wrongly rely on): every
+  strong access at .gpu/.sys scope gets a sequence number; each location keeps, per CTA, its
+  newest strong write and its newest strong read, and a strong read (ld, atom; not red) lets
+  its CTA observe the location's writes: per CTA w, the newest strong write of w seen so far.
+  A strong access (read, atomic or store) by CTA r to a location, where w's newest strong write
+  M of it is newer than r's last strong read of it (that read's value was not M's or later)
+  and the newest strong write of w that r observed (through any location) came after M in
+  the program order of M's thread (a later instruction of that thread), relies on M
+  coming first in coherence order, which only happens-before (ISA 8.9.3) guarantees: it is a
+  finding unless a release of w that r acquired covers M (as for a read above). This is the
+  message-passing pattern on atomics: argmax's atom.max of the key, then atom.add of the
+  count with no membar.gl between; the CTA completing the count need not see the key.
 - Findings name why: a publishing atomic not preceded by a release of the data it publishes
   (a flag or counter) names the atomic; an acquired release that does not cover the write (no
   bar.sync between another thread's write and it) names the release and both threads.
@@ -49,7 +63,17 @@ epoch up to it counts even if the reader acquired only a later release of anothe
 acquisitions are per CTA (a thread's acquire orders its whole CTA's later reads, as the
 bar.sync that kernels put after it would); mbarrier waits order no global writes (only
 bar.sync does); a read-then-write (write-after-read) is not tracked, across CTAs or inside
-one; .cluster scope counts as .cta (the interpreter launches no clusters).
+one, except a write after a .nc / ldu read; .cluster scope counts as .cta (the interpreter
+launches no clusters). Coherence: only each CTA's newest strong write and read of a location
+count (locations are byte offsets where accesses start; a word accessed at two sizes is two),
+the observed write must be the newest of its CTA that the observer saw and be by M's thread
+(program order; one that a bar.sync put after M in another thread is not taken as later),
+observation is not transitive (r sees what w wrote to the locations r reads, not what w had
+observed), a failing atom.cas counts as a write, and the check needs the sanitizer (values do
+not change: strong accesses land as the scheduler runs them; launch's hold_back makes the
+orders that show such a bug happen). Each location's record costs 32 bytes per CTA of the
+grid, for every location a strong write reaches: fine for counters and flags, not for atomics
+spread over large arrays with large grids.
 
 Inside one CTA (sanitizer on): a read or write of bytes another warp of the CTA wrote since
 the CTA's last synchronisation after a write is a race unless both accesses are strong (any
@@ -75,6 +99,9 @@ KEY_MASK = np.uint64((1 << (CTA_BITS + EPOCH_BITS)) - 1)     # (CTA, epoch) afte
 # A release by a thread that wrote since its previous release, as a sorted int64 key:
 # CTA | thread in its CTA (a CTA has at most 1024) | epoch of the release.
 OWN_THREAD_SHIFT, OWN_CTA_SHIFT = EPOCH_BITS, EPOCH_BITS + 10
+# A strong access's sequence number (_coherence): its step << STEP_SHIFT | its place in the serial
+# order of its location's accesses in that step (a step has fewer than 2^18 threads).
+STEP_SHIFT = 20
 _SCOPES = ("cta", "cluster", "gpu", "sys")
 _VERBS = {"read": "reads", "write": "overwrites", "atomic": "atomically updates"}   # findings' wording
 _SEMANTICS = ("relaxed", "acquire", "release", "acq_rel", "volatile", "mmio", "sc")
@@ -189,6 +216,17 @@ class Ordering:
         self.clocks = {}           # region -> {byte offset: int32 clock, [released | covered]}
         self.released = {}         # CTA that acquired something -> clock at its last release
         self.pending = {}          # CTA -> clocks observed by relaxed reads, for its next fence
+        self.nc_read = {}          # region -> uint16 per byte: the mark of a .nc load of it (sanitizer)
+        nc = [pc for pc, ins in enumerate(program.instructions)
+              if ins.base in ("ld", "ldu") and access_of(ins.base, ins.mods).nc]
+        self.nc_marks = {pc: k for k, pc in enumerate(nc, 1)}    # each .nc / ldu load's mark in nc_read
+        if len(self.nc_marks) >= 1 << 16:
+            raise InterpError(f"the memory-ordering model handles < 2^16 non-coherent loads ({len(self.nc_marks)})")
+        # Coherence of strong accesses (sanitizer, _coherence), in sequence numbers (step, position):
+        # region -> {byte offset: per CTA, its newest strong write of the location (sequence number,
+        # record, thread) and its newest strong read of it}; per wave CTA, per CTA the newest
+        # strong write of it that the wave CTA observed (sequence number, record, thread).
+        self.modified, self.seen, self.sequence = {}, {}, 0
         self.writes = 0            # global writes so far (the scheduler's spin detection)
         self.last_read = None      # where and what the last strong load read (the same)
         self._views = {}
@@ -199,6 +237,7 @@ class Ordering:
         self.rows = np.zeros((0, 2 * self.num_ctas), np.int32)   # acquired clock per CTA
         self.used = 0
         self.thread_wrote = np.zeros(st.n, bool)              # since the thread's last release
+        self.seen = {}                                        # (CTAs of earlier waves are done)
 
     # -- clocks: per CTA w, the epoch of the newest release of w acquired, then (at w + num_ctas)
     # the epoch below which that release covers every thread's writes of w (a bar.sync before it)
@@ -405,9 +444,13 @@ class Ordering:
             self.cta_event(threads)
         if access.strong:
             self.last_read = (region, hash(off.tobytes()), hash(np.asarray(raw).tobytes()))
+        if access.nc and self.sanitize:
+            self._mark_nc(region, off, size)
         if access.observes and self.clocks.get(region):
             self._chain(region, off, ctas, np.arange(len(off)), observe=True, publish=False,
                         now=access.acquire)
+        if access.observes and self.sanitize:
+            self._coherence("read", region, off, threads, np.arange(len(off)), reads=True, writes=False)
         if region not in self.records:
             return raw
         rec, readers, per = self._records(region, off, size, ctas)
@@ -427,6 +470,14 @@ class Ordering:
             view[bad] = stale[bad]
         return raw
 
+    def _mark_nc(self, region, off, size):
+        """Bytes read through the non-coherent path: a later write to them in this launch is a
+        finding (_write), as a .nc read after the write is (load)."""
+        if region not in self.nc_read:
+            self.nc_read[region] = np.zeros(-(-self.memory.sizes[region] // 64) * 64, np.uint16)
+        rows = self.nc_read[region].view(item(2 * size))
+        np.put(rows, off // size, np.full(len(off) * size, self.nc_marks[self.st.pc], np.uint16).view(rows.dtype))
+
     def store(self, region, off, size, threads, access):
         """A global st of size bytes per thread (before memory changes)."""
         access = access or WEAK
@@ -435,6 +486,8 @@ class Ordering:
             self.cta_event(threads)
         if access.release:
             self._release(threads)
+        if access.strong and self.sanitize:
+            self._coherence("write", region, off, threads, np.arange(len(off)), reads=False, writes=True)
         self._write(region, off, size, ctas, threads, access, "write")
         clocks = self.clocks.get(region)
         if access.strong:
@@ -455,7 +508,77 @@ class Ordering:
             self._release(threads)
         self._chain(region, off, ctas, order, observe=access.observes, publish=access.strong,
                     now=access.acquire)
+        if access.strong and self.sanitize:
+            self._coherence("atomic", region, off, threads, order, reads=access.observes, writes=True)
         self._write(region, off, size, ctas, threads, access, "atomic")
+
+    def _coherence(self, what, region, off, threads, order, reads, writes):
+        """Strong accesses (at .gpu/.sys scope) to each location, in serial order: an access by
+        CTA r after r observed (by a strong read of another location, or of this one since) a
+        strong write that the thread of CTA w that made w's newest strong write M of this
+        location made later, and with no strong read of this location by r since M, relies on M
+        coming before it in coherence order, which only happens-before guarantees: a finding
+        unless a release of w that r acquired covers M. (A CTA that counted in on one word need
+        not see another CTA's atomic on a second word that no release put before that CTA's
+        count.) Then reads observe the location's writes as they were before this step, and
+        writes become its newest."""
+        ctas = self.st.cta_global[threads]
+        base = self.sequence << STEP_SHIFT
+        self.sequence += 1
+        locations = self.modified.setdefault(region, {})
+        if not writes:
+            order = order[np.isin(off[order], list(locations))]
+        for o in np.unique(off[order]).tolist():
+            here = order[off[order] == o]
+            who = ctas[here]
+            if o not in locations:
+                locations[o] = np.full((4, self.num_ctas), -1, np.int64)   # seq, record, thread, looked
+            seq, rec, by, looked = locations[o]
+            if self.seen:
+                self._check_coherence(what, region, o, locations[o], who, threads[here])
+            if reads:
+                for cta in np.unique(who).tolist():
+                    row = self.seen.setdefault(cta, np.full((3, self.num_ctas), -1, np.int64))
+                    newer = seq > row[0]
+                    row[:, newer] = seq[newer], rec[newer], by[newer]
+                looked[who] = base + np.arange(len(here))
+            if writes:      # (a CTA's accesses of this step: the last in serial order stays)
+                seq[who] = base + np.arange(len(here))
+                rec[who] = _stamp(who, self.epoch[who], False, self.st.pc).astype(np.int64)
+                by[who] = self.st.lin[threads[here]]
+
+    def _check_coherence(self, what, region, o, location, readers, threads):
+        """_coherence's finding: the first access (in serial order) by a CTA r of a location whose
+        newest strong write M by thread t of another CTA w is newer than r's last strong read of
+        it and from an earlier step than the newest strong write of w that r observed, made by t
+        too (program order; one instruction's accesses to several locations are not ordered, nor
+        are two threads' accesses), where no release that r acquired covers M."""
+        seq, rec, by, looked = location
+        known = np.array([cta in self.seen for cta in readers.tolist()])
+        if not known.any():
+            return
+        k = np.flatnonzero(known)
+        seen = np.stack([self.seen[cta] for cta in readers[k].tolist()])     # [reader, seq | record | thread, CTA]
+        relied = ((seq > looked[readers[k]][:, None]) & (seq >> STEP_SHIFT < seen[:, 0] >> STEP_SHIFT)
+                  & (by == seen[:, 2]))
+        relied[np.arange(len(k)), readers[k]] = False
+        if not relied.any():
+            return
+        i, w = np.nonzero(relied)
+        epoch = (rec[w] >> EPOCH_SHIFT) & ((1 << EPOCH_BITS) - 1)
+        release, cover = self._acquired(w, readers[k[i]])
+        bad = ~self._covered(w, epoch, lambda j: by[w[j]][:, None], release, cover)
+        if not bad.any():
+            return
+        j = int(np.flatnonzero(bad)[0])
+        writer, pcs = int(w[j]), (1 << PC_BITS) - 1
+        later = int(seen[i[j], 1, writer]) & pcs
+        raise Finding(f"global-memory ordering: {_VERBS[what]} {self.memory.describe_byte(region, o)}, relying on CTA "
+                      f"{self.where_cta(writer)}'s update of it ({self._instruction(int(rec[writer]) & pcs)} by thread "
+                      f"{self._thread(int(by[writer]))}) coming first, as this CTA observed a later write of that "
+                      f"thread ({self._instruction(later)}); but no release that this CTA acquired orders the update "
+                      "before this access, so in coherence order it may come after (a fence.acq_rel.gpu / membar.gl "
+                      "or .release between the two writes is missing)", threads[k[i[j]]])
 
     def failed_cas(self, region, off, old):
         """An atom.cas of which every compare failed, just after its _write: for the
@@ -473,6 +596,16 @@ class Ordering:
             bad = self._unordered(rec, writers, threads_of)
             if bad.any():
                 self._report(what, region, off, per, rec, bad, threads)
+            marks = self.nc_read.get(region)
+            if marks is not None:
+                read = marks[off[:, None] + np.arange(size)]
+                if read.any():
+                    i, j = np.argwhere(read)[0]
+                    pc = next(pc for pc, mark in self.nc_marks.items() if mark == read[i, j])
+                    raise Finding(f"write to {self.memory.describe_byte(region, int(off[i]) + int(j))}, which a "
+                                  f"non-coherent load ({self._instruction(pc)}) read earlier in this launch: .nc / "
+                                  "ldu needs bytes that stay read-only for the whole kernel; load them with "
+                                  "ld.global or ld.global.cg", threads[i])
         new = _stamp(ctas, self.epoch[ctas], access.strong, self.st.pc)
         if not self.sanitize:
             key = np.uint64(EPOCH_SHIFT)

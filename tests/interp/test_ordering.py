@@ -631,3 +631,110 @@ def test_atomic_counters_without_fences_are_fine_on_their_own():
 def test_bad_ordering_model_inputs():
     with pytest.raises(InterpError, match="2\\^24 CTAs"):
         launch(module("  ret;", ""), "k", (1 << 24, 1, 1), (1, 1, 1), [])
+
+
+# Each CTA adds its share into a total (an atomic), releases, counts in; the CTA that completes
+# the count takes the total and resets it (argmax's cross-CTA merge). The data are atomics, so
+# no access races: only the interleaving can show a CTA taking the total too early.
+TAKE_TOTAL = """
+  .reg .b32 %c, %n, %old, %v;
+  .reg .b64 %s, %o;
+  .reg .pred %p;
+  ld.param.u64 %s, [state];
+  ld.param.u64 %o, [out];
+  mov.u32 %c, %ctaid.x;
+  mov.u32 %n, %nctaid.x;
+  mov.u32 %v, %tid.x;
+  setp.ne.u32 %p, %v, 0;
+  @%p bra DONE;
+  add.u32 %v, %c, 1;
+  atom.global.add.u32 %old, [%s], %v;
+  {release}
+  {count} %old, [%s+4], 1;
+  sub.u32 %v, %n, {last};
+  setp.ne.u32 %p, %old, %v;
+  @%p bra DONE;
+  membar.gl;
+  atom.global.exch.b32 %v, [%s], 0;
+  st.relaxed.gpu.global.u32 [%s+4], 0;
+  st.global.u32 [%o], %v;
+DONE:
+  ret;"""
+
+
+def take_total(seed, grid, *args, **change):
+    ptx = module(TAKE_TOTAL.format(**{"release": "membar.gl;", "count": "atom.global.add.u32", "last": 1, **change}),
+                 ".param .u64 state, .param .u64 out")
+    launch(ptx, "k", grid, (64, 1, 1), list(args), seed=seed)
+
+
+@pytest.mark.parametrize("ctas", [3, 8])
+def test_a_cta_that_counts_in_too_early_misses_later_ctas(ctas):
+    """CTAs of a cohort run in lockstep, so every CTA's add landed before any CTA counted in, and
+    "the second-to-last CTA takes the total" passed. The scheduler holds back the CTA landing last
+    at an atomic of several CTAs (_Cohorts.hold_back): the early taker misses its share. (With 2
+    CTAs, often one a cohort, only the cohorts' random quanta can show it.)"""
+    want = ctas * (ctas + 1) // 2
+    for seed in SEEDS:
+        for last in (1, 2):
+            state, out = np.zeros(2, np.uint32), np.zeros(1, np.uint32)
+            try:
+                take_total(seed, (ctas, 1, 1), state, out, last=last)
+            except SanitizerError as err:    # (two CTAs taking it with 2 CTAs: both store out)
+                assert last == 2 and "overwrites out[0]" in str(err), err
+                continue
+            assert (out[0] == want and not state.any()) == (last == 1), (seed, last, out, state)
+
+
+@pytest.mark.parametrize("load", ["ld.global.nc.u32", "ldu.global.u32"])
+def test_a_write_to_bytes_a_non_coherent_load_read_earlier(load):
+    """.nc needs its bytes read-only for the whole kernel: a write after the read (in another
+    interleaving, before it) is a finding naming both instructions, whichever CTA wrote."""
+    body = """
+  .reg .b32 %c, %n, %v;
+  .reg .b64 %a, %off;
+  ld.param.u64 %a, [a];
+  mov.u32 %c, %ctaid.x;
+  mov.u32 %n, %nctaid.x;
+  mul.wide.u32 %off, %c, 4;
+  add.s64 %off, %a, %off;
+  {load} %v, [%off];
+  add.u32 %c, %c, 1;
+  rem.u32 %c, %c, %n;
+  mul.wide.u32 %off, %c, 4;
+  add.s64 %off, %a, %off;
+  add.u32 %v, %v, 1;
+  st.global.u32 [%off], %v;
+  ret;"""
+    launch(module(body.format(load="ld.global.u32"), ".param .u64 a"), "k", (4, 1, 1), (1, 1, 1),
+           [np.zeros(4, np.uint32)])         # (a write after another CTA's read is not tracked)
+    for seed in SEEDS:
+        with pytest.raises(SanitizerError, match=r"^k: line 21: `st.global.u32 \[%off\], %v;`: write to a\[\d\], "
+                           rf"which a non-coherent load \(line 15 `{load} %v, \[%off\];`\) read earlier in this "
+                           r"launch: .* \[CTA \(\d,0,0\), thread \(0,0,0\)\]$"):
+            launch(module(body.format(load=load), ".param .u64 a"), "k", (4, 1, 1), (1, 1, 1),
+                   [np.zeros(4, np.uint32)], seed=seed)
+
+
+@pytest.mark.parametrize("ctas", [8, 13])
+def test_an_atomic_that_no_release_puts_before_the_count(ctas):
+    """All the accesses are atomics (no data race), but without a release between a CTA's add to
+    the total and its count, the CTA that completes the count need not see that add: in coherence
+    order it may come after the exchange. A finding naming both of that CTA's atomics, once the
+    CTA completing the count added early (the scheduler's hold_back makes that happen with two
+    CTAs or more counting in lockstep; 3 CTAs, at most 2 in a cohort, leave no such pair)."""
+    for change in (dict(), dict(release="", count="atom.release.gpu.global.add.u32"),
+                   dict(release="fence.acq_rel.gpu;", count="atom.relaxed.gpu.global.add.u32")):
+        for seed in SEEDS:
+            state, out = np.zeros(2, np.uint32), np.zeros(1, np.uint32)
+            take_total(seed, (ctas, 1, 1), state, out, **change)
+            assert out[0] == ctas * (ctas + 1) // 2 and not state.any()
+    for count in ("atom.global.add.u32", "atom.acquire.gpu.global.add.u32"):
+        for seed in SEEDS:
+            with pytest.raises(SanitizerError, match=(
+                    r"^k: line 26: `atom.global.exch.b32 %v, \[%s\], 0;`: global-memory ordering: atomically "
+                    r"updates state\[0\], relying on CTA \(\d+,0,0\)'s update of it \(line 19 `atom.global.add.u32 "
+                    rf"%old, \[%s\], %v;` by thread \(0,0,0\)\) coming first, as this CTA observed a later write "
+                    rf"of that thread \(line 21 `{count} %old, \[%s\+4\], 1;`\); .* is missing\) "
+                    r"\[CTA \(\d+,0,0\), thread \(0,0,0\)\]$")):
+                take_total(seed, (ctas, 1, 1), np.zeros(2, np.uint32), np.zeros(1, np.uint32), release="", count=count)
