@@ -295,8 +295,9 @@ def _waits(ins, reads: set, state) -> bool:
 # prefill attention CTA alone executes 3.5e6.
 MAX_COUNTED_THREADS = 1 << 14
 # The sample inputs of a call are made whole (float64 references of some of them too): a call
-# moving more than this is not counted (20M rows of a 256-wide RMSNorm would take 38 GiB).
-MAX_COUNTED_BYTES = 512 << 20
+# moving more than this is not counted (20M rows of a 256-wide RMSNorm would take 38 GiB; the
+# Qwen3-8B lm_head's 511 MB, whose queue's persistent CTAs cannot be sampled, about 2 minutes).
+MAX_COUNTED_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
