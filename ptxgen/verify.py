@@ -26,6 +26,7 @@ class Check:
     # Largest |result - reference| / the kind's per-element bound (Kind.error_bound); None: no bound.
     element_error: float | None = None
     again: bool = False  # a second launch at the same size, on other inputs and the workspaces the first left
+    unrested: str = ""  # workspace words the launch left other than the next launch needs (Kind.unrested)
 
     @property
     def failure(self) -> str:
@@ -38,6 +39,8 @@ class Check:
             return f"rel. L2 error {self.error:.3e} > {self.tolerance:.3e}"
         if self.element_error is not None and not self.element_error <= 1:
             return f"an element {self.element_error:.3g}x its error bound"
+        if self.unrested:
+            return f"workspace not left ready for the next launch: {self.unrested}"
         return ""
 
     @property
@@ -92,6 +95,8 @@ def compare(compiled: CompiledKernel, arrays: dict[str, np.ndarray], reference: 
     elements it rewrites (Kind.rewritten) is graded on those; its other elements must equal their
     reference (the input) exactly."""
     kind = graded_kind(compiled, target)
+    unrested = ", ".join(f"{count} word{'s' if count > 1 else ''} of {param.name}" for param in compiled.workspaces
+                         if (count := kind.unrested(param, arrays[param.name]))) if compiled.workspaces else ""
     checks = []
     for param in compiled.params:
         if not param.written:
@@ -113,7 +118,7 @@ def compare(compiled: CompiledKernel, arrays: dict[str, np.ndarray], reference: 
         finite = np.where(np.isfinite(result), result, 0.0)
         checks.append(Check(compiled.name, param.name, dict(scalars), arrays[param.name].shape,
                             relative_l2(finite, expected, scale), kind.tolerance(param), unwritten, changed,
-                            None if bound is None else worst_ratio(finite - expected, bound)))
+                            None if bound is None else worst_ratio(finite - expected, bound), unrested=unrested))
     return checks
 
 

@@ -100,14 +100,16 @@ def test_config_and_resources():
 
 
 def test_verify_catches_a_kernel_that_leaves_its_workspace_unready():
-    """verify launches a kernel with workspaces a second time on what the first launch left (an
-    engine zeroes them once): without its counter reset the second launch's count-in is off, and
-    its index wrong."""
+    """verify checks the workspace back at rest after every launch (Kind.unrested), and launches a
+    kernel with workspaces a second time on what the first launch left (an engine zeroes them
+    once): without its counter reset the first launch leaves the count set, and the second
+    launch's count-in is off, its index wrong."""
     kernel = make_kernel("argmax", n=70001)
     reset = "\tst.global.u32 [%state+8], 0;\n"
     assert reset in kernel.portable.ptx
     planted = with_ptx(kernel, kernel.portable.ptx.replace(reset, ""))
-    assert_passes(verify_kernel(planted, {}))  # one launch on zeroed workspaces cannot tell
+    (once,) = verify_kernel(planted, {})
+    assert once.failure == "workspace not left ready for the next launch: 1 word of state", once.failure
     first, second = verify_sizes(planted, [{}])
-    assert_passes(first)
-    assert len(second) == 1 and second[0].failure and second[0].again and not first[0].again, second
+    assert first[0].failure == once.failure and not first[0].again
+    assert second[0].again and second[0].error > 0, "the second launch's index is wrong too"

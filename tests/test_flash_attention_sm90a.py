@@ -173,3 +173,31 @@ def test_a_build_that_drops_setmaxnreg_says_so(tmp_path):
     assert "note: fa3 sm_90a: nvjitlink " in result.stderr and "ignored setmaxnreg (C7504)" in result.stderr
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert list(manifest["kernels"]["fa3"]["assembler"]) == ["sm_90a"]
+
+
+# Bugs of the sm_90a variant that verify's sizes missed while its two-stage ring never wrapped
+# (mutation testing, session 10): each makes verify fail or the sanitizer object.
+RING_BUGS = [
+    ("@!%ready bra FREE_K;", ""),                                                   # no wait for a free K stage
+    ("add.u32 %tiles, %seq_len, 127;", "add.u32 %tiles, %seq_len, 126;"),           # a key tile of one key lost
+    ("@%pm xor.b32 %full, %full, 1;", ""),                                          # the phase parity not flipped
+]
+
+
+@pytest.mark.parametrize("text, planted", RING_BUGS)
+def test_verify_catches_ring_bugs_of_the_shipped_sm90a_prefill(text, planted):
+    from ptxgen.errors import SanitizerError
+    from ptxgen.verify import verify_sizes
+
+    from helpers import ROOT, spec_kernel, with_ptx
+
+    kernel = spec_kernel(ROOT / "bench" / "lease" / "prefill_sm90a.toml", "prefill_sm90a")
+    ptx = kernel.variants["sm_90a"].ptx
+    assert text in ptx, text
+    mutant = with_ptx(kernel, ptx.replace(text, planted, 1), "sm_90a")
+    try:
+        checks = [check for checks in verify_sizes(mutant, kernel.definition.verify_scalars(), seed=11, arch="sm_90a")
+                  for check in checks]
+    except SanitizerError:
+        return
+    assert any(check.failure for check in checks), [check.failure for check in checks]

@@ -45,6 +45,9 @@ PLANTED = [
     ("qwen3_8b_down_proj", "@%leader add.u32 %ticket, %ticket, 1;", "@%leader add.u32 %ticket, %ticket, 2;"),
     ("qwen3_8b_down_proj", "atom.acq_rel.gpu.global.add.u32 %ticket, [%queue+4], 1",
      "atom.relaxed.gpu.global.add.u32 %ticket, [%queue+4], 1"),
+    # The count-out word not reset: two launches pass (the second counts on from the grid to twice
+    # it), the third would not; the workspace is checked back at rest after every launch (session 10).
+    ("qwen3_8b_down_proj", "@%last st.relaxed.gpu.global.u32 [%queue+4], 0;", ""),
 ]
 
 

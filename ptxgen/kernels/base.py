@@ -305,5 +305,12 @@ class Kind:
         error_bound."""
         return None
 
+    def unrested(self, param: Param, array: np.ndarray) -> int | None:
+        """For a workspace: how many of its words a launch left other than the next launch needs
+        them (counters and queues back at 0), or None where the kind claims nothing of it (split
+        partials that every launch overwrites before reading). Default: counters of unsigned
+        integers are back at 0, floats are scratch."""
+        return int(np.count_nonzero(array)) if array.dtype.kind == "u" else None
+
     def param(self, name: str) -> Param:
         return next(p for p in self.params() if p.name == name)

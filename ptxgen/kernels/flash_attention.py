@@ -285,9 +285,12 @@ class FlashAttention(Kind):
         return {"seq_len": 4096}
 
     def verify_scalars(self) -> list[dict[str, int]]:
-        """One query block; then several, the last key tile holding one key (193 = 3 * 64 + 1)
-        and a key past the first 128 that moves some rows' max (sample_inputs)."""
-        return [{"seq_len": 70}, {"seq_len": 193}]
+        """One query block; then several, the last key tile holding one key at both tile sizes
+        (257 = 4 * 64 + 1 = 2 * 128 + 1: the sm_90a variant's 128-key tiles too, and three of them
+        wrap its two-stage ring, which 193 did not: a missing wait for a free stage and a tile
+        count off by one there passed), and a key past the first 128 that moves some rows' max
+        (sample_inputs)."""
+        return [{"seq_len": 70}, {"seq_len": 257}]
 
     def sample_inputs(self, rng, scalars):
         """Gaussian q, K, V (V off zero). Past OUTLIER_ROW + 4 tokens, rows OUTLIER_ROW.. +3 of q and

@@ -624,6 +624,13 @@ class PersistentDecoder(Kind):
     def weight_bytes(self) -> int:
         return sum(p.nbytes({}) for p in self.weight_params())
 
+    def unrested(self, param: Param, array: np.ndarray) -> int | None:
+        """The barrier word's arrivals back at 0 (its top bit is the phase, flipped by every
+        barrier); the counters at 0; the float workspaces are scratch."""
+        if param.name == "barrier":
+            return int(np.count_nonzero(array & 0x7FFFFFFF))
+        return super().unrested(param, array)
+
     def verify_scalars(self) -> list[dict[str, int]]:
         """Positions 0, 1, the middle and the last; none when the weights (which scale with the
         config, not with a runtime size) are too large for the interpreter (MAX_VERIFY_WEIGHTS)."""
