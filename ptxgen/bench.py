@@ -377,8 +377,8 @@ def bench_row(compiled: CompiledKernel, scalars: dict, iters: int, graph: bool, 
     traffic = kind.traffic(scalars)
     row = new_row(compiled, scalars)
     if verified is None:  # the kind's own small sizes, once per kernel
-        verified = [check for checks in verify_sizes(compiled, kind.verify_scalars(), backend="device")
-                    for check in checks]
+        verified = [check for checks in verify_sizes(compiled, kind.verify_scalars(), backend="device",
+                                                     smaller_grids=False) for check in checks]
     checks = list(verified)
     inputs = kind.sample_inputs(np.random.default_rng(0), scalars)
     reference = None

@@ -491,7 +491,8 @@ def verify(
             verdict = "pass" if check.passed else f"FAIL ({check.failure})"
             element = "-" if check.element_error is None else f"{check.element_error:.2f}"
             scalars = ", ".join([*(f"{k}={v}" for k, v in check.scalars.items()),
-                                 *(["again (reused workspaces)"] if check.again else [])])
+                                 *(["again (reused workspaces)"] if check.again else []),
+                                 *([f"at a grid of {check.grid}"] if check.grid else [])])
             rows.append([run.kernel, scalars,
                          f"{check.param}{list(check.shape)}", f"{check.error:.2e}", f"{check.tolerance:.1e}", element,
                          verdict + tag])

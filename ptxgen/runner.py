@@ -5,6 +5,7 @@ The same path serves `ptxgen run`, `ptxgen verify`, tests and benches, on either
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Callable
 
@@ -92,9 +93,11 @@ def running_arch(backend: str, arch: str | None) -> str | None:
 
 
 def launch_arrays(compiled: CompiledKernel, arrays: dict[str, np.ndarray], scalars: dict[str, int],
-                  backend: str = "emulator", sanitize: bool = True, arch: str | None = None) -> None:
+                  backend: str = "emulator", sanitize: bool = True, arch: str | None = None,
+                  grid: int | None = None) -> None:
     """One launch over host arrays (every array parameter, workspaces included), updated in place,
-    with the geometry of the variant that runs (running_arch)."""
+    with the geometry of the variant that runs (running_arch); `grid`: that many CTAs instead, for
+    a launch correct with any 1-D grid (Launch.any_grid), as a GPU with fewer SMs shrinks it."""
     if backend not in BACKENDS:
         raise LaunchError(f"--backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
     arch = running_arch(backend, arch)
@@ -105,6 +108,11 @@ def launch_arrays(compiled: CompiledKernel, arrays: dict[str, np.ndarray], scala
     launch = compiled.launch(scalars, arch)
     if launch.empty:
         return
+    if grid is not None:
+        if not launch.any_grid or not 1 <= grid <= launch.grid[0]:
+            raise LaunchError(f"{compiled.name}: a grid of {grid} CTAs instead of {launch.grid} needs a launch "
+                              "correct with any smaller 1-D grid")
+        launch = dataclasses.replace(launch, grid=(grid, 1, 1))
     args = compiled.args(arrays, scalars)
     if backend == "emulator":
         from .interp import launch as interpret
@@ -119,10 +127,12 @@ def launch_arrays(compiled: CompiledKernel, arrays: dict[str, np.ndarray], scala
 
 
 def run(compiled: CompiledKernel, inputs: dict[str, np.ndarray], scalars: dict[str, int],
-        backend: str = "emulator", sanitize: bool = True, arch: str | None = None) -> dict[str, np.ndarray]:
-    """Launch `compiled` once on fresh copies of `inputs`; return every array parameter afterwards."""
+        backend: str = "emulator", sanitize: bool = True, arch: str | None = None,
+        grid: int | None = None) -> dict[str, np.ndarray]:
+    """Launch `compiled` once on fresh copies of `inputs` (`grid`: launch_arrays'); return every
+    array parameter afterwards."""
     arrays = prepare_arrays(compiled, inputs, scalars)
-    launch_arrays(compiled, arrays, scalars, backend, sanitize, arch)
+    launch_arrays(compiled, arrays, scalars, backend, sanitize, arch, grid)
     return arrays
 
 

@@ -26,6 +26,7 @@ class Check:
     # Largest |result - reference| / the kind's per-element bound (Kind.error_bound); None: no bound.
     element_error: float | None = None
     again: bool = False  # a second launch at the same size, on other inputs and the workspaces the first left
+    grid: int | None = None  # that launch at a smaller 1-D grid (verify_sizes: an any_grid launch)
     unrested: str = ""  # workspace words the launch left other than the next launch needs (Kind.unrested)
 
     @property
@@ -130,33 +131,45 @@ def verify_kernel(compiled: CompiledKernel, scalars: dict, seed: int = 0, backen
 
 
 def verify_launch(compiled: CompiledKernel, scalars: dict, seed: int = 0, backend: str = "emulator",
-                  sanitize: bool = True, arch: str | None = None,
-                  workspaces: dict[str, np.ndarray] | None = None) -> tuple[list[Check], dict[str, np.ndarray]]:
-    """verify_kernel with the workspaces an earlier launch left (None: zeroed, as allocated); also
-    returns the workspaces this launch leaves."""
+                  sanitize: bool = True, arch: str | None = None, workspaces: dict[str, np.ndarray] | None = None,
+                  grid: int | None = None) -> tuple[list[Check], dict[str, np.ndarray]]:
+    """verify_kernel with the workspaces an earlier launch left (None: zeroed, as allocated), at
+    `grid` CTAs if given (runner.launch_arrays); also returns the workspaces this launch leaves."""
     kind = compiled.definition
     inputs = kind.sample_inputs(np.random.default_rng(seed), scalars)
-    arrays = run(compiled, {**inputs, **(workspaces or {})}, scalars, backend=backend, sanitize=sanitize, arch=arch)
+    arrays = run(compiled, {**inputs, **(workspaces or {})}, scalars, backend=backend, sanitize=sanitize, arch=arch,
+                 grid=grid)
     checks = compare(compiled, arrays, kind.reference(inputs, scalars), scalars, ran_target(compiled, backend, arch))
     return checks, {param.name: arrays[param.name] for param in compiled.workspaces}
 
 
-def verify_sizes(compiled: CompiledKernel, sizes: list[dict], seed: int = 0, call=None,
+def verify_sizes(compiled: CompiledKernel, sizes: list[dict], seed: int = 0, call=None, smaller_grids: bool = True,
                  **options) -> Iterator[list[Check]]:
     """The checks of verify_launch at each of `sizes` in order, a list a launch, each launch on the
     workspaces the one before left (zeroed once, the kernel must leave them ready for the next
     launch: an engine reuses its counters and partials, as a CUDA graph does); a kernel with
-    workspaces and one size is launched twice, the second time on other inputs.
-    `call(function, *args, **kwargs)` runs each launch (a DeviceWorker's call; default: here).
-    `options`: verify_launch's backend, sanitize, arch."""
-    cases = [(scalars, seed, False) for scalars in sizes]
+    workspaces and one size is launched twice, the second time on other inputs; a launch correct
+    with any 1-D grid is launched again at the last size on smaller grids (unless not
+    `smaller_grids`: bench checks what it times). `call(function, *args, **kwargs)` runs each
+    launch (a DeviceWorker's call; default: here). `options`: verify_launch's backend, sanitize,
+    arch."""
+    cases = [(scalars, seed, False, None) for scalars in sizes]
     if compiled.workspaces and len(sizes) == 1:
-        cases.append((sizes[0], seed + 1, True))
+        cases.append((sizes[0], seed + 1, True, None))
+    if sizes and smaller_grids:
+        launch = compiled.launch(sizes[-1], options.get("arch"))
+        if launch.any_grid and not launch.empty and launch.grid[0] > 1:
+            # As a GPU with fewer SMs shrinks it: 9/11 (an H100's 132 CTAs to an A100's 108) and a
+            # third (more trips of every grid-stride loop), each with other queue rounds than the
+            # full grid (mutation testing: either grid alone missed a bug the other caught).
+            full = launch.grid[0]
+            cases += [(sizes[-1], seed + 2 + i, True, grid) for i, grid in
+                      enumerate(dict.fromkeys(max(1, g) for g in (full * 9 // 11, full // 3)))]
     workspaces = None
-    for scalars, case_seed, again in cases:
+    for scalars, case_seed, again, grid in cases:
         checks, workspaces = (call or _here)(verify_launch, compiled, scalars, case_seed, workspaces=workspaces,
-                                             **options)
-        yield [dataclasses.replace(check, again=True) for check in checks] if again else checks
+                                             grid=grid, **options)
+        yield [dataclasses.replace(check, again=True, grid=grid) for check in checks] if again else checks
 
 
 def _here(function, *args, **kwargs):

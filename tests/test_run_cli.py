@@ -393,3 +393,12 @@ def test_an_unreadable_input_is_one_message_naming_it(tmp_path, command):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and "unreadable." in lines[0], result.stderr
     assert "Permission denied" in lines[0], lines[0]
+
+
+def test_a_smaller_grid_only_for_launches_correct_with_any_grid():
+    from ptxgen.runner import run
+
+    kernel = spec_kernel(SPEC, "qwen3_8b_rmsnorm")
+    inputs = kernel.definition.sample_inputs(np.random.default_rng(0), {"rows": 2})
+    with pytest.raises(LaunchError, match="needs a launch correct with any smaller 1-D grid"):
+        run(kernel, inputs, {"rows": 2}, grid=1)

@@ -48,6 +48,11 @@ PLANTED = [
     # The count-out word not reset: two launches pass (the second counts on from the grid to twice
     # it), the third would not; the workspace is checked back at rest after every launch (session 10).
     ("qwen3_8b_down_proj", "@%last st.relaxed.gpu.global.u32 [%queue+4], 0;", ""),
+    # Bugs that only a smaller grid shows (a GPU with fewer SMs shrinks any_grid launches): a queue
+    # round's bound off by one (caught at 9/11 of the grid), a grid-stride loop's (at a third).
+    ("qwen3_8b_gate_up_proj_q8_0", "setp.lt.u32 %more, %next_unit, 768;", "setp.lt.u32 %more, %next_unit, 767;"),
+    ("qwen3_tiny_decoder", "add.u32 %task, %task, %nwarps;\n\tsetp.lt.u32 %has_task, %task, 512;",
+     "add.u32 %task, %task, %nwarps;\n\tsetp.lt.u32 %has_task, %task, 511;"),
 ]
 
 
