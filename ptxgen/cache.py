@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import __version__
+from .artifacts import file_in_the_way
 from .errors import PtxgenError
 
 SCHEMA = 3  # bump when the entry layout or what a key covers changes
@@ -95,7 +96,7 @@ class Cache:
             staging = Path(tempfile.mkdtemp(prefix=f".{key[:8]}-", dir=entry.parent))
         except OSError as error:
             self.writable = False
-            blocking = next((p for p in (entry.parent, *entry.parent.parents) if p.is_file()), None)
+            blocking = file_in_the_way(entry)
             why = f"{blocking} is a file, not a folder" if blocking else error.strerror or error
             self.report(f"cache {self.root} is not writable ({why}): building without it")
             return
@@ -156,6 +157,6 @@ def check_cache_root(root: Path) -> None:
     """A cache path that is not a folder, or lies under a file, is a user error worth naming."""
     if root.exists() and not root.is_dir():
         raise PtxgenError(f"PTXGEN_CACHE_DIR {root} is not a folder")
-    blocking = next((parent for parent in root.parents if parent.exists() and not parent.is_dir()), None)
+    blocking = file_in_the_way(root)
     if blocking is not None:
         raise PtxgenError(f"PTXGEN_CACHE_DIR {root}: {blocking} is a file, not a folder")

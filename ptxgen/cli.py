@@ -391,7 +391,7 @@ def run(
     """Run one kernel once on IN.npz and write every array parameter to OUT.npz."""
     from .artifacts import check_output_file
     from .npz import load_npz, save_npz, scalar_of
-    from .runner import check_input_names, check_inputs
+    from .runner import check_arguments
     from .runner import run as run_kernel
 
     arch = known_arch(arch)
@@ -415,10 +415,7 @@ def run(
 
     def check_declared(declared: dict[str, np.ndarray]) -> None:
         members = dict(declared)
-        scalars = scalars_of(members)
-        check_input_names(compiled, members)
-        compiled.check_scalars(scalars)
-        check_inputs(compiled, members, scalars, complete=False)
+        check_arguments(compiled, members, scalars_of(members), complete=False)
 
     arrays = load_npz(inputs, "--inputs", check=check_declared)
     scalars = scalars_of(arrays)

@@ -53,15 +53,22 @@ def check_inputs(compiled: CompiledKernel, inputs: dict[str, np.ndarray], scalar
             )
 
 
+def check_arguments(compiled: CompiledKernel, inputs: dict[str, np.ndarray], scalars: dict[str, int],
+                    complete: bool = True) -> None:
+    """The inputs' names, the runtime scalars, then the inputs' dtypes and shapes (check_inputs;
+    `complete` too)."""
+    check_input_names(compiled, inputs)
+    compiled.check_scalars(scalars)
+    check_inputs(compiled, inputs, scalars, complete)
+
+
 def prepare_arrays(compiled: CompiledKernel, inputs: dict[str, np.ndarray],
                    scalars: dict[str, int]) -> dict[str, np.ndarray]:
     """Copies of the inputs, NaN-poisoned outputs, workspaces zeroed (or as `inputs` give them: what
     an earlier launch left there): one array per array param. The elements of an inout parameter
     that its kind says the kernel rewrites without reading them (Kind.rewritten) are poisoned too,
     so one the kernel fails to write shows."""
-    check_input_names(compiled, inputs)
-    compiled.check_scalars(scalars)
-    check_inputs(compiled, inputs, scalars)
+    check_arguments(compiled, inputs, scalars)
     kind = compiled.definition
     arrays = {}
     for param in compiled.params:

@@ -97,7 +97,7 @@ def compare(compiled: CompiledKernel, arrays: dict[str, np.ndarray], reference: 
     reference (the input) exactly."""
     kind = graded_kind(compiled, target)
     unrested = ", ".join(f"{count} word{'s' if count > 1 else ''} of {param.name}" for param in compiled.workspaces
-                         if (count := kind.unrested(param, arrays[param.name]))) if compiled.workspaces else ""
+                         if (count := kind.unrested(param, arrays[param.name])))
     checks = []
     for param in compiled.params:
         if not param.written:
