@@ -846,3 +846,58 @@ def test_a_worker_that_cannot_start_is_one_clear_error():
     with DeviceWorker(["/nonexistent/wrapper"]) as worker:
         with pytest.raises(PtxgenError, match="cannot start the device worker"):
             worker.call(len, [])
+
+
+from ptxgen.bench import DeviceStep  # noqa: E402 (after the module-level skip)
+
+
+class ChaoticStep(DeviceStep):
+    """bench.DeviceStep without a device: each path's result is x moved by a function of x's exact
+    bits (as rounding flips through many layers move a deep step), `gain` its size."""
+
+    def __init__(self, gain: float, fused_scale: float = 1.0, role: str = "inout"):
+        from types import SimpleNamespace
+
+        from ptxgen.abi import Param
+
+        self.result = Param("x", "f32", (4096,), role=role)
+        self.host = {"x": np.random.default_rng(3).standard_normal(4096).astype(np.float32)}
+        self.compiled = SimpleNamespace(name="deep", definition=SimpleNamespace(tolerance=lambda param: 1.5e-2))
+        self.scalars = {}
+        self.gain, self.fused_scale = gain, fused_scale
+        self.run_kernel, self.run_step = "fused", "separate"
+
+    def outcome(self, path):
+        x = self.host["x"].astype(np.float64)
+        bits = self.host["x"].view(np.uint32).astype(np.float64)
+        moved = x * (1 + self.gain * np.sin(bits * (12.9898 if path == "fused" else 78.233)))
+        return moved * (self.fused_scale if path == "fused" else 1.0)
+
+
+@pytest.mark.parametrize("gain, fused_scale, passes", [
+    (0.0, 1.0, True),      # shallow: both paths agree, the kind's tolerance (1.5e-2)
+    (0.0, 1.02, False),    # a 2% error past it is caught
+    (0.025, 1.0, True),    # deep: the paths part by ~3.5e-2, as each does from x one ulp away
+    (0.025, 1.2, False),   # a 20% error is not a spread
+])
+def test_a_deep_fused_step_may_part_from_its_separate_kernels_by_what_one_ulp_of_input_moves_it(gain, fused_scale,
+                                                                                               passes):
+    """36 layers of Qwen3-8B on an H100: the decoder 3.5e-2 from its separate kernels, each path
+    3.2-3.5e-2 from itself with x one ulp away, both bitwise stable (bench.SPREAD_MULTIPLE): the
+    check allows twice the larger spread where that exceeds the kind's tolerance, and the
+    inputs are put back after the spread runs."""
+    from ptxgen.bench import SPREAD_MULTIPLE
+
+    step = ChaoticStep(gain, fused_scale)
+    x = step.host["x"].copy()
+    check = step.check()
+    assert np.array_equal(step.host["x"], x)
+    spread = max(step.spread("fused", step.outcome("fused")), step.spread("separate", step.outcome("separate")))
+    assert check.tolerance == max(1.5e-2, SPREAD_MULTIPLE * spread)
+    assert spread < 1e-6 if gain == 0 else 0.02 < spread < 0.05, spread  # one ulp alone: ~6e-8
+    assert check.passed == passes, (check.error, check.tolerance)
+
+
+def test_a_result_the_step_does_not_read_has_no_spread():
+    step = ChaoticStep(0.025, role="out")
+    assert step.spread("fused", step.outcome("fused")) == 0.0

@@ -70,5 +70,7 @@ done
 step "ncu gemv_12288x4096" 60 ncu --section SpeedOfLight --section Occupancy --section WarpStateStats \
     --section InstructionStats --metrics smsp__thread_inst_executed.sum -k regex:'^gemv_12288x4096$' -c 1 --log-file "$OUT/ncu_gemv.txt" \
     "${BENCH[@]}" gemv_12288x4096 --spec bench/lease/decode.toml
+# Why the 36-layer decoder parts from its separate kernels (bench.SPREAD_MULTIPLE): depth, races, ulp spread.
+step "decoder depth" 60 python3 bench/lease/decoder_depth.py
 step "pytest -m gpu" 150 python3 -m pytest -m gpu -q -p no:cacheprovider
 echo "== done after $(( SECONDS - START )) s"
