@@ -104,6 +104,11 @@ LAUNCH_NOTE = ("the H100 bench of 2026-11-23 (bench/results/NVIDIA-H100-80GB-HBM
                "its five smallest kernels (rope, kv_append, residual_add, swiglu: 2-100 KB) at 4.26-4.74 us "
                "a launch back to back, 3.7-4.1 us above this model's 0.6-0.65 us for them; 3.9 us is their "
                "median: the gap between launches, a grid's start and its end")
+# Programmatic dependent launch bought nothing back to back on the H100 (bench/results/
+# H100-2026-11-27-lease): Q4_K 4096 x 4096 9.38 us with it, 9.14 without; decode attention 16.59 /
+# 22.91 / 57.79 us with it at 4k / 8k / 32k keys, 16.75 / 22.66 / 57.55 without. Both fill every
+# SM's registers (one and two CTAs an SM), so the next grid's CTAs cannot start beside them.
+PDL_NOTE = "a PDL launch is costed as a plain one (measured: no gain back to back on the H100, 2026-11-27)"
 LATENCY_NOTE = ("latency 600 ns: assumed (issue 12's 600-800 ns under load, the low end); not measured "
                 "on this GPU")
 GPUS = {
@@ -113,7 +118,7 @@ GPUS = {
             "H100 SXM5 80GB: 132 SMs; 1.98 GHz, NVIDIA's published maximum SM boost clock, which an "
             "unlocked bench may reach (its clock was not recorded), while Nsight Compute locks the base "
             "clock (1.56-1.58 GHz in shared/measurements/H100-2026-11-23); HBM3 3.35 TB/s datasheet; "
-            "copy 2991 GB/s measured there; " + LATENCY_NOTE + "; launch 3.9 us: " + LAUNCH_NOTE),
+            "copy 2991 GB/s measured there; " + LATENCY_NOTE + "; launch 3.9 us: " + LAUNCH_NOTE + "; " + PDL_NOTE),
         Gpu("h200", "sm_90", 132, 1.98, 4800, 4300, 600, None,
             "H200 SXM 141GB: 132 SMs, 1.98 GHz published maximum boost; HBM3e 4.8 TB/s datasheet; copy about "
             "4.3 TB/s measured (shared/NOTES.md); " + LATENCY_NOTE + "; launch cost not measured"),
@@ -480,14 +485,10 @@ def evaluate_kernel(compiled: CompiledKernel, gpu: Gpu, *, resources: dict[str, 
     `ptxgen show` reports), on the kind's sample inputs, with the kind's dependent tail there;
     a kind too large to interpret is counted at the smaller configs its model_scaling names.
     `resources` (arch -> registers / shared_bytes) defaults to what the assembler reported for
-    each cubin. For a variant made for programmatic dependent launch the launch cost is not
-    measured (none is added)."""
+    each cubin. A variant made for programmatic dependent launch costs the same launch
+    (PDL_NOTE)."""
     kind = compiled.definition
     scalars = kind.example_scalars() if scalars is None else scalars
-    if compiled.variant(gpu.arch).pdl:
-        # Launched for PDL, its start overlaps the previous kernel's end: the launch cost measured
-        # back to back without it does not apply, and with it has not been measured.
-        gpu = replace(gpu, launch_us=None)
     launch = compiled.launch(scalars, gpu.arch)
     if launch.empty:
         return {"scalars": scalars, "verdict": "no CTAs at these scalars"}

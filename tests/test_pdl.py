@@ -204,10 +204,10 @@ def test_the_artifact_folder_says_which_ptx_is_for_pdl(tmp_path):
     assert loaded["norm"].variant("sm_90").pdl and not loaded["norm"].variant("sm_80").pdl
 
 
-def test_the_model_adds_no_unmeasured_launch_cost_to_a_pdl_launch():
+def test_the_model_costs_a_pdl_launch_as_a_plain_one():
+    """Measured on the H100 (perf.PDL_NOTE): PDL back to back took as long as without."""
     gpu = perf.gpu_named("h100-sxm")
-    for pdl in (False, True):
-        compiled = compile_kernel(make_config("residual_add", name="kern", n=4096, pdl=pdl), ARCHS)
-        report = perf.evaluate_kernel(compiled, gpu)
-        assert report["launch_us"] == (None if pdl else gpu.launch_us)
-        assert ("launch cost not measured" in report["verdict"]) == pdl
+    reports = [perf.evaluate_kernel(compile_kernel(make_config("residual_add", name="kern", n=4096, pdl=pdl), ARCHS),
+                                    gpu) for pdl in (False, True)]
+    assert [report["launch_us"] for report in reports] == [gpu.launch_us] * 2
+    assert reports[0]["estimate_us"] == reports[1]["estimate_us"]

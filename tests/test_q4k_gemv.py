@@ -221,21 +221,26 @@ def test_queue_is_right_on_any_grid_and_leaves_its_counter_at_zero(kind):
 
 
 def test_queue_defaults_and_units():
-    """The default schedule queues where the grid gets at least MIN_QUEUE_ROUNDS units a CTA: a
+    """The default schedule queues where the grid gets at least 4 units a CTA (Q4_K's min_queue_rounds): a
     unit is 2 row-steps a warp (split-K to make them), one round of x staging a CTA."""
-    gate_up = make_kernel("q4k_gemv", n=12288, k=4096).definition
+    gate_up = make_kernel("q4k_gemv", n=24576, k=4096).definition
+    plan = gate_up.plan
+    assert plan.queue and (plan.rows_per_cta, plan.units, plan.ctas) == (32, 768, 132)
+    gate_up = make_kernel("q4k_gemv", n=12288, k=4096, schedule="queue").definition
     plan = gate_up.plan
     assert plan.queue and (plan.split_k, plan.rows_per_warp, plan.warps, plan.unroll) == (1, 1, 32, 2)
     assert (plan.rows_per_cta, plan.units, plan.ctas) == (32, 384, 132)
     assert [p.name for p in gate_up.params()] == ["y", "w", "x", "queue"]
     assert gate_up.param("queue").role == "workspace" and gate_up.param("queue").shape == (2,)
-    down = make_kernel("q4k_gemv", n=4096, k=12288).definition.plan
+    down = make_kernel("q4k_gemv", n=4096, k=12288, schedule="queue").definition.plan
     assert down.queue and (down.split_k, down.rows_per_warp, down.warps, down.units) == (3, 1, 30, 410)
     # Two CTAs an SM of 16 warps, or one: the grid follows ctas_per_sm.
-    assert make_kernel("q4k_gemv", n=12288, k=4096, warps=16).definition.plan.ctas == 264
-    assert make_kernel("q4k_gemv", n=12288, k=4096, warps=16, ctas_per_sm=1).definition.plan.ctas == 132
-    # Too few units for the grid: static (4096 x 4096: 128 units of 32 rows), unless asked.
-    assert not make_kernel("q4k_gemv", n=4096, k=4096).definition.plan.queue
+    assert make_kernel("q4k_gemv", n=24576, k=4096, warps=16).definition.plan.ctas == 264
+    assert make_kernel("q4k_gemv", n=24576, k=4096, warps=16, ctas_per_sm=1).definition.plan.ctas == 132
+    # Too few units for the grid: static (4096 x 4096: 128 units of 32 rows; 12288 x 4096 and
+    # 4096 x 12288: 2.9 and 3.1 a CTA, where the queue measured 9% slower), unless asked.
+    for n, k in ((4096, 4096), (12288, 4096), (4096, 12288)):
+        assert not make_kernel("q4k_gemv", n=n, k=k).definition.plan.queue, (n, k)
     assert make_kernel("q4k_gemv", n=4096, k=4096, schedule="queue").definition.plan.ctas == 128
     assert not make_kernel("q4k_gemv", n=12288, k=4096, schedule="static").definition.plan.queue
 
@@ -347,7 +352,7 @@ def test_traffic_and_launch():
     assert (gate_up.rows_per_warp, gate_up.warps, gate_up.ctas, gate_up.split_k) == (3, 32, 128, 1)
     # The queue: 10 groups of 3 warps (split-K, 2 steps each), x staged as 6 steps, then two
     # buffers of 10 rows' lane sums (3 parts x 128 bytes + 16 of padding a row).
-    queued = plain.launch({})
+    queued = make_kernel("q4k_gemv", n=4096, k=12288, schedule="queue").launch({})
     assert queued.grid == (132, 1, 1) and queued.block == (960, 1, 1)
     assert queued.dynamic_shared == 6 * 2560 + 2 * 10 * (3 * 128 + 16)
     # 1024 rows: two warps a row (split-K), 16-warp CTAs, still 128 CTAs.

@@ -14,9 +14,9 @@ quantisation of those weights moves y by 7.7%.
 The kernel is the quantised GEMV family's (geometry, defaults, the int8 path in
 ptxgen/kernels/families/quant_gemv.py, macros in templates/families/quant_gemv.ptx.j2) under a
 64-register cap: 32 warps an SM (occupancy 0.5 on sm_80/sm_90, 0.67 on sm_86/sm_89), each lane with
-48-96 bytes of weights in flight. Under the queue schedule (the default for large n) the kernel
-takes one more parameter, `queue`: a u32[2] workspace, zeroed once by its owner; every launch leaves
-it at zero again.
+48-96 bytes of weights in flight. Under the queue schedule (the default where every CTA gets at
+least 4 units of rows) the kernel takes one more parameter, `queue`: a u32[2] workspace, zeroed
+once by its owner; every launch leaves it at zero again.
 """
 
 from __future__ import annotations
@@ -84,7 +84,8 @@ class QuantGemvTuning(PdlConfig):
     l1_no_allocate: bool = False
     l2_prefetch: Literal[0, 64, 128, 256] = 0
     # static: a CTA a unit of rows; queue: a persistent grid takes units from a work counter
-    # (the `queue` workspace); None: queue where the grid gets at least MIN_QUEUE_ROUNDS units a CTA.
+    # (the `queue` workspace); None: queue where the grid gets at least 4 units a CTA
+    # (FORMATS["q4_k"].min_queue_rounds).
     schedule: Literal["static", "queue"] | None = None
     # The queue's grid: ctas_per_sm CTAs (default: what an SM holds, 32 warps) on each of sm_count SMs.
     sm_count: int = Field(default=SM_COUNT, ge=1, le=1024)

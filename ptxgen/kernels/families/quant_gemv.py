@@ -61,7 +61,7 @@ matrix (a matrix's last unit clamps its groups' rows to the matrix, and stores o
   warp barriers in the loop: nvJitLink turns those into a call-based fallback on sm_8x). The last
   CTA to finish puts the counter back to 0 (acq_rel count of finished CTAs), so a CUDA graph
   replays without re-zeroing; the launch is right on any grid. The default schedule queues
-  where the grid gets at least MIN_QUEUE_ROUNDS units a CTA.
+  where the grid gets at least the type's min_queue_rounds units a CTA (Q4_K 4, measured).
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ MAX_STAGE_ROUNDS = 8
 QUEUE_ROW_STEPS = 2
 SM_COUNT = 132  # the default GPU of the queue's grid: an H100 SXM
 # The default schedule queues when every CTA of the grid can take at least this many units (one
-# or two units a CTA leave nothing to balance).
+# or two units a CTA leave nothing to balance; Q4_K's own threshold: GemvFormat.min_queue_rounds).
 MIN_QUEUE_ROUNDS = 2
 # A queued CTA's lane sums of one row: 32 f32 a part, then 16 bytes of padding so that the
 # flushing lanes (one row each) read different banks.
@@ -140,6 +140,7 @@ class GemvFormat:
     # hoists the next item's loads into fresh registers), Q8_0's 21 with queued units of 2.
     queue_row_steps: int = 2
     max_default_rows: int = 8
+    min_queue_rounds: int = MIN_QUEUE_ROUNDS
 
     @property
     def block_weights(self) -> int:
@@ -160,8 +161,14 @@ class GemvFormat:
 # 16-byte pieces), its 4 scales and d; records {dx_j} and {-32 * sum of the x codes_j} of its
 # four 16-weight pieces (q6k_item). Q8_0: 2 blocks (68 bytes) a lane; records {dx, dx} of each.
 FORMATS = {
+    # Queued only from 4 units a CTA: each round costs the CTA a barrier. On an H100
+    # (bench/results/H100-2026-11-27-lease) the queue took 17.25 / 17.79 us at 12288 x 4096 /
+    # 4096 x 12288 (2.9 / 3.1 units a CTA) against the static schedule's 15.74 / 16.16, and Nsight
+    # Compute saw its warps at that barrier 14.7 of every 34.9 cycles between issues. The fused
+    # gate|up group (5.8 units a CTA) queued reached 72% of copy bandwidth, the best of the GEMVs
+    # (static not measured there). Q6_K and Q8_0 are not measured on a GPU.
     "q4_k": GemvFormat("q4_k", min_k=256, record_planes=1, unaligned=False, default_unroll=2,
-                       item_roundings=4, item_adds=2),
+                       item_roundings=4, item_adds=2, min_queue_rounds=4),
     "q6_k": GemvFormat("q6_k", min_k=256, record_planes=2, unaligned=True, default_unroll=1,
                        item_roundings=5, item_adds=1, queue_row_steps=1, max_default_rows=1),
     "q8_0": GemvFormat("q8_0", min_k=64, record_planes=1, unaligned=True, default_unroll=1,
@@ -203,7 +210,7 @@ class QuantGemvPlan:
         config's validators have checked the fields against each other (see q4k_gemv.QuantGemvTuning)."""
         if config.schedule != "static":
             queued = cls.queued(config, matrices, quant)
-            if config.schedule == "queue" or queued.units >= MIN_QUEUE_ROUNDS * queued.grid:
+            if config.schedule == "queue" or queued.units >= FORMATS[quant].min_queue_rounds * queued.grid:
                 return queued
         n, fmt = sum(matrices), FORMATS[quant]
         steps = ceil_div(config.k, STEP_WEIGHTS)
