@@ -402,15 +402,15 @@ def bench_row(compiled: CompiledKernel, scalars: dict, iters: int, graph: bool, 
     Returns the row and those checks."""
     from .device import session
     from .runner import prepare_arrays, run
-    from .verify import compare, ran_target, verify_sizes
+    from .verify import compare, ran_target, verify_plan, verify_sizes
 
     gpu = session()
     kind = compiled.definition
     traffic = kind.traffic(scalars)
     row = new_row(compiled, scalars)
-    if verified is None:  # the kind's own small sizes, once per kernel
-        verified = [check for checks in verify_sizes(compiled, kind.verify_scalars(), backend="device",
-                                                     smaller_grids=False) for check in checks]
+    if verified is None:  # the kind's own small sizes (or its stand-ins), once per kernel
+        verified = [check for _, kernel, sizes in verify_plan(compiled)
+                    for checks in verify_sizes(kernel, sizes, backend="device", smaller_grids=False) for check in checks]
     checks = list(verified)
     inputs = kind.sample_inputs(np.random.default_rng(0), scalars)
     reference = None
@@ -420,7 +420,7 @@ def bench_row(compiled: CompiledKernel, scalars: dict, iters: int, graph: bool, 
                           ran_target(compiled, "device", None))
     else:
         row["notes"].append(f"{compiled.name}: float64 reference too costly at this size: checked at the kind's "
-                            f"verify sizes ({len(checks)} checks)")
+                            f"verify sizes or stand-ins ({len(checks)} checks)")
     arrays = prepare_arrays(compiled, inputs, scalars)
     empty = compiled.launch(scalars, gpu.arch).empty
     step = None

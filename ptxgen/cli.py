@@ -511,13 +511,14 @@ def verify(
 def emulate_checks(kernels, seed: int, arch: str | None, progress) -> list:
     """verify's checks in the PTX interpreter (its sanitizer on), a KernelRun a kernel."""
     from .device_verify import KernelRun
-    from .verify import verify_sizes
+    from .verify import verify_plan, verify_sizes
 
     runs = []
     for compiled in kernels:
         progress(compiled.name)
-        runs.append(KernelRun(compiled.name, None, [check for checks in verify_sizes(
-            compiled, compiled.definition.verify_scalars(), seed, arch=arch) for check in checks]))
+        for label, kernel, sizes in verify_plan(compiled):
+            runs.append(KernelRun(label, None, [check for checks in verify_sizes(kernel, sizes, seed, arch=arch)
+                                                for check in checks]))
     return runs
 
 

@@ -8,6 +8,7 @@ findings in the sanitizer's log are that kernel's (one kernel a process).
 
 from __future__ import annotations
 
+import itertools
 import re
 import shutil
 import tempfile
@@ -17,7 +18,7 @@ from typing import Callable
 
 from .compiled import CompiledKernel
 from .errors import LaunchError, PtxgenError
-from .verify import Check, verify_sizes
+from .verify import Check, verify_plan, verify_sizes
 from .worker import DeviceWorker
 
 TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
@@ -133,21 +134,23 @@ def run_kernel_checks(worker, compiled: CompiledKernel, cases: list[dict], seed:
 
 def verify_on_device(kernels: list[CompiledKernel], seed: int, arch: str | None, tools: list[str],
                      launch_timeout: int, progress: Callable[[str], None] = lambda name: None) -> list[KernelRun]:
-    """One KernelRun per kernel (per kernel and tool with `tools`), at each kernel's verify sizes."""
+    """One KernelRun per launch plan of a kernel (verify_plan: the kernel at its verify sizes, or
+    its stand-ins; per tool with `tools`)."""
     runs = []
     if not tools:
         with DeviceWorker() as worker:
             for compiled in kernels:
                 progress(compiled.name)
-                run = KernelRun(compiled.name, None)
-                run_kernel_checks(worker, compiled, compiled.definition.verify_scalars(), seed, arch, run)
-                runs.append(run)
+                for label, kernel, sizes in verify_plan(compiled):
+                    run = KernelRun(label, None)
+                    run_kernel_checks(worker, kernel, sizes, seed, arch, run)
+                    runs.append(run)
         return runs
     executable = sanitizer_executable()
     for compiled in kernels:
         progress(compiled.name)
-        for tool in tools:
-            run = KernelRun(compiled.name, tool)
+        for (label, kernel, sizes), tool in itertools.product(verify_plan(compiled), tools):
+            run = KernelRun(label, tool)
             with tempfile.TemporaryDirectory(prefix="ptxgen-sanitizer-") as folder:
                 log = Path(folder) / "log.txt"
                 with DeviceWorker(sanitizer_command(executable, tool, log, launch_timeout)) as worker:
@@ -156,7 +159,7 @@ def verify_on_device(kernels: list[CompiledKernel], seed: int, arch: str | None,
                     except LaunchError as error:
                         run.failure = str(error)
                     else:
-                        run_kernel_checks(worker, compiled, compiled.definition.verify_scalars(), seed, arch, run)
+                        run_kernel_checks(worker, kernel, sizes, seed, arch, run)
                 report = log.read_text(errors="replace") if log.exists() else ""
             run.findings, run.errors = parse_report(report)
             if run.errors is None and run.failure is None:

@@ -123,10 +123,37 @@ def compare(compiled: CompiledKernel, arrays: dict[str, np.ndarray], reference: 
     return checks
 
 
+def forced_checks(compiled: CompiledKernel, inputs: dict[str, np.ndarray], arrays: dict[str, np.ndarray],
+                  scalars: dict, target: str | None = None) -> list[Check]:
+    """The kind's teacher-forced gradings of a launch (Kind.forced), one Check each."""
+    checks = []
+    for label, (result, reference, tolerance) in graded_kind(compiled, target).forced(inputs, arrays, scalars).items():
+        finite = np.where(np.isfinite(result), result, 0.0)
+        checks.append(Check(compiled.name, f"{label} (teacher-forced)", dict(scalars), result.shape,
+                            relative_l2(finite, reference), tolerance, int(np.count_nonzero(~np.isfinite(result)))))
+    return checks
+
+
+def verify_plan(compiled: CompiledKernel) -> list[tuple[str, CompiledKernel, list[dict]]]:
+    """What verify launches for a kernel, as (label, kernel, sizes): the kernel at its kind's
+    verify sizes, or where it has none (too large to interpret) each of its kind's stand-ins
+    (Kind.stand_ins) built for the same archs; with neither, the kernel and no sizes."""
+    kind = compiled.definition
+    sizes = kind.verify_scalars()
+    stand_ins = [] if sizes else kind.stand_ins()
+    if not stand_ins:
+        return [(compiled.name, compiled, sizes)]
+    from .pipeline import compile_kernel
+
+    archs = tuple(compiled.binaries)
+    return [(f"{compiled.name}: {note}", compile_kernel(config, archs or ("sm_80",), until="cubin" if archs else "ptx"),
+             stand_in_sizes) for config, stand_in_sizes, note in stand_ins]
+
+
 def verify_kernel(compiled: CompiledKernel, scalars: dict, seed: int = 0, backend: str = "emulator",
                   sanitize: bool = True, arch: str | None = None) -> list[Check]:
     """Random non-zero inputs, poisoned outputs, one launch on zeroed workspaces, compare to the
-    reference."""
+    reference (and the kind's teacher-forced references)."""
     return verify_launch(compiled, scalars, seed, backend, sanitize, arch)[0]
 
 
@@ -139,7 +166,9 @@ def verify_launch(compiled: CompiledKernel, scalars: dict, seed: int = 0, backen
     inputs = kind.sample_inputs(np.random.default_rng(seed), scalars)
     arrays = run(compiled, {**inputs, **(workspaces or {})}, scalars, backend=backend, sanitize=sanitize, arch=arch,
                  grid=grid)
-    checks = compare(compiled, arrays, kind.reference(inputs, scalars), scalars, ran_target(compiled, backend, arch))
+    target = ran_target(compiled, backend, arch)
+    checks = compare(compiled, arrays, kind.reference(inputs, scalars), scalars, target)
+    checks += forced_checks(compiled, inputs, arrays, scalars, target)
     return checks, {param.name: arrays[param.name] for param in compiled.workspaces}
 
 

@@ -19,13 +19,13 @@ from ptxgen.errors import LaunchError, PtxgenError, SanitizerError, SpecError
 from ptxgen.interp import launch as interpret
 from ptxgen.kernels import kind_of
 from ptxgen.generate import more_bits
-from ptxgen.kernels.persistent_decoder import (BARRIER_WORDS, PHASE_BARRIERS, GemvQuant, WeightName,
-                                                   decoder_reference)
+from ptxgen.kernels.persistent_decoder import (BARRIER_WORDS, FORCED_X_TOLERANCE, PHASE_BARRIERS, GemvQuant,
+                                                   WeightName, decoder_reference)
 from ptxgen.pipeline import compiler
 from ptxgen.quants import GEMV_KINDS
 from ptxgen.runner import prepare_arrays, run, run_step
 from ptxgen.spec import load_spec
-from ptxgen.verify import relative_l2
+from ptxgen.verify import relative_l2, verify_kernel
 
 from helpers import ROOT, make_config, make_kernel, resources, run_cli, with_ptx
 
@@ -184,6 +184,41 @@ def test_one_layer_matches_reference_and_separate_kernels(pos):
     out = decoder_run(kernel, inputs, pos)
     check_against_reference(kernel, out, inputs, pos)
     check_against_separate_kernels(kernel, out, inputs, pos)
+
+
+def test_verify_grades_a_one_layer_decoder_teacher_forced():
+    """verify adds gradings against the teacher-forced reference (Kind.forced) where every rounding
+    is the kernel's (one layer): a per-head RMS mean of 1/127 instead of 1/128 passes the
+    free-running tolerance (x moves 0.6%) but not the new k rows' (k scales by sqrt(128/127))."""
+    kernel = kernel_for(1)
+    text = "mul.rn.f32 %inv, %ss, 0f3C000000;"  # q/k norm: the mean of 128 squares
+    assert kernel.portable.ptx.count(text) == 1
+    mutant = with_ptx(kernel, kernel.portable.ptx.replace(text, "mul.rn.f32 %inv, %ss, 0f3C010204;"))
+    for candidate, forced_passes in ((kernel, True), (mutant, False)):
+        checks = {check.param: check for check in verify_kernel(candidate, {"pos": 37}, seed=2)}
+        assert checks["x"].passed and checks["x (teacher-forced)"].passed, checks
+        assert checks["k_cache row 37 (teacher-forced)"].passed == forced_passes, checks
+        assert checks["v_cache row 37 (teacher-forced)"].passed, checks
+        assert checks["x (teacher-forced)"].tolerance == FORCED_X_TOLERANCE
+    assert kernel_for(2).definition.forced({}, {}, {"pos": 0}) == {}, "two layers: an earlier one's activations are not kept"
+
+
+def test_a_decoder_too_large_to_interpret_is_verified_by_one_layer_per_weight_types():
+    """Kind.stand_ins: the Qwen3-8B decoder (36 layers, 4.7 GB) as one full-shape layer; a
+    Q4_K_M-like mix as one layer per distinct tuple of its layers' types, each the first such."""
+    spec = load_spec(ROOT / "specs" / "qwen3_decoder.toml").spec.kernel("qwen3_8b_decoder")
+    kind = kind_of(spec)
+    assert kind.verify_scalars() == []
+    [(config, sizes, note)] = kind.stand_ins()
+    assert (config.num_layers, config.hidden, config.intermediate, sizes) == (1, 4096, 12288, [{"pos": 4095}])
+    assert config.model_dump(exclude={"name", "num_layers"}) == spec.model_dump(exclude={"name", "num_layers"})
+    assert note == "one layer standing for its 36 layers like layer 0"
+    mixed = {"wv": tuple("q6_k" if layer % 3 == 0 else "q4_k" for layer in range(36))}
+    stand_ins = kind_of(spec.model_copy(update={"weight_quants": mixed})).stand_ins()
+    assert [(c.weight_quants, n) for c, _, n in stand_ins] == [
+        ({"wv": ("q6_k",)}, "one layer standing for its 12 layers like layer 0"),
+        ({"wv": ("q4_k",)}, "one layer standing for its 24 layers like layer 1")]
+    assert kind_of(make_config("persistent_decoder", name="small", **TINY, num_layers=2)).stand_ins() == []
 
 
 @pytest.mark.parametrize("kv_dtype, pos", [("f32", 20), ("bf16", 63)])

@@ -244,6 +244,20 @@ class Kind:
         configs the performance model counts instead (ModelScaling); None: count this one."""
         return None
 
+    def stand_ins(self) -> list[tuple[object, list[dict[str, int]], str]]:
+        """For a config with no verify sizes (too large to interpret): smaller configs of the same
+        code that verify checks in its place, each with its sizes and what it stands for.
+        Default: none."""
+        return []
+
+    def forced(self, inputs: dict[str, np.ndarray], arrays: dict[str, np.ndarray],
+               scalars: dict[str, int]) -> dict[str, tuple[np.ndarray, np.ndarray, float]]:
+        """Results graded a second time against a reference fed the launch's own roundings
+        ("teacher forcing": `arrays` are its results), where the free-running reference can part
+        from a right kernel by more than a wrong one would: label -> (the results, float64,
+        their float64 reference, the relative L2 error allowed). Default: none."""
+        return {}
+
     def separate_step(self, scalars: dict) -> tuple[list[Param], list[Call]] | None:
         """For a kind that fuses other kinds' work: the same work as launches of the separate kinds
         (Calls over the kernel's own buffers plus the returned temporaries), or None. bench runs
