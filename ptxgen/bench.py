@@ -61,9 +61,9 @@ ALIGN = 256
 # shapes, pos 4095, rel. L2 of x): fused vs separate 1.3e-7, 4.0e-3, 1.7e-2, 3.5e-2 at 1, 4, 12, 36
 # layers; each path against itself from x one f32 ulp away 2.2e-7, 2.2-4.0e-3, 1.6-1.7e-2,
 # 3.2-3.5e-2; both paths bitwise equal run to run and on half the grid (no race). Two paths that
-# part like independent perturbations differ by about sqrt(2) times either's spread (measured
-# 0.98-1.8 times the smaller): the check allows this many times the larger spread where that is
-# more than the kind's tolerance.
+# part like independent perturbations differ by about sqrt(2) times either's spread (measured:
+# 0.98-1.02 times the larger spread, 1.07-1.8 times the smaller): the check allows this many times
+# the larger spread where that is more than the kind's tolerance.
 SPREAD_MULTIPLE = 2.0
 
 

@@ -254,8 +254,8 @@ class Kind:
                scalars: dict[str, int]) -> dict[str, tuple[np.ndarray, np.ndarray, float]]:
         """Results graded a second time against a reference fed the launch's own roundings
         ("teacher forcing": `arrays` are its results), where the free-running reference can part
-        from a right kernel by more than a wrong one would: label -> (the results, float64,
-        their float64 reference, the relative L2 error allowed). Default: none."""
+        from a right kernel by more than a wrong one would: label -> (the results as float64, their
+        float64 reference, the relative L2 error allowed). Default: none."""
         return {}
 
     def separate_step(self, scalars: dict) -> tuple[list[Param], list[Call]] | None:
