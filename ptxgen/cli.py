@@ -491,7 +491,7 @@ def verify(
                                  *(["again (reused workspaces)"] if check.again else []),
                                  *([f"at a grid of {check.grid}"] if check.grid else [])])
             rows.append([run.kernel, scalars,
-                         f"{check.param}{list(check.shape)}", f"{check.error:.2e}", f"{check.tolerance:.1e}", element,
+                         f"{check.param}{list(check.shape) if check.shape else ''}", f"{check.error:.2e}", f"{check.tolerance:.1e}", element,
                          verdict + tag])
         if run.failure is not None:
             rows.append([run.kernel, "-", "-", "-", "-", "-", "FAIL (error below)" + tag])

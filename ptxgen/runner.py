@@ -101,10 +101,12 @@ def running_arch(backend: str, arch: str | None) -> str | None:
 
 def launch_arrays(compiled: CompiledKernel, arrays: dict[str, np.ndarray], scalars: dict[str, int],
                   backend: str = "emulator", sanitize: bool = True, arch: str | None = None,
-                  grid: int | None = None) -> None:
+                  grid: int | None = None, geometry_at: dict[str, int] | None = None) -> None:
     """One launch over host arrays (every array parameter, workspaces included), updated in place,
     with the geometry of the variant that runs (running_arch); `grid`: that many CTAs instead, for
-    a launch correct with any 1-D grid (Launch.any_grid), as a GPU with fewer SMs shrinks it."""
+    a launch correct with any 1-D grid (Launch.any_grid), as a GPU with fewer SMs shrinks it;
+    `geometry_at`: the geometry of these (checked) scalars, while the kernel gets `scalars` as
+    they are (verify's launches past the launcher's limits)."""
     if backend not in BACKENDS:
         raise LaunchError(f"--backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
     arch = running_arch(backend, arch)
@@ -112,7 +114,7 @@ def launch_arrays(compiled: CompiledKernel, arrays: dict[str, np.ndarray], scala
         from .device import session
 
         session().kernel(compiled)  # loaded first: a GPU none of its code runs on is named
-    launch = compiled.launch(scalars, arch)
+    launch = compiled.launch(scalars if geometry_at is None else geometry_at, arch)
     if launch.empty:
         return
     if grid is not None:

@@ -9,8 +9,8 @@ from typing import Iterator
 import numpy as np
 
 from .compiled import CompiledKernel
-from .dtypes import to_float64
-from .runner import run, running_arch
+from .dtypes import DTYPES, to_float64
+from .runner import launch_arrays, prepare_arrays, run, running_arch
 
 
 @dataclass(frozen=True)
@@ -172,6 +172,45 @@ def verify_launch(compiled: CompiledKernel, scalars: dict, seed: int = 0, backen
     return checks, {param.name: arrays[param.name] for param in compiled.workspaces}
 
 
+SCALAR_TOPS = {"u32": 2**32 - 1, "s32": 2**31 - 1}
+
+
+def past_limits(compiled: CompiledKernel) -> list[tuple[str, int]]:
+    """Values past the launcher's limits that no array's size depends on, as a caller that skips
+    the launcher may pass them (a replayed CUDA graph whose device-side length went bad): each
+    such runtime scalar's limit + 1 and its type's largest value, and the same for every
+    device-read length (Param.values)."""
+    shaped = {dim for param in compiled.params for dim in param.shape if isinstance(dim, str)}
+    cases = []
+    for param in compiled.params:
+        if param.is_array and param.values is not None:
+            top, high = int(np.iinfo(DTYPES[param.dtype].numpy).max), param.values[1]
+        elif not param.is_array and param.name in compiled.scalar_limits and param.name not in shaped:
+            top, high = SCALAR_TOPS[param.dtype], compiled.scalar_limits[param.name][1]
+        else:
+            continue
+        cases += [(param.name, value) for value in dict.fromkeys((high + 1, top)) if value <= top]
+    return cases
+
+
+def verify_past_limits(compiled: CompiledKernel, scalars: dict, seed: int = 0, arch: str | None = None) -> list[Check]:
+    """The kernel in the interpreter (its sanitizer on) at `scalars`' geometry with each of
+    past_limits' values in turn: it must not touch a byte outside its arrays (a sanitizer finding
+    raises); each launch that stays in bounds is a passing Check."""
+    checks = []
+    for name, value in past_limits(compiled):
+        arrays = prepare_arrays(compiled, compiled.definition.sample_inputs(np.random.default_rng(seed), scalars),
+                                scalars)
+        past = dict(scalars)
+        if name in arrays:
+            arrays[name][...] = value
+        else:
+            past[name] = value
+        launch_arrays(compiled, arrays, past, arch=arch, geometry_at=scalars)
+        checks.append(Check(compiled.name, f"{name}={value}: past its limit, in bounds", dict(scalars), (), 0.0, 0.0, 0))
+    return checks
+
+
 def verify_sizes(compiled: CompiledKernel, sizes: list[dict], seed: int = 0, call=None, smaller_grids: bool = True,
                  **options) -> Iterator[list[Check]]:
     """The checks of verify_launch at each of `sizes` in order, a list a launch, each launch on the
@@ -179,9 +218,10 @@ def verify_sizes(compiled: CompiledKernel, sizes: list[dict], seed: int = 0, cal
     launch: an engine reuses its counters and partials, as a CUDA graph does); a kernel with
     workspaces and one size is launched twice, the second time on other inputs; a launch correct
     with any 1-D grid is launched again at the last size on smaller grids (unless not
-    `smaller_grids`: bench checks what it times). `call(function, *args, **kwargs)` runs each
-    launch (a DeviceWorker's call; default: here). `options`: verify_launch's backend, sanitize,
-    arch."""
+    `smaller_grids`: bench checks what it times); in the interpreter, the last size's launch
+    again with each value past the launcher's limits (verify_past_limits). `call(function,
+    *args, **kwargs)` runs each launch (a DeviceWorker's call; default: here). `options`:
+    verify_launch's backend, sanitize, arch."""
     cases = [(scalars, seed, False, None) for scalars in sizes]
     if compiled.workspaces and len(sizes) == 1:
         cases.append((sizes[0], seed + 1, True, None))
@@ -199,6 +239,9 @@ def verify_sizes(compiled: CompiledKernel, sizes: list[dict], seed: int = 0, cal
         checks, workspaces = (call or _here)(verify_launch, compiled, scalars, case_seed, workspaces=workspaces,
                                              grid=grid, **options)
         yield [dataclasses.replace(check, again=True, grid=grid) for check in checks] if again else checks
+    sanitized = options.get("backend", "emulator") == "emulator" and options.get("sanitize", True)
+    if sizes and sanitized and past_limits(compiled):
+        yield (call or _here)(verify_past_limits, compiled, sizes[-1], seed, options.get("arch"))
 
 
 def _here(function, *args, **kwargs):

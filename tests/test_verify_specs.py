@@ -50,6 +50,9 @@ PLANTED = [
     # The count-out word not reset: two launches pass (the second counts on from the grid to twice
     # it), the third would not; the workspace is checked back at rest after every launch (session 10).
     ("qwen3_8b_gate_up_group", "@%last st.relaxed.gpu.global.u32 [%queue+4], 0;", ""),
+    # A position past the cache that only the launcher refused: the kernel's own guard is gone
+    # (verify launches it past its limits, session 11).
+    ("qwen3_8b_kv_append", "@%skip bra DONE;", ""),
     # Bugs that only a smaller grid shows (a GPU with fewer SMs shrinks any_grid launches): a queue
     # round's bound off by one (caught at 9/11 of the grid), a grid-stride loop's (at a third).
     ("qwen3_8b_gate_up_proj_q8_0", "setp.lt.u32 %more, %next_unit, 768;", "setp.lt.u32 %more, %next_unit, 767;"),
@@ -69,3 +72,17 @@ def test_verify_catches_bugs_planted_in_shipped_kernels(name, text, planted):
     except SanitizerError:
         return
     assert any(check.failure for check in checks), [check.failure for check in checks]
+
+
+def test_verify_launches_past_the_limits_no_array_size_depends_on():
+    """verify_past_limits' values: a scalar no array's shape names (kv_append's pos, attention's
+    seq_len) and a device-read length (the graph variant's seq_len_ptr), at limit + 1 and the
+    type's largest value; a scalar that sizes an array (rmsnorm's rows) is the caller's to match."""
+    from ptxgen.verify import past_limits
+
+    spec = ROOT / "specs" / "qwen3.toml"
+    assert past_limits(spec_kernel(spec, "qwen3_8b_kv_append")) == [("pos", 40960), ("pos", 2**32 - 1)]
+    assert past_limits(spec_kernel(spec, "qwen3_8b_decode_attention")) == [("seq_len", 40961), ("seq_len", 2**32 - 1)]
+    assert past_limits(spec_kernel(spec, "qwen3_8b_decode_attention_graph")) == [("seq_len_ptr", 40961),
+                                                                                  ("seq_len_ptr", 2**32 - 1)]
+    assert past_limits(spec_kernel(spec, "qwen3_8b_rmsnorm")) == []
