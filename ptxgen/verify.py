@@ -9,7 +9,7 @@ from typing import Iterator
 import numpy as np
 
 from .compiled import CompiledKernel
-from .dtypes import DTYPES, to_float64
+from .dtypes import to_float64
 from .runner import launch_arrays, prepare_arrays, run, running_arch
 
 
@@ -172,9 +172,6 @@ def verify_launch(compiled: CompiledKernel, scalars: dict, seed: int = 0, backen
     return checks, {param.name: arrays[param.name] for param in compiled.workspaces}
 
 
-SCALAR_TOPS = {"u32": 2**32 - 1, "s32": 2**31 - 1}
-
-
 def past_limits(compiled: CompiledKernel) -> list[tuple[str, int]]:
     """Values past the launcher's limits that no array's size depends on, as a caller that skips
     the launcher may pass them (a replayed CUDA graph whose device-side length went bad): each
@@ -184,11 +181,12 @@ def past_limits(compiled: CompiledKernel) -> list[tuple[str, int]]:
     cases = []
     for param in compiled.params:
         if param.is_array and param.values is not None:
-            top, high = int(np.iinfo(DTYPES[param.dtype].numpy).max), param.values[1]
+            high = param.values[1]
         elif not param.is_array and param.name in compiled.scalar_limits and param.name not in shaped:
-            top, high = SCALAR_TOPS[param.dtype], compiled.scalar_limits[param.name][1]
+            high = compiled.scalar_limits[param.name][1]
         else:
             continue
+        top = int(np.iinfo(f"uint{param.dtype[1:]}").max)  # lengths and scalars are u32 or u64
         cases += [(param.name, value) for value in dict.fromkeys((high + 1, top)) if value <= top]
     return cases
 
@@ -198,9 +196,9 @@ def verify_past_limits(compiled: CompiledKernel, scalars: dict, seed: int = 0, a
     past_limits' values in turn: it must not touch a byte outside its arrays (a sanitizer finding
     raises); each launch that stays in bounds is a passing Check."""
     checks = []
+    inputs = compiled.definition.sample_inputs(np.random.default_rng(seed), scalars)
     for name, value in past_limits(compiled):
-        arrays = prepare_arrays(compiled, compiled.definition.sample_inputs(np.random.default_rng(seed), scalars),
-                                scalars)
+        arrays = prepare_arrays(compiled, inputs, scalars)
         past = dict(scalars)
         if name in arrays:
             arrays[name][...] = value

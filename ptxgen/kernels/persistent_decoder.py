@@ -656,18 +656,25 @@ class PersistentDecoder(Kind):
         c = self.config
         if self.weight_bytes() <= MAX_VERIFY_WEIGHTS or self.weight_bytes() / c.num_layers > MAX_MODEL_LAYER_BYTES:
             return None
+        steps = tuple((self.layers_config(0, later[0]), len(later)) for later in self.layer_groups(first=1))
+        return ModelScaling(self.layers_config(0), steps, f"1 layer and {len(steps)} two-layer config(s) interpreted "
+                                                          f"(all CTAs), extrapolated to {c.num_layers} layers")
+
+    def layer_groups(self, first: int = 0) -> list[list[int]]:
+        """The layers from `first` on, grouped by their tuple of weight types (in order of first use)."""
+        groups: dict[tuple[str, ...], list[int]] = {}
+        for layer in range(first, self.config.num_layers):
+            groups.setdefault(tuple(layer_quants(self.config, w)[layer] for w in WEIGHTS), []).append(layer)
+        return list(groups.values())
+
+    def layers_config(self, *picked: int, name: str | None = None):
+        """This config cut down to the layers `picked`, in that order, with their weight types."""
         from . import config_from_json
 
-        def layers(*picked: int):
-            quants = {weight: [types[l] for l in picked] for weight, types in c.weight_quants.items()}
-            return config_from_json({**c.model_dump(), "num_layers": len(picked), "weight_quants": quants})
-
-        signatures: dict[tuple[str, ...], list[int]] = {}
-        for layer in range(1, c.num_layers):
-            signatures.setdefault(tuple(layer_quants(c, w)[layer] for w in WEIGHTS), []).append(layer)
-        steps = tuple((layers(0, later[0]), len(later)) for later in signatures.values())
-        return ModelScaling(layers(0), steps, f"1 layer and {len(steps)} two-layer config(s) interpreted (all CTAs), "
-                                               f"extrapolated to {c.num_layers} layers")
+        c = self.config
+        quants = {weight: [types[layer] for layer in picked] for weight, types in c.weight_quants.items()}
+        return config_from_json({**c.model_dump(), "name": name or c.name, "num_layers": len(picked),
+                                 "weight_quants": quants})
 
     def stand_ins(self) -> list[tuple[object, list[dict[str, int]], str]]:
         """A config too large to interpret is verified one layer at a time: a one-layer config for
@@ -678,16 +685,9 @@ class PersistentDecoder(Kind):
         c = self.config
         if self.verify_scalars() or self.weight_bytes() / c.num_layers > MAX_MODEL_LAYER_BYTES:
             return []
-        from . import config_from_json
-
-        signatures: dict[tuple[str, ...], list[int]] = {}
-        for layer in range(c.num_layers):
-            signatures.setdefault(tuple(layer_quants(c, w)[layer] for w in WEIGHTS), []).append(layer)
         stand_ins = []
-        for number, layers in enumerate(signatures.values()):
-            quants = {weight: [types[layers[0]]] for weight, types in c.weight_quants.items()}
-            config = config_from_json({**c.model_dump(), "name": f"{c.name[:56]}_layer{number}", "num_layers": 1,
-                                       "weight_quants": quants})
+        for number, layers in enumerate(self.layer_groups()):
+            config = self.layers_config(layers[0], name=f"{c.name[:56]}_layer{number}")
             span = f"layer {layers[0]}" if len(layers) == 1 else f"its {len(layers)} layers like layer {layers[0]}"
             stand_ins.append((config, [self.example_scalars()], f"one layer standing for {span}"))
         return stand_ins
