@@ -176,22 +176,28 @@ def test_a_build_that_drops_setmaxnreg_says_so(tmp_path):
 
 
 # Bugs of the sm_90a variant that verify's sizes missed while its two-stage ring never wrapped
-# (mutation testing, session 10): each makes verify fail or the sanitizer object.
+# (mutation testing, session 10), and the ones the interpreter could not see until copies handed
+# to an mbarrier stayed in flight until a waiting thread parked and setmaxnreg.inc waited for the
+# registers it asks (session 12): each makes verify fail or the sanitizer object.
 RING_BUGS = [
-    ("@!%ready bra FREE_K;", ""),                                                   # no wait for a free K stage
-    ("add.u32 %tiles, %seq_len, 127;", "add.u32 %tiles, %seq_len, 126;"),           # a key tile of one key lost
-    ("@%pm xor.b32 %full, %full, 1;", ""),                                          # the phase parity not flipped
+    ("prefill_sm90a", "@!%ready bra FREE_K;", ""),                                   # no wait for a free K stage
+    ("prefill_sm90a", "add.u32 %tiles, %seq_len, 127;", "add.u32 %tiles, %seq_len, 126;"),  # a key tile of one key lost
+    ("prefill_sm90a", "@%pm xor.b32 %full, %full, 1;", ""),                           # the phase parity not flipped
+    ("prefill_sm90a", "@!%ready bra FREE_V;", ""),             # V refilled while the consumers have yet to read it
+    ("prefill_sm90a", "@!%ready bra V;", ""),                  # P V reads a V stage whose copies are in flight
+    ("prefill_sm90a", "@!%ready bra Q_FULL;", ""),             # S reads Q before it has landed
+    ("prefill_sm90a_fa3", "setmaxnreg.dec.sync.aligned.u32 40;", ""),  # the consumers' inc can never be met
 ]
 
 
-@pytest.mark.parametrize("text, planted", RING_BUGS)
-def test_verify_catches_ring_bugs_of_the_shipped_sm90a_prefill(text, planted):
+@pytest.mark.parametrize("name, text, planted", RING_BUGS)
+def test_verify_catches_ring_bugs_of_the_shipped_sm90a_prefill(name, text, planted):
     from ptxgen.errors import SanitizerError
     from ptxgen.verify import verify_sizes
 
     from helpers import ROOT, spec_kernel, with_ptx
 
-    kernel = spec_kernel(ROOT / "bench" / "lease" / "prefill_sm90a.toml", "prefill_sm90a")
+    kernel = spec_kernel(ROOT / "bench" / "lease" / "prefill_sm90a.toml", name)
     ptx = kernel.variants["sm_90a"].ptx
     assert text in ptx, text
     mutant = with_ptx(kernel, ptx.replace(text, planted, 1), "sm_90a")

@@ -7,16 +7,18 @@ a wgmma's accumulators reach its registers when a wgmma.wait_group retires its g
 then its register operands are off limits to ordinary instructions, which the sanitizer reports
 as reads of unwritten registers); bytes written by a bulk copy, or by cp.asyncs handed to an
 mbarrier with cp.async.mbarrier.arrive, stay pending until the mbarrier phase tracking them
-completes. A bulk copy's bytes are in flight until a try_wait/test_wait on its mbarrier in that
-CTA is retried after answering false, or an arrival needs the phase complete (more arrivals than
-it expects); its complete_tx is applied then, so the first wait after a copy always finds the
-phase incomplete; a wrong expect_tx count leaves the phase incomplete
-forever: a deadlock. A thread whose mbarrier try_wait/test_wait finds its phase
+completes. Async copies are in flight until a thread that a try_wait/test_wait on their
+mbarrier in that CTA parked is retried, or an arrival needs the phase complete (more arrivals
+than it expects): only then is a bulk copy's complete_tx applied, and the arrive-on of a
+cp.async.mbarrier.arrive made. A thread whose mbarrier try_wait/test_wait finds its phase
 incomplete gets false once and goes on (so a kernel that ignores the answer reads early, a
-finding); asked again at the same instruction it parks (launch runs every other thread first,
-then retries it), so producer and
-consumer warpgroups spinning on each other cannot starve; if no parked wait can succeed and
-nothing else can run, launch reports the deadlock.
+finding); asked again at the same instruction it parks: launch runs every other thread first,
+then retries it. So the first wait after a copy always finds the phase incomplete however far
+the producer ran ahead, and while a consumer waits for its copies every other thread runs as
+far as it can (a producer that refills a stage without waiting for it to be freed overwrites
+what the consumer has yet to read); producer and consumer warpgroups spinning on each other
+cannot starve; a wrong expect_tx count leaves the phase incomplete forever; if no parked wait
+can succeed and nothing else can run, launch reports the deadlock.
 
 Sanitizer. bar.sync epochs (sanitizer.SharedRaces) cannot see orderings made by mbarriers, so
 the accesses they order are tracked here with vector clocks over the agents of a CTA: its
@@ -40,7 +42,7 @@ import numpy as np
 from ..errors import InterpError
 from .ops import COMPILERS, Exec, _halves_to_f64, opcode
 from .parser import SHARED_BASE, Imm, Pair, Reg, Vec
-from .sanitizer import full_warps, warp_members
+from .sanitizer import NOBODY, W_THREAD, full_warps, warp_members
 from .findings import Finding
 
 WARPGROUP = 128
@@ -50,6 +52,7 @@ COUNT_LIMIT = (1 << 20) - 1        # and its expected arrival count [1, 2^20-1]
 SHARED_SPACES = ("shared", "shared::cta", "shared::cluster")
 PLAIN, PENDING, ASYNC = 0, 1, 2    # a granule's last write: ordinary, async in flight, async done
 ORDINARY, TENSOR = 0, 1            # reader kinds: ld.shared, wgmma
+DECLINED, PARKED = 1, 2            # a wait answered a thread false once; then parked it
 
 
 def _fragment_maps():
@@ -148,6 +151,7 @@ class Barrier:
         self.ready = np.zeros(num_ctas, bool)
         self.expected, self.pending, self.tx, self.phase = (np.zeros(num_ctas, np.int64) for _ in range(4))
         self.flying = np.zeros(num_ctas, np.int64)   # bulk-copy bytes issued whose complete_tx is to come
+        self.deferred = np.zeros(num_ctas, np.int64)  # cp.async.mbarrier.arrive arrivals still to come
         self.tracked = []
         if columns:
             self.clocks_now = np.zeros((num_ctas, columns), np.int32)    # released this phase
@@ -381,6 +385,11 @@ class Ordering:
             i = pending[0]
             raise Finding(f"wgmma.mma_async reads {self.where(g[i])} while the async copy on line "
                           f"{int(self.w_line[g[i]])} writing it is in flight", threads[0])
+        unwritten = self.st.races.writes[g[:, None] * 16 + np.arange(16), W_THREAD] == NOBODY
+        never = np.flatnonzero((self.w_agent[g] < 0) & (kind == PLAIN) & unwritten.all(axis=1))
+        if len(never):
+            raise Finding(f"wgmma.mma_async reads {self.where(g[never[0]])}, which no thread of this CTA has "
+                          "written (shared memory starts undefined)", threads[0])
         known = np.flatnonzero(self.w_agent[g] >= 0)
         if len(known):
             gk = g[known]
@@ -428,10 +437,26 @@ class AsyncState:
         self.inflight_line = {}
         self.accumulated = {}                     # register id -> latest in-flight value
         self.max_registers = {}                   # wave warpgroup -> setmaxnreg count
-        self.declined = {}     # wait pc -> per thread: it answered false there since the last true
+        # Registers per thread at launch: at most what .maxnreg and the SM's 65536 allow the CTA
+        # (.minnctapersm of them), in whole warps, a multiple of 8; setmaxnreg moves them between
+        # the CTA's warpgroups, whose pool it is.
+        warps = -(-st.cta_threads // 32)
+        by_file = 65536 // (st.program.minnctapersm * warps * 32) // 8 * 8
+        self.launch_registers = min(st.program.maxnreg or 255, by_file) // 8 * 8
+        self.register_pool = self.launch_registers * self.groups_per_cta * WARPGROUP
+        self.declined = {}     # wait pc -> per thread: 0, or DECLINED / PARKED since its last true
         self.ordering = Ordering(st, self.groups_per_cta) if st.sanitize else None
         self.written_at = {}                      # register id -> last ordinary write, per thread
         self.fenced_at = np.full(st.n, -1, np.int64)   # last wgmma.fence, per thread
+
+    def registers_of(self, wg):
+        """Registers per thread warpgroup wg holds: its last setmaxnreg, else the launch's."""
+        return self.max_registers.get(wg, self.launch_registers)
+
+    def registers_held(self, wg):
+        """Registers the warpgroups of wg's CTA hold together."""
+        first = wg - wg % self.groups_per_cta
+        return sum(self.registers_of(first + w) * WARPGROUP for w in range(self.groups_per_cta))
 
     def warpgroup_of(self, threads):
         return self.st.cta[threads] * self.groups_per_cta + self.st.lin[threads] // WARPGROUP
@@ -524,7 +549,7 @@ class AsyncState:
         ctas = self.st.cta[threads]
         bar.ready[ctas] = True
         bar.expected[ctas] = bar.pending[ctas] = count
-        bar.tx[ctas] = bar.phase[ctas] = bar.flying[ctas] = 0
+        bar.tx[ctas] = bar.phase[ctas] = bar.flying[ctas] = bar.deferred[ctas] = 0
         bar.tracked = [p for p in bar.tracked if p.cta not in set(ctas.tolist())]
         if self.ordering:
             bar.clocks_now[ctas] = bar.clocks_done[ctas] = 0
@@ -549,10 +574,7 @@ class AsyncState:
             if gone.any():
                 raise Finding(f"arrive_drop leaves the mbarrier at shared byte {bar.offset} expecting no arrivals",
                               threads[int(np.flatnonzero(gone)[0])])
-        over = bar.pending[ctas] < 0
-        if over.any():
-            raise Finding(f"more arrivals on the mbarrier at shared byte {bar.offset} than its phase "
-                          f"expects ({int(bar.expected[ctas[over][0]])})", threads[int(np.flatnonzero(over)[0])])
+        _check_arrivals(bar, ctas, bar.pending[ctas] < 0, threads)
         if self.ordering:
             self.ordering.release(threads, bar)
         self.settle(bar, ctas, threads)
@@ -575,19 +597,57 @@ class AsyncState:
             if self.ordering:
                 self.ordering.phase_completed(bar, cta, delivered)
 
+    def defer(self, bar, threads, increment):
+        """cp.async.mbarrier.arrive by these threads: the arrive-on comes when their copies land
+        (land), the pending count first rising by one each unless .noinc. Their clocks are
+        released now, as of the instruction."""
+        ctas = self.st.cta[threads]
+        per = np.bincount(ctas, minlength=len(bar.pending))
+        # As for plain arrivals: a batch the phase cannot take beside the copies still in flight
+        # belongs to the next phase, so those have landed and completed this one.
+        self.land(bar, np.flatnonzero(bar.deferred + per > bar.pending + increment * per), threads)
+        bar.pending += increment * per
+        bar.deferred += per
+        _check_arrivals(bar, ctas, bar.deferred[ctas] > bar.pending[ctas], threads)
+        self.st.ordering.cta_event(threads)
+        if self.ordering:
+            self.ordering.release(threads, bar)
+
     def land(self, bar, ctas, threads):
-        """Apply the complete_tx of the bulk copies in flight to bar in these CTAs."""
-        flying = np.unique(ctas[bar.flying[ctas] != 0])
-        if len(flying):
-            bar.tx[flying] -= bar.flying[flying]
-            bar.flying[flying] = 0
-            self.settle(bar, flying, threads)
+        """The async copies in flight to bar in these CTAs land: the bulk copies' complete_tx
+        and the arrivals cp.async.mbarrier.arrive deferred."""
+        ctas = np.unique(ctas[(bar.flying[ctas] != 0) | (bar.deferred[ctas] != 0)])
+        if len(ctas):
+            bar.tx[ctas] -= bar.flying[ctas]
+            bar.pending[ctas] -= bar.deferred[ctas]
+            bar.flying[ctas] = bar.deferred[ctas] = 0
+            _check_arrivals(bar, ctas, bar.pending[ctas] < 0, threads[:1].repeat(len(ctas)))
+            self.settle(bar, ctas, threads)
+
+    def check_ended(self, ctas, thread):
+        """The last threads of these CTAs exit: no async copy into their shared memory may be in
+        flight (the PTX ISA gives a CTA's shared memory no life beyond its threads)."""
+        for bar in self.barriers.values():
+            left = [p.cta for p in bar.tracked if p.cta in ctas] + [
+                int(c) for c in ctas if bar.flying[c] or bar.deferred[c]]
+            if left:
+                raise Finding(f"the CTA ends while async copies that the mbarrier at shared byte {bar.offset} "
+                              "tracks are in flight: no thread waited for the phase that completes them",
+                              thread)
 
     def track(self, bar, cta, granules, issuer, line, generic):
         """Async writes to granules complete with the current phase of bar in this CTA."""
         bar.tracked.append(PendingWrites(int(cta), int(bar.phase[cta]), granules))
         if self.ordering:
             self.ordering.async_write(granules, issuer, line, generic)
+
+
+def _check_arrivals(bar, ctas, over, threads):
+    """over[i]: CTA ctas[i] had more arrivals than its phase expects (threads[i] the one to name)."""
+    if over.any():
+        i = int(np.flatnonzero(over)[0])
+        raise Finding(f"more arrivals on the mbarrier at shared byte {bar.offset} than its phase "
+                      f"expects ({int(bar.expected[ctas[i]])})", threads[i])
 
 
 def _shared_space(c):
@@ -824,15 +884,18 @@ def _mbarrier(c):
         def wait(st, sel):
             """Returns the threads that must park: their phase has not completed, and this
             instruction already answered them false (a first answer false lets a kernel that
-            ignores it read early, where the sanitizer sees it; hardware may time out too)."""
+            ignores it read early, where the sanitizer sees it; hardware may time out too).
+            Copies in flight land only for a thread that parked here and is retried, once
+            nothing else could run: a thread polling in a loop lets every other one go first,
+            as a producer may run ahead while the copies are on their way."""
             s = st.async_state
             threads = st.indices(sel)
             want = np.broadcast_to(np.asarray(target(st, sel)).astype(np.int64), threads.shape)
             blocked = np.zeros(len(threads), bool)
-            declined = s.declined.setdefault(st.pc, np.zeros(st.n, bool))
+            asked = s.declined.setdefault(st.pc, np.zeros(st.n, np.int8))
             for bar, pos in s.barriers_at(address(st, sel), threads, name):
-                retried = threads[pos][declined[threads[pos]]]
-                if len(retried):   # asked again after a false answer: the copies have landed
+                retried = threads[pos][asked[threads[pos]] == PARKED]
+                if len(retried):
                     s.land(bar, st.cta[retried], retried)
                 phase = bar.phase[st.cta[threads[pos]]]
                 done = phase % 2 != want[pos] % 2 if parity else phase > want[pos]
@@ -841,9 +904,9 @@ def _mbarrier(c):
                     st.ordering.cta_event(threads[pos[done]])
                     if s.ordering:
                         s.ordering.acquire(threads[pos[done]], bar)
-            first = blocked & ~declined[threads]
-            declined[threads[first]] = True
-            declined[threads[~blocked]] = False
+            first = blocked & (asked[threads] == 0)
+            asked[threads[blocked]] = np.where(first[blocked], DECLINED, PARKED)
+            asked[threads[~blocked]] = 0
             if first.any():
                 done_w(st, threads[first], np.False_)
             if not blocked.all():
@@ -903,12 +966,13 @@ def _bulk_copy(c):
 
 
 def _copies_arrive(c):
-    """cp.async.mbarrier.arrive{.noinc}: an arrive-on once this thread's earlier cp.asyncs land;
-    without .noinc the pending count first rises by one, so it is no net arrival."""
+    """cp.async.mbarrier.arrive{.noinc}: an arrive-on once this thread's earlier cp.asyncs land
+    (AsyncState.defer); without .noinc the pending count first rises by one, so it is no net
+    arrival."""
     _uses_async(c)
     _shared_space(c)
     c.need(1)
-    address, arrivals = c.address(c.ops[0], "shared"), int("noinc" in c.mods)
+    address, increment = c.address(c.ops[0], "shared"), int("noinc" not in c.mods)
 
     def run(st, sel):
         s = st.async_state
@@ -921,7 +985,7 @@ def _copies_arrive(c):
                     for cta in np.unique(st.cta[copy.threads]):
                         here = st.cta[copy.threads] == cta
                         s.track(bar, cta, granules[here], copy.threads[here], copy.line, generic=True)
-            s.arrive(bar, mine, arrivals)
+            s.defer(bar, mine, increment)
     return c.alu(run)
 
 
@@ -954,19 +1018,22 @@ def _setmaxnreg(c):
         c.fail(f"setmaxnreg count {count}: it must be a multiple of 8 in 24..256")
 
     def run(st, sel):
+        """Returns the threads that must park: an inc waits until the CTA's warpgroups have
+        given back enough of the launch's registers (setmaxnreg.dec)."""
         s = st.async_state
-        for group in warpgroups(st, st.indices(sel), "setmaxnreg"):
+        threads = st.indices(sel)
+        blocked = np.zeros(len(threads), bool)
+        for k, group in enumerate(warpgroups(st, threads, "setmaxnreg")):
             wg = int(s.warpgroup_of(group[:1])[0])
-            before = s.max_registers.get(wg)
-            if before is not None and (count < before if action == "inc" else count > before):
+            before = s.registers_of(wg)
+            if count < before if action == "inc" else count > before:
                 raise Finding(f"setmaxnreg.{action} to {count} registers from {before}", group[0])
+            if action == "inc" and s.registers_held(wg) + (count - before) * WARPGROUP > s.register_pool:
+                blocked[k * WARPGROUP:(k + 1) * WARPGROUP] = True
+                continue
             s.max_registers[wg] = count
-            first_wg = wg - wg % s.groups_per_cta
-            counts = [s.max_registers.get(first_wg + w) for w in range(s.groups_per_cta)]
-            if None not in counts and sum(counts) * WARPGROUP > 65536:
-                raise Finding(f"setmaxnreg: the CTA's warpgroups ask for {counts} registers per thread, "
-                              f"{sum(counts) * WARPGROUP} in all, more than the 65536 of an SM", group[0])
-    return c.alu(run)
+        return blocked
+    return Exec(c.ins, "wait", run)
 
 
 @opcode("elect")

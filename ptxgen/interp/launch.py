@@ -2,8 +2,9 @@
 
 Threads are grouped by program counter; each step runs the group with the lowest PC
 (lowest-PC-first reconvergence), so diverged threads rejoin where their paths meet.
-Threads whose mbarrier wait finds its phase incomplete park until nothing else can run, then
-retry (so a spinning consumer cannot starve its producer); if none can proceed, a deadlock.
+Threads whose mbarrier wait finds its phase incomplete, or whose setmaxnreg.inc finds too few
+registers free, park until nothing else can run, then retry (so a spinning consumer cannot
+starve its producer); if none can proceed, a deadlock.
 The grid runs in waves of whole CTAs (in CTA order) to bound memory; each wave is one
 vectorised machine.
 
@@ -316,16 +317,17 @@ def _run_wave(st, code, sync_points, holds, stats, name, rng, members):
     n, end = st.n, len(code)
     cohorts = _Cohorts(st, rng, members)
     barriers = _CtaBarriers(st)
-    parked, stalled = {}, False                    # pc -> threads at an incomplete mbarrier wait
+    parked, stalled = {}, False                    # pc -> threads at an incomplete mbarrier wait or setmaxnreg.inc
     steps = 0
     while True:
         picked = cohorts.next(st.ordering.writes)
         if (picked is None or picked == "spinning") and parked:
             if stalled:                            # a whole retry round parked again
                 pc = min(parked)
-                raise _report(Finding("deadlock: threads wait on an mbarrier phase that never "
-                                      "completes and no other thread can run", parked[pc][0]),
-                              code[pc].ins, st, name)
+                waits_for = ("registers that no warpgroup of the CTA gives back (setmaxnreg.dec)"
+                             if code[pc].ins.base == "setmaxnreg" else "an mbarrier phase that never completes")
+                raise _report(Finding(f"deadlock: threads wait on {waits_for} and no other thread can run",
+                                      parked[pc][0]), code[pc].ins, st, name)
             for pc, threads in parked.items():
                 cohorts.release(pc, threads)
             parked, stalled = {}, True
@@ -408,6 +410,8 @@ def _run_wave(st, code, sync_points, holds, stats, name, rng, members):
                     raise Finding(f"thread exits while other threads of its CTA wait at "
                                   f"bar.sync on line {code[bpc].ins.line}: that barrier can never "
                                   "complete (divergent barrier)", active[np.flatnonzero(stuck)[0]])
+                if st.sanitize:
+                    _check_ended(st, barriers, active)
             else:
                 barriers.arrive(ex, pc, active, sel, cohorts, code)
         except Finding as finding:
@@ -416,6 +420,16 @@ def _run_wave(st, code, sync_points, holds, stats, name, rng, members):
         pc, threads, _ = barriers.waiting[0]
         raise _report(Finding("deadlock: threads wait at this barrier but no thread of the "
                               "launch can run", threads[0]), code[pc].ins, st, name)
+
+
+def _check_ended(st, barriers, threads):
+    """The CTAs whose last threads these are may leave no async copy in flight."""
+    ctas = np.unique(st.cta[threads])
+    ended = ctas[barriers.exited_per_cta[ctas] == st.cta_threads]
+    if len(ended):
+        st.races.check_ended(ended)
+        if st.async_state is not None:
+            st.async_state.check_ended(set(ended.tolist()), threads[-1])
 
 
 class _CtaBarriers:

@@ -132,6 +132,8 @@ class Program:
     local_size: int = 0
     reqntid: tuple | None = None
     maxntid: tuple | None = None
+    maxnreg: int | None = None
+    minnctapersm: int = 1
     lines: list = field(default_factory=list)
     async_registers: set = field(default_factory=set)   # wgmma register operands (hopper.py)
     async_model: type | None = None                      # per-wave state of the async sm_90a ops
@@ -300,6 +302,8 @@ class _Parser:
                     self.next()
                     dims.append(_int(self.next()[1]))
                 setattr(prog, text[1:], tuple(dims + [1] * (3 - len(dims))))
+            elif text in (".maxnreg", ".minnctapersm"):
+                setattr(prog, text[1:], _int(self.next()[1]))
         saved = self.pos
         for pos in self.module_shared:   # module-scope .shared variables belong to every entry
             self.pos = pos

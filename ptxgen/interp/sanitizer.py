@@ -329,6 +329,15 @@ class SharedRaces:
         self.copies = kept
         return taken
 
+    def check_ended(self, ctas):
+        """The last threads of these CTAs exit: none of their cp.asyncs may be in flight."""
+        for copy in self.copies:
+            left = np.isin(self.st.cta[copy.threads], ctas)
+            if left.any():
+                raise Finding(f"the CTA ends while this thread's cp.async on line {copy.line} is in flight: "
+                              "neither waited for (cp.async.wait_group/wait_all) nor handed to an mbarrier "
+                              "that a thread waited on", copy.threads[left][0])
+
     def _check_pending(self, pending, rows, size, per, threads, access):
         pending = pending == PENDING
         if not pending.any():

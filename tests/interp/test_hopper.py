@@ -312,6 +312,13 @@ def test_missing_proxy_fence_after_ordinary_stores_is_caught():
                                r"generic proxy by thread \(\d+,0,0\), with no fence.proxy.async in between")
 
 
+def test_wgmma_reading_shared_memory_nobody_wrote_is_caught():
+    ptx = wgmma_kernel(64, 1, "f16").replace("setp.ge.u32 %done, %i, %n;", "setp.ge.u32 %done, %i, 1024;")
+    ptx = ptx.replace(", 0, 1, 1, 0, 0;", ", 0, 1, 1, 0, 0;  // BUG")
+    planted(ptx, wgmma_args(), r"wgmma.mma_async reads shared byte \d+ \(smem\+\d+\), which no thread of this CTA "
+                               r"has written \(shared memory starts undefined\)")
+
+
 def test_missing_barrier_before_wgmma_reads_other_threads_stores_is_caught():
     ptx = wgmma_kernel(64, 1, "f16").replace("  bar.sync 0;\n", "")
     ptx = ptx.replace(", 0, 1, 1, 0, 0;", ", 0, 1, 1, 0, 0;  // BUG")
@@ -456,6 +463,19 @@ def test_pipeline_streams_tiles_through_mbarriers(copies):
         np.testing.assert_array_equal(out, want.astype(np.float32))
 
 
+def test_cp_async_arrivals_count_when_their_copies_land():
+    # without .noinc each thread's arrive-on is no net arrival: the full phase never completes, and
+    # the producer waits forever for the consumers to free the stage
+    ptx = mark(pipeline("cp.async").replace("cp.async.mbarrier.arrive.noinc.shared", "cp.async.mbarrier.arrive.shared"),
+               "  mbarrier.try_wait.parity.shared::cta.b64 %ok, [%e], %par;")
+    planted(ptx, pipeline_args()[0], "deadlock: threads wait on an mbarrier phase that never completes",
+            block=(256, 1, 1))
+    # 128 producer threads arrive on a phase that expects 64
+    ptx = mark(pipeline("cp.async").replace("[full], 128;", "[full], 64;"), "  cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%f];")
+    planted(ptx, pipeline_args()[0], r"more arrivals on the mbarrier at shared byte \d+ than its phase expects \(64\)",
+            block=(256, 1, 1))
+
+
 def test_bulk_copies_need_no_proxy_fence():
     args, want = pipeline_args(3)
     launch(pipeline("bulk").replace("  fence.proxy.async.shared::cta;\n", ""), "k", (1, 1, 1), (256, 1, 1), args)
@@ -472,17 +492,17 @@ def mark(ptx, text, new=None):
 def test_consumer_reading_before_its_mbarrier_wait_is_caught(copies):
     ptx = pipeline(copies).replace("  @!%ok bra WAIT_FULL;\n", "").replace(
         "  mbarrier.try_wait.parity.shared::cta.b64 %ok, [%f], %par;\n", "", 1)
-    ptx = mark(ptx, "%a, %b, %acc, 1, 1, 0, 0;")
-    found = ("while the async copy on line \\d+ writing it is in flight" if copies == "bulk"  # no wait: not landed
-             else "written by the async copy on line \\d+, with no mbarrier wait")
-    planted(ptx, pipeline_args()[0], r"wgmma.mma_async reads shared byte \d+ \(buf\+\d+\),? " + found,
-            block=(256, 1, 1))
+    ptx = mark(ptx, "%a, %b, %acc, 1, 1, 0, 0;")       # no wait: the copies have not landed
+    planted(ptx, pipeline_args()[0], r"wgmma.mma_async reads shared byte \d+ \(buf\+\d+\),? while the async "
+                                     r"copy on line \d+ writing it is in flight", block=(256, 1, 1))
 
 
-def test_a_consumer_ignoring_its_try_wait_after_a_bulk_copy_is_caught():
-    """The first wait after a bulk copy answers false (its bytes land when a wait is retried), so a
-    consumer that polls once and reads on is caught even when every arrival is already in."""
-    ptx = mark(pipeline("bulk").replace("  @!%ok bra WAIT_FULL;\n", ""), "%a, %b, %acc, 1, 1, 0, 0;")
+@pytest.mark.parametrize("copies", ["bulk", "cp.async"])
+def test_a_consumer_ignoring_its_try_wait_after_a_copy_is_caught(copies):
+    """The first wait after a bulk copy or a cp.async.mbarrier.arrive answers false (the copies land,
+    and the arrive-on is made, when a wait is retried), so a consumer that polls once and reads on
+    is caught even when the producer ran ahead and every arrival instruction has executed."""
+    ptx = mark(pipeline(copies).replace("  @!%ok bra WAIT_FULL;\n", ""), "%a, %b, %acc, 1, 1, 0, 0;")
     planted(ptx, pipeline_args()[0], r"wgmma.mma_async reads shared byte \d+ \(buf\+0\) while the async copy on "
                                      r"line \d+ writing it is in flight", block=(256, 1, 1))
 
@@ -603,6 +623,16 @@ def test_mbarrier_phases_counts_transactions_and_elect():
         np.testing.assert_array_equal(cta[:, 1], 1)
         np.testing.assert_array_equal(cta[:, 2], src[lane % 16])
         np.testing.assert_array_equal(cta[:, 3], np.where(lane < 5, 99, 5 + 256 * (lane == 5)))
+
+
+def test_a_cta_ending_with_a_bulk_copy_in_flight_is_caught():
+    """No thread waits for the copy's phase: the CTA ends (ret) while it may still be landing."""
+    wait = "WAIT:\n  mbarrier.try_wait.parity.shared::cta.b64 %p, [bar], 0;\n  @!%p bra WAIT;\n"
+    read = "  ld.shared.u32 %v, [%s];\n"
+    ptx = MBARRIER.replace(wait, "").replace(read, "").replace("  ret;\n}", "  ret;  // BUG\n}")
+    src = np.arange(16, dtype=np.uint32)
+    planted(ptx, [src, np.zeros((2, 32, 4), np.uint32)], r"the CTA ends while async copies that the mbarrier at "
+            r"shared byte 1024 tracks are in flight: no thread waited for the phase", block=(32, 1, 1))
 
 
 ARRIVE_DROP = SM90A + """.visible .entry k(.param .u64 out)
@@ -730,8 +760,29 @@ DONE:
 """
 
 
+# The consumers reach their inc first (lowest PC first), before the producer has given any back.
+SETMAXNREG_PRODUCER_LATE = SM90A + """.visible .entry k()
+.maxntid 384, 1, 1
+{
+  .reg .b32 %t;
+  .reg .pred %p;
+  mov.u32 %t, %tid.x;
+  setp.lt.u32 %p, %t, 128;
+  @%p bra PRODUCER;
+  setmaxnreg.inc.sync.aligned.u32 232;
+  bra DONE;
+PRODUCER:
+  setmaxnreg.dec.sync.aligned.u32 40;
+DONE:
+  ret;
+}
+"""
+
+
 def test_setmaxnreg_rebalances_registers_by_warpgroup():
     launch(SETMAXNREG.replace("LIMIT", "128").replace("INC", "232"), "k", (2, 1, 1), (384, 1, 1), [])
+    # 384 threads launch with at most 168 registers each: the incs wait for the producer's dec
+    launch(SETMAXNREG_PRODUCER_LATE, "k", (2, 1, 1), (384, 1, 1), [])
 
 
 def test_setmaxnreg_misuse_is_caught():
@@ -739,8 +790,21 @@ def test_setmaxnreg_misuse_is_caught():
     ptx = mark(SETMAXNREG.replace("LIMIT", "64").replace("INC", "232"), "  setmaxnreg.dec.sync.aligned.u32 40;")
     planted(ptx, [], r"setmaxnreg: warpgroup 0 \(warps 0..3\) executes it with 64 of its 128 threads",
             block=(384, 1, 1))
-    # more registers than the SM has: 40 + 2 x 240 per thread of 128-thread warpgroups
+    # more registers than the launch gave the CTA: 40 + 2 x 240 > 3 x 168 per thread
     ptx = mark(SETMAXNREG.replace("LIMIT", "128").replace("INC", "240"), "  setmaxnreg.inc.sync.aligned.u32 240;")
-    planted(ptx, [], r"ask for \[40, 240, 240\] registers per thread, 66560 in all", block=(384, 1, 1))
+    planted(ptx, [], r"deadlock: threads wait on registers that no warpgroup of the CTA gives back "
+                     r"\(setmaxnreg.dec\)", block=(384, 1, 1))
+    # a producer that never gives its registers back: the consumers' incs can never be met
+    ptx = mark(SETMAXNREG_PRODUCER_LATE.replace("  setmaxnreg.dec.sync.aligned.u32 40;\n", ""),
+               "  setmaxnreg.inc.sync.aligned.u32 232;")
+    planted(ptx, [], r"deadlock: threads wait on registers that no warpgroup", block=(384, 1, 1))
+    # .maxnreg caps the launch's registers: 3 x 128 leave no room for 40 + 2 x 232
+    ptx = mark(SETMAXNREG.replace("LIMIT", "128").replace("INC", "232").replace(".maxntid 384, 1, 1", ".maxntid 384, 1, 1\n.maxnreg 128"),
+               "  setmaxnreg.inc.sync.aligned.u32 232;")
+    planted(ptx, [], r"deadlock: threads wait on registers", block=(384, 1, 1))
+    # a dec that raises the count
+    ptx = mark(SETMAXNREG.replace("LIMIT", "128").replace("INC", "232").replace("dec.sync.aligned.u32 40", "dec.sync.aligned.u32 200"),
+               "  setmaxnreg.dec.sync.aligned.u32 200;")
+    planted(ptx, [], r"setmaxnreg.dec to 200 registers from 168", block=(384, 1, 1))
     with pytest.raises(InterpError, match="setmaxnreg count 244: it must be a multiple of 8 in 24..256"):
         launch(SETMAXNREG.replace("LIMIT", "128").replace("INC", "244"), "k", (1, 1, 1), (384, 1, 1), [])

@@ -516,6 +516,15 @@ def test_cp_async_never_waited_for():
     expect(bug, PENDING.format(line=first_line("cp.async.cg", bug)), (0, 0, 0), (0, 0, 0))
 
 
+def test_a_cta_ending_with_a_cp_async_in_flight_is_caught():
+    """Nothing reads the copy, but its CTA's shared memory is gone while it may still be landing."""
+    bug = OVERWRITE_PENDING.replace("{wait}", "").replace("  st.shared.u32 [%slot+12], %lin;  // BUG\n", "")
+    bug = bug.replace("  ld.shared.u32 %v, [%slot];\n", "  exit;  // BUG\n")
+    expect(bug, r"the CTA ends while this thread's cp.async on line \d+ is in flight: neither waited for "
+                r"\(cp.async.wait_group/wait_all\) nor handed to an mbarrier", (0, 0, 0), (0, 0, 0))
+    clean(bug.replace("  exit;", "  cp.async.wait_all;\n  exit;"))
+
+
 def test_cp_async_waited_for_but_no_barrier_before_other_threads_read():
     bug = DOUBLE_BUFFER.replace("bar.sync 0;                          // and so", "// and so").replace(
         NEIGHBOUR_READ, NEIGHBOUR_READ + "  // BUG")
