@@ -58,6 +58,7 @@ CASES = [
     (2, 2, 64, 300, False, "f16", "bf16", {"stages": 3}),      # 3 key tiles through a 3-stage ring
     (2, 1, 64, 129, True, "f16", "f32", {"consumers": 1}),     # 64-row blocks: 3 query blocks, up to 2 key tiles
     (2, 1, 128, 97, True, "f16", "f16", {"producer_warps": 4, "overlap": True}),  # producer warpgroup, setmaxnreg
+    (2, 2, 64, 300, True, "bf16", "f32", {"pingpong": True}),  # consumers take turns at the tensor cores, 3 tiles
     (8, 1, 64, 40, False, "bf16", "bf16", {"block_n": 32}),    # MQA 8:1, 32-key tiles: the 2-stage ring wraps
 ]
 
@@ -107,6 +108,8 @@ def test_assembles_for_sm90a_without_spills(head_dim, knobs):
     ({"overlap": True}, "consumers would hold 160 accumulator registers of 168"),
     ({"stages": 4}, "bytes of shared memory for block_n=128, stages=4"),
     ({"producer_warps": 2}, "producer_warps=2: 1 or 4"),
+    ({"pingpong": True}, "pingpong: two consumer warpgroups taking turns at the tensor cores while the other runs "
+                         "its softmax needs consumers=2 and overlap (got consumers=2, overlap=False)"),
 ])
 def test_plan_rejects_knobs_that_cannot_work(knobs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -187,6 +190,8 @@ RING_BUGS = [
     ("prefill_sm90a", "@!%ready bra V;", ""),                  # P V reads a V stage whose copies are in flight
     ("prefill_sm90a", "@!%ready bra Q_FULL;", ""),             # S reads Q before it has landed
     ("prefill_sm90a_fa3", "setmaxnreg.dec.sync.aligned.u32 40;", ""),  # the consumers' inc can never be met
+    ("prefill_sm90a_pingpong", "@%p bar.arrive 1, 256;", ""),  # warpgroup 0 never gets its first turn
+    ("prefill_sm90a_pingpong", "bar.arrive %next_turn, 256;", ""),  # a turn not handed over: both wait
 ]
 
 

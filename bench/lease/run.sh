@@ -9,12 +9,13 @@
 #   on the GPU:                  device run, carry [".whl"], command "bash bench/lease/run.sh"
 #
 # Steps: install; Q4_K GEMVs (queue and static schedules, with programmatic dependent launch and
-# one without), the fused gate|up group and the 36-layer decoder (bench/lease/decode.toml: the
-# decoder's row also times the separate kernels); decode attention at 4k/8k/32k keys with PDL and
-# without; prefill with mma.sync (against torch SDPA) and wgmma (sm_90a) at 1k/4k/8k; Nsight Compute
-# on the 12288x4096 GEMV; `pytest -m gpu` with what is left. `make bench` (every kernel, peers, whole-model decode)
-# needs a call of its own. Afterwards: copy $OUT under bench/results/ and run
-# bench/model_check.py on the JSON files.
+# one without, and grids that leave half of each SM free for PDL's next launch) and the fused
+# gate|up group (bench/lease/decode.toml); decode attention at 4k/8k/32k keys with PDL and without,
+# at two CTAs an SM and one (attention.toml); the 36-layer decoder, also as separate kernels
+# (decoder.toml); prefill with mma.sync (against torch SDPA) and wgmma (sm_90a) at 1k/4k/8k;
+# `pytest -m gpu` with what is left. `make bench` (every kernel, peers, whole-model decode) needs a
+# call of its own. Afterwards: copy $OUT under bench/results/ and run bench/model_check.py on the
+# JSON files.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -58,19 +59,20 @@ export PYTHONPATH=/tmp/site
 step install 120 bash -c 'python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && python3 -m pip install -q --no-deps --no-build-isolation -e .' || exit 1
 BENCH=(python3 -m ptxgen.cli bench)
-step "decode GEMVs and the 36-layer decoder" 300 "${BENCH[@]}" --spec bench/lease/decode.toml --graph \
-    --json "$OUT/decode.json"
-step "decode attention" 90 "${BENCH[@]}" --spec bench/lease/attention.toml --set seq_len=4096,8192,32768 \
+step "decode GEMVs" 150 "${BENCH[@]}" --spec bench/lease/decode.toml --graph --json "$OUT/decode.json"
+step "decode attention" 120 "${BENCH[@]}" --spec bench/lease/attention.toml --set seq_len=4096,8192,32768 \
     --json "$OUT/attention.json"
-for variant in prefill prefill_sm90a; do
-    step "$variant" 60 "${BENCH[@]}" --spec "bench/lease/$variant.toml" --set seq_len=1024,4096,8192 \
-        --json "$OUT/$variant.json"
-done
-# InstructionStats: the SASS thread-instructions executed, against `ptxgen show`'s PTX count (2.54 a byte).
-step "ncu gemv_12288x4096" 60 ncu --section SpeedOfLight --section Occupancy --section WarpStateStats \
-    --section InstructionStats --metrics smsp__thread_inst_executed.sum -k regex:'^gemv_12288x4096$' -c 1 --log-file "$OUT/ncu_gemv.txt" \
-    "${BENCH[@]}" gemv_12288x4096 --spec bench/lease/decode.toml
-# Why the 36-layer decoder parts from its separate kernels (bench.SPREAD_MULTIPLE): depth, races, ulp spread.
-step "decoder depth" 60 python3 bench/lease/decoder_depth.py
+step "36-layer decoder" 240 "${BENCH[@]}" --spec bench/lease/decoder.toml --graph --json "$OUT/decoder.json"
+step "prefill" 60 "${BENCH[@]}" --spec bench/lease/prefill.toml --set seq_len=1024,4096,8192 --json "$OUT/prefill.json"
+step "prefill_sm90a" 90 "${BENCH[@]}" --spec bench/lease/prefill_sm90a.toml --set seq_len=1024,4096,8192 \
+    --json "$OUT/prefill_sm90a.json"
 step "pytest -m gpu" 150 python3 -m pytest -m gpu -q -p no:cacheprovider
 echo "== done after $(( SECONDS - START )) s"
+# Done once, on the H100 of 2026-11-27 (bench/results/H100-2026-11-27-lease), and left out since:
+# Nsight Compute on the 12288x4096 GEMV (InstructionStats: SASS thread-instructions against
+# `ptxgen show`'s PTX count),
+#   ncu --section SpeedOfLight --section Occupancy --section WarpStateStats --section InstructionStats \
+#       --metrics smsp__thread_inst_executed.sum -k regex:'^gemv_12288x4096$' -c 1 \
+#       python3 -m ptxgen.cli bench gemv_12288x4096 --spec bench/lease/decode.toml
+# and why the 36-layer decoder parts from its separate kernels (depth, not races; bench.SPREAD_MULTIPLE):
+#   python3 bench/lease/decoder_depth.py

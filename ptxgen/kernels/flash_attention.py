@@ -53,6 +53,7 @@ class Sm90aTuning(BaseModel):
     stages: int = Field(default=2, ge=1, le=4)
     producer_warps: Literal[1, 4] = 1
     overlap: bool | None = None  # None: wherever the registers allow it
+    pingpong: bool = False       # two consumer warpgroups take turns issuing their MMAs (overlap only)
 
 
 class FlashAttentionConfig(KernelConfig):

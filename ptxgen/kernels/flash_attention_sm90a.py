@@ -20,7 +20,12 @@ warps; block_m = 64 * consumers rows of one head; grid (ceil(seq_len / block_m),
   (FlashAttention-3's intra-warpgroup overlap) the softmax of tile j runs while the tensor
   cores do P_{j-1} V_{j-1}: S_j and P_{j-1} V_{j-1} are issued back to back, wgmma.wait_group 1
   retires S_j alone, and O is rescaled after wait_group 0; that keeps P beside S, block_n / 4
-  more registers per thread.
+  more registers per thread. With `pingpong` as well (FlashAttention-3's inter-warpgroup
+  schedule, two consumers), the warpgroups take turns: each waits on its named barrier (1 + its
+  index) before issuing a tile's MMAs and arrives on the other's after, so one's softmax runs
+  while the other's MMAs have the tensor cores, instead of both contending at once. Warpgroup 0
+  goes first (warpgroup 1 arrives on its barrier once at the start; the last issue arrives only
+  from warpgroup 0, so no arrival is left over). Not yet timed on a GPU.
 - Shared memory, dynamic, from smem[] rounded up to 1024 bytes at run time (ALIGN_SLACK: the
   toolchain aligns an .extern array to 16 bytes only, whatever its .align; nvJitLink 13.0 put it
   at 0x450 on an H100, which broke every swizzled read): [Q: block_m rows][K: stages x block_n
@@ -69,6 +74,7 @@ class Sm90aPlan:
     stages: int                # K/V tiles in flight
     producer_warps: int        # 1, or 4 (a warpgroup that hands registers over with setmaxnreg)
     overlap: bool              # softmax of tile j while P_{j-1} V_{j-1} runs (S and P both live)
+    pingpong: bool = False     # the two consumer warpgroups issue their MMAs in turn (named barriers)
 
     @property
     def block_m(self) -> int:
@@ -116,7 +122,8 @@ class Sm90aPlan:
 
 
 def sm90a_plan(config: FlashAttentionConfig, *, block_n: int = 128, consumers: int = 2,
-               stages: int = 2, producer_warps: int = 1, overlap: bool | None = None) -> Sm90aPlan:
+               stages: int = 2, producer_warps: int = 1, overlap: bool | None = None,
+               pingpong: bool = False) -> Sm90aPlan:
     """The plan for a config and the tuning knobs (ValueError naming a knob that cannot work);
     overlap=None overlaps wherever the registers allow it."""
     if block_n not in (32, 64, 128, 256):
@@ -130,7 +137,11 @@ def sm90a_plan(config: FlashAttentionConfig, *, block_n: int = 128, consumers: i
     registers = Sm90aPlan(config.head_dim, block_n, consumers, stages, producer_warps, False).registers
     if overlap is None:
         overlap = in_order + block_n // 4 + REGISTER_OVERHEAD <= registers
-    plan = Sm90aPlan(config.head_dim, block_n, consumers, stages, producer_warps, overlap)
+    if pingpong and (consumers != 2 or not overlap):
+        raise ValueError(f"pingpong: two consumer warpgroups taking turns at the tensor cores while the other "
+                         f"runs its softmax needs consumers=2 and overlap (got consumers={consumers}, "
+                         f"overlap={overlap})")
+    plan = Sm90aPlan(config.head_dim, block_n, consumers, stages, producer_warps, overlap, pingpong)
     if plan.dynamic_shared + plan.static_shared > MAX_SHARED:
         raise ValueError(f"{plan.dynamic_shared + plan.static_shared} bytes of shared memory for "
                          f"block_n={block_n}, stages={stages}, consumers={consumers}: more than {MAX_SHARED}")
@@ -156,6 +167,7 @@ def sm90a_template_vars(config: FlashAttentionConfig, plan: Sm90aPlan) -> dict:
         "consumers": plan.consumers,
         "stages": plan.stages,
         "overlap": plan.overlap,
+        "pingpong": plan.pingpong,
         "threads": plan.threads,
         "producer_warps": plan.producer_warps,
         "q_bytes": plan.q_bytes,
