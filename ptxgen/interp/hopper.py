@@ -555,9 +555,10 @@ class AsyncState:
             bar.clocks_now[ctas] = bar.clocks_done[ctas] = 0
             self.ordering.initialised(threads, bar)
 
-    def arrive(self, bar, threads, count, tx=None, drop=False):
+    def arrive(self, bar, threads, count, tx=None, drop=False, release=True):
         """Arrive-on (after an optional expect-tx); returns each thread's phase (its state).
-        `drop` (arrive_drop): the arrivals also leave the count every later phase expects."""
+        `drop` (arrive_drop): the arrivals also leave the count every later phase expects;
+        release=False (.relaxed): the arrival orders nothing before it."""
         ctas = self.st.cta[threads]
         arriving = np.bincount(ctas, np.broadcast_to(count, ctas.shape), minlength=len(bar.pending))
         # More arrivals than the phase still expects belong to the next one: in a correct kernel the
@@ -567,7 +568,8 @@ class AsyncState:
         if tx is not None:
             np.add.at(bar.tx, ctas, tx)
         np.subtract.at(bar.pending, ctas, count)
-        self.st.ordering.cta_event(threads)
+        if release:
+            self.st.ordering.cta_event(threads)
         if drop:
             np.subtract.at(bar.expected, ctas, count)
             gone = bar.expected[ctas] < 1
@@ -575,7 +577,7 @@ class AsyncState:
                 raise Finding(f"arrive_drop leaves the mbarrier at shared byte {bar.offset} expecting no arrivals",
                               threads[int(np.flatnonzero(gone)[0])])
         _check_arrivals(bar, ctas, bar.pending[ctas] < 0, threads)
-        if self.ordering:
+        if self.ordering and release:
             self.ordering.release(threads, bar)
         self.settle(bar, ctas, threads)
         return state
@@ -829,6 +831,7 @@ def _mbarrier(c):
     _shared_space(c)
     action = c.mods[0]
     name = f"mbarrier.{action}"
+    relaxed = "relaxed" in c.mods       # .relaxed: an arrive releases nothing, a wait acquires nothing
     address = c.address(c.ops[1] if action in ("arrive", "arrive_drop", "test_wait", "try_wait") else c.ops[0],
                         "shared")
     if action in ("init", "expect_tx"):
@@ -870,9 +873,9 @@ def _mbarrier(c):
             phases = np.zeros(len(threads), np.uint64)
             for bar, pos in s.barriers_at(address(st, sel), threads, name):
                 if expect:
-                    phases[pos] = s.arrive(bar, threads[pos], 1, tx=value[pos], drop=drop)
+                    phases[pos] = s.arrive(bar, threads[pos], 1, tx=value[pos], drop=drop, release=not relaxed)
                 else:
-                    phases[pos] = s.arrive(bar, threads[pos], value[pos], drop=drop)
+                    phases[pos] = s.arrive(bar, threads[pos], value[pos], drop=drop, release=not relaxed)
             state(st, sel, phases)
         return c.alu(arrive)
     if action in ("test_wait", "try_wait"):
@@ -900,7 +903,7 @@ def _mbarrier(c):
                 phase = bar.phase[st.cta[threads[pos]]]
                 done = phase % 2 != want[pos] % 2 if parity else phase > want[pos]
                 blocked[pos[~done]] = True
-                if done.any():
+                if done.any() and not relaxed:
                     st.ordering.cta_event(threads[pos[done]])
                     if s.ordering:
                         s.ordering.acquire(threads[pos[done]], bar)
@@ -998,6 +1001,11 @@ def _fence(c):
     if c.mods[:2] != ["proxy", "async"]:
         return _PLAIN_FENCE(c)
     _uses_async(c)
+    space = c.mods[2:]
+    if space not in ([], ["global"], ["shared::cta"], ["shared::cluster"]):
+        c.fail("expected fence.proxy.async{.global, .shared::cta, .shared::cluster}")
+    if space == ["global"]:             # orders global memory only: nothing the sanitizer tracks
+        return c.alu(lambda st, sel: None)
 
     def run(st, sel):
         s = st.async_state

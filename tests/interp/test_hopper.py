@@ -305,8 +305,9 @@ def test_missing_wgmma_fence_is_caught():
     planted(ptx, wgmma_args(), "uses %d3, written by an ordinary instruction after this warpgroup's last wgmma.fence")
 
 
-def test_missing_proxy_fence_after_ordinary_stores_is_caught():
-    ptx = wgmma_kernel(64, 1, "f16").replace("  fence.proxy.async.shared::cta;\n", "")
+@pytest.mark.parametrize("fence", ["", "  fence.proxy.async.global;\n"])   # none, or one for global memory only
+def test_missing_proxy_fence_after_ordinary_stores_is_caught(fence):
+    ptx = wgmma_kernel(64, 1, "f16").replace("  fence.proxy.async.shared::cta;\n", fence)
     ptx = ptx.replace(", 0, 1, 1, 0, 0;", ", 0, 1, 1, 0, 0;  // BUG")
     planted(ptx, wgmma_args(), r"wgmma.mma_async reads shared byte \d+ \(smem\+\d+\), written through the "
                                r"generic proxy by thread \(\d+,0,0\), with no fence.proxy.async in between")
@@ -505,6 +506,21 @@ def test_a_consumer_ignoring_its_try_wait_after_a_copy_is_caught(copies):
     ptx = mark(pipeline(copies).replace("  @!%ok bra WAIT_FULL;\n", ""), "%a, %b, %acc, 1, 1, 0, 0;")
     planted(ptx, pipeline_args()[0], r"wgmma.mma_async reads shared byte \d+ \(buf\+0\) while the async copy on "
                                      r"line \d+ writing it is in flight", block=(256, 1, 1))
+
+
+def test_relaxed_mbarrier_operations_order_nothing():
+    # a relaxed wait acquires nothing: the wgmma reads the copies without having acquired them
+    wait = "  mbarrier.try_wait.parity.shared::cta.b64 %ok, [%f], %par;\n"
+    ptx = mark(pipeline("bulk").replace(wait, wait.replace("parity.", "parity.relaxed.cta.")), "%a, %b, %acc, 1, 1, 0, 0;")
+    planted(ptx, pipeline_args()[0], r"wgmma.mma_async reads shared byte \d+ \(buf\+\d+\), written by the async copy "
+                                     r"on line \d+, with no mbarrier wait or bar.sync ordering that write", block=(256, 1, 1))
+    # a relaxed arrive releases nothing: the producer's refill is ordered after neither the
+    # consumers' reads nor the copy before it
+    arrive = "  mbarrier.arrive.shared::cta.b64 _, [%e];\n"
+    ptx = pipeline("cp.async").replace(arrive, arrive.replace("arrive.", "arrive.relaxed.cta."))
+    ptx = mark(ptx, next(text for text in ptx.splitlines() if "cp.async.cg.shared.global [%dst], [%src], 16;" in text))
+    planted(ptx, pipeline_args()[0], r"overwrites shared byte \d+ \(buf\+\d+\), written by the async copy on line "
+                                     r"\d+, without waiting on the mbarrier phase that completes it", block=(256, 1, 1))
 
 
 @pytest.mark.parametrize("copies", ["bulk", "cp.async"])
