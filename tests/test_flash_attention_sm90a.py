@@ -178,6 +178,32 @@ def test_a_build_that_drops_setmaxnreg_says_so(tmp_path):
     assert list(manifest["kernels"]["fa3"]["assembler"]) == ["sm_90a"]
 
 
+# A ring phase set instead of flipped is right for the first two rounds of a two-stage ring and
+# wrong from the third: verify's sizes (70, 257: three 128-key tiles) wrap the ring once and pass
+# it (mutation testing, session 12), five tiles (641 keys) catch it; causal work grows as the
+# square of the length, so verify of a 32-head prefill at 641 would cost about six times 257's:
+# it is tested here, on a small config.
+@pytest.mark.parametrize("text, planted", [
+    ("@%pm xor.b32 %full, %full, 1;", "@%pm mov.u32 %full, 1;"),      # the consumers' full-barrier parity
+    ("@%pm xor.b32 %free, %free, 1;", "@%pm mov.u32 %free, 0;"),      # the producer's empty-barrier parity
+])
+def test_a_ring_phase_set_instead_of_flipped_fails_once_the_ring_wraps_twice(text, planted):
+    from ptxgen.errors import SanitizerError
+
+    from helpers import with_ptx
+
+    kernel = attention_kernel(2, 1, 64, causal=True)
+    ptx = kernel.variants["sm_90a"].ptx
+    assert ptx.count(text) == 1, text
+    assert_passes(verify_sm90a(kernel, 641, seed=4))
+    mutant = with_ptx(kernel, ptx.replace(text, planted), "sm_90a")
+    try:
+        checks = verify_sm90a(mutant, 641, seed=4)
+    except SanitizerError:
+        return
+    assert any(check.failure for check in checks), [check.failure for check in checks]
+
+
 # Bugs of the sm_90a variant that verify's sizes missed while its two-stage ring never wrapped
 # (mutation testing, session 10), and the ones the interpreter could not see until copies handed
 # to an mbarrier stayed in flight until a waiting thread parked and setmaxnreg.inc waited for the
