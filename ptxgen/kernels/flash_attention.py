@@ -41,6 +41,10 @@ RESCALE_THRESHOLD = 8.0
 # sample_inputs' key in the first key tile (visited last) that moves the max of rows past the first
 # query block (of every block_m up to 128)
 OUTLIER_KEY, OUTLIER_ROW = 5, 130
+# sample_inputs' last row and key gain sqrt(LAST_SCORE / head_dim) in every dimension: that row's
+# score with the key it meets first (the last tile is visited first) rises by about LAST_SCORE,
+# past the ~1000 at which 2^(old max - new max) overflows f32 if a kernel forgot its running max.
+LAST_SCORE = 1200.0
 
 
 class Sm90aTuning(BaseModel):
@@ -299,7 +303,10 @@ class FlashAttention(Kind):
         The kernels walk key tiles from the last to the first, so those rows (in a later query block)
         meet the key in their last tile visited, their running max jumps by more than
         RESCALE_THRESHOLD allows (62.7 in score units at head_dim 128), and o and l must be rescaled;
-        with four rows some lanes of a warp hold one of them and some do not: they disagree about it."""
+        with four rows some lanes of a warp hold one of them and some do not: they disagree about it.
+        The last row and key gain sqrt(LAST_SCORE / head_dim): the max of that row falls by about
+        LAST_SCORE after its first tile visited, so the running max must be kept (a tile's own max
+        in its place overflows the rescale factor: NaN)."""
         c = self.config
         seq_len = scalars["seq_len"]
         q = rng.standard_normal((c.num_heads, seq_len, c.head_dim))
@@ -309,6 +316,8 @@ class FlashAttention(Kind):
             boost = 12 / math.sqrt(c.head_dim)
             q[:, OUTLIER_ROW:OUTLIER_ROW + 4] += boost
             k[:, OUTLIER_KEY] += boost
+            q[:, -1] += math.sqrt(LAST_SCORE / c.head_dim)
+            k[:, -1] += math.sqrt(LAST_SCORE / c.head_dim)
         return {"q": from_float(q, c.dtype), "k": from_float(k, c.dtype), "v": from_float(v, c.dtype)}
 
     def reference(self, arrays, scalars):
