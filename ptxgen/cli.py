@@ -321,6 +321,9 @@ def print_show(report: dict, gpu) -> None:
         out.print(f"  bytes in flight per SM {flight['per_sm']:,} (Little's law needs {flight['needed_per_sm']:,} "
                   f"at {gpu.latency_ns:.0f} ns); {model['rounds_per_warp']} dependent load rounds a warp, "
                   f"{model['generations']} CTA generation(s)", markup=False)
+        if "dispatch" in model:
+            out.print(f"  CTAs of unequal work dealt over {model['dispatch']['slots']} resident slots in dispatch "
+                      f"order: {model['dispatch']['makespan_over_even']}x an even spread", markup=False)
         out.print(f"  {model['verdict']}", markup=False)
     elif model:
         out.print(f"performance model: {model.get('verdict')}", markup=False)

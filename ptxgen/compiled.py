@@ -145,6 +145,15 @@ class CompiledKernel:
 
         return kind_from_json(dict(self.config))
 
+    def definition_for(self, target: str | None):
+        """The definition of PTX `target`'s variant: an arch-specific variant's own (its arithmetic
+        and blocks may differ), else the portable kind's."""
+        if target is None or target == self.portable.target:
+            return self.definition
+        from .kernels import kind_from_json
+
+        return kind_from_json(dict(self.config), target)
+
     # --- launching -------------------------------------------------------------------------
     def check_scalars(self, scalars: Mapping[str, int]) -> None:
         """Reject missing, unknown or out-of-range runtime scalars before any launch."""

@@ -40,7 +40,12 @@ The time model has three terms, all in microseconds:
   Without a declared tail, the tail is the rounds only some warps wait through, from the PTX
   alone: (critical rounds - mean rounds) x latency.
 A kind too large to interpret is counted at smaller configs that repeat its work and
-extrapolated (Kind.model_scaling: a persistent decoder's one layer and two-layer configs).
+extrapolated (Kind.model_scaling: a persistent decoder's one layer and two-layer configs). A grid
+too large is counted on its first CTAs and scaled, by their number, or where the kind says its
+CTAs' work differs (Kind.cta_work: a causal prefill's query blocks) by all the work over theirs;
+the report then adds how evenly that work is dealt: the CTAs list-scheduled in dispatch order over
+the resident CTA slots, the makespan over an even spread (dispatch_balance; not in the time terms,
+which take every CTA as alike).
 If the warps of an SM overlap perfectly, the time is the largest of the first three terms plus
 the tail ("overlapped"); if they issue their loads together, wait together and compute
 together (a CTA barrier, or few rounds per warp, keeps them in step), the terms add
@@ -54,6 +59,7 @@ tensor-core pipes.
 
 from __future__ import annotations
 
+import heapq
 import math
 import re
 import subprocess
@@ -303,6 +309,8 @@ MAX_COUNTED_THREADS = 1 << 14
 # moving more than this is not counted (20M rows of a 256-wide RMSNorm would take 38 GiB; the
 # Qwen3-8B lm_head's 511 MB, whose queue's persistent CTAs cannot be sampled, about 2 minutes).
 MAX_COUNTED_BYTES = 256 << 20
+# dispatch_balance list-schedules at most this many CTAs (a Python loop: about a second)
+MAX_DISPATCHED_CTAS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -322,6 +330,7 @@ class Count:
     ctas_run: int
     ctas: int
     scaled: str = ""  # how the counts were extrapolated from smaller configs (Kind.model_scaling)
+    weighted: bool = False  # scaled by the CTAs' work (Kind.cta_work), not their number
 
     @property
     def counted(self) -> str:
@@ -329,6 +338,9 @@ class Count:
             return self.scaled
         if self.ctas_run == self.ctas:
             return f"all {self.ctas} CTAs executed"
+        if self.weighted:
+            return (f"CTAs 0..{self.ctas_run - 1} of {self.ctas} executed, counts scaled by the work of all "
+                    "over theirs (Kind.cta_work)")
         return (f"CTAs 0..{self.ctas_run - 1} of {self.ctas} executed, counts scaled by {self.ctas}/{self.ctas_run} "
                 "(exact when the other CTAs repeat their work)")
 
@@ -345,11 +357,13 @@ class Count:
 
 
 def count_instructions(ptx: str, entry: str, launch: Launch, args: list,
-                       max_threads: int = MAX_COUNTED_THREADS, min_ctas: int = 1) -> Count:
+                       max_threads: int = MAX_COUNTED_THREADS, min_ctas: int = 1,
+                       work: np.ndarray | None = None) -> Count:
     """Run the launch in the interpreter (sanitizer off; arrays in args are written) and count.
     A grid of more than `max_threads` threads runs only its first whole rows of CTAs (or first
-    CTAs), at least `min_ctas` of them (a DependentTail's group), and scales the counts; a
-    cooperative or any-grid launch always runs whole, since its CTAs wait for each other."""
+    CTAs), at least `min_ctas` of them (a DependentTail's group), and scales the counts: by the
+    CTAs' number, or where their `work` differs (Kind.cta_work) by all the work over what ran;
+    a cooperative or any-grid launch always runs whole, since its CTAs wait for each other."""
     ctas = math.prod(launch.grid)
     threads = launch.threads_per_cta
     run = ctas
@@ -361,10 +375,11 @@ def count_instructions(ptx: str, entry: str, launch: Launch, args: list,
                       sanitize=False, max_ctas=run)
     rounds = load_rounds(parse(ptx, entry))
     warps_run = run * -(-threads // 32)
+    scale = ctas / run if work is None else float(work.sum() / work[:run].sum())
     busiest = max(rounds.waits, key=lambda i: (stats.warps_at[i], rounds.waits[i]), default=None)
     return Count(
-        thread_instructions=round(stats.thread_instructions * ctas / run),
-        warp_instructions=round(stats.warp_instructions * ctas / run),
+        thread_instructions=round(stats.thread_instructions * scale),
+        warp_instructions=round(stats.warp_instructions * scale),
         rounds_per_warp=float(sum(stats.warps_at[i] for i in rounds.starts)) / warps_run,
         critical_rounds=sum(-(-int(stats.warps_at[i]) // warps_run) for i in rounds.starts),
         outstanding_bytes=rounds.waits[busiest] if busiest is not None else 0,
@@ -372,6 +387,7 @@ def count_instructions(ptx: str, entry: str, launch: Launch, args: list,
         critical_instructions=sum(-(-int(warps) // warps_run) for warps in stats.warps_at),
         ctas_run=run,
         ctas=ctas,
+        weighted=work is not None,
     )
 
 
@@ -393,16 +409,28 @@ def occupancy_per_arch(launches: Mapping[str, Launch], cubins: dict[str, dict]) 
                             res["shared_bytes"] + launches[arch].dynamic_shared) for arch, res in cubins.items()}
 
 
+def dispatch_balance(work: np.ndarray, slots: int) -> float:
+    """How much longer the CTAs take than an even spread of their work over `slots` resident CTA
+    slots: list scheduling in dispatch order (each CTA to the slot that frees first, the slots
+    taken as equally fast: co-resident CTAs share their SM), its makespan over the larger of
+    total / slots and the largest CTA. 1.0: balanced."""
+    loads = [0.0] * max(1, min(slots, len(work)))
+    for w in work.tolist():
+        heapq.heapreplace(loads, loads[0] + w)
+    return max(loads) / max(float(work.sum()) / slots, float(work.max()))
+
+
 def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str, dict], traffic_bytes: int,
              gpu: Gpu, *, cubin: bytes | None = None, max_threads: int = MAX_COUNTED_THREADS,
              tail: DependentTail | None = None, count: Count | None = None,
-             launches: Mapping[str, Launch] | None = None) -> dict:
+             launches: Mapping[str, Launch] | None = None, work: np.ndarray | None = None) -> dict:
     """The model's report for one launch. `cubins`: arch -> resources as in the manifest
     (`registers`, `shared_bytes` = static shared); it must include the GPU's arch. With the
     GPU arch's `cubin` and nvdisasm installed, the report adds its SASS counts. `tail`: the
     kind's DependentTail at this launch, if it has one. `count`: the launch's counts, made
     elsewhere (scaled_count); else the interpreter runs it here. `launches`: each arch's launch
-    for its occupancy, where they differ (default: `launch`, the GPU arch's)."""
+    for its occupancy, where they differ (default: `launch`, the GPU arch's). `work`: the CTAs'
+    relative work where it differs (Kind.cta_work): the report adds how evenly they are dealt."""
     if gpu.arch not in cubins:
         raise PtxgenError(f"--gpu {gpu.name} is {gpu.arch}, which the spec does not build "
                           f"(archs: {', '.join(cubins)})")
@@ -476,6 +504,9 @@ def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str,
                                  "serialized": round(100 * floor / serialized, 1)},
         "verdict": verdict(times, floor, tail_us, tail_note, rounds, in_flight, gpu, declared_tail=tail is not None),
     })
+    if work is not None and len(work) <= MAX_DISPATCHED_CTAS:
+        slots = here.ctas_per_sm * gpu.sms
+        report["dispatch"] = {"slots": slots, "makespan_over_even": round(dispatch_balance(work, slots), 3)}
     return report
 
 
@@ -502,11 +533,13 @@ def evaluate_kernel(compiled: CompiledKernel, gpu: Gpu, *, resources: dict[str, 
     binary = compiled.binaries.get(gpu.arch)
     count = (launch_count(compiled, gpu.arch, scalars, seed, max_threads) if scaling is None
              else scaled_count(scaling, gpu.arch, scalars, seed, max_threads))
-    return {"scalars": scalars, **evaluate(compiled.variant(gpu.arch).ptx, compiled.name, launch, [], resources,
+    variant = compiled.variant(gpu.arch)
+    return {"scalars": scalars, **evaluate(variant.ptx, compiled.name, launch, [], resources,
                                            kind.traffic(scalars).bytes, gpu,
                                            cubin=binary.cubin if binary is not None else None,
                                            max_threads=max_threads, tail=kind.dependent_tail(scalars), count=count,
-                                           launches=arch_launches(compiled, scalars, resources))}
+                                           launches=arch_launches(compiled, scalars, resources),
+                                           work=compiled.definition_for(variant.target).cta_work(scalars))}
 
 
 def arch_launches(compiled: CompiledKernel, scalars: Mapping[str, int], archs) -> dict[str, Launch]:
@@ -523,8 +556,10 @@ def launch_count(compiled: CompiledKernel, arch: str, scalars: dict[str, int], s
     kind = compiled.definition
     tail = kind.dependent_tail(scalars)
     arrays = prepare_arrays(compiled, kind.sample_inputs(np.random.default_rng(seed), scalars), scalars)
-    return count_instructions(compiled.variant(arch).ptx, compiled.name, compiled.launch(scalars, arch),
-                              compiled.args(arrays, scalars), max_threads, min_ctas=tail.group_ctas if tail else 1)
+    variant = compiled.variant(arch)
+    return count_instructions(variant.ptx, compiled.name, compiled.launch(scalars, arch),
+                              compiled.args(arrays, scalars), max_threads, min_ctas=tail.group_ctas if tail else 1,
+                              work=compiled.definition_for(variant.target).cta_work(scalars))
 
 
 def scaled_count(scaling: ModelScaling, arch: str, scalars: dict[str, int], seed: int, max_threads: int) -> Count:

@@ -73,16 +73,6 @@ def changed_count(result: np.ndarray, expected: np.ndarray, kept: np.ndarray) ->
     return int(np.count_nonzero(~same & kept))
 
 
-def graded_kind(compiled: CompiledKernel, target: str | None):
-    """The kind whose error analysis grades results of PTX `target`: an arch-specific variant's
-    own (its arithmetic may differ), else the portable kind."""
-    if target is None or target == compiled.portable.target:
-        return compiled.definition
-    from .kernels import kind_from_json
-
-    return kind_from_json(dict(compiled.config), target)
-
-
 def ran_target(compiled: CompiledKernel, backend: str, arch: str | None) -> str:
     """The PTX target whose code a launch ran: the interpreter's `arch` variant, or on the device
     the cubin (or JIT-compiled PTX) that fits its GPU."""
@@ -95,7 +85,7 @@ def compare(compiled: CompiledKernel, arrays: dict[str, np.ndarray], reference: 
     `target`, default the portable one) to the reference. An inout parameter whose kind names the
     elements it rewrites (Kind.rewritten) is graded on those; its other elements must equal their
     reference (the input) exactly."""
-    kind = graded_kind(compiled, target)
+    kind = compiled.definition_for(target)
     unrested = ", ".join(f"{count} word{'s' if count > 1 else ''} of {param.name}" for param in compiled.workspaces
                          if (count := kind.unrested(param, arrays[param.name])))
     checks = []
@@ -127,7 +117,7 @@ def forced_checks(compiled: CompiledKernel, inputs: dict[str, np.ndarray], array
                   scalars: dict, target: str | None = None) -> list[Check]:
     """The kind's teacher-forced gradings of a launch (Kind.forced), one Check each."""
     checks = []
-    for label, (result, reference, tolerance) in graded_kind(compiled, target).forced(inputs, arrays, scalars).items():
+    for label, (result, reference, tolerance) in compiled.definition_for(target).forced(inputs, arrays, scalars).items():
         finite = np.where(np.isfinite(result), result, 0.0)
         checks.append(Check(compiled.name, f"{label} (teacher-forced)", dict(scalars), result.shape,
                             relative_l2(finite, reference), tolerance, int(np.count_nonzero(~np.isfinite(result)))))

@@ -239,6 +239,13 @@ class Kind:
         extra load rounds from the PTX alone)."""
         return None
 
+    def cta_work(self, scalars: dict[str, int]) -> np.ndarray | None:
+        """Relative work of each CTA of the launch at these scalars, in the order the hardware hands
+        them out (linear id, x fastest), where CTAs differ (a causal prefill's query blocks); None
+        where every CTA does the same. The performance model scales a sample of CTAs by it and
+        list-schedules it over the resident CTA slots (perf.dispatch_balance)."""
+        return None
+
     def model_scaling(self) -> ModelScaling | None:
         """For a config the interpreter cannot run whole (its weights too many): the smaller
         configs the performance model counts instead (ModelScaling); None: count this one."""

@@ -47,6 +47,17 @@ OUTLIER_KEY, OUTLIER_ROW = 5, 130
 LAST_SCORE = 1200.0
 
 
+def causal_cta_work(seq_len: int, heads: int, block_m: int, block_n: int) -> np.ndarray:
+    """Work of each CTA of a causal launch by linear id (id = rank * heads + head, query block =
+    blocks - 1 - rank: query_block in templates/families/prefill.ptx.j2): its key tiles, plus one
+    for its Q tile and output (counted on the portable kernel at 1k tokens, 64-key tiles: a CTA's
+    fixed instructions are those of 1.6 tiles; with the + 1, a sample of the heaviest half of the
+    CTAs scales to 1.5% under the whole grid's count, without it 4.5%)."""
+    blocks = ceil_div(seq_len, block_m)
+    block = blocks - 1 - np.arange(blocks * heads) // heads
+    return -(-np.minimum(seq_len, (block + 1) * block_m) // block_n) + 1
+
+
 class Sm90aTuning(BaseModel):
     """Knobs of the Hopper (sm_90a) variant; see ptxgen/kernels/flash_attention_sm90a.py."""
 
@@ -253,9 +264,21 @@ class FlashAttention(Kind):
         return Geometry(grid=(ceil_div(scalar("seq_len"), self.config.block_m), self.config.num_heads, 1),
                         block=(self.threads, 1, 1), dynamic_shared=self.dynamic_shared())
 
+    @property
+    def block_shape(self) -> tuple[int, int]:
+        """(query rows, keys) of a CTA's block and of a key tile."""
+        return self.config.block_m, self.config.block_n
+
+    def cta_work(self, scalars):
+        """Causal: each CTA's key tiles, in the order templates/families/prefill.ptx.j2's
+        query_block deals them (the heaviest block of every head first)."""
+        if not self.config.causal:
+            return None
+        return causal_cta_work(scalars["seq_len"], self.config.num_heads, *self.block_shape)
+
     def launch_note(self) -> str:
         c = self.config
-        order = ", query blocks in reverse (longest causal rows first)" if c.causal else ""
+        order = ", the heaviest query blocks of every head first (longest causal rows)" if c.causal else ""
         return (f"one CTA per {c.block_m} query rows of one head, {c.warp_rows} per warp, "
                 f"{c.block_n}-key tiles in a {c.stages}-stage ring{order}")
 
@@ -266,6 +289,7 @@ class FlashAttention(Kind):
             "dtype": c.dtype,
             "out_dtype": c.out_dtype,
             "causal": c.causal,
+            "num_heads": c.num_heads,
             "group": self.group,
             "scale_log2": self.scale * math.log2(math.e),
             "rescale_threshold": RESCALE_THRESHOLD,

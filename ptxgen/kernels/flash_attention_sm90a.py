@@ -160,6 +160,7 @@ def sm90a_template_vars(config: FlashAttentionConfig, plan: Sm90aPlan) -> dict:
         "dtype": config.dtype,
         "out_dtype": config.out_dtype,
         "causal": config.causal,
+        "num_heads": config.num_heads,
         "group": config.num_heads // config.num_kv_heads,
         "scale_log2": scale * math.log2(math.e),
         "block_m": plan.block_m,
@@ -201,6 +202,10 @@ class FlashAttentionSm90a(FlashAttention):
 
     def geometry(self) -> Geometry:
         return sm90a_geometry(self.config, self.plan)
+
+    @property
+    def block_shape(self) -> tuple[int, int]:
+        return self.plan.block_m, self.plan.block_n
 
     def launch_note(self) -> str:
         plan = self.plan
