@@ -626,16 +626,17 @@ class AsyncState:
             _check_arrivals(bar, ctas, bar.pending[ctas] < 0, threads[:1].repeat(len(ctas)))
             self.settle(bar, ctas, threads)
 
-    def check_ended(self, ctas, thread):
-        """The last threads of these CTAs exit: no async copy into their shared memory may be in
-        flight (the PTX ISA gives a CTA's shared memory no life beyond its threads)."""
+    def check_ended(self, ctas, threads):
+        """The last threads of these CTAs exit (`threads`, those exiting now): no async copy into
+        their shared memory may be in flight (the PTX ISA gives a CTA's shared memory no life
+        beyond its threads)."""
         for bar in self.barriers.values():
             left = [p.cta for p in bar.tracked if p.cta in ctas] + [
                 int(c) for c in ctas if bar.flying[c] or bar.deferred[c]]
             if left:
                 raise Finding(f"the CTA ends while async copies that the mbarrier at shared byte {bar.offset} "
                               "tracks are in flight: no thread waited for the phase that completes them",
-                              thread)
+                              threads[self.st.cta[threads] == left[0]][0])
 
     def track(self, bar, cta, granules, issuer, line, generic):
         """Async writes to granules complete with the current phase of bar in this CTA."""

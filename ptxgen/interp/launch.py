@@ -429,7 +429,7 @@ def _check_ended(st, barriers, threads):
     if len(ended):
         st.races.check_ended(ended)
         if st.async_state is not None:
-            st.async_state.check_ended(set(ended.tolist()), threads[-1])
+            st.async_state.check_ended(set(ended.tolist()), threads)
 
 
 class _CtaBarriers:

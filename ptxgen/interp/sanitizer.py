@@ -335,8 +335,8 @@ class SharedRaces:
             left = np.isin(self.st.cta[copy.threads], ctas)
             if left.any():
                 raise Finding(f"the CTA ends while this thread's cp.async on line {copy.line} is in flight: "
-                              "neither waited for (cp.async.wait_group/wait_all) nor handed to an mbarrier "
-                              "that a thread waited on", copy.threads[left][0])
+                              "neither waited for (cp.async.wait_group/wait_all) nor handed to an mbarrier",
+                              copy.threads[left][0])
 
     def _check_pending(self, pending, rows, size, per, threads, access):
         pending = pending == PENDING
