@@ -239,3 +239,14 @@ def test_verify_catches_ring_bugs_of_the_shipped_sm90a_prefill(name, text, plant
     except SanitizerError:
         return
     assert any(check.failure for check in checks), [check.failure for check in checks]
+
+
+def test_the_sm90a_variant_weighs_its_ctas_by_its_own_blocks():
+    """The performance model's CTA work (Kind.cta_work) of the variant a GPU runs: sm_90a's
+    128-row blocks of 128-key tiles, not the portable kernel's 64 x 64."""
+    kernel = attention_kernel(4, 1, 128, causal=True)
+    portable, variant = kernel.definition.cta_work({"seq_len": 300}), kernel.definition_for("sm_90a").cta_work(
+        {"seq_len": 300})
+    assert list(variant) == [3 + 1] * 4 + [2 + 1] * 4 + [1 + 1] * 4      # blocks of rows 256.., 128.., 0..
+    assert len(portable) == 5 * 4 and portable[0] == 5 + 1                # 64-row blocks of 64 keys
+    assert attention_kernel(4, 1, 128, causal=False).definition_for("sm_90a").cta_work({"seq_len": 300}) is None
