@@ -444,7 +444,7 @@ class AsyncState:
         by_file = 65536 // (st.program.minnctapersm * warps * 32) // 8 * 8
         self.launch_registers = min(st.program.maxnreg or 255, by_file) // 8 * 8
         self.register_pool = self.launch_registers * self.groups_per_cta * WARPGROUP
-        self.declined = {}     # wait pc -> per thread: 0, or DECLINED / PARKED since its last true
+        self.asked = {}        # wait pc -> per thread: 0, or DECLINED / PARKED since its last true
         self.ordering = Ordering(st, self.groups_per_cta) if st.sanitize else None
         self.written_at = {}                      # register id -> last ordinary write, per thread
         self.fenced_at = np.full(st.n, -1, np.int64)   # last wgmma.fence, per thread
@@ -896,7 +896,7 @@ def _mbarrier(c):
             threads = st.indices(sel)
             want = np.broadcast_to(np.asarray(target(st, sel)).astype(np.int64), threads.shape)
             blocked = np.zeros(len(threads), bool)
-            asked = s.declined.setdefault(st.pc, np.zeros(st.n, np.int8))
+            asked = s.asked.setdefault(st.pc, np.zeros(st.n, np.int8))
             for bar, pos in s.barriers_at(address(st, sel), threads, name):
                 retried = threads[pos][asked[threads[pos]] == PARKED]
                 if len(retried):
@@ -916,7 +916,7 @@ def _mbarrier(c):
             if not blocked.all():
                 done_w(st, threads[~blocked], np.True_)
             return blocked & ~first
-        return Exec(c.ins, "wait", wait)
+        return Exec(c.ins, "wait", wait, target="an mbarrier phase that never completes")
     c.fail(f"unsupported {name}")
 
 
@@ -1042,7 +1042,7 @@ def _setmaxnreg(c):
                 continue
             s.max_registers[wg] = count
         return blocked
-    return Exec(c.ins, "wait", run)
+    return Exec(c.ins, "wait", run, target="registers that no warpgroup of the CTA gives back (setmaxnreg.dec)")
 
 
 @opcode("elect")

@@ -324,9 +324,7 @@ def _run_wave(st, code, sync_points, holds, stats, name, rng, members):
         if (picked is None or picked == "spinning") and parked:
             if stalled:                            # a whole retry round parked again
                 pc = min(parked)
-                waits_for = ("registers that no warpgroup of the CTA gives back (setmaxnreg.dec)"
-                             if code[pc].ins.base == "setmaxnreg" else "an mbarrier phase that never completes")
-                raise _report(Finding(f"deadlock: threads wait on {waits_for} and no other thread can run",
+                raise _report(Finding(f"deadlock: threads wait on {code[pc].target} and no other thread can run",
                                       parked[pc][0]), code[pc].ins, st, name)
             for pc, threads in parked.items():
                 cohorts.release(pc, threads)

@@ -32,9 +32,9 @@ SPACES = {"param", "global", "shared", "local", "shared::cta", "const"}
 
 
 class Exec:
-    """A compiled instruction: kind is alu, bra, exit or bar. target: a branch's target, a
-    barrier's (waits, aligned). strong_read: a strong global load (the scheduler's spin-wait
-    detection)."""
+    """A compiled instruction: kind is alu, bra, exit, bar or wait. target: a branch's target, a
+    barrier's (waits, aligned), a wait's what it waits for (launch's deadlock report).
+    strong_read: a strong global load (the scheduler's spin-wait detection)."""
     __slots__ = ("ins", "kind", "run", "target", "strong_read")
 
     def __init__(self, ins, kind, run=None, target=None):
