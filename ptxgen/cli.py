@@ -322,8 +322,10 @@ def print_show(report: dict, gpu) -> None:
                   f"at {gpu.latency_ns:.0f} ns); {model['rounds_per_warp']} dependent load rounds a warp, "
                   f"{model['generations']} CTA generation(s)", markup=False)
         if "dispatch" in model:
-            out.print(f"  CTAs of unequal work dealt over {model['dispatch']['slots']} resident slots in dispatch "
-                      f"order: {model['dispatch']['makespan_over_even']}x an even spread", markup=False)
+            dispatch = model["dispatch"]
+            out.print(f"  CTAs of unequal work dealt over {dispatch['slots']} resident slots in dispatch order: "
+                      f"{dispatch['makespan_over_even']}x the larger of an even spread and the longest CTA; "
+                      f"the longest CTA alone {dispatch['longest_over_even']}x an even spread", markup=False)
         out.print(f"  {model['verdict']}", markup=False)
     elif model:
         out.print(f"performance model: {model.get('verdict')}", markup=False)

@@ -44,8 +44,10 @@ extrapolated (Kind.model_scaling: a persistent decoder's one layer and two-layer
 too large is counted on its first CTAs and scaled, by their number, or where the kind says its
 CTAs' work differs (Kind.cta_work: a causal prefill's query blocks) by all the work over theirs;
 the report then adds how evenly that work is dealt: the CTAs list-scheduled in dispatch order over
-the resident CTA slots, the makespan over an even spread (dispatch_balance; not in the time terms,
-which take every CTA as alike).
+the resident CTA slots, the makespan over the larger of an even spread and the longest CTA
+(dispatch_balance: what the order costs), and the longest CTA over an even spread (what no order
+can win back: one CTA's chain of dependent tiles; a causal prefill at 1k tokens, whose grid is one
+wave). Neither is in the time terms, which take every CTA as alike.
 If the warps of an SM overlap perfectly, the time is the largest of the first three terms plus
 the tail ("overlapped"); if they issue their loads together, wait together and compute
 together (a CTA barrier, or few rounds per warp, keeps them in step), the terms add
@@ -420,6 +422,13 @@ def dispatch_balance(work: np.ndarray, slots: int) -> float:
     return max(loads) / max(float(work.sum()) / slots, float(work.max()))
 
 
+def dispatch_report(work: np.ndarray, slots: int) -> dict:
+    """show's `dispatch`: what the order of CTAs of unequal work costs (dispatch_balance), and
+    the longest CTA over an even spread of all of it (what no order wins back)."""
+    return {"slots": slots, "makespan_over_even": round(dispatch_balance(work, slots), 3),
+            "longest_over_even": round(float(work.max()) * slots / float(work.sum()), 3)}
+
+
 def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str, dict], traffic_bytes: int,
              gpu: Gpu, *, cubin: bytes | None = None, max_threads: int = MAX_COUNTED_THREADS,
              tail: DependentTail | None = None, count: Count | None = None,
@@ -505,8 +514,7 @@ def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str,
         "verdict": verdict(times, floor, tail_us, tail_note, rounds, in_flight, gpu, declared_tail=tail is not None),
     })
     if work is not None and len(work) <= MAX_DISPATCHED_CTAS:
-        slots = here.ctas_per_sm * gpu.sms
-        report["dispatch"] = {"slots": slots, "makespan_over_even": round(dispatch_balance(work, slots), 3)}
+        report["dispatch"] = dispatch_report(work, here.ctas_per_sm * gpu.sms)
     return report
 
 

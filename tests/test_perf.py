@@ -476,6 +476,18 @@ def test_dealing_the_heaviest_causal_blocks_of_every_head_first_evens_the_waves(
     assert perf.dispatch_balance(before, slots) >= 1.13
 
 
+def test_a_one_wave_causal_prefill_is_bound_by_its_longest_cta():
+    """1k tokens, 32 heads, 128-row CTAs of 64-key tiles on 264 slots: 256 CTAs, one wave, so the
+    order costs nothing, but the last block's 16 key tiles (+1) are 1.75x the 80 x 32 / 264 an
+    even spread gives a slot (measured on the H100 of 2026-11-27: 168 TFLOP/s there, 320 at 4k)."""
+    from ptxgen.kernels.flash_attention import causal_cta_work
+
+    report = perf.dispatch_report(causal_cta_work(1024, 32, 128, 64), 264)
+    assert report == {"slots": 264, "makespan_over_even": 1.0, "longest_over_even": round(17 * 264 / 2560, 3)}
+    # 4k: 1024 CTAs, the longest (64 tiles + 1) half of a slot's even share, not what bounds it
+    assert perf.dispatch_report(causal_cta_work(4096, 32, 128, 64), 264)["longest_over_even"] == round(65 * 264 / 34816, 3)
+
+
 def test_a_sample_of_unequal_ctas_scales_by_their_work():
     """A causal prefill's first CTAs are its heaviest: scaled by their number they overstate the
     grid by 40%; by their work (Kind.cta_work) they come within 2% of running every CTA."""

@@ -146,7 +146,7 @@ class PendingWrites(NamedTuple):
 class Barrier:
     """One mbarrier offset in every CTA of the wave."""
 
-    def __init__(self, offset, slot, num_ctas, columns):
+    def __init__(self, offset, slot, num_ctas, columns, cta_threads):
         self.offset, self.slot = offset, slot
         self.ready = np.zeros(num_ctas, bool)
         self.expected, self.pending, self.tx, self.phase = (np.zeros(num_ctas, np.int64) for _ in range(4))
@@ -159,6 +159,7 @@ class Barrier:
             self.stamp = np.zeros(num_ctas, np.int32)
             self.init_agent = np.zeros(num_ctas, np.int64)
             self.init_clock = np.zeros(num_ctas, np.int32)
+            self.touched = np.zeros((num_ctas, cta_threads), np.int32)   # each thread's clock at its last use
 
 
 class Wgmma(NamedTuple):
@@ -254,6 +255,28 @@ class Ordering:
             raise Finding(f"uses the mbarrier at {self.where_byte(bar.offset)} initialised by thread "
                           f"{self.xyz(bar.init_agent[ctas[i]])} with no bar.sync in between",
                           threads[i])
+
+    def check_rewrite(self, threads, bar, what):
+        """mbarrier.init and mbarrier.inval write the object non-atomically: one thread of a CTA
+        at a time, ordered after every earlier use of it (a second init can wipe arrivals
+        already made; the usual form: one thread initialises, then a bar.sync)."""
+        ctas = self.st.cta[threads]
+        many = np.bincount(ctas) > 1
+        if many.any():
+            i = int(np.flatnonzero(many[ctas])[0])
+            raise Finding(f"{what} of the mbarrier at {self.where_byte(bar.offset)} by "
+                          f"{int(np.bincount(ctas)[ctas[i]])} threads of one CTA at once (a plain write of "
+                          "the object: one thread makes it, the others wait at a bar.sync)", threads[i])
+        unseen = self.vc[threads, :self.T] < bar.touched[ctas]
+        if unseen.any():
+            i, user = (int(x[0]) for x in np.nonzero(unseen))
+            raise Finding(f"{what} of the mbarrier at {self.where_byte(bar.offset)}, which thread "
+                          f"{self.xyz(user)} used with no bar.sync in between (it may wipe or "
+                          "race that use)", threads[i])
+
+    def touch(self, threads, bar):
+        lin = self.st.lin[threads]
+        bar.touched[self.st.cta[threads], lin] = self.vc[threads, lin]
 
     # -- shared memory accesses
     def where_byte(self, offset):
@@ -529,7 +552,7 @@ class AsyncState:
                     raise InterpError(f"more than {MAX_BARRIERS} mbarrier objects")
                 columns = self.ordering.columns if self.ordering else 0
                 bar = self.barriers[int(offset)] = Barrier(int(offset), len(self.barriers),
-                                                           self.st.num_ctas, columns)
+                                                           self.st.num_ctas, columns, self.st.cta_threads)
             elif what != "mbarrier.init":
                 ctas = self.st.cta[threads[pos]]
                 if not bar.ready[ctas].all():
@@ -538,6 +561,10 @@ class AsyncState:
                                   "mbarrier.init (or after mbarrier.inval)", threads[i])
                 if self.ordering:
                     self.ordering.check_initialised(threads[pos], bar)
+            if self.ordering:
+                if what in ("mbarrier.init", "mbarrier.inval"):
+                    self.ordering.check_rewrite(threads[pos], bar, what)
+                self.ordering.touch(threads[pos], bar)
             out.append((bar, pos))
         return out
 

@@ -757,6 +757,67 @@ def test_ordinary_access_to_an_mbarrier_is_caught():
             r"ordinary store to the mbarrier object at shared byte 1024 \(bar\+0\)", block=(32, 1, 1))
 
 
+
+def test_every_thread_initialising_an_mbarrier_is_caught():
+    """mbarrier.init is a plain write of the object: 32 threads making it at once race."""
+    ptx = mark(MBARRIER, "  @%leader mbarrier.init.shared::cta.b64 [bar], 32;",
+               "  mbarrier.init.shared::cta.b64 [bar], 32;")
+    planted(ptx, [np.zeros(16, np.uint32), np.zeros((32, 4), np.uint32)],
+            r"mbarrier.init of the mbarrier at shared byte 1024 \(bar\+0\) by 32 threads of one CTA at once",
+            block=(32, 1, 1))
+
+
+REINIT = SM90A + """.visible .entry k(.param .u64 out)
+{
+  .shared .align 8 .b64 bar;
+  .reg .b32 %t;
+  .reg .b64 %out, %off;
+  .reg .pred %p, %leader;
+  ld.param.u64 %out, [out];
+  mov.u32 %t, %tid.x;
+  mul.wide.u32 %off, %t, 4;
+  add.u64 %out, %out, %off;
+  setp.eq.u32 %leader, %t, 0;
+  @%leader mbarrier.init.shared::cta.b64 [bar], 32;
+  bar.sync 0;
+  setp.ge.u32 %p, %t, 32;
+  @%p bra SECOND;
+  mbarrier.arrive.shared::cta.b64 _, [bar];
+WAIT:
+  mbarrier.try_wait.parity.shared::cta.b64 %p, [bar], 0;
+  @!%p bra WAIT;
+SECOND:
+  bar.sync 0;
+  @%leader mbarrier.init.shared::cta.b64 [bar], 16;  // the same object again, for 16 arrivals
+  bar.sync 0;
+  setp.lt.u32 %p, %t, 16;
+  @!%p bra DONE;
+  mbarrier.arrive.shared::cta.b64 _, [bar];
+AGAIN:
+  mbarrier.try_wait.parity.shared::cta.b64 %p, [bar], 0;
+  @!%p bra AGAIN;
+  st.global.u32 [%out], 1;
+DONE:
+  ret;
+}
+"""
+
+
+def test_initialising_an_mbarrier_again_after_a_bar_sync_is_clean():
+    out = np.zeros(64, np.uint32)
+    launch(REINIT, "k", (1, 1, 1), (64, 1, 1), [out])
+    np.testing.assert_array_equal(out, np.arange(64) < 16)
+
+
+def test_initialising_an_mbarrier_while_another_warp_waits_on_it_is_caught():
+    """Warp 1 initialises the mbarrier that warp 0 is waiting on, with no bar.sync in between:
+    warp 0's phase 0 can then complete on the new object's arrivals, or never."""
+    ptx = REINIT.replace("  @%p bra SECOND;", "  @%p bra RACE;").replace(
+        "SECOND:\n", "RACE:\n  setp.eq.u32 %p, %t, 32;\n"
+        "  @%p mbarrier.init.shared::cta.b64 [bar], 32;  // BUG\n  @%p bra DONE;\nSECOND:\n")
+    planted(ptx, [np.zeros(64, np.uint32)], r"mbarrier.init of the mbarrier at shared byte 1024 \(bar\+0\), "
+            r"which thread \(0,0,0\) used with no bar.sync in between", block=(64, 1, 1))
+
 # ---- setmaxnreg --------------------------------------------------------------------------
 SETMAXNREG = SM90A + """.visible .entry k()
 .maxntid 384, 1, 1
