@@ -63,7 +63,7 @@ step "decode GEMVs" 150 "${BENCH[@]}" --spec bench/lease/decode.toml --graph --j
 step "decode attention" 120 "${BENCH[@]}" --spec bench/lease/attention.toml --set seq_len=4096,8192,32768 \
     --json "$OUT/attention.json"
 step "36-layer decoder" 240 "${BENCH[@]}" --spec bench/lease/decoder.toml --graph --json "$OUT/decoder.json"
-step "prefill" 60 "${BENCH[@]}" --spec bench/lease/prefill.toml --set seq_len=1024,4096,8192 --json "$OUT/prefill.json"
+step "prefill" 90 "${BENCH[@]}" --spec bench/lease/prefill.toml --set seq_len=1024,4096,8192 --json "$OUT/prefill.json"
 step "prefill_sm90a" 90 "${BENCH[@]}" --spec bench/lease/prefill_sm90a.toml --set seq_len=1024,4096,8192 \
     --json "$OUT/prefill_sm90a.json"
 step "pytest -m gpu" 150 python3 -m pytest -m gpu -q -p no:cacheprovider
