@@ -36,7 +36,8 @@ def rows_of(path: Path) -> tuple[dict, list[dict]]:
 def check_row(row: dict, gpu: perf.Gpu) -> dict:
     """The model's range for one recorded row and where the measurement falls."""
     config = config_from_json({"name": row["kernel"], "kind": row["kind"], **row["config"]})
-    compiled = compile_kernel(config, archs=(gpu.arch,))
+    # The cubin the GPU ran (an sm_90a variant on an H100), where the row says (since 2026-11-28).
+    compiled = compile_kernel(config, archs=((row.get("occupancy") or {}).get("cubin_arch") or gpu.arch,))
     report = perf.evaluate_kernel(compiled, gpu, scalars=row["scalars"])
     if "skipped" in report:
         return {"kernel": row["kernel"], "scalars": row["scalars"], "measured_us": row["median_us"],

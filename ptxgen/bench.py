@@ -468,20 +468,23 @@ def bench_row(compiled: CompiledKernel, scalars: dict, iters: int, graph: bool, 
 
 
 def occupancy_row(gpu, compiled: CompiledKernel, scalars: dict) -> dict:
-    """The driver's resident CTAs an SM for this launch (its occupancy calculator) beside the
-    model's (perf.occupancy_per_arch over arch_launches, as `ptxgen show` computes it), with the
+    """Which cubin the GPU loaded (its arch; the GPU's own where the driver JIT-compiled the PTX)
+    and from which PTX, and the driver's resident CTAs an SM for this launch (its occupancy
+    calculator) beside the model's (perf.occupancy_per_arch over arch_launches, as `ptxgen show` computes it), with the
     registers and static shared bytes each side started from: the assembler's report, or the
     driver's where the GPU's arch was JIT-compiled from PTX."""
     from .perf import arch_launches, occupancy_per_arch
 
     kernel = gpu.kernel(compiled)
     launch = gpu.prepare(kernel, compiled.launch(scalars, gpu.arch))
-    binary = compiled.binaries.get(gpu.arch)
+    binary = compiled.binary_for(gpu.arch)        # the cubin the GPU loads (sm_90a's on an sm_90 GPU)
+    arch = binary.arch if binary is not None else gpu.arch
     registers, static = ((binary.resources["registers"], binary.resources["shared_bytes"]) if binary is not None
                          else (kernel.registers, kernel.static_shared))
-    model = occupancy_per_arch(arch_launches(compiled, scalars, [gpu.arch]),
-                               {gpu.arch: {"registers": registers, "shared_bytes": static}})[gpu.arch]
-    return {"ctas_per_sm": gpu.resident_ctas(kernel, launch), "registers": kernel.registers,
+    model = occupancy_per_arch(arch_launches(compiled, scalars, [arch]),
+                               {arch: {"registers": registers, "shared_bytes": static}})[arch]
+    return {"cubin_arch": arch, "ptx_target": compiled.variant(gpu.arch).target,
+            "ctas_per_sm": gpu.resident_ctas(kernel, launch), "registers": kernel.registers,
             "static_shared": kernel.static_shared, "dynamic_shared": launch.dynamic_shared,
             "model_ctas_per_sm": model.ctas_per_sm, "model_limiter": model.limiter, "model_registers": registers,
             "model_static_shared": static}

@@ -240,10 +240,13 @@ def show(
     chosen_scalars = single_sets(assignments, "show")
     spec = load_spec(spec_path)
     compiled = compile_one(spec, spec.spec.find(name))
-    variant = compiled.variant(arch)
     if ptx:
-        sys.stdout.write(variant.ptx)
+        sys.stdout.write(compiled.variant(arch).ptx)
         return
+    # Without --arch, the launch the model prices: that of the cubin the chosen GPU runs.
+    running = compiled.binary_for(chosen.arch)
+    arch = arch or (chosen.arch if running is not None else None)
+    variant = compiled.variant(arch)
     kind = compiled.definition
     scalars = {**kind.example_scalars(), **chosen_scalars}
     launch = compiled.launch(scalars, arch)
@@ -263,7 +266,7 @@ def show(
         "roofline_us": {"memory": bandwidth_us, "compute": compute_us, "floor": max(bandwidth_us, compute_us),
                         "bandwidth_gbs": chosen.bandwidth_gbs, "tensor_tflops": tensor_tflops},
     }
-    if model and chosen.arch not in compiled.binaries:
+    if model and running is None:
         report["model"] = {"skipped": f"{chosen.name} is {chosen.arch}, which {spec.path} does not build"}
     elif model and not kind.verify_scalars() and kind.model_scaling() is None:
         report["model"] = {"skipped": "too large to interpret: instructions not counted"}

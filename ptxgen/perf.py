@@ -432,22 +432,26 @@ def dispatch_report(work: np.ndarray, slots: int) -> dict:
 def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str, dict], traffic_bytes: int,
              gpu: Gpu, *, cubin: bytes | None = None, max_threads: int = MAX_COUNTED_THREADS,
              tail: DependentTail | None = None, count: Count | None = None,
-             launches: Mapping[str, Launch] | None = None, work: np.ndarray | None = None) -> dict:
+             launches: Mapping[str, Launch] | None = None, work: np.ndarray | None = None,
+             arch: str | None = None) -> dict:
     """The model's report for one launch. `cubins`: arch -> resources as in the manifest
-    (`registers`, `shared_bytes` = static shared); it must include the GPU's arch. With the
-    GPU arch's `cubin` and nvdisasm installed, the report adds its SASS counts. `tail`: the
+    (`registers`, `shared_bytes` = static shared); it must include `arch`, the cubin's that runs
+    on the GPU (default the GPU's own; an sm_90 GPU runs an sm_90a cubin where the spec builds
+    one: CompiledKernel.binary_for). With that `cubin` and nvdisasm installed, the report adds its
+    SASS counts. `tail`: the
     kind's DependentTail at this launch, if it has one. `count`: the launch's counts, made
     elsewhere (scaled_count); else the interpreter runs it here. `launches`: each arch's launch
     for its occupancy, where they differ (default: `launch`, the GPU arch's). `work`: the CTAs'
     relative work where it differs (Kind.cta_work): the report adds how evenly they are dealt."""
-    if gpu.arch not in cubins:
+    arch = arch or gpu.arch
+    if arch not in cubins:
         raise PtxgenError(f"--gpu {gpu.name} is {gpu.arch}, which the spec does not build "
                           f"(archs: {', '.join(cubins)})")
     threads = launch.threads_per_cta
     occupancies = occupancy_per_arch(launches or {arch: launch for arch in cubins}, cubins)
     if count is None:
         count = count_instructions(ptx, entry, launch, args, max_threads, min_ctas=tail.group_ctas if tail else 1)
-    here = occupancies[gpu.arch]
+    here = occupancies[arch]
     ctas = math.prod(launch.grid)
     report = {
         "gpu": {**asdict(gpu), "bandwidth_gbs": gpu.bandwidth_gbs},
@@ -538,7 +542,7 @@ def evaluate_kernel(compiled: CompiledKernel, gpu: Gpu, *, resources: dict[str, 
                                                f"the model counts calls of up to {MAX_COUNTED_BYTES:,})"}
     if resources is None:
         resources = {arch: dict(binary.resources) for arch, binary in compiled.binaries.items()}
-    binary = compiled.binaries.get(gpu.arch)
+    binary = compiled.binary_for(gpu.arch)
     count = (launch_count(compiled, gpu.arch, scalars, seed, max_threads) if scaling is None
              else scaled_count(scaling, gpu.arch, scalars, seed, max_threads))
     variant = compiled.variant(gpu.arch)
@@ -547,7 +551,8 @@ def evaluate_kernel(compiled: CompiledKernel, gpu: Gpu, *, resources: dict[str, 
                                            cubin=binary.cubin if binary is not None else None,
                                            max_threads=max_threads, tail=kind.dependent_tail(scalars), count=count,
                                            launches=arch_launches(compiled, scalars, resources),
-                                           work=compiled.definition_for(variant.target).cta_work(scalars))}
+                                           work=compiled.definition_for(variant.target).cta_work(scalars),
+                                           arch=binary.arch if binary is not None else None)}
 
 
 def arch_launches(compiled: CompiledKernel, scalars: Mapping[str, int], archs) -> dict[str, Launch]:

@@ -455,7 +455,8 @@ def test_bench_records_the_drivers_occupancy_beside_the_models(sim, monkeypatch)
     for driver in (expected.ctas_per_sm, expected.ctas_per_sm - 1):
         sim.resident_ctas = driver
         row = quick_bench(sim, monkeypatch, [("qwen3_8b_rmsnorm", {"rows": 3})])["rows"][0]
-        assert row["occupancy"] == {"ctas_per_sm": driver, "registers": sim.REGISTERS, "static_shared": 0,
+        ptx_target = kernel.variant("sm_90").target      # the sm_90 PDL variant where the spec has one
+        assert row["occupancy"] == {"cubin_arch": "sm_90", "ptx_target": ptx_target, "ctas_per_sm": driver, "registers": sim.REGISTERS, "static_shared": 0,
                                     "dynamic_shared": launch.dynamic_shared, "model_ctas_per_sm": expected.ctas_per_sm,
                                     "model_limiter": expected.limiter, "model_registers": resources["registers"],
                                     "model_static_shared": resources["shared_bytes"]}, row["occupancy"]
@@ -463,6 +464,25 @@ def test_bench_records_the_drivers_occupancy_beside_the_models(sim, monkeypatch)
         assert noted == ([] if driver == expected.ctas_per_sm else
                          [f"qwen3_8b_rmsnorm: the driver fits {driver} CTAs an SM, the model (ptxgen show) "
                           f"{expected.ctas_per_sm}"]), row["notes"]
+
+
+def test_the_occupancy_row_names_the_cubin_an_sm90_gpu_runs():
+    """A kernel built for sm_90 and sm_90a: an H100 loads the sm_90a cubin (binary_for), so the row
+    says so and the model's CTAs an SM come from that cubin's registers and launch (one 288-thread
+    CTA), not the mma.sync cubin's (two of 128 threads)."""
+    from types import SimpleNamespace
+
+    from ptxgen.bench import occupancy_row
+
+    kernel = compile_kernel(make_config("flash_attention", name="attn", num_heads=2, num_kv_heads=1, head_dim=128,
+                                        block_m=128, warp_rows=32), ("sm_90", "sm_90a"))
+    loaded = kernel.binaries["sm_90a"].resources
+    gpu = SimpleNamespace(arch="sm_90", kernel=lambda compiled: SimpleNamespace(
+        registers=loaded["registers"], static_shared=loaded["shared_bytes"]),
+        prepare=lambda kernel, launch: launch, resident_ctas=lambda kernel, launch: 1)
+    row = occupancy_row(gpu, kernel, {"seq_len": 300})
+    assert (row["cubin_arch"], row["ptx_target"], row["model_ctas_per_sm"]) == ("sm_90a", "sm_90a", 1), row
+    assert row["model_registers"] == loaded["registers"] != kernel.binaries["sm_90"].resources["registers"]
 
 
 def test_bench_checks_a_fused_kernel_against_its_separate_kernels_then_times_both(sim, monkeypatch, capsys):

@@ -507,3 +507,31 @@ def test_a_sample_of_unequal_ctas_scales_by_their_work():
     assert by_number.thread_instructions > 1.3 * full.thread_instructions
     assert by_work.thread_instructions == pytest.approx(full.thread_instructions, rel=0.02)
     assert "scaled by the work of all over theirs" in by_work.counted
+
+
+def test_an_sm90_gpu_is_modelled_on_the_sm90a_cubin_it_runs(tmp_path):
+    """A spec building sm_90 and sm_90a: an H100 loads the sm_90a cubin (CompiledKernel.binary_for),
+    so the model counts its PTX and takes its occupancy (one 288-thread CTA an SM, 132 slots), not
+    the mma.sync cubin's two 128-thread CTAs (it priced one on the other's slots before), and
+    show's launch line is that variant's."""
+    from ptxgen.pipeline import compile_kernel
+
+    from helpers import make_config, run_cli_in_process
+
+    config = make_config("flash_attention", name="attn", num_heads=2, num_kv_heads=1, head_dim=128,
+                         block_m=128, warp_rows=32)
+    kernel = compile_kernel(config, ("sm_90", "sm_90a"))
+    fits = {arch: perf.occupancy_per_arch(perf.arch_launches(kernel, {"seq_len": 300}, [arch]),
+                                          {arch: kernel.binaries[arch].resources})[arch].ctas_per_sm
+            for arch in ("sm_90", "sm_90a")}
+    assert fits == {"sm_90": 2, "sm_90a": 1}
+    report = perf.evaluate_kernel(kernel, H100, scalars={"seq_len": 300})
+    assert report["dispatch"]["slots"] == 132
+    assert report["bytes_in_flight"]["resident_threads_per_sm"] == pytest.approx(288 * 6 / 132, abs=0.1)
+    spec = tmp_path / "prefill.toml"
+    spec.write_text('[target]\narchs = ["sm_90", "sm_90a"]\n\n[[kernels]]\nname = "attn"\nkind = "flash_attention"\n'
+                    'num_heads = 2\nnum_kv_heads = 1\nhead_dim = 128\n')
+    shown = run_cli_in_process("show", "attn", "--spec", str(spec), "--no-model", "--json")
+    assert shown.returncode == 0, shown.stderr
+    launch_ = json.loads(shown.stdout)["launch"]
+    assert launch_["ptx_target"] == "sm_90a" and launch_["block"] == [288, 1, 1]
