@@ -651,20 +651,22 @@ def test_a_cta_ending_with_a_bulk_copy_in_flight_is_caught():
             r"shared byte 1024 tracks are in flight: no thread waited for the phase", block=(32, 1, 1))
 
 
-ARRIVE_DROP = SM90A + """.visible .entry k(.param .u64 out)
-{
-  .shared .align 8 .b64 bar;
-  .reg .b32 %t, %v;
-  .reg .b64 %out, %state, %off;
-  .reg .pred %p, %q, %leader;
-  ld.param.u64 %out, [out];
+# out += tid * 4 bytes; thread 0 initialises `bar` for 32 arrivals; a bar.sync
+ONE_BARRIER_PROLOGUE = """  ld.param.u64 %out, [out];
   mov.u32 %t, %tid.x;
   mul.wide.u32 %off, %t, 4;
   add.u64 %out, %out, %off;
   setp.eq.u32 %leader, %t, 0;
   @%leader mbarrier.init.shared::cta.b64 [bar], 32;
   bar.sync 0;
-  setp.ge.u32 %p, %t, 16;
+"""
+ARRIVE_DROP = SM90A + """.visible .entry k(.param .u64 out)
+{
+  .shared .align 8 .b64 bar;
+  .reg .b32 %t, %v;
+  .reg .b64 %out, %state, %off;
+  .reg .pred %p, %q, %leader;
+""" + ONE_BARRIER_PROLOGUE + """  setp.ge.u32 %p, %t, 16;
   @%p mbarrier.{leave}.shared::cta.b64 _, [bar];  // lanes 16..31 arrive and leave
   @!%p mbarrier.arrive.shared::cta.b64 _, [bar];
   @%p bra DONE;
@@ -773,14 +775,7 @@ REINIT = SM90A + """.visible .entry k(.param .u64 out)
   .reg .b32 %t;
   .reg .b64 %out, %off;
   .reg .pred %p, %leader;
-  ld.param.u64 %out, [out];
-  mov.u32 %t, %tid.x;
-  mul.wide.u32 %off, %t, 4;
-  add.u64 %out, %out, %off;
-  setp.eq.u32 %leader, %t, 0;
-  @%leader mbarrier.init.shared::cta.b64 [bar], 32;
-  bar.sync 0;
-  setp.ge.u32 %p, %t, 32;
+""" + ONE_BARRIER_PROLOGUE + """  setp.ge.u32 %p, %t, 32;
   @%p bra SECOND;
   mbarrier.arrive.shared::cta.b64 _, [bar];
 WAIT:
