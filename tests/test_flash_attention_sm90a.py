@@ -60,6 +60,10 @@ CASES = [
     (2, 1, 128, 97, True, "f16", "f16", {"producer_warps": 4, "overlap": True}),  # producer warpgroup, setmaxnreg
     (2, 2, 64, 300, True, "bf16", "f32", {"pingpong": True}),  # consumers take turns at the tensor cores, 3 tiles
     (8, 1, 64, 40, False, "bf16", "bf16", {"block_n": 32}),    # MQA 8:1, 32-key tiles: the 2-stage ring wraps
+    # persistent: 12 blocks of 3 lengths on 3 CTAs, 4 rounds (both Q buffers reused, the ring runs on)
+    (4, 2, 128, 300, True, "f16", "f16", {"persistent": True, "sm_count": 3}),
+    (2, 1, 64, 257, False, "bf16", "f32", {"persistent": True, "sm_count": 2, "pingpong": True}),  # turns across blocks
+    (4, 1, 64, 129, True, "f16", "f32", {"persistent": True, "sm_count": 5, "consumers": 1}),  # rounds of 5, 5, 2
 ]
 
 
@@ -89,7 +93,7 @@ def test_large_scores_need_online_rescaling(overlap):
 
 
 @pytest.mark.parametrize("head_dim, knobs", [(128, {}), (128, {"overlap": True, "block_n": 64}),
-                                              (64, {}), (128, {"stages": 3})])
+                                              (64, {}), (128, {"stages": 3}), (128, {"persistent": True})])
 def test_assembles_for_sm90a_without_spills(head_dim, knobs):
     kernel = attention_kernel(32, 8, head_dim, True, "bf16", "bf16", knobs, until="cubin")
     plan = kernel.definition.config.sm90a
@@ -107,6 +111,7 @@ def test_assembles_for_sm90a_without_spills(head_dim, knobs):
     ({"consumers": 3}, "consumers would hold 96 accumulator registers of 128"),
     ({"overlap": True}, "consumers would hold 160 accumulator registers of 168"),
     ({"stages": 4}, "bytes of shared memory for block_n=128, stages=4"),
+    ({"stages": 3, "persistent": True}, "stages=3, consumers=2, persistent (two Q tiles): more than 232448"),
     ({"producer_warps": 2}, "producer_warps=2: 1 or 4"),
     ({"pingpong": True}, "pingpong: two consumer warpgroups taking turns at the tensor cores while the other runs "
                          "its softmax needs consumers=2 and overlap (got consumers=2, overlap=False)"),
@@ -194,7 +199,7 @@ def test_a_ring_phase_set_instead_of_flipped_fails_once_the_ring_wraps_twice(tex
 
     kernel = attention_kernel(2, 1, 64, causal=True)
     ptx = kernel.variants["sm_90a"].ptx
-    assert ptx.count(text) == 1, text
+    assert ptx.count(text) == 2, text         # next_stage: before a block's first tile, and between tiles
     assert_passes(verify_sm90a(kernel, 641, seed=4))
     mutant = with_ptx(kernel, ptx.replace(text, planted), "sm_90a")
     try:
@@ -215,7 +220,7 @@ RING_BUGS = [
     ("prefill_sm90a", "@!%ready bra FREE_V;", ""),             # V refilled while the consumers have yet to read it
     ("prefill_sm90a", "@!%ready bra V;", ""),                  # P V reads a V stage whose copies are in flight
     ("prefill_sm90a", "@!%ready bra Q_FULL;", ""),             # S reads Q before it has landed
-    ("prefill_sm90a_fa3", "setmaxnreg.dec.sync.aligned.u32 40;", ""),  # the consumers' inc can never be met
+    ("prefill_sm90a_fa3_persistent", "setmaxnreg.dec.sync.aligned.u32 40;", ""),  # the consumers' inc can never be met
     ("prefill_sm90a", "max.f32 %mx0, %mx0, %m0;", ""),        # the running max forgotten: NaN once a row's max falls
     ("prefill_sm90a_pingpong", "@%p bar.arrive 1, 256;", ""),  # warpgroup 0 never gets its first turn
     ("prefill_sm90a_pingpong", "bar.arrive %next_turn, 256;", ""),  # a turn not handed over: both wait
@@ -250,3 +255,73 @@ def test_the_sm90a_variant_weighs_its_ctas_by_its_own_blocks():
     assert list(variant) == [3 + 1] * 4 + [2 + 1] * 4 + [1 + 1] * 4      # blocks of rows 256.., 128.., 0..
     assert len(portable) == 5 * 4 and portable[0] == 5 + 1                # 64-row blocks of 64 keys
     assert attention_kernel(4, 1, 128, causal=False).definition_for("sm_90a").cta_work({"seq_len": 300}) is None
+
+
+# A persistent CTA's hand-offs between query blocks: each bug deadlocks, races or leaves blocks unwritten.
+PERSISTENT_BUGS = [
+    ("@%wg_leader mbarrier.arrive.shared::cta.b64 _, [%q_bar+16];", ""),   # Q's buffer never released
+    ("@!%ready bra Q_FREE;", ""),                   # the next block's Q loaded over one still in use
+    ("@%another bra CONSUMER_ITEM;", ""),           # consumers stop after their first block
+]
+
+
+@pytest.mark.parametrize("text, planted", PERSISTENT_BUGS)
+def test_planted_persistent_hand_off_bugs_are_caught(text, planted):
+    from ptxgen.errors import SanitizerError
+
+    from helpers import with_ptx
+
+    # 8 blocks of one 128-key tile on 2 CTAs: the producer reaches a block's Q before the consumers
+    # are done with the block two before it (a ring of 2 stages holds back one tile a block only)
+    kernel = attention_kernel(8, 2, 64, causal=True, knobs={"persistent": True, "sm_count": 2})
+    ptx = kernel.variants["sm_90a"].ptx
+    assert ptx.count(text) == 1, text
+    assert_passes(verify_sm90a(kernel, 100, seed=3))
+    mutant = with_ptx(kernel, ptx.replace(text, planted), "sm_90a")
+    try:
+        checks = verify_sm90a(mutant, 100, seed=3)
+    except SanitizerError:
+        return
+    assert any(check.failure for check in checks), [check.failure for check in checks]
+
+
+def test_the_last_v_stage_of_a_block_is_released_for_the_next():
+    """With overlap the last tile's V is read after the loop; a persistent CTA's ring runs on into
+    the next block, so that stage must be released there too (else the producer waits for it
+    forever once the ring comes round)."""
+    from ptxgen.errors import SanitizerError
+
+    from helpers import with_ptx
+
+    kernel = attention_kernel(2, 1, 64, causal=False, knobs={"persistent": True, "sm_count": 1, "overlap": True})
+    ptx = kernel.variants["sm_90a"].ptx
+    v_empty = 8 * (4 + 3 * 2)          # q_full[2], q_empty[2], then k_full, v_full, k_empty of 2 stages
+    release = f"\tmad.lo.u32 %bar, %stage, 8, %bars;\n\t@%wg_leader mbarrier.arrive.shared::cta.b64 _, [%bar+{v_empty}];\n"
+    assert ptx.count(release) == 1
+    assert_passes(verify_sm90a(kernel, 200, seed=5))
+    mutant = with_ptx(kernel, ptx.replace(release, ""), "sm_90a")
+    with pytest.raises(SanitizerError, match="deadlock|more arrivals"):
+        verify_sm90a(mutant, 200, seed=5)
+
+
+def test_a_persistent_grid_deals_blocks_forward_and_back():
+    """At most sm_count CTAs; round r deals the blocks (heaviest first) forward when r is even and
+    backward when odd, so the work evens out: at 4k tokens (32 heads, 128-row blocks of 128-key
+    tiles, 1024 blocks on 132 CTAs) the heaviest CTA carries 0.2% more than an even share, where
+    dealing every round forward gives 12% (the hardware's dispatch of 1024 CTAs: 1.009x)."""
+    from ptxgen import perf
+    from ptxgen.kernels.flash_attention import causal_cta_work
+    from ptxgen.kernels.flash_attention_sm90a import persistent_work
+
+    assert list(persistent_work(np.array([5, 4, 3, 2, 1]), 2)) == [5 + 2 + 1, 4 + 3]
+    kernel = attention_kernel(32, 8, 128, causal=True, knobs={"persistent": True})
+    scalars = {"seq_len": 4096}
+    assert kernel.launch(scalars, "sm_90a").grid == (132, 1, 1)
+    assert attention_kernel(2, 1, 128, knobs={"persistent": True}).launch({"seq_len": 300}, "sm_90a").grid == (6, 1, 1)
+    work = kernel.definition_for("sm_90a").cta_work(scalars)
+    blocks = causal_cta_work(4096, 32, 128, 128)
+    assert len(work) == 132 and work.sum() == blocks.sum()
+    assert work.max() * 132 / work.sum() == pytest.approx(1.002, abs=0.001)
+    forward = np.bincount(np.arange(len(blocks)) % 132, weights=blocks)
+    assert forward.max() * 132 / forward.sum() == pytest.approx(1.120, abs=0.001)
+    assert perf.dispatch_report(work, 132)["longest_over_even"] == pytest.approx(1.002, abs=0.001)   # show's figure

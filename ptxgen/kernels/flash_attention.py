@@ -69,6 +69,8 @@ class Sm90aTuning(BaseModel):
     producer_warps: Literal[1, 4] = 1
     overlap: bool | None = None  # None: wherever the registers allow it
     pingpong: bool = False       # two consumer warpgroups take turns issuing their MMAs (overlap only)
+    persistent: bool = False     # sm_count CTAs walk the query blocks (the next one's loads overlap this epilogue)
+    sm_count: int = Field(default=132, ge=1, le=1024)   # the persistent grid (an H100 SXM's SMs)
 
 
 class FlashAttentionConfig(KernelConfig):

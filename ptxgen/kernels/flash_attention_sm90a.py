@@ -26,10 +26,20 @@ warps; block_m = 64 * consumers rows of one head; grid (ceil(seq_len / block_m),
   while the other's MMAs have the tensor cores, instead of both contending at once. Warpgroup 0
   goes first (warpgroup 1 arrives on its barrier once at the start; the last issue arrives only
   from warpgroup 0, so no arrival is left over). Not yet timed on a GPU.
+- `persistent`: a grid of min(blocks x heads, sm_count) CTAs (one an SM: sm_count is the GPU's
+  SMs, an H100 SXM's 132 by default), each walking query blocks: round r deals blocks r * CTAs ..
+  (heaviest first, numbered as query_block does) forward when r is even and backward when odd, so
+  the CTA that took a round's heaviest block takes the next round's lightest (at 4k tokens the
+  busiest CTA carries 0.2% more than an even share, 12% dealt forward each round). The ring's
+  stages and parities run on from block to block, and Q has two buffers (block i in i % 2, an
+  empty barrier each), so the producer loads the next block's Q and first K/V tiles while the
+  consumers end this one (O's normalisation and stores), where one CTA an SM otherwise leaves the
+  tensor cores idle from a block's last MMA to the next block's first tile. FlashAttention-3 is
+  persistent too. Not yet timed on a GPU.
 - Shared memory, dynamic, from smem[] rounded up to 1024 bytes at run time (ALIGN_SLACK: the
   toolchain aligns an .extern array to 16 bytes only, whatever its .align; nvJitLink 13.0 put it
-  at 0x450 on an H100, which broke every swizzled read): [Q: block_m rows][K: stages x block_n
-  rows][V: same];
+  at 0x450 on an H100, which broke every swizzled read): [Q: block_m rows (two such tiles when
+  persistent)][K: stages x block_n rows][V: same];
   a tile of r rows of head_dim is head_dim / 64 panels of r rows x 128 bytes (64 elements),
   16-byte chunk c of row i stored at chunk c ^ (i % 8) (the 128-byte swizzle, applied to
   address bits, so every panel starts on a 1024-byte boundary).
@@ -50,10 +60,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..abi import scalar
+import numpy as np
+
+from ..abi import minimum, mul, scalar
 from ..dtypes import to_float64
 from .base import Geometry, ceil_div
-from .flash_attention import FlashAttention, FlashAttentionConfig, attention_error_bound
+from .flash_attention import FlashAttention, FlashAttentionConfig, attention_error_bound, causal_cta_work
 
 WARPGROUP = 128
 REGISTER_FILE = 65536
@@ -75,6 +87,18 @@ class Sm90aPlan:
     producer_warps: int        # 1, or 4 (a warpgroup that hands registers over with setmaxnreg)
     overlap: bool              # softmax of tile j while P_{j-1} V_{j-1} runs (S and P both live)
     pingpong: bool = False     # the two consumer warpgroups issue their MMAs in turn (named barriers)
+    persistent: bool = False   # a grid of at most sm_count CTAs, each walking query blocks in turn
+    sm_count: int = 132
+
+    @property
+    def q_buffers(self) -> int:
+        """Q tiles in shared memory: a persistent CTA loads the next block's while it ends this one."""
+        return 2 if self.persistent else 1
+
+    @property
+    def q_barriers(self) -> int:
+        """Q's mbarriers: full, and with two buffers full and empty of each."""
+        return 2 * self.q_buffers if self.persistent else 1
 
     @property
     def block_m(self) -> int:
@@ -94,12 +118,12 @@ class Sm90aPlan:
 
     @property
     def dynamic_shared(self) -> int:
-        return ALIGN_SLACK + self.q_bytes + 2 * self.stages * self.tile_bytes
+        return ALIGN_SLACK + self.q_buffers * self.q_bytes + 2 * self.stages * self.tile_bytes
 
     @property
     def static_shared(self) -> int:
         """The mbarriers: Q's, and full/empty of K and V per stage."""
-        return 8 * (1 + 4 * self.stages)
+        return 8 * (self.q_barriers + 4 * self.stages)
 
     @property
     def consumer_registers(self) -> int | None:
@@ -123,7 +147,7 @@ class Sm90aPlan:
 
 def sm90a_plan(config: FlashAttentionConfig, *, block_n: int = 128, consumers: int = 2,
                stages: int = 2, producer_warps: int = 1, overlap: bool | None = None,
-               pingpong: bool = False) -> Sm90aPlan:
+               pingpong: bool = False, persistent: bool = False, sm_count: int = 132) -> Sm90aPlan:
     """The plan for a config and the tuning knobs (ValueError naming a knob that cannot work);
     overlap=None overlaps wherever the registers allow it."""
     if block_n not in (32, 64, 128, 256):
@@ -141,10 +165,12 @@ def sm90a_plan(config: FlashAttentionConfig, *, block_n: int = 128, consumers: i
         raise ValueError(f"pingpong: two consumer warpgroups taking turns at the tensor cores while the other "
                          f"runs its softmax needs consumers=2 and overlap (got consumers={consumers}, "
                          f"overlap={overlap})")
-    plan = Sm90aPlan(config.head_dim, block_n, consumers, stages, producer_warps, overlap, pingpong)
+    plan = Sm90aPlan(config.head_dim, block_n, consumers, stages, producer_warps, overlap, pingpong, persistent,
+                     sm_count)
     if plan.dynamic_shared + plan.static_shared > MAX_SHARED:
         raise ValueError(f"{plan.dynamic_shared + plan.static_shared} bytes of shared memory for "
-                         f"block_n={block_n}, stages={stages}, consumers={consumers}: more than {MAX_SHARED}")
+                         f"block_n={block_n}, stages={stages}, consumers={consumers}"
+                         f"{', persistent (two Q tiles)' if persistent else ''}: more than {MAX_SHARED}")
     live = in_order + (block_n // 4 if overlap else 0)
     if live + REGISTER_OVERHEAD > registers:
         raise ValueError(f"consumers would hold {live} accumulator registers of {registers}: "
@@ -169,6 +195,8 @@ def sm90a_template_vars(config: FlashAttentionConfig, plan: Sm90aPlan) -> dict:
         "stages": plan.stages,
         "overlap": plan.overlap,
         "pingpong": plan.pingpong,
+        "persistent": plan.persistent,
+        "q_barriers": plan.q_barriers,
         "threads": plan.threads,
         "producer_warps": plan.producer_warps,
         "q_bytes": plan.q_bytes,
@@ -182,8 +210,23 @@ def sm90a_template_vars(config: FlashAttentionConfig, plan: Sm90aPlan) -> dict:
 
 
 def sm90a_geometry(config: FlashAttentionConfig, plan: Sm90aPlan) -> Geometry:
-    return Geometry(grid=(ceil_div(scalar("seq_len"), plan.block_m), config.num_heads, 1),
-                    block=(plan.threads, 1, 1), dynamic_shared=plan.dynamic_shared)
+    blocks = ceil_div(scalar("seq_len"), plan.block_m)
+    grid = (minimum(mul(blocks, config.num_heads), plan.sm_count), 1, 1) if plan.persistent else (
+        blocks, config.num_heads, 1)
+    return Geometry(grid=grid, block=(plan.threads, 1, 1), dynamic_shared=plan.dynamic_shared)
+
+
+def persistent_work(work: np.ndarray, ctas: int) -> np.ndarray:
+    """Each persistent CTA's work: the query blocks (`work` in the order query_block deals them,
+    heaviest first) go out in rounds of `ctas`, forward in even rounds and backward in odd ones
+    (CTA c takes c, then 2 ctas - 1 - c, ...), so that the CTA given the heaviest block of one round
+    gets the lightest of the next."""
+    rounds = ceil_div(len(work), ctas)
+    dealt = np.zeros(rounds * ctas, work.dtype)
+    dealt[:len(work)] = work
+    dealt = dealt.reshape(rounds, ctas)
+    dealt[1::2] = dealt[1::2, ::-1]
+    return dealt.sum(axis=0)
 
 
 class FlashAttentionSm90a(FlashAttention):
@@ -207,9 +250,22 @@ class FlashAttentionSm90a(FlashAttention):
     def block_shape(self) -> tuple[int, int]:
         return self.plan.block_m, self.plan.block_n
 
+    def cta_work(self, scalars):
+        """As flash_attention's; a persistent CTA's is the sum over the query blocks it walks."""
+        plan = self.plan
+        if not plan.persistent:
+            return super().cta_work(scalars)
+        blocks = ceil_div(scalars["seq_len"], plan.block_m)
+        work = (causal_cta_work(scalars["seq_len"], self.config.num_heads, *self.block_shape) if self.config.causal
+                else np.ones(blocks * self.config.num_heads, np.int64))
+        return persistent_work(work, min(len(work), plan.sm_count))
+
     def launch_note(self) -> str:
         plan = self.plan
-        return (f"sm_90a: one CTA per {plan.block_m} query rows of one head, {plan.consumers} consumer warpgroups "
+        rows = (f"at most {plan.sm_count} CTAs, each walking query blocks of {plan.block_m} rows of one head "
+                "(heaviest first, dealt forward and back by round)" if plan.persistent
+                else f"one CTA per {plan.block_m} query rows of one head")
+        return (f"sm_90a: {rows}, {plan.consumers} consumer warpgroups "
                 f"and {plan.producer_warps} producer warp(s), {plan.block_n}-key tiles in {plan.stages} stages")
 
     def template_vars(self) -> dict:
