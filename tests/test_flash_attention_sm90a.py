@@ -45,6 +45,17 @@ def verify_sm90a(kernel, seq_len, seed, inputs=None):
     return compare(kernel, run(kernel, inputs, scalars, arch="sm_90a"), reference, scalars, "sm_90a")
 
 
+def assert_caught(verify):
+    """A planted bug is caught: verify() raises a sanitizer finding or one of its checks fails."""
+    from ptxgen.errors import SanitizerError
+
+    try:
+        checks = verify()
+    except SanitizerError:
+        return
+    assert any(check.failure for check in checks), [check.failure for check in checks]
+
+
 # (num_heads, num_kv_heads, head_dim, seq_len, causal, dtype, out_dtype, knobs); the default plan
 # is 2 consumer warpgroups (128 query rows), 1 producer warp, 128-key tiles, 2 stages, softmax
 # beside P V for head_dim 64 and in order for 128 (what the 168 registers allow).
@@ -193,8 +204,6 @@ def test_a_build_that_drops_setmaxnreg_says_so(tmp_path):
     ("@%pm xor.b32 %free, %free, 1;", "@%pm mov.u32 %free, 0;"),      # the producer's empty-barrier parity
 ])
 def test_a_ring_phase_set_instead_of_flipped_fails_once_the_ring_wraps_twice(text, planted):
-    from ptxgen.errors import SanitizerError
-
     from helpers import with_ptx
 
     kernel = attention_kernel(2, 1, 64, causal=True)
@@ -202,11 +211,7 @@ def test_a_ring_phase_set_instead_of_flipped_fails_once_the_ring_wraps_twice(tex
     assert ptx.count(text) == 2, text         # next_stage: before a block's first tile, and between tiles
     assert_passes(verify_sm90a(kernel, 641, seed=4))
     mutant = with_ptx(kernel, ptx.replace(text, planted), "sm_90a")
-    try:
-        checks = verify_sm90a(mutant, 641, seed=4)
-    except SanitizerError:
-        return
-    assert any(check.failure for check in checks), [check.failure for check in checks]
+    assert_caught(lambda: verify_sm90a(mutant, 641, seed=4))
 
 
 # Bugs of the sm_90a variant that verify's sizes missed while its two-stage ring never wrapped
@@ -229,7 +234,6 @@ RING_BUGS = [
 
 @pytest.mark.parametrize("name, text, planted", RING_BUGS)
 def test_verify_catches_ring_bugs_of_the_shipped_sm90a_prefill(name, text, planted):
-    from ptxgen.errors import SanitizerError
     from ptxgen.verify import verify_sizes
 
     from helpers import ROOT, spec_kernel, with_ptx
@@ -238,12 +242,8 @@ def test_verify_catches_ring_bugs_of_the_shipped_sm90a_prefill(name, text, plant
     ptx = kernel.variants["sm_90a"].ptx
     assert text in ptx, text
     mutant = with_ptx(kernel, ptx.replace(text, planted, 1), "sm_90a")
-    try:
-        checks = [check for checks in verify_sizes(mutant, kernel.definition.verify_scalars(), seed=11, arch="sm_90a")
-                  for check in checks]
-    except SanitizerError:
-        return
-    assert any(check.failure for check in checks), [check.failure for check in checks]
+    assert_caught(lambda: [check for checks in verify_sizes(mutant, kernel.definition.verify_scalars(), seed=11,
+                                                            arch="sm_90a") for check in checks])
 
 
 def test_the_sm90a_variant_weighs_its_ctas_by_its_own_blocks():
@@ -267,8 +267,6 @@ PERSISTENT_BUGS = [
 
 @pytest.mark.parametrize("text, planted", PERSISTENT_BUGS)
 def test_planted_persistent_hand_off_bugs_are_caught(text, planted):
-    from ptxgen.errors import SanitizerError
-
     from helpers import with_ptx
 
     # 8 blocks of one 128-key tile on 2 CTAs: the producer reaches a block's Q before the consumers
@@ -278,11 +276,7 @@ def test_planted_persistent_hand_off_bugs_are_caught(text, planted):
     assert ptx.count(text) == 1, text
     assert_passes(verify_sm90a(kernel, 100, seed=3))
     mutant = with_ptx(kernel, ptx.replace(text, planted), "sm_90a")
-    try:
-        checks = verify_sm90a(mutant, 100, seed=3)
-    except SanitizerError:
-        return
-    assert any(check.failure for check in checks), [check.failure for check in checks]
+    assert_caught(lambda: verify_sm90a(mutant, 100, seed=3))
 
 
 def test_the_last_v_stage_of_a_block_is_released_for_the_next():
