@@ -196,6 +196,7 @@ def sm90a_template_vars(config: FlashAttentionConfig, plan: Sm90aPlan) -> dict:
         "overlap": plan.overlap,
         "pingpong": plan.pingpong,
         "persistent": plan.persistent,
+        "q_buffers": plan.q_buffers,
         "q_barriers": plan.q_barriers,
         "threads": plan.threads,
         "producer_warps": plan.producer_warps,
