@@ -42,6 +42,12 @@ QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print a machine-readable JSON summary.")]
 ArchOption = Annotated[Optional[str], typer.Option(
     "--arch", help="Use the PTX variant / cubin of this arch (e.g. sm_90a); default the portable PTX.")]
+ShowArchOption = Annotated[Optional[str], typer.Option(
+    "--arch", help="Show the launch and PTX that a GPU of this arch runs (e.g. sm_90a); default: the launch of "
+                   "the cubin --gpu runs, and the portable PTX.")]
+VerifyArchOption = Annotated[Optional[str], typer.Option(
+    "--arch", help="Check the PTX variant / cubin of this arch (e.g. sm_90a); default: in the emulator the "
+                   "portable PTX and each arch-specific variant built (sm_90a), on a device what it runs.")]
 
 
 class Backend(str, Enum):
@@ -218,7 +224,7 @@ def show(
     name: Annotated[str, typer.Argument(help="Kernel name in the spec, or a kind (its first instance).")],
     spec_path: SpecOption = DEFAULT_SPEC,
     ptx: Annotated[bool, typer.Option("--ptx", help="Print the PTX text.")] = False,
-    arch: ArchOption = None,
+    arch: ShowArchOption = None,
     gpu: Annotated[str, typer.Option(help="GPU of the performance model (h100-sxm, h200, a100-80gb, l40s, "
                                           "rtx4090).")] = "h100-sxm",
     model: Annotated[bool, typer.Option("--model/--no-model", help="Run the performance model (it counts "
@@ -455,7 +461,7 @@ def verify(
     kernel_name: Annotated[Optional[str], typer.Option("--kernel", help="Only this kernel.")] = None,
     backend: Annotated[Backend, typer.Option(help="Where to run the PTX.")] = Backend.emulator,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the random inputs.")] = 0,
-    arch: ArchOption = None,
+    arch: VerifyArchOption = None,
     sanitize: Annotated[Optional[str], typer.Option(
         "--sanitize", metavar="TOOL[,TOOL...]",
         help="With --backend device: run each kernel's checks under NVIDIA compute-sanitizer with these tools "
@@ -517,16 +523,21 @@ def verify(
 
 
 def emulate_checks(kernels, seed: int, arch: str | None, progress) -> list:
-    """verify's checks in the PTX interpreter (its sanitizer on), a KernelRun a kernel."""
+    """verify's checks in the PTX interpreter (its sanitizer on), a KernelRun a kernel and PTX:
+    with `arch`, the variant that arch runs; without, the portable PTX and each arch-specific one
+    the kernel builds (its sm_90a variant is another kernel, not the portable one plus a flag)."""
     from .device_verify import KernelRun
     from .verify import verify_plan, verify_sizes
 
     runs = []
     for compiled in kernels:
         progress(compiled.name)
+        targets = [arch] if arch else [None, *(target for target in compiled.variants
+                                               if target.endswith("a") and target != compiled.portable.target)]
         for label, kernel, sizes in verify_plan(compiled):
-            runs.append(KernelRun(label, None, [check for checks in verify_sizes(kernel, sizes, seed, arch=arch)
-                                                for check in checks]))
+            for target in targets:
+                checks = [check for checks in verify_sizes(kernel, sizes, seed, arch=target) for check in checks]
+                runs.append(KernelRun(f"{label} ({target})" if target and not arch else label, None, checks))
     return runs
 
 

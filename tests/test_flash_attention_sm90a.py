@@ -319,3 +319,23 @@ def test_a_persistent_grid_deals_blocks_forward_and_back():
     forward = np.bincount(np.arange(len(blocks)) % 132, weights=blocks)
     assert forward.max() * 132 / forward.sum() == pytest.approx(1.120, abs=0.001)
     assert perf.dispatch_report(work, 132)["longest_over_even"] == pytest.approx(1.002, abs=0.001)   # show's figure
+
+
+def test_verify_in_the_interpreter_checks_the_sm90a_variant_too(tmp_path):
+    """`ptxgen verify` without --arch checks the portable PTX and each arch-specific variant the spec
+    builds (before, only the portable one: a spec of sm_90a alone shipped a wgmma kernel that verify
+    never ran); --arch picks one."""
+    from helpers import run_cli_in_process
+
+    spec = tmp_path / "prefill.toml"
+    spec.write_text('[target]\narchs = ["sm_80", "sm_90a"]\n\n[[kernels]]\nname = "attn"\nkind = "flash_attention"\n'
+                    'num_heads = 2\nnum_kv_heads = 1\nhead_dim = 64\n')
+    verified = run_cli_in_process("verify", str(spec))
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    rows = [line.split() for line in verified.stdout.splitlines() if line.startswith("attn")]
+    portable = [row for row in rows if row[1] == "seq_len=70"]
+    hopper = [row for row in rows if row[1:3] == ["(sm_90a)", "seq_len=70"]]
+    assert len(rows) == 4 and len(portable) == len(hopper) == 1, verified.stdout
+    assert portable[0][-1] == hopper[0][-1] == "pass" and portable[0][5] != hopper[0][6], rows   # two kernels' errors
+    only = run_cli_in_process("verify", str(spec), "--arch", "sm_90a")
+    assert only.returncode == 0 and sum(line.startswith("attn") for line in only.stdout.splitlines()) == 2, only.stdout
