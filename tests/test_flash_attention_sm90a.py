@@ -258,24 +258,32 @@ def test_the_sm90a_variant_weighs_its_ctas_by_its_own_blocks():
 
 
 # A persistent CTA's hand-offs between query blocks: each bug deadlocks, races or leaves blocks unwritten.
+# A persistent CTA's hand-offs between query blocks, as edits of the PTX (each text occurs once):
+# each bug deadlocks, races or leaves blocks unwritten (from a mutation round of 21 edits on three
+# configs: those that change the output or the order of the rounds only, and the ones below).
+RELEASE_Q = "\t@%wg_leader mbarrier.arrive.shared::cta.b64 _, [%q_bar+16];\n"
 PERSISTENT_BUGS = [
-    ("@%wg_leader mbarrier.arrive.shared::cta.b64 _, [%q_bar+16];", ""),   # Q's buffer never released
-    ("@!%ready bra Q_FREE;", ""),                   # the next block's Q loaded over one still in use
-    ("@%another bra CONSUMER_ITEM;", ""),           # consumers stop after their first block
+    [(RELEASE_Q, "")],                                       # Q's buffer never released
+    [("@!%ready bra Q_FREE;", "")],                          # the next block's Q loaded over one still in use
+    [("@%another bra CONSUMER_ITEM;", "")],                  # consumers stop after their first block
+    [(RELEASE_Q, ""), ("@!%ready bra Q_FULL;\n", "@!%ready bra Q_FULL;\n" + RELEASE_Q)],  # Q released before its MMAs
+    [("PRODUCER_ITEM:\n", "PRODUCER_ITEM:\n\tmov.u32 %stage, 1;\n\tmov.u32 %free, 0;\n")],  # the ring restarted a block
 ]
 
 
-@pytest.mark.parametrize("text, planted", PERSISTENT_BUGS)
-def test_planted_persistent_hand_off_bugs_are_caught(text, planted):
+@pytest.mark.parametrize("edits", PERSISTENT_BUGS)
+def test_planted_persistent_hand_off_bugs_are_caught(edits):
     from helpers import with_ptx
 
     # 8 blocks of one 128-key tile on 2 CTAs: the producer reaches a block's Q before the consumers
     # are done with the block two before it (a ring of 2 stages holds back one tile a block only)
     kernel = attention_kernel(8, 2, 64, causal=True, knobs={"persistent": True, "sm_count": 2})
     ptx = kernel.variants["sm_90a"].ptx
-    assert ptx.count(text) == 1, text
     assert_passes(verify_sm90a(kernel, 100, seed=3))
-    mutant = with_ptx(kernel, ptx.replace(text, planted), "sm_90a")
+    for text, planted in edits:
+        assert ptx.count(text) == 1, text
+        ptx = ptx.replace(text, planted)
+    mutant = with_ptx(kernel, ptx, "sm_90a")
     assert_caught(lambda: verify_sm90a(mutant, 100, seed=3))
 
 
