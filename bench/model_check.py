@@ -74,7 +74,9 @@ def main(argv: list[str]) -> int:
     outside = different = 0
     for path in args.results:
         data, rows = rows_of(path)
-        print(f"\n{path} (commit {data.get('git_commit', '?')}, {data['device']['name']})")
+        planned = data.get("planned_rows", len(data["rows"]))
+        short = f"; cut short: {len(data['rows'])} of {planned} rows" if len(data["rows"]) < planned else ""
+        print(f"\n{path} (commit {data.get('git_commit', '?')}, {data['device']['name']}{short})")
         print(f"{'kernel':<28} {'scalars':<18} {'measured us':>11} {'model us':>17} {'tail us':>7}  verdict")
         for row in rows:
             result = check_row(row, gpu)

@@ -511,11 +511,14 @@ def measure_device() -> dict:
 
 
 def run_bench(spec_file: dict, plan: list[tuple[CompiledKernel, dict]], iters: int = MIN_ITERS, graph: bool = False,
-              progress: Callable[[str], None] = lambda label: None, worker=None) -> dict:
+              progress: Callable[[str], None] = lambda label: None, worker=None,
+              row_done: Callable[[dict], None] = lambda results: None) -> dict:
     """Every figure of a bench run, as written to --json. `spec_file` is {"file", "sha256"} of the
-    spec the kernels came from; `progress(label)` is called before each row; `worker` runs the
-    device work (default: a DeviceWorker of its own). A row whose kernel faults (or whose device
-    work fails) is a failed row naming the error; the rest go on."""
+    spec the kernels came from; `progress(label)` is called before each row and `row_done(results)`
+    after it (the results so far: --json rewrites its file, so a run cut short keeps its rows;
+    `planned_rows` says how many the run meant to make); `worker` runs the device work (default: a
+    DeviceWorker of its own). A row whose kernel faults (or whose device work fails) is a failed
+    row naming the error; the rest go on."""
     if iters < MIN_ITERS:
         raise LaunchError(f"--iters: expected at least {MIN_ITERS} timed runs, got {iters}")
     owned = worker is None
@@ -525,7 +528,7 @@ def run_bench(spec_file: dict, plan: list[tuple[CompiledKernel, dict]], iters: i
         results = {"ptxgen_version": __version__, "git_commit": git_commit(),
                    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                    "device": measured["device"], "torch": measured["torch"], "spec": dict(spec_file), "iters": iters,
-                   "copy_bandwidth": measured["copy_bandwidth"], "rows": []}
+                   "copy_bandwidth": measured["copy_bandwidth"], "planned_rows": len(plan), "rows": []}
         verified: dict = {}
         for compiled, scalars in plan:
             progress(f"{compiled.name} {describe_scalars(scalars)}")
@@ -536,6 +539,7 @@ def run_bench(spec_file: dict, plan: list[tuple[CompiledKernel, dict]], iters: i
                 row = new_row(compiled, scalars)
                 row.update(passed=False, failure=str(error))
             results["rows"].append(row)
+            row_done(results)
         return results
     finally:
         if owned:

@@ -590,7 +590,8 @@ def bench(
     with progress_bar("benchmarking", len(plan), len(plan) > 1) as progress:
         task = progress.add_task("benchmarking", total=len(plan))
         results = run_bench({"file": str(spec.path), "sha256": spec.sha256}, plan, iters, graph,
-                            progress=lambda label: progress.update(task, advance=1, description=label))
+                            progress=lambda label: progress.update(task, advance=1, description=label),
+                            row_done=(lambda so_far: write_json(json_path, so_far)) if json_path else lambda _: None)
     print_results(results, out, err)
     if json_path is not None:
         write_json(json_path, results)

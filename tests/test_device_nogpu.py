@@ -360,6 +360,34 @@ def test_bench_checks_then_times_with_rotated_buffers_and_writes_json(sim, worke
     assert "cuEventCreate" not in sim.names(), "the device work ran in the worker"
 
 
+def test_a_bench_run_cut_short_keeps_the_rows_it_made(tmp_path):
+    """--json is rewritten after every row (bench.run_bench's row_done): a run stopped during its
+    second row (a step's time limit on a lent GPU) leaves the first, and `planned_rows` says the
+    file is short of the plan."""
+    from ptxgen import bench
+
+    kernel = spec_kernel("qwen3_8b_rmsnorm")
+    measured = {"device": {"name": "fake"}, "torch": None, "copy_bandwidth": {"gbs": 3000.0}}
+
+    class Worker:
+        rows = 0
+
+        def call(self, function, *args):
+            if function is bench.measure_device:
+                return measured
+            self.rows += 1
+            if self.rows == 2:
+                raise KeyboardInterrupt
+            return {**bench.new_row(args[0], args[1]), "median_us": 4.0}, None
+
+    path = tmp_path / "bench.json"
+    with pytest.raises(KeyboardInterrupt):
+        bench.run_bench({"file": "spec", "sha256": "0"}, [(kernel, {"rows": 1}), (kernel, {"rows": 4})],
+                        worker=Worker(), row_done=lambda results: bench.write_json(path, results))
+    written = json.loads(path.read_text())
+    assert written["planned_rows"] == 2 and [row["scalars"] for row in written["rows"]] == [{"rows": 1}]
+
+
 def test_bench_does_not_time_a_kernel_that_fails_its_check(sim, worker_gpu, bench_app, tmp_path):
     log = worker_gpu(wrong=("qwen3_8b_swiglu",))
     path = tmp_path / "bench.json"

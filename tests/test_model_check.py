@@ -64,3 +64,15 @@ def test_a_row_with_the_drivers_occupancy_is_compared_with_the_models():
     assert "driver 3, model 2 (shared)  DIFFERENT" in line and "static shared 48 / 1072 bytes" in line, line
     row["occupancy"]["model_ctas_per_sm"] = 3
     assert model_check.occupancy_agrees(row) and "DIFFERENT" not in model_check.occupancy_line(row)
+
+
+def test_a_results_file_cut_short_says_so(tmp_path, capsys):
+    """A bench stopped mid-run leaves the rows it made (its --json is rewritten after each);
+    model_check says how many of the planned rows the file holds."""
+    import json
+
+    path = tmp_path / "short.json"
+    path.write_text(json.dumps({"git_commit": "abc", "device": {"name": "GPU"}, "planned_rows": 3,
+                                "rows": [{"kernel": "k", "median_us": None}]}))
+    assert model_check.main([str(path)]) == 0
+    assert f"{path} (commit abc, GPU; cut short: 1 of 3 rows)" in capsys.readouterr().out
