@@ -484,7 +484,8 @@ def test_bench_records_the_drivers_occupancy_beside_the_models(sim, monkeypatch)
         sim.resident_ctas = driver
         row = quick_bench(sim, monkeypatch, [("qwen3_8b_rmsnorm", {"rows": 3})])["rows"][0]
         ptx_target = kernel.variant("sm_90").target      # the sm_90 PDL variant where the spec has one
-        assert row["occupancy"] == {"cubin_arch": "sm_90", "ptx_target": ptx_target, "ctas_per_sm": driver, "registers": sim.REGISTERS, "static_shared": 0,
+        assert row["occupancy"] == {"cubin_arch": "sm_90", "ptx_target": ptx_target, "ctas_per_sm": driver,
+                                    "registers": sim.REGISTERS, "static_shared": 0,
                                     "dynamic_shared": launch.dynamic_shared, "model_ctas_per_sm": expected.ctas_per_sm,
                                     "model_limiter": expected.limiter, "model_registers": resources["registers"],
                                     "model_static_shared": resources["shared_bytes"]}, row["occupancy"]
