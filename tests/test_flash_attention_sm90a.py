@@ -259,7 +259,7 @@ def test_the_sm90a_variant_weighs_its_ctas_by_its_own_blocks():
 
 # A persistent CTA's hand-offs between query blocks: each bug deadlocks, races or leaves blocks unwritten.
 # A persistent CTA's hand-offs between query blocks, as edits of the PTX (each text occurs once):
-# each bug deadlocks, races or leaves blocks unwritten (from a mutation round of 21 edits on three
+# each bug deadlocks, races or leaves blocks unwritten (from a mutation round of 19 edits on three
 # configs: those that change the output or the order of the rounds only, and the ones below).
 RELEASE_Q = "\t@%wg_leader mbarrier.arrive.shared::cta.b64 _, [%q_bar+16];\n"
 PERSISTENT_BUGS = [
