@@ -15,6 +15,9 @@ from ..abi import Geometry, Launch, Param, ceil_div, round_up  # noqa: F401  (th
 # A kernel name becomes the PTX entry and file names, so it must be a plain identifier; PTX
 # takes a leading underscore only before at least one more character.
 Identifier = Field(pattern=r"^([A-Za-z][A-Za-z0-9_]{0,63}|_[A-Za-z0-9_]{1,63})$")
+# The GPU a kind sizes its grid or split rule for unless the spec says (`sm_count`): an H100 SXM.
+SM_COUNT = 132
+SmCount = Field(default=SM_COUNT, ge=1, le=1024)
 
 # Relative L2 error allowed against the float64 reference by default, for f32 results only:
 # f32 dot products and reductions of up to ~10^4 terms (the Q4_K GEMVs and decode attention,

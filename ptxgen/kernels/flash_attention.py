@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from ..abi import scalar
 from ..dtypes import DTYPES, from_float, to_float64
 from ..hardware_errors import MMA_SUM, RCP_REL
-from .base import Geometry, Kind, KernelConfig, Param, Traffic, ceil_div
+from .base import Geometry, Kind, KernelConfig, Param, SmCount, Traffic, ceil_div
 
 MAX_SEQ_LEN = 1 << 24  # keeps every in-kernel u32 row index far from overflow
 SHARED_ALIGN = 1024  # the XOR swizzle is applied to absolute shared addresses (bits 4..7)
@@ -70,7 +70,7 @@ class Sm90aTuning(BaseModel):
     overlap: bool | None = None  # None: wherever the registers allow it
     pingpong: bool = False       # two consumer warpgroups take turns issuing their MMAs (overlap only)
     persistent: bool = False     # sm_count CTAs walk the query blocks (the next one's loads overlap this epilogue)
-    sm_count: int = Field(default=132, ge=1, le=1024)   # the persistent grid (an H100 SXM's SMs)
+    sm_count: int = SmCount      # the persistent grid
 
 
 class FlashAttentionConfig(KernelConfig):

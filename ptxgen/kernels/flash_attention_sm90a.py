@@ -64,8 +64,8 @@ import numpy as np
 
 from ..abi import minimum, mul, scalar
 from ..dtypes import to_float64
-from .base import Geometry, ceil_div
-from .flash_attention import FlashAttention, FlashAttentionConfig, attention_error_bound, causal_cta_work
+from .base import SM_COUNT, Geometry, ceil_div
+from .flash_attention import FlashAttention, FlashAttentionConfig, attention_error_bound
 
 WARPGROUP = 128
 REGISTER_FILE = 65536
@@ -88,7 +88,7 @@ class Sm90aPlan:
     overlap: bool              # softmax of tile j while P_{j-1} V_{j-1} runs (S and P both live)
     pingpong: bool = False     # the two consumer warpgroups issue their MMAs in turn (named barriers)
     persistent: bool = False   # a grid of at most sm_count CTAs, each walking query blocks in turn
-    sm_count: int = 132
+    sm_count: int = SM_COUNT
 
     @property
     def q_buffers(self) -> int:
@@ -147,7 +147,7 @@ class Sm90aPlan:
 
 def sm90a_plan(config: FlashAttentionConfig, *, block_n: int = 128, consumers: int = 2,
                stages: int = 2, producer_warps: int = 1, overlap: bool | None = None,
-               pingpong: bool = False, persistent: bool = False, sm_count: int = 132) -> Sm90aPlan:
+               pingpong: bool = False, persistent: bool = False, sm_count: int = SM_COUNT) -> Sm90aPlan:
     """The plan for a config and the tuning knobs (ValueError naming a knob that cannot work);
     overlap=None overlaps wherever the registers allow it."""
     if block_n not in (32, 64, 128, 256):
@@ -253,12 +253,11 @@ class FlashAttentionSm90a(FlashAttention):
 
     def cta_work(self, scalars):
         """As flash_attention's; a persistent CTA's is the sum over the query blocks it walks."""
-        plan = self.plan
+        plan, work = self.plan, super().cta_work(scalars)
         if not plan.persistent:
-            return super().cta_work(scalars)
-        blocks = ceil_div(scalars["seq_len"], plan.block_m)
-        work = (causal_cta_work(scalars["seq_len"], self.config.num_heads, *self.block_shape) if self.config.causal
-                else np.ones(blocks * self.config.num_heads, np.int64))
+            return work
+        if work is None:      # every block alike
+            work = np.ones(ceil_div(scalars["seq_len"], plan.block_m) * self.config.num_heads, np.int64)
         return persistent_work(work, min(len(work), plan.sm_count))
 
     def launch_note(self) -> str:

@@ -72,7 +72,7 @@ from pydantic import Field, model_validator
 from ..dtypes import DTYPES, UNIT_ROUNDOFF, from_float, to_float64
 from ..abi import maximum, minimum, scalar
 from ..hardware_errors import EX2_REL, MMA_SUM
-from .base import F32_TOLERANCE, DependentTail, Geometry, Kind, Param, PdlConfig, Traffic, ceil_div
+from .base import F32_TOLERANCE, DependentTail, Geometry, Kind, Param, PdlConfig, SmCount, Traffic, ceil_div
 from .families.attention import LOG2E, SM_REGISTERS, AttentionPlan
 
 FloatDType = Literal["f32", "f16", "bf16"]
@@ -97,7 +97,7 @@ class IncrementalAttentionConfig(PdlConfig):
     indirect_seq_len: bool = False
     # The split rule: about `ctas_per_sm` CTAs on each of `sm_count` SMs at long contexts (default:
     # 32 warps an SM, e.g. 2 CTAs of 16 warps).
-    sm_count: int = Field(default=132, ge=1, le=1024)
+    sm_count: int = SmCount
     ctas_per_sm: int | None = Field(default=None, ge=1, le=32)
     # Tuning (see ptxgen/kernels/families/attention.py): warps per CTA (key groups x head slices
     # x dim slices), keys of one ring stage, ring stages, head dims per warp.

@@ -97,8 +97,8 @@ from ..dtypes import DTYPES, UNIT_ROUNDOFF, from_float, to_float64
 from ..errors import PtxgenError
 from ..q4k import BLOCK_WEIGHTS, row_bytes
 from ..quants import GEMV_KINDS, NORMED_GROUP_KINDS, quant_type
-from .base import (Call, DependentTail, Geometry, Kind, KernelConfig, ModelScaling, Param, TailStep, Traffic,
-                   ceil_div, list_as_tuple)
+from .base import (Call, DependentTail, Geometry, Kind, KernelConfig, ModelScaling, Param, SmCount, TailStep,
+                   Traffic, ceil_div, list_as_tuple)
 from .families.attention import MAX_HEADS_PER_SLICE, AttentionPlan
 from .families.quant_gemv import STEP_BLOCKS, QuantGemvPlan, dequantize_x
 from .fused_rmsnorm_q4k_gemv import normed_activations
@@ -175,7 +175,7 @@ class PersistentDecoderConfig(KernelConfig):
     rope_style: RopeStyle = "rotate_half"
     qk_norm: bool = True  # Qwen3's per-head RMSNorm of q and k before rope (params q_norm, k_norm)
     # Grid rule: min(sm_count * ctas_per_sm, work) co-resident CTAs; `ctas` fixes the grid.
-    sm_count: int = Field(default=132, ge=1, le=1024)
+    sm_count: int = SmCount
     ctas_per_sm: int = Field(default=1, ge=1, le=32)
     ctas: int | None = Field(default=None, ge=1, le=MAX_CTAS)
     # Row-steps of weight loads a warp keeps in flight in the GEMV phases (48 bytes a lane each).

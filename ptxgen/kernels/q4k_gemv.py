@@ -29,8 +29,8 @@ from pydantic import Field, field_validator, model_validator
 from ..dtypes import UNIT_ROUNDOFF
 from ..q4k import unpack
 from ..quants import QUANT_TYPES
-from .base import Geometry, Kind, Param, PdlConfig, Traffic
-from .families.quant_gemv import (FORMATS, MAX_K, MAX_REGISTERS, MAX_ROW_STEPS, MAX_ROWS, MAX_WARPS, SM_COUNT,
+from .base import Geometry, Kind, Param, PdlConfig, SmCount, Traffic
+from .families.quant_gemv import (FORMATS, MAX_K, MAX_REGISTERS, MAX_ROW_STEPS, MAX_ROWS, MAX_WARPS,
                                   STEP_WEIGHTS, X_GROUP, QuantGemvPlan, dequantize_x, divisors, min_warps,
                                   queue_split)
 
@@ -88,7 +88,7 @@ class QuantGemvTuning(PdlConfig):
     # (FORMATS["q4_k"].min_queue_rounds).
     schedule: Literal["static", "queue"] | None = None
     # The queue's grid: ctas_per_sm CTAs (default: what an SM holds, 32 warps) on each of sm_count SMs.
-    sm_count: int = Field(default=SM_COUNT, ge=1, le=1024)
+    sm_count: int = SmCount
     ctas_per_sm: int | None = Field(default=None, ge=1, le=32)
     # The queue takes a CTA's next unit at the end of each round (True) or at its start: later
     # binds fewer units ahead, so the last ones go to the CTAs that finish first.

@@ -75,7 +75,7 @@ import numpy as np
 
 from ...q4k import BLOCK_WEIGHTS
 from ...quants import QUANT_TYPES
-from ..base import ceil_div
+from ..base import SM_COUNT, ceil_div
 
 LANE_WEIGHTS = 64  # a lane's part of a step, whatever the type (its x: two groups of 32)
 STEP_WEIGHTS = 32 * LANE_WEIGHTS  # 2048 weights a warp step
@@ -98,7 +98,7 @@ MAX_ROWS = 32  # rows a warp computes: row r's sum ends in lane r
 DEFAULT_MAX_ROWS = 8
 MAX_K = STEP_WEIGHTS * MAX_ITEMS  # 65536: longer rows would need split-K > 1 always
 # The wave the defaults fill: an H100's 132 SMs x 32 resident warps (occupancy 0.5: 64 registers).
-RESIDENT_WARPS = 132 * 32
+RESIDENT_WARPS = SM_COUNT * 32
 MIN_CTAS = 128
 MAX_WARPS = 32  # 1024 threads: one CTA an SM at 64 registers
 MAX_REGISTERS = 64
@@ -108,7 +108,6 @@ MAX_STAGE_ROUNDS = 8
 # whole unit are in flight when its round starts (unroll 2), so when the queue runs dry every
 # CTA has at most what it already waits for left to do.
 QUEUE_ROW_STEPS = 2
-SM_COUNT = 132  # the default GPU of the queue's grid: an H100 SXM
 # The default schedule queues when every CTA of the grid can take at least this many units (one
 # or two units a CTA leave nothing to balance; Q4_K's own threshold: GemvFormat.min_queue_rounds).
 MIN_QUEUE_ROUNDS = 2
