@@ -471,9 +471,8 @@ def occupancy_row(gpu, compiled: CompiledKernel, scalars: dict) -> dict:
     """Which cubin the GPU loaded (its arch; the GPU's own where the driver JIT-compiled the PTX)
     and from which PTX, and the driver's resident CTAs an SM for this launch (its occupancy
     calculator) beside the model's (perf.occupancy_per_arch over arch_launches, as `ptxgen show`
-    computes it), with the
-    registers and static shared bytes each side started from: the assembler's report, or the
-    driver's where the GPU's arch was JIT-compiled from PTX."""
+    computes it), with the registers and static shared bytes each side started from: the
+    assembler's report, or the driver's where the GPU's arch was JIT-compiled from PTX."""
     from .perf import arch_launches, occupancy_per_arch
 
     kernel = gpu.kernel(compiled)

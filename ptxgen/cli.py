@@ -18,7 +18,7 @@ from rich.table import Table
 
 from . import __version__
 from .abi import Param
-from .archs import ARCHS
+from .archs import ARCHS, arch_version
 from .errors import LaunchError, PtxgenError
 from .quote import clip, echo
 from .spec import LoadedSpec, load_spec, with_archs
@@ -533,7 +533,7 @@ def emulate_checks(kernels, seed: int, arch: str | None, progress) -> list:
     for compiled in kernels:
         progress(compiled.name)
         targets = [arch] if arch else [None, *(target for target in compiled.variants
-                                               if target.endswith("a") and target != compiled.portable.target)]
+                                               if arch_version(target)[2] and target != compiled.portable.target)]
         for label, kernel, sizes in verify_plan(compiled):
             for target in targets:
                 checks = [check for checks in verify_sizes(kernel, sizes, seed, arch=target) for check in checks]

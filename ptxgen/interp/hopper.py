@@ -261,11 +261,11 @@ class Ordering:
         at a time, ordered after every earlier use of it (a second init can wipe arrivals
         already made; the usual form: one thread initialises, then a bar.sync)."""
         ctas = self.st.cta[threads]
-        many = np.bincount(ctas) > 1
-        if many.any():
-            i = int(np.flatnonzero(many[ctas])[0])
+        makers = np.bincount(ctas)[ctas]
+        if (makers > 1).any():
+            i = int(np.flatnonzero(makers > 1)[0])
             raise Finding(f"{what} of the mbarrier at {self.where_byte(bar.offset)} by "
-                          f"{int(np.bincount(ctas)[ctas[i]])} threads of one CTA at once (a plain write of "
+                          f"{int(makers[i])} threads of one CTA at once (a plain write of "
                           "the object: one thread makes it, the others wait at a bar.sync)", threads[i])
         unseen = self.vc[threads, :self.T] < bar.touched[ctas]
         if unseen.any():
