@@ -10,7 +10,9 @@ attention's count-in and merge, Kind.dependent_tail). A row whose measured time 
 that range by more than 10% is marked; the code may have changed since the recording (its commit
 is printed), and the model has no term for tensor-core pipes (prefill attention is
 compute-bound: its rows are listed, not judged). Where a row recorded the driver's occupancy
-(`occupancy`, from 2026-11-27 on), the model's resident CTAs an SM are printed beside it.
+(`occupancy`, from 2026-11-27 on), the model's resident CTAs an SM are printed beside it. The
+batched median (runs back to back between events, from 2026-11-28 on) is printed, not judged:
+the model's launch cost was measured with an event after every run.
 """
 
 from __future__ import annotations
@@ -44,10 +46,11 @@ def check_row(row: dict, gpu: perf.Gpu) -> dict:
                 "verdict": f"not judged ({report['skipped']})"}
     low, high = report["estimate_us"]["overlapped"], report["estimate_us"]["serialized"]
     measured = row["median_us"]
+    batched = (row.get("batch") or {}).get("median_us")
     inside = low * (1 - MARGIN) <= measured <= high * (1 + MARGIN)
     judged = row["kind"] not in COMPUTE_BOUND
-    return {"kernel": row["kernel"], "scalars": row["scalars"], "measured_us": measured, "model_us": (low, high),
-            "tail_us": report["tail_time_us"],
+    return {"kernel": row["kernel"], "scalars": row["scalars"], "measured_us": measured, "batched_us": batched,
+            "model_us": (low, high), "tail_us": report["tail_time_us"],
             "verdict": "inside" if inside else ("outside" if judged else "not judged (tensor cores)")}
 
 
@@ -77,7 +80,8 @@ def main(argv: list[str]) -> int:
         planned = data.get("planned_rows", len(data["rows"]))
         short = f"; cut short: {len(data['rows'])} of {planned} rows" if len(data["rows"]) < planned else ""
         print(f"\n{path} (commit {data.get('git_commit', '?')}, {data['device']['name']}{short})")
-        print(f"{'kernel':<28} {'scalars':<18} {'measured us':>11} {'model us':>17} {'tail us':>7}  verdict")
+        print(f"{'kernel':<28} {'scalars':<18} {'measured us':>11} {'batched us':>10} {'model us':>17} {'tail us':>7}"
+              "  verdict")
         for row in rows:
             result = check_row(row, gpu)
             outside += result["verdict"] == "outside"
@@ -87,7 +91,9 @@ def main(argv: list[str]) -> int:
                 model = f"{low:>8.2f}..{high:<8.2f} {result['tail_us']:>7.2f}"
             else:
                 model = f"{'-':>17} {'-':>7}"
-            print(f"{result['kernel']:<28} {scalars:<18} {result['measured_us']:>11.2f} {model}  {result['verdict']}")
+            batched = f"{result['batched_us']:>10.2f}" if result.get("batched_us") else f"{'-':>10}"
+            print(f"{result['kernel']:<28} {scalars:<18} {result['measured_us']:>11.2f} {batched} {model}  "
+                  f"{result['verdict']}")
         recorded = [row for row in data["rows"] if row.get("occupancy")]
         different += sum(not occupancy_agrees(row) for row in recorded)
         if recorded:

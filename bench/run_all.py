@@ -221,7 +221,7 @@ def whole_model_table(rows: list[dict]) -> list[str]:
 
 
 def markdown(results: dict, notes: list[str]) -> str:
-    from ptxgen.bench import HOST_BOUND_NOTE, microseconds, timed_figures
+    from ptxgen.bench import CALLS_PER_EVENT, HOST_BOUND_NOTE, batched, microseconds, timed_figures
 
     device, copy = results["device"], results["copy_bandwidth"]
     lines = [
@@ -235,31 +235,35 @@ def markdown(results: dict, notes: list[str]) -> str:
         f"- device-to-device copy: {copy['gbs']:.0f} GB/s (read + write, {copy['bytes'] / 2**20:.0f} MiB), "
         f"the 100% of the '% copy bw' columns",
         f"- {results['iters']} timed runs per figure after warm-up; median (p10-p90); buffers rotated past L2",
-        "- kernels with `pdl = true` (their config) ran their sm_90 PTX under programmatic dependent launch: "
-        "back to back, each run's start overlaps the previous run's end",
+        "- kernels with `pdl = true` (their config) ran their sm_90 PTX under programmatic dependent launch; "
+        "the median has a CUDA event after each run, which waits for the whole grid, so only the batched "
+        f"figure ({CALLS_PER_EVENT} runs between two events, the event's cost a tenth a run) can show a run's start "
+        "overlapping the previous run's end; the targets judge the median",
         "",
         "## Kernels",
         "",
-        "| kernel | scalars | median µs (p10-p90) | GB/s | TFLOP/s | % copy bw | graph µs | peer | peer µs | "
-        "peer % copy bw | peer TFLOP/s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| kernel | scalars | median µs (p10-p90) | GB/s | TFLOP/s | % copy bw | batched µs (% copy bw) | graph µs | "
+        "peer | peer µs | peer % copy bw | peer TFLOP/s | peer batched µs (% copy bw) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in results["rows"]:
         if row.get("failure"):
-            cells = ["FAILED (see the notes)", "", "", "", ""]
+            cells = ["FAILED (see the notes)", "", "", "", "", ""]
         elif not row["passed"]:
-            cells = ["FAILED its check", "", "", "", ""]
+            cells = ["FAILED its check", "", "", "", "", ""]
         elif row["median_us"] is None:
-            cells = ["not timed", "", "", "", ""]
+            cells = ["not timed", "", "", "", "", ""]
         else:
             cells = [f"{microseconds(row)} ({row['p10_us']:.2f}-{row['p90_us']:.2f})", f"{row['gbs']:.1f}",
-                     f"{row['tflops']:.3g}", f"{row['pct_copy_bw']:.1f}%", microseconds(row["graph"]) if row["graph"] else ""]
+                     f"{row['tflops']:.3g}", f"{row['pct_copy_bw']:.1f}%", batched(row),
+                     microseconds(row["graph"]) if row["graph"] else ""]
         peers = [p for p in row["peers"] if "median_us" in p]
         best = (row.get("best_peer") or {}).get("name")
         peer_cells = ["<br>".join(p["name"] + (" (best)" if p["name"] == best and len(peers) > 1 else "") for p in peers),
                       "<br>".join(microseconds(p) for p in peers),
                       "<br>".join(f"{p['pct_copy_bw']:.1f}%" for p in peers),
-                      "<br>".join(f"{p['tflops']:.3g}" for p in peers)]
+                      "<br>".join(f"{p['tflops']:.3g}" for p in peers),
+                      "<br>".join(batched(p) for p in peers)]
         lines.append("| " + " | ".join([row["kernel"], describe(row["scalars"]), *cells, *peer_cells]) + " |")
     lines += decoder_table(results["rows"])
     lines += whole_model_table(results.get("whole_model", []))

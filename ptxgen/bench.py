@@ -2,8 +2,12 @@
 
 Each kernel is first checked on the device against its float64 reference (as `ptxgen verify
 --backend device` does); a kernel that fails is not timed. Timing: warm-up, then at least 100
-back-to-back runs between CUDA events (median, p10, p90), each run on the next of enough
-rotating copies of the kernel's buffers that a memory-bound kernel is not served from L2. The
+back-to-back runs with a CUDA event after each (median, p10, p90), each run on the next of enough
+rotating copies of the kernel's buffers that a memory-bound kernel is not served from L2; then the
+same runs `batched`, CALLS_PER_EVENT between two events (each figure a group's mean), so that
+neither an event's cost nor the event's wait for the whole grid (which keeps a programmatic
+dependent launch from overlapping the run before it) is in them: how a run goes back to back in
+an engine's stream. The
 runs go in chunks that fit the launch queue, each behind a spin kernel that holds the GPU while
 the host queues it (DeviceSession.time); a figure the host could not keep up with is marked
 host-bound. Bytes and flops come from the kind's traffic() model; the copy bandwidth they are
@@ -50,6 +54,9 @@ from .worker import DeviceWorker
 
 MIN_ITERS = 100
 WARMUP = 10
+# Runs between two events in the batched figures: an event costs a tenth of it a run, and nine
+# of ten runs follow another run directly (PDL can overlap them).
+CALLS_PER_EVENT = 10
 L2_MULTIPLE = 3  # the rotated buffer sets of a kernel span at least this many L2 caches
 MAX_SETS = 4096
 REFERENCE_FLOPS = 1e10  # also check at the timed sizes when the float64 reference costs at most this
@@ -77,7 +84,8 @@ def figures(timing, traffic, copy_gbs: float) -> dict:
     gbs = traffic.bytes / seconds / 1e9
     return {"median_us": median, "p10_us": p10, "p90_us": p90, "gbs": gbs,
             "tflops": traffic.flops / seconds / 1e12, "pct_copy_bw": 100.0 * gbs / copy_gbs,
-            "host_bound": timing.host_bound, "calls_per_chunk": timing.calls_per_chunk}
+            "host_bound": timing.host_bound, "calls_per_chunk": timing.calls_per_chunk,
+            "calls_per_event": timing.calls_per_event}
 
 
 def rotation_sets(touched_bytes: int, set_bytes: int, l2_bytes: int, free_bytes: int) -> int:
@@ -107,7 +115,8 @@ def git_commit() -> str | None:
 # --- timing ------------------------------------------------------------------------------------------
 def time_kernel(gpu, compiled: CompiledKernel, arrays: dict, scalars: dict, iters: int, graph: bool,
                 touched_bytes: int) -> dict:
-    """Times of the kernel (and of CUDA-graph replays of it) over rotated copies of its buffers."""
+    """Times of the kernel, each run alone and batched (CALLS_PER_EVENT runs between two events), and
+    of CUDA-graph replays of it, over rotated copies of its buffers."""
     launch = compiled.launch(scalars, gpu.arch)
     stride = {p.name: max(ALIGN, -(-arrays[p.name].nbytes // ALIGN) * ALIGN) for p in compiled.params if p.is_array}
     gpu.trim()
@@ -124,9 +133,11 @@ def time_kernel(gpu, compiled: CompiledKernel, arrays: dict, scalars: dict, iter
         args = [compiled.args({name: slab.view(s * stride[name], arrays[name].nbytes) for name, slab in slabs.items()},
                               scalars) for s in range(sets)]
         device_kernel = gpu.kernel(compiled)
-        timing = gpu.time(lambda i: gpu.launch(device_kernel, launch, args[i % sets]), iters, WARMUP)
-        result = {"sets": sets, "set_bytes": sum(stride.values()), "timing": timing, "graph_timing": None,
-                  "graph_note": None}
+        launchers = [gpu.launcher(device_kernel, launch, args[s]) for s in range(sets)]
+        result = {"sets": sets, "set_bytes": sum(stride.values()),
+                  "timing": gpu.time(lambda i: launchers[i % sets](), iters, WARMUP),
+                  "batch_timing": gpu.time(lambda i: launchers[i % sets](), iters, WARMUP, CALLS_PER_EVENT),
+                  "graph_timing": None, "graph_note": None}
         if graph:
             try:
                 for s in range(sets):
@@ -348,7 +359,8 @@ def time_peers(gpu, torch, kind, inputs: dict, scalars: dict, sets: int, iters: 
                     else:
                         notes.append(f"peer {label}: {value.size} elements, {written.name} has {expected.size}")
                 timing = gpu.time(lambda i: calls[i % sets](), iters, WARMUP)
-            entry.update(figures(timing, traffic, copy_gbs))
+                batch = gpu.time(lambda i: calls[i % sets](), iters, WARMUP, CALLS_PER_EVENT)
+            entry.update(figures(timing, traffic, copy_gbs), batch=figures(batch, traffic, copy_gbs))
         except PtxgenError:
             raise
         except Exception as error:  # a peer library that fails is reported, not fatal
@@ -383,7 +395,7 @@ def new_row(compiled: CompiledKernel, scalars: dict) -> dict:
     return {"kernel": compiled.name, "kind": compiled.kind, "config": config, "scalars": dict(scalars),
             "bytes": int(traffic.bytes), "flops": int(traffic.flops), "checks": [], "passed": True, "failure": None,
             "sets": 0, "set_bytes": 0, "median_us": None, "p10_us": None, "p90_us": None, "gbs": None, "tflops": None,
-            "pct_copy_bw": None, "host_bound": False, "calls_per_chunk": None, "graph": None, "peers": [],
+            "pct_copy_bw": None, "host_bound": False, "calls_per_chunk": None, "batch": None, "graph": None, "peers": [],
             "best_peer": None, "step": None, "occupancy": None, "notes": []}
 
 
@@ -452,6 +464,7 @@ def bench_row(compiled: CompiledKernel, scalars: dict, iters: int, graph: bool, 
     if timed["sets"] * min(timed["set_bytes"], traffic.bytes) < L2_MULTIPLE * gpu.l2_bytes:
         row["notes"].append(f"only {timed['sets']} buffer set(s) fit in memory: runs may hit L2")
     row.update(figures(timed["timing"], traffic, copy_gbs))
+    row["batch"] = figures(timed["batch_timing"], traffic, copy_gbs)
     if timed["graph_timing"] is not None:
         row["graph"] = figures(timed["graph_timing"], traffic, copy_gbs)
     if timed["graph_note"]:
@@ -562,13 +575,14 @@ def microseconds(figure: dict, digits: int = 2) -> str:
 
 
 def timed_figures(results: dict) -> list[dict]:
-    """Every figure dict of the rows (kernel, graph, peers, separate kernels)."""
+    """Every figure dict of the rows (kernel, batched, graph, peers and theirs, separate kernels)."""
     found = []
     for row in results["rows"]:
         if row["median_us"] is not None:
             found.append(row)
-        found += [f for f in (row["graph"], *(row["step"] or {}).values()) if isinstance(f, dict) and "median_us" in f]
-        found += [p for p in row["peers"] if "median_us" in p]
+        found += [f for f in (row.get("batch"), row["graph"], *(row["step"] or {}).values())
+                  if isinstance(f, dict) and "median_us" in f]
+        found += [f for p in row["peers"] if "median_us" in p for f in (p, p.get("batch")) if f]
     return found
 
 
@@ -584,11 +598,19 @@ def failures(results: dict) -> list[str]:
     return lines
 
 
+def batched(figure: dict | None) -> str:
+    """A figure's batched median µs and % of copy bandwidth, or nothing where it has none."""
+    batch = (figure or {}).get("batch")
+    return f"{microseconds(batch)} ({batch['pct_copy_bw']:.1f}%)" if batch else ""
+
+
 def peer_lines(row: dict) -> list[str]:
-    """One line per timed peer: name, median µs, % copy bw, TFLOP/s; the fastest marked (best)."""
+    """One line per timed peer: name, median µs, % copy bw, TFLOP/s, batched µs (% copy bw); the
+    fastest marked (best)."""
     best = (row.get("best_peer") or {}).get("name")
     return [f"{p['name']}{' (best)' if p['name'] == best and len(row['peers']) > 1 else ''}: {microseconds(p)}, "
-            f"{p['pct_copy_bw']:.1f}%, {p['tflops']:.3g}" for p in row["peers"] if "median_us" in p]
+            f"{p['pct_copy_bw']:.1f}%, {p['tflops']:.3g}" + (f"; batched {batched(p)}" if p.get("batch") else "")
+            for p in row["peers"] if "median_us" in p]
 
 
 def print_results(results: dict, out: Console, err: Console) -> None:
@@ -596,16 +618,18 @@ def print_results(results: dict, out: Console, err: Console) -> None:
     console = out if out.is_terminal else Console(width=200)  # logs and pipes get the whole table
     console.print(f"{device['name']} ({device['arch']}, driver {device['driver']}): device-to-device copy "
                   f"{copy['gbs']:.0f} GB/s (read + write); {results['iters']} timed runs per figure")
-    table = Table("kernel", "scalars", "median µs", "p10-p90 µs", "GB/s", "TFLOP/s", "% copy bw", "graph µs",
-                  "peer: median µs, % copy bw, TFLOP/s")
+    table = Table("kernel", "scalars", "median µs", "p10-p90 µs", "GB/s", "TFLOP/s", "% copy bw",
+                  f"batched µs ({CALLS_PER_EVENT} an event)", "graph µs",
+                  "peer: median µs, % copy bw, TFLOP/s; batched")
     for row in results["rows"]:
         if not row["passed"]:
-            timing = ["[red]FAIL[/red]"] + [""] * 5
+            timing = ["[red]FAIL[/red]"] + [""] * 6
         elif row["median_us"] is None:
-            timing = ["-"] + [""] * 5
+            timing = ["-"] + [""] * 6
         else:
             timing = [microseconds(row), f"{row['p10_us']:.2f}-{row['p90_us']:.2f}", f"{row['gbs']:.1f}",
-                      f"{row['tflops']:.3g}", f"{row['pct_copy_bw']:.1f}%", microseconds(row["graph"]) if row["graph"] else ""]
+                      f"{row['tflops']:.3g}", f"{row['pct_copy_bw']:.1f}%", batched(row),
+                      microseconds(row["graph"]) if row["graph"] else ""]
         table.add_row(row["kernel"], describe_scalars(row["scalars"]), *timing, escape("\n".join(peer_lines(row))))
     console.print(table)
     steps = [row for row in results["rows"] if row.get("step") and row["median_us"] is not None]

@@ -130,13 +130,15 @@ class DeviceGraph:
 
 @dataclass(frozen=True)
 class Timing:
-    """Microseconds of each timed call (CUDA events), the calls queued per chunk behind one spin
-    kernel, and whether the host could not queue some chunk before the GPU caught up with it
-    (then the figures include host time: host-bound)."""
+    """Microseconds a call, each figure the mean of a group of `calls_per_event` calls between two
+    CUDA events (1: each call timed alone), the calls queued per chunk behind one spin kernel, and
+    whether the host could not queue some chunk before the GPU caught up with it (then the figures
+    include host time: host-bound)."""
 
     times: list[float]
     calls_per_chunk: int
     host_bound: bool
+    calls_per_event: int = 1
 
 
 host_clock = time.perf_counter  # the host's clock for queuing times (the tests' simulated GPU replaces it)
@@ -472,8 +474,12 @@ class DeviceSession:
         kernel = self.kernel(DELAY)
         self.launch(kernel, Launch(grid=(1, 1, 1), block=(1, 1, 1)), [int(seconds * 1e9)])
 
-    def time(self, enqueue, iters: int, warmup: int = 10) -> Timing:
-        """Microseconds of each of `iters` back-to-back calls enqueue(i), from CUDA events.
+    def time(self, enqueue, iters: int, warmup: int = 10, calls_per_event: int = 1) -> Timing:
+        """Microseconds a call of `iters` back-to-back calls enqueue(i), from CUDA events: one event
+        after every `calls_per_event` calls, each figure a group's mean. An event waits for all
+        the stream's work before it, so with one after every call each figure includes what an
+        event costs, and a launch of programmatic dependent launch cannot overlap the call before
+        it; a group of calls between two events is timed as an engine runs them, back to back.
 
         The calls go in chunks that queue fewer stream operations than the launch queue holds
         (counted during the warm-up), each chunk behind a spin kernel that holds the GPU while the
@@ -488,18 +494,22 @@ class DeviceSession:
             host_times.append(host_clock() - start)
             operations.append(self.queued - queued)
         per_call = float(np.median(host_times)) if host_times else 1e-4
-        per_call_operations = max(operations, default=0) + 1  # and its event
-        chunk = max(1, min(iters, (CHUNK_OPERATIONS - 2) // per_call_operations))  # - the spin and the first event
+        per_call_operations = max(operations, default=0) + 1 / calls_per_event  # and its share of an event
+        fits = int((CHUNK_OPERATIONS - 2) // per_call_operations)  # - the spin and the first event
+        chunk = max(1, min(iters, fits // calls_per_event * calls_per_event or fits))  # whole groups where they fit
         self.synchronize("warm-up runs")
-        events = [self.check(self.cu.cuEventCreate(0), "cuEventCreate") for _ in range(chunk + 1)]
+        events = [self.check(self.cu.cuEventCreate(0), "cuEventCreate")
+                  for _ in range(-(-chunk // calls_per_event) + 1)]
         times: list[float] = []
+        done = 0
         host_bound = False
         try:
-            while len(times) < iters:
-                calls = min(chunk, iters - len(times))
+            while done < iters:
+                calls = min(chunk, iters - done)
                 for _attempt in range(HOLD_ATTEMPTS):
                     hold = min(MAX_HOLD, 2 * per_call * calls + 1e-3)
-                    chunk_times, queued = self.timed_chunk(enqueue, warmup + len(times), calls, hold, events)
+                    chunk_times, queued = self.timed_chunk(enqueue, warmup + done, calls, hold, events,
+                                                           calls_per_event)
                     if queued < hold:
                         break
                     # The host took longer than the hold: a slow host, or a full queue that blocked it.
@@ -508,27 +518,34 @@ class DeviceSession:
                 else:
                     host_bound = True
                 times += chunk_times
-            return Timing(times, chunk, host_bound)
+                done += calls
+            return Timing(times, chunk, host_bound, calls_per_event)
         finally:
             for event in events:
                 self.cu.cuEventDestroy(event)
 
-    def timed_chunk(self, enqueue, first: int, calls: int, hold: float, events: list) -> tuple[list[float], float]:
-        """(microseconds of each call, seconds the host took to queue them) of calls enqueue(first...)
-        queued behind a spin of `hold` seconds, an event after each."""
+    def timed_chunk(self, enqueue, first: int, calls: int, hold: float, events: list,
+                    calls_per_event: int = 1) -> tuple[list[float], float]:
+        """(microseconds a call of each group, seconds the host took to queue them) of calls
+        enqueue(first...) queued behind a spin of `hold` seconds, an event after every
+        `calls_per_event` calls and after the last."""
         cu = self.cu
         start = host_clock()  # before the spin is queued: it cannot have started earlier
         self.delay(hold)
         self.queued += 1
         self.check(cu.cuEventRecord(events[0], self.stream), "cuEventRecord")
+        groups, grouped = [], 0
         for i in range(calls):
             enqueue(first + i)
-            self.queued += 1
-            self.check(cu.cuEventRecord(events[i + 1], self.stream), "cuEventRecord")
+            if i + 1 - grouped == calls_per_event or i + 1 == calls:
+                groups.append(i + 1 - grouped)
+                grouped = i + 1
+                self.queued += 1
+                self.check(cu.cuEventRecord(events[len(groups)], self.stream), "cuEventRecord")
         queued = host_clock() - start
         self.synchronize("timed runs")
-        return [1e3 * float(self.check(cu.cuEventElapsedTime(events[i], events[i + 1]), "cuEventElapsedTime"))
-                for i in range(calls)], queued
+        return [1e3 * float(self.check(cu.cuEventElapsedTime(events[g], events[g + 1]), "cuEventElapsedTime")) / size
+                for g, size in enumerate(groups)], queued
 
     def copy_bandwidth(self, nbytes: int | None = None, iters: int = 20) -> tuple[int, float]:
         """(bytes copied, median seconds) of a device-to-device copy far larger than L2."""

@@ -115,7 +115,9 @@ LAUNCH_NOTE = ("the H100 bench of 2026-11-23 (bench/results/NVIDIA-H100-80GB-HBM
 # Programmatic dependent launch bought nothing back to back on the H100 (bench/results/
 # H100-2026-11-27-lease): Q4_K 4096 x 4096 9.38 us with it, 9.14 without; decode attention 16.59 /
 # 22.91 / 57.79 us with it at 4k / 8k / 32k keys, 16.75 / 22.66 / 57.55 without. Both fill every
-# SM's registers (one and two CTAs an SM), so the next grid's CTAs cannot start beside them.
+# SM's registers (one and two CTAs an SM), so the next grid's CTAs cannot start beside them; and
+# each run was followed by a CUDA event, which waits for the whole grid (bench's batched figures,
+# since 2026-11-28, have ten runs between two events).
 PDL_NOTE = "a PDL launch is costed as a plain one (measured: no gain back to back on the H100, 2026-11-27)"
 LATENCY_NOTE = ("latency 600 ns: assumed (issue 12's 600-800 ns under load, the low end); not measured "
                 "on this GPU")

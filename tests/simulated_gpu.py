@@ -4,7 +4,7 @@ Every call first goes to the real cuda.bindings function, which converts and typ
 arguments exactly as on a GPU machine and then fails to find libcuda; the simulation then plays
 the driver: device memory is host memory, and a "kernel" computes its kind's float64 reference.
 Time is simulated too: the host spends HOST_SECONDS on each driver call, the GPU KERNEL_SECONDS on
-each kernel, and a stream holds at most `queue_depth` pending operations (the host blocks until the
+each kernel (and EVENT_SECONDS on each event), and a stream holds at most `queue_depth` pending operations (the host blocks until the
 oldest completes, as an H100 does past ~1021), so event timing sees what it would on a GPU. A
 kernel named in `faulty` faults stickily: from then on every call fails with
 CUDA_ERROR_ILLEGAL_ADDRESS, as on an H100, where only a new process gets CUDA back.
@@ -41,6 +41,7 @@ class SimulatedDriver:
     captures_cooperative = True  # whether a cooperative launch may be captured into a graph
     KERNEL_SECONDS = 4e-6  # simulated duration of one kernel
     HOST_SECONDS = 1e-6  # simulated host time of one driver call
+    EVENT_SECONDS = 0.0  # simulated GPU time of recording an event
     DEFAULT_DYNAMIC = 48 * 1024
     REGISTERS = 32  # what cuFuncGetAttribute(NUM_REGS) says of every function
     resident_ctas = 2  # what the occupancy query says of every launch
@@ -299,7 +300,7 @@ class SimulatedDriver:
 
     def sim_cuEventRecord(self, event, stream):
         assert self.capturing is None
-        self.occupy(0.0)
+        self.occupy(self.EVENT_SECONDS)
         self.handles[int(event)] = self.gpu_free
         return (SUCCESS,)
 

@@ -333,6 +333,25 @@ def test_timing_keeps_each_chunk_below_the_launch_queue_depth(sim, monkeypatch, 
         assert timing.times == pytest.approx([gpu_us] * 5)
 
 
+@pytest.mark.parametrize("iters, groups", [(100, [10] * 10), (25, [10, 10, 5])])
+def test_batched_timing_keeps_the_events_out_of_the_figures(sim, iters, groups):
+    """With an event after every call each figure carries an event's cost; batched, a group of
+    calls goes between two events and its figure is the group's mean, the last group shorter where
+    iters is not a multiple."""
+    sim.EVENT_SECONDS = 1e-6
+    kernel = spec_kernel("qwen3_8b_residual_add")
+    gpu = device.session()
+    buffers = {p.name: gpu.alloc(p.nbytes({})) for p in kernel.params if p.is_array}
+    queue = gpu.launcher(gpu.kernel(kernel), kernel.launch({}), kernel.args(buffers, {}))
+    alone = gpu.time(lambda i: queue(), iters=iters, warmup=2)
+    assert alone.times == pytest.approx([4 + 1] * iters) and alone.calls_per_event == 1
+    records = sim.names().count("cuEventRecord")
+    batch = gpu.time(lambda i: queue(), iters=iters, warmup=2, calls_per_event=10)
+    assert batch.times == pytest.approx([4 + 1 / size for size in groups]) and batch.calls_per_event == 10
+    assert sim.names().count("cuEventRecord") - records == len(groups) + 1
+    assert batch.calls_per_chunk == iters and not batch.host_bound
+
+
 @pytest.fixture
 def bench_app():
     from ptxgen.cli import app
@@ -356,6 +375,7 @@ def test_bench_checks_then_times_with_rotated_buffers_and_writes_json(sim, worke
         assert row["gbs"] == pytest.approx(row["bytes"] / 4e-6 / 1e9)
         assert row["pct_copy_bw"] == pytest.approx(100 * row["gbs"] / 3000)
         assert row["graph"]["median_us"] == pytest.approx(4.0, rel=1e-6)
+        assert row["batch"]["median_us"] == pytest.approx(4.0, rel=1e-6) and row["batch"]["calls_per_event"] == 10
         assert row["sets"] * row["set_bytes"] >= 3 * SimulatedDriver.L2_BYTES, "buffers rotate past L2"
     assert "cuEventCreate" not in sim.names(), "the device work ran in the worker"
 
@@ -462,6 +482,10 @@ def test_make_bench_report_has_the_targets_and_the_decode_step_in_tokens_per_sec
     assert "| one launch, CUDA-graph replay | 4.0 | 250000.0 |" in report
     assert any(line.startswith("| separate kernels, 26 launches one by one | 104.0 | 9615.4 |") for line in lines)
     assert any(line.startswith("| separate kernels, one CUDA graph | 104.0 | 9615.4 |") for line in lines)
+    rmsnorm = next(line.split(" | ") for line in lines if line.startswith("| qwen3_8b_rmsnorm | rows=1 |"))
+    batched = results["rows"][0]["batch"]
+    assert batched["median_us"] == pytest.approx(4.0) and rmsnorm[6:8] == [f"4.00 ({batched['pct_copy_bw']:.1f}%)",
+                                                                         "4.00"], rmsnorm
     assert "| rmsnorm <= 5 us (decode, one row) | 4.0 µs (rows=1) | yes |" in report
     assert "| q4k_gemv 12288x4096 >= 80% of copy bandwidth | no matching row | n/a |" in report
     assert "| Qwen3-8B decode step (36 layers, pos 4095) <= 2000 us, >= 500 tokens/s | no matching row | n/a |" in report
@@ -659,6 +683,7 @@ def test_bench_times_a_kind_peer_on_the_same_stream(sim, monkeypatch):
     peer, slower = row["peers"]
     assert peer["name"] == "fake torch" and peer["median_us"] == pytest.approx(2.0)
     assert slower["median_us"] == pytest.approx(3.0)
+    assert peer["batch"]["median_us"] == pytest.approx(2.0) and peer["batch"]["calls_per_event"] == 10
     assert row["best_peer"] == {"name": "fake torch", "median_us": pytest.approx(2.0)}
     assert "peer absent skipped: absentlib is not installed" in row["notes"], "an absent peer is a note"
     assert peer["error"] < 1e-6, "the peer's result is compared with the float64 reference"

@@ -208,6 +208,9 @@ def test_event_timing_and_copy_bandwidth_are_plausible():
     timing = gpu.time(lambda i: gpu.delay(20e-6), iters=100, warmup=5)
     median = float(np.median(timing.times))
     assert 18 <= median <= 40 and not timing.host_bound, f"a 20 µs spin measured {median:.2f} µs ({timing})"
+    batched = gpu.time(lambda i: gpu.delay(20e-6), iters=100, warmup=5, calls_per_event=10)
+    per_call = float(np.median(batched.times))
+    assert len(batched.times) == 10 and 18 <= per_call <= median * 1.05, f"batched: {per_call:.2f} µs a spin"
     nbytes, seconds = gpu.copy_bandwidth()
     gbs = 2 * nbytes / seconds / 1e9
     assert 100 < gbs < 20000, f"device-to-device copy at {gbs:.0f} GB/s"

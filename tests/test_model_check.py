@@ -23,6 +23,9 @@ def test_the_model_brackets_the_h100s_4096_square_gemv():
     low, high = result["model_us"]
     assert result["verdict"] == "inside", result
     assert high - gpu.launch_us < row["median_us"] / (1 + model_check.MARGIN), "the launch term is what explains it"
+    assert result["batched_us"] is None, "recorded before batched figures"
+    batched = model_check.check_row({**row, "batch": {"median_us": 7.5}}, gpu)
+    assert batched["batched_us"] == 7.5 and batched["verdict"] == result["verdict"], "printed, not judged"
 
 
 def recorded_barriers(tail: DependentTail) -> DependentTail:
