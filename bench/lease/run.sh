@@ -69,11 +69,7 @@ step "prefill_sm90a" 120 "${BENCH[@]}" --spec bench/lease/prefill_sm90a.toml --s
 step "36-layer decoder" 240 "${BENCH[@]}" --spec bench/lease/decoder.toml --graph --json "$OUT/decoder.json"
 step "pytest -m gpu" 150 python3 -m pytest -m gpu -q -p no:cacheprovider
 echo "== done after $(( SECONDS - START )) s"
-# Done once, on the H100 of 2026-11-27 (bench/results/H100-2026-11-27-lease), and left out since:
-# Nsight Compute on the 12288x4096 GEMV (InstructionStats: SASS thread-instructions against
-# `ptxgen show`'s PTX count),
-#   ncu --section SpeedOfLight --section Occupancy --section WarpStateStats --section InstructionStats \
-#       --metrics smsp__thread_inst_executed.sum -k regex:'^gemv_12288x4096$' -c 1 \
-#       python3 -m ptxgen.cli bench gemv_12288x4096 --spec bench/lease/decode.toml
-# and why the 36-layer decoder parts from its separate kernels (depth, not races; bench.SPREAD_MULTIPLE):
+# Nsight Compute on the prefill kernels and the 12288x4096 GEMV: bench/lease/profile.sh, a second
+# call if device time is left. Done once, on the H100 of 2026-11-27 (bench/results/H100-2026-11-27-lease),
+# and left out since: why the 36-layer decoder parts from its separate kernels (depth, not races; bench.SPREAD_MULTIPLE):
 #   python3 bench/lease/decoder_depth.py

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The lease's second call, if device time is left after run.sh (same machine, still warm: its
+# /tmp/site install is reused): Nsight Compute on one launch each of the prefill kernels issue 13
+# is about, at 4096 tokens, and on the 12288x4096 GEMV. Why: on 2026-11-27 the sm_90a prefill ran
+# 454 TFLOP/s at 4k and FlashAttention-3's register split with overlap 453, and nothing measured
+# says what the tensor cores wait on (pipe utilisation, warp stalls and where they sit in the SASS).
+#
+#   device run, carry [".whl"], command "bash bench/lease/profile.sh", timeout_s 230
+# (only if `status` leaves 240 s or more; each profile is a Python start and ~40 ncu passes).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-bench/lease/out}
+BUDGET=${BUDGET:-200}
+START=$SECONDS
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/profile_log.txt") 2>&1
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+if ! python3 -c 'import pydantic, ptxgen' 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        && python3 -m pip install -q --no-deps --no-build-isolation -e . || exit 1
+fi
+SECTIONS=(--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
+          --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section InstructionStats
+          --section SourceCounters)
+
+# profile SPEC KERNEL SCALAR=VALUE...: ncu on one launch of KERNEL into $OUT/ncu_KERNEL.txt.
+profile() {
+    local spec=$1 name=$2 left
+    shift 2
+    left=$(( BUDGET - (SECONDS - START) ))
+    if (( left < 30 )); then
+        echo "== $name: skipped, ${left} s of the budget left"
+        return 1
+    fi
+    echo "== ncu $name $* (at most ${left} s)"
+    timeout --kill-after=10 "$left" ncu "${SECTIONS[@]}" -k regex:"^${name}\$" -c 1 \
+        python3 bench/lease/one_launch.py "$spec" "$name" "$@" > "$OUT/ncu_${name}.txt" 2>&1
+    echo "== $name: exit $? after $(( SECONDS - START )) s"
+}
+
+profile bench/lease/prefill_sm90a.toml prefill_sm90a seq_len=4096
+profile bench/lease/prefill_sm90a.toml prefill_sm90a_pingpong seq_len=4096
+profile bench/lease/prefill.toml prefill_mma seq_len=4096
+profile bench/lease/decode.toml gemv_12288x4096
+echo "== done after $(( SECONDS - START )) s"
