@@ -440,6 +440,7 @@ def test_grid_rule():
     (dict(head_dim=96, num_heads=8), "head_dim: expected one of 64, 128, 256"),
     (dict(kv_dtype="f64"), "kv_dtype"),
     (dict(max_seq_len=0), "max_seq_len"),
+    (dict(l2_prefetch=5), "l2_prefetch: Input should be less than or equal to 4"),
 ])
 def test_config_errors(tmp_path, config, message):
     fields = {**TINY, "num_layers": 1, **config}
@@ -604,6 +605,79 @@ def test_fused_kernel_with_types_gives_the_same_bits_on_any_grid_and_unroll():
         other = decoder_run(kernel_for(2, weight_quants=MIXED_TWO_LAYERS, **extra), inputs, pos)
         for name in ("x", "k_cache", "v_cache"):
             assert np.array_equal(other[name].view(np.uint8), out[name].view(np.uint8)), f"{name} with {extra} differs"
+
+
+def test_l2_prefetch_changes_no_bits_and_stays_inside_the_weights():
+    """l2_prefetch only asks L2 for lines: with Q4_K and Q6_K segments (Q6_K rows are not whole
+    128-byte lines), on 1, 5 and the default grid, windows of 1 to 4 tasks give the bits of no
+    prefetch, and no prefetch leaves its array (the interpreter's bounds check: the last task's
+    lines end at the stack's last byte)."""
+    pos = 21
+    kernel = kernel_for(2, weight_quants=MIXED_TWO_LAYERS)
+    inputs = kernel.definition.sample_inputs(np.random.default_rng(pos), {"pos": pos})
+    out = decoder_run(kernel, inputs, pos)
+    for extra in (dict(l2_prefetch=1), dict(ctas=5, l2_prefetch=4), dict(ctas=1, l2_prefetch=2)):
+        other = decoder_run(kernel_for(2, weight_quants=MIXED_TWO_LAYERS, **extra), inputs, pos)
+        for name in ("x", "k_cache", "v_cache"):
+            assert np.array_equal(other[name].view(np.uint8), out[name].view(np.uint8)), f"{name} with {extra} differs"
+
+
+def prefetched_lines(kernel, inputs, pos, monkeypatch) -> list[tuple[str, int]]:
+    """(array, byte offset) of every prefetch one launch executes, thread by thread."""
+    from ptxgen.interp import ops
+
+    seen = []
+
+    def recording(c):
+        space = c.space()
+        address = c.address(c.ops[0], space)
+
+        def record(st, sel):
+            addr = address(st, sel)
+            region = st.memory.locate(addr, 1)
+            assert (region >= 0).all(), "a prefetch outside every array"
+            seen.extend((st.memory.names[r], int(a - st.memory.bases[r])) for r, a in zip(region, addr))
+        return c.alu(record)
+
+    monkeypatch.setitem(ops.COMPILERS, "prefetch", recording)
+    decoder_run(kernel, inputs, pos)
+    return seen
+
+
+@pytest.mark.parametrize("window", (1, 3))
+def test_l2_prefetch_asks_for_each_later_task_once(monkeypatch, window):
+    """What l2_prefetch asks L2 for is exactly the weights the registers load later: every
+    128-byte line of every warp task but each warp's first in a phase (those loads go out at
+    once), each once, whatever the window (3 CTAs: 24 warps, 2 to 21 tasks each)."""
+    kernel = kernel_for(1, ctas=3, l2_prefetch=window)
+    kind = kernel.definition
+    inputs = base_inputs(1, "f16", seed=3)
+    seen = prefetched_lines(kernel, inputs, 5, monkeypatch)
+    assert len(seen) == len(set(seen)), "a line asked for twice"
+    warps = 3 * 8
+    row_bytes = {name: inputs[name].shape[-1] for name in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")}
+    expected = set()
+
+    def span(name, row, rows):
+        start = row * row_bytes[name]
+        expected.update((name, start + line * 128) for line in range(-(-rows * row_bytes[name] // 128)))
+
+    rows_of = {"wq": kind.q_dim, "wk": kind.kv_dim, "wv": kind.kv_dim}
+    for phase, tasks in kind.tasks().items():
+        for task in range(warps, tasks):                   # every task but the warps' first
+            if phase == "gate_up":
+                span("w_gate", task, 1)
+                span("w_up", task, 1)
+            elif phase == "qkv":
+                row = 2 * task
+                for name in ("wq", "wk", "wv"):
+                    if row < rows_of[name]:
+                        span(name, row, 2)
+                        break
+                    row -= rows_of[name]
+            else:
+                span("wo" if phase == "o" else "w_down", 2 * task, 2)
+    assert set(seen) == expected
 
 
 def test_gate_and_up_of_different_types_have_no_fused_kernel():

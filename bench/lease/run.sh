@@ -66,7 +66,7 @@ step "decode attention" 120 "${BENCH[@]}" --spec bench/lease/attention.toml --se
 step "prefill" 90 "${BENCH[@]}" --spec bench/lease/prefill.toml --set seq_len=1024,4096,8192 --json "$OUT/prefill.json"
 step "prefill_sm90a" 120 "${BENCH[@]}" --spec bench/lease/prefill_sm90a.toml --set seq_len=1024,4096,8192 \
     --json "$OUT/prefill_sm90a.json"
-step "36-layer decoder" 240 "${BENCH[@]}" --spec bench/lease/decoder.toml --graph --json "$OUT/decoder.json"
+step "36-layer decoder" 320 "${BENCH[@]}" --spec bench/lease/decoder.toml --graph --json "$OUT/decoder.json"
 step "pytest -m gpu" 150 python3 -m pytest -m gpu -q -p no:cacheprovider
 echo "== done after $(( SECONDS - START )) s"
 # Nsight Compute on the prefill kernels and the 12288x4096 GEMV: bench/lease/profile.sh, a second

@@ -1208,14 +1208,21 @@ def _griddepcontrol(c):
 
 @opcode("prefetch", "prefetchu", "nanosleep")
 def _hint(c):
-    """Performance hints with no effect on results: a prefetch into a cache level (even of an
-    address outside every array: it never faults), a sleep (the scheduler picks who runs)."""
+    """Performance hints with no effect on results: a prefetch into a cache level, a sleep (the
+    scheduler picks who runs). A prefetch does not fault on hardware whatever its address, but one
+    outside every array is a finding here, as a load there would be: no kernel of ours asks the
+    memory system for bytes it was not given."""
     c.need(1)
     if c.ins.base == "nanosleep":
         c.read(0, "u32")
-    elif not isinstance(c.ops[0], Addr):
+        return c.alu(lambda st, sel: None)
+    if not isinstance(c.ops[0], Addr):
         c.fail("expected [address]")
-    return c.alu(lambda st, sel: None)
+    space, address = c.space(), c.address(c.ops[0], c.space())
+
+    def bounds(st, sel):
+        st.segments(space, address(st, sel), 1, st.indices(sel))
+    return c.alu(bounds)
 
 
 @opcode("membar", "fence")

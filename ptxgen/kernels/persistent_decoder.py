@@ -134,6 +134,17 @@ MAX_REGISTERS = 255
 # (speed not measured). Q8_0 at 4 slots (84 registers) spilled 32-150 bytes on sm_80 beside Q4_K
 # phases; at 2, 8.5 KB a SM.
 MAX_UNROLL = {"q4_k": 4, "q6_k": 1, "q8_0": 2}
+# L2_PREFETCH: the registers cap the weight bytes a warp has in flight (gemv_unroll row-steps: 6 KB
+# a warp, 48 KB a SM), and a Qwen3-8B GEMV phase is only 1.5-12 rounds of them a warp (qkv's
+# 2560 two-row tasks on 1056 warps: 2.4), so a phase's first loads, its last and the grid barrier
+# between phases leave DRAM waiting on round trips: the 2026-11-27 step (2338 us) is its bytes'
+# 1337 us + the model's latency 721 us + tail 300 us, the serialized end. With l2_prefetch = P a
+# warp also asks L2 for its next P tasks' lines (prefetch.global.L2, a lane a 128-byte line: 2
+# instructions a lane per 4.6 KB task), the first P at the phase's barrier before its wait, then
+# one more each task, so its register loads find their lines in L2 or on the way. A window of P
+# tasks is P x 4.6 KB a warp of 4096-wide Q4_K rows (4.9 MB a task over the 1056 warps; L2 holds
+# 50 MB). Not yet timed on a GPU: off by default, the lease times it (bench/lease/decoder.toml).
+MAX_L2_PREFETCH = 4
 # Shared memory the attention phase's K/V ring may take (1..4 stages). The CPU interpreter tracks
 # at most 8 MB of shared memory per wave and a grid barrier needs the whole grid in one wave, so
 # 128 CTAs (the tiny configs' grid) leave each about 64 KB.
@@ -180,6 +191,9 @@ class PersistentDecoderConfig(KernelConfig):
     ctas: int | None = Field(default=None, ge=1, le=MAX_CTAS)
     # Row-steps of weight loads a warp keeps in flight in the GEMV phases (48 bytes a lane each).
     gemv_unroll: int = Field(default=4, ge=1, le=4)
+    # Tasks past the one its registers load that a warp keeps requested into L2 in the GEMV
+    # phases (prefetch.global.L2: bytes in flight that hold no register; see L2_PREFETCH).
+    l2_prefetch: int = Field(default=0, ge=0, le=MAX_L2_PREFETCH)
     # The GGML type of each layer's matrix, per weight (a Q4_K_M file stores about half of attn_v
     # and ffn_down as Q6_K); a weight not named is Q4_K in every layer. Each GEMV phase runs the
     # variant of its layer's types (see "Weight types" in the module docstring); w_gate and w_up
@@ -574,8 +588,14 @@ class PersistentDecoder(Kind):
         c = self.config
         rule = (f"fixed by ctas={c.ctas}" if c.ctas is not None else
                 f"min(sm_count*ctas_per_sm = {c.sm_count}*{c.ctas_per_sm}, work = {self.work_ctas()})")
-        return (f"grid [{rule}]; all {c.num_layers} layers in one launch, {PHASE_BARRIERS} grid barriers "
+        note = (f"grid [{rule}]; all {c.num_layers} layers in one launch, {PHASE_BARRIERS} grid barriers "
                 f"a layer, every phase a grid-stride loop (GEMV: 2-row warp tasks; attention: (KV head, split) items)")
+        if c.l2_prefetch:
+            task = 2 * row_bytes(c.hidden)
+            note += (f"; each warp keeps its next {c.l2_prefetch} GEMV task(s) requested into L2 ({c.l2_prefetch} x "
+                     f"{task} bytes of {c.hidden}-wide Q4_K rows, {c.l2_prefetch * task * WARPS * c.ctas_per_sm // 1024} "
+                     "KB a SM beyond what the registers load; the model's bytes in flight count register loads only)")
+        return note
 
     def static_shared(self) -> int:
         return 4 * WARPS + 8  # warp sums of the RMS factor, the attention merge flag, a zero word
@@ -603,6 +623,7 @@ class PersistentDecoder(Kind):
             "warps": WARPS,
             "threads": THREADS,
             "max_registers": MAX_REGISTERS,
+            "l2_prefetch": c.l2_prefetch,
             "variants": self.variants,
             "slot_plans": [s.plan for variants in self.variants.values() for v in variants for s in v.segments],
             "attention": self.attention,
@@ -732,7 +753,7 @@ class PersistentDecoder(Kind):
             for variant in variants:
                 waits = sum(stop - start for start, stop in variant.runs) - (phase == "qkv" and variant.runs[0][0] == 0)
                 if waits:
-                    early = self.early_loads(variant)
+                    early = self.early_loads(phase, variant)
                     steps.append(TailStep(f"{waits} grid barriers before {phase} {what}, {early} bytes of weights "
                                           f"in flight", trips * waits, every_cta=True, returns_value=False,
                                           overlapped_bytes=waits * early))
@@ -742,16 +763,21 @@ class PersistentDecoder(Kind):
                            returns_value=False) for step in (count_in.steps if count_in else ())]
         return DependentTail(tuple(steps), group_ctas=1)
 
-    def early_loads(self, variant: PhaseVariant) -> int:
+    def early_loads(self, phase: str, variant: PhaseVariant) -> int:
         """The bytes of weights a GEMV phase variant has in flight at its grid barrier's wait:
         every warp with a task in the first segment, its first task's first plan.unroll
-        row-steps (a partial step's lanes only)."""
+        row-steps (a partial step's lanes only), and the 128-byte lines of the next l2_prefetch
+        tasks it has there (a task's two rows: one span, or gate_up's a span each)."""
         segment = variant.segments[0]
         plan = segment.plan
-        warps = min(self.grid * WARPS, segment.end - segment.first)
+        all_warps = self.grid * WARPS
+        tasks = segment.end - segment.first
         per_warp = sum(plan.step_bytes * (plan.partial_lanes if plan.is_partial(item) else 32) // 32
                        for item in plan.items[:plan.unroll])
-        return warps * per_warp
+        prefetched = sum(max(0, min(all_warps, tasks - ahead * all_warps))
+                         for ahead in range(1, self.config.l2_prefetch + 1))
+        lines = 2 * ceil_div(plan.row_bytes, 128) if phase == "gate_up" else ceil_div(2 * plan.row_bytes, 128)
+        return min(all_warps, tasks) * per_warp + prefetched * lines * 128
 
     def sample_inputs(self, rng, scalars):
         """Gaussian x, norms near 1, Q4_K weights from ggml's quantiser (ptxgen.q4k), and caches

@@ -4,6 +4,7 @@ import importlib
 import numpy as np
 import pytest
 
+from ptxgen.errors import SanitizerError
 from ptxgen.interp import launch
 from interp_helpers import module
 
@@ -268,13 +269,14 @@ def test_cp_async_and_generic_addressing():
 
 
 def test_prefetches_and_sleep_are_hints_that_change_nothing():
-    """prefetch (even of an address past every array: it never faults), prefetchu, nanosleep."""
+    """prefetch (to L2 with an eviction priority, and of the last byte of an array), prefetchu,
+    nanosleep; a prefetch past every array is a finding (it would not fault on hardware)."""
     body = """
   .reg .b64 %a;
   .reg .b32 %v;
   ld.param.u64 %a, [a];
   prefetch.global.L2 [%a];
-  prefetch.global.L2::evict_last [%a+1000000];
+  prefetch.global.L2::evict_last [%a+15];
   prefetchu.L1 [%a];
   nanosleep.u32 100;
   mov.u32 %v, 7;
@@ -283,3 +285,6 @@ def test_prefetches_and_sleep_are_hints_that_change_nothing():
     a = np.zeros(4, np.uint32)
     launch(module(body, ".param .u64 a"), "k", (1, 1, 1), (32, 1, 1), [a])
     np.testing.assert_array_equal(a, [7, 0, 0, 0])
+    past = body.replace("[%a+15]", "[%a+16]")
+    with pytest.raises(SanitizerError, match="out-of-bounds 1-byte global access: address .* is outside every array"):
+        launch(module(past, ".param .u64 a"), "k", (1, 1, 1), (32, 1, 1), [np.zeros(4, np.uint32)])
