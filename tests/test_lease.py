@@ -41,6 +41,9 @@ def test_the_profile_script_names_kernels_its_specs_hold():
     assert len(calls) == 4
     for spec, name in calls:
         load_spec(ROOT / spec).spec.kernel(name)
+    decoders = load_spec(LEASE / "decoder.toml").spec
+    for name in ("qwen3_8b_decoder", "qwen3_8b_decoder_prefetch"):      # the timeline's
+        assert name in (LEASE / "profile.sh").read_text() and decoders.kernel(name).kind == "persistent_decoder"
 
 
 def test_one_launch_runs_a_spec_kernel_once(capsys):
@@ -51,3 +54,26 @@ def test_one_launch_runs_a_spec_kernel_once(capsys):
 
     assert one_launch.main([str(LEASE / "prefill.toml"), "prefill_mma", "seq_len=17"], backend="emulator") == 0
     assert capsys.readouterr().out == "prefill_mma {'seq_len': 17}: one launch (emulator)\n"
+
+
+def test_decoder_timeline_adds_phases_and_barriers_up_to_the_step():
+    """bench/lease/decoder_timeline.py on a timeline decoder in the interpreter (its timers count
+    instructions): the phases' and barriers' spans sum to the step exactly, each at least 0, every
+    phase's balance in (0, 1], and the bytes are the weights and the cache rows up to pos."""
+    sys.path.insert(0, str(LEASE))
+    import decoder_timeline
+
+    from helpers import make_kernel
+
+    kernel = make_kernel("persistent_decoder", name="pd", hidden=512, num_heads=4, num_kv_heads=2, head_dim=128,
+                         intermediate=1024, max_seq_len=64, num_layers=2, ctas=5, timeline=True)
+    summary = decoder_timeline.measure(kernel, 9, backend="emulator", launches=1)
+    phases, barriers = summary["phases"], summary["barriers_ns"]
+    assert sum(p["span_ns"] for p in phases.values()) + sum(barriers.values()) == summary["step_ns"] > 0
+    assert all(p["span_ns"] > 0 and 0 < p["balance"] <= 1 for p in phases.values()), phases
+    assert min(barriers.values()) >= 0 and summary["start_skew_ns"] == 0
+    q4k_row = 144 * 512 // 256
+    assert phases["qkv"]["bytes"] == 2 * (512 + 2 * 256) * q4k_row          # 2 layers of wq, wk, wv
+    assert phases["down"]["bytes"] == 2 * 512 * 144 * 1024 // 256
+    assert phases["attention"]["bytes"] == 2 * 2 * 2 * 10 * 128 * 2          # K and V, 2 layers, 2 heads, 10 rows
+    assert "barrier F" in decoder_timeline.report(summary)

@@ -622,9 +622,35 @@ def test_l2_prefetch_changes_no_bits_and_stays_inside_the_weights():
             assert np.array_equal(other[name].view(np.uint8), out[name].view(np.uint8)), f"{name} with {extra} differs"
 
 
+def test_timeline_stamps_every_barrier_in_order_and_changes_no_bits():
+    """timeline = true: each CTA's row holds its start, then for every grid barrier its arrival
+    and its passing, then its end, in that order (the interpreter's timers count the launch's
+    instructions: one clock for every CTA), no CTA passes a barrier before the last one arrived,
+    and the outputs keep the bits of the kernel without stamps (5 CTAs: uneven phases)."""
+    pos, layers = 9, 2
+    inputs = base_inputs(layers, "f16", seed=4)
+    plain = decoder_run(kernel_for(layers, ctas=5), inputs, pos)
+    kernel = kernel_for(layers, ctas=5, timeline=True)
+    out = decoder_run(kernel, inputs, pos)
+    for name in ("x", "k_cache", "v_cache"):
+        assert np.array_equal(out[name].view(np.uint8), plain[name].view(np.uint8)), f"{name} differs with stamps"
+    rows = out["timeline"].astype(np.int64)
+    assert rows.shape == (5, kernel.definition.timeline_width) and not rows[:, 1].any(), "start's high word"
+    barriers = PHASE_BARRIERS * layers - 1
+    order = np.concatenate([rows[:, :1], rows[:, 3:3 + 2 * barriers], rows[:, 2:3]], axis=1)
+    assert (np.diff(order, axis=1) > 0).all(), "stamps out of order"
+    for b in range(barriers):
+        assert rows[:, 4 + 2 * b].min() > rows[:, 3 + 2 * b].max(), f"barrier {b} passed before the last arrival"
+    assert not rows[:, 3 + 2 * barriers:].any(), "words past the last barrier"
+
+
 def prefetched_lines(kernel, inputs, pos, monkeypatch) -> list[tuple[str, int]]:
     """(array, byte offset) of every prefetch one launch executes, thread by thread."""
+    import importlib
+
     from ptxgen.interp import ops
+
+    interp_launch = importlib.import_module("ptxgen.interp.launch")  # the module (the package exports its function)
 
     seen = []
 
@@ -640,6 +666,7 @@ def prefetched_lines(kernel, inputs, pos, monkeypatch) -> list[tuple[str, int]]:
         return c.alu(record)
 
     monkeypatch.setitem(ops.COMPILERS, "prefetch", recording)
+    monkeypatch.setattr(interp_launch, "_CACHE", {})     # compiled anew, with the recording prefetch
     decoder_run(kernel, inputs, pos)
     return seen
 

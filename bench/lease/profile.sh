@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # The lease's second call, if device time is left after run.sh (same machine, still warm: its
-# /tmp/site install is reused): Nsight Compute on one launch each of the prefill kernels issue 13
-# is about, at 4096 tokens, and on the 12288x4096 GEMV. Why: on 2026-11-27 the sm_90a prefill ran
-# 454 TFLOP/s at 4k and FlashAttention-3's register split with overlap 453, and nothing measured
-# says what the tensor cores wait on (pipe utilisation, warp stalls and where they sit in the SASS).
+# /tmp/site install is reused): first where the 36-layer decoder's step goes, phase by phase
+# (bench/lease/decoder_timeline.py, with and without l2_prefetch: issue 12's step sat at the
+# model's serialized end on 2026-11-27), then Nsight Compute on one launch each of the prefill
+# kernels issue 13 is about, at 4096 tokens, and on the 12288x4096 GEMV. Why: on 2026-11-27 the
+# sm_90a prefill ran 454 TFLOP/s at 4k and FlashAttention-3's register split with overlap 453, and
+# nothing measured says what the tensor cores wait on (pipe utilisation, warp stalls and where
+# they sit in the SASS).
 #
-#   device run, carry [".whl"], command "bash bench/lease/profile.sh", timeout_s 230
-# (only if `status` leaves 240 s or more; each profile is a Python start and ~40 ncu passes).
+#   device run, carry [".whl"], command "bash bench/lease/profile.sh", timeout_s 200
+# (only if `status` leaves 220 s or more; each profile is a Python start and ~40 ncu passes).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-bench/lease/out}
-BUDGET=${BUDGET:-200}
+BUDGET=${BUDGET:-180}
 START=$SECONDS
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/profile_log.txt") 2>&1
@@ -38,6 +41,10 @@ profile() {
     echo "== $name: exit $? after $(( SECONDS - START )) s"
 }
 
+echo "== decoder timeline (at most 90 s)"
+timeout --kill-after=10 90 python3 bench/lease/decoder_timeline.py bench/lease/decoder.toml qwen3_8b_decoder \
+    qwen3_8b_decoder_prefetch --pos 4095 --json "$OUT/decoder_timeline.json"
+echo "== decoder timeline: exit $? after $(( SECONDS - START )) s"
 profile bench/lease/prefill_sm90a.toml prefill_sm90a seq_len=4096
 profile bench/lease/prefill_sm90a.toml prefill_sm90a_pingpong seq_len=4096
 profile bench/lease/prefill.toml prefill_mma seq_len=4096

@@ -150,7 +150,7 @@ def launch(ptx: str, entry: str, grid: tuple[int, int, int], block: tuple[int, i
             warps = -(-cta_threads // 32)
             ids, cut = _cohorts(ids, warps, rng) if any(sync_points) else (ids, 0)
             st = WaveState(prog, grid, block, ids, memory, params, sanitize, shared)
-            st.ordering, st.approx, st.float_atomics = ordering, approximations, float_atomics
+            st.ordering, st.approx, st.float_atomics, st.stats = ordering, approximations, float_atomics, stats
             if sanitize and waits:
                 st.watch_dependent_launch(frozenset(i for i, name in enumerate(memory.names) if name in stable))
             st.rank = rng.permutation(st.n)

@@ -18,7 +18,7 @@ from ..errors import InterpError
 from . import numerics as nm
 from .approx import EXACT
 from .ordering import access_of, fence_of
-from .parser import TYPE_NAME, TYPES, Addr, Imm, Neg, Pair, Reg, Sink, Special, Sym, Vec
+from .parser import TIMERS, TYPE_NAME, TYPES, Addr, Imm, Neg, Pair, Reg, Sink, Special, Sym, Vec
 from .sanitizer import full_warps, warp_members
 from .findings import Finding
 from .state import SHARED_WINDOW, converter, dtype_of, storage_of, store_converter
@@ -145,6 +145,11 @@ class Ctx:
             if conv is None:
                 return lambda st, sel: st.read(rid, sel)
             return lambda st, sel: conv(st.read(rid, sel))
+        if isinstance(op, Special) and op.name in TIMERS:
+            timer = dtype_of(TIMERS[op.name]).type
+            conv = converter(timer, t) or _as_is
+            wrap = int(np.iinfo(timer).max)
+            return lambda st, sel: conv(np.full(_count(st, sel), st.stats.instructions & wrap, timer))
         if isinstance(op, Special):
             name, conv = op.name, converter(np.uint32, t)
             if conv is None:

@@ -15,9 +15,12 @@ TYPES = {  # name -> (bytes, kind); kind u/s/b integer, f float, bf bfloat16 bit
 # Any PTX type name, TYPES' or not (.u16x2, .f32x2, .b128, .tf32, .e4m3x2, ...): a modifier that
 # names a type the interpreter lacks is refused, not taken for another modifier.
 TYPE_NAME = re.compile(r"[usbf]\d+(x\d+)?|bf16(x\d+)?|tf32|u?e\dm\d(x\d+)?|s2f6x2")
+# Timers: here the launch's count of executed instructions (monotonic and deterministic, as a
+# GPU's clocks are monotonic: a kernel may time its phases, the values mean nothing else).
+TIMERS = {"%globaltimer": "u64", "%clock64": "u64", "%clock": "u32"}
 SPECIAL = {f"%{r}.{c}" for r in ("tid", "ntid", "ctaid", "nctaid") for c in "xyz"} | {
     "%laneid", "%warpid", "%lanemask_eq", "%lanemask_lt", "%lanemask_le", "%lanemask_gt",
-    "%lanemask_ge"}
+    "%lanemask_ge"} | set(TIMERS)
 
 _SPECIAL_PREFIXES = {s.split(".")[0] for s in SPECIAL}
 _TOKEN = re.compile(r"""[ \t\r\f\v]*(?:        # a token and the blanks before it

@@ -194,6 +194,10 @@ class PersistentDecoderConfig(KernelConfig):
     # Tasks past the one its registers load that a warp keeps requested into L2 in the GEMV
     # phases (prefetch.global.L2: bytes in flight that hold no register; see L2_PREFETCH).
     l2_prefetch: int = Field(default=0, ge=0, le=MAX_L2_PREFETCH)
+    # Where a step's time goes: thread 0 of each CTA stamps %globaltimer into the workspace
+    # `timeline` (see timeline_width) at its start and end and as it arrives at and passes each
+    # grid barrier (bench/lease/decoder_timeline.py reads it). Off: no stamps, no parameter.
+    timeline: bool = False
     # The GGML type of each layer's matrix, per weight (a Q4_K_M file stores about half of attn_v
     # and ffn_down as Q6_K); a weight not named is Q4_K in every layer. Each GEMV phase runs the
     # variant of its layer's types (see "Weight types" in the module docstring); w_gate and w_up
@@ -577,7 +581,15 @@ class PersistentDecoder(Kind):
             Param("mlp", "f32", (I,), "workspace"),
             Param("partials", "f32", (c.num_kv_heads, attention.max_splits, attention.group, attention.row),
                   "workspace"),
+            *([Param("timeline", "u32", (self.grid, self.timeline_width), "workspace")] if c.timeline else []),
         ]
+
+    @property
+    def timeline_width(self) -> int:
+        """Words of a CTA's timeline row: %globaltimer at its start (low and high word), then the
+        low words of its end and, for barrier b = 5 layer + (A, C, D, E, F), at word 3 + 2b its
+        arrival and at 4 + 2b its passing (the last layer has no F); 10 a layer, 10 more."""
+        return 10 * (self.config.num_layers + 1)
 
     # --- geometry ------------------------------------------------------------------------------
     def geometry(self) -> Geometry:
@@ -624,6 +636,8 @@ class PersistentDecoder(Kind):
             "threads": THREADS,
             "max_registers": MAX_REGISTERS,
             "l2_prefetch": c.l2_prefetch,
+            "timeline": c.timeline,
+            "timeline_width": self.timeline_width,
             "variants": self.variants,
             "slot_plans": [s.plan for variants in self.variants.values() for v in variants for s in v.segments],
             "attention": self.attention,
@@ -655,9 +669,11 @@ class PersistentDecoder(Kind):
 
     def unrested(self, param: Param, array: np.ndarray) -> int | None:
         """The barrier word's arrivals back at 0 (its top bit is the phase, flipped by every
-        barrier); the counters at 0; the float workspaces are scratch."""
+        barrier); the counters at 0; the float workspaces are scratch, the timeline is stamps."""
         if param.name == "barrier":
             return int(np.count_nonzero(array & 0x7FFFFFFF))
+        if param.name == "timeline":
+            return None                # stamps for the host: any value serves the next launch
         return super().unrested(param, array)
 
     def verify_scalars(self) -> list[dict[str, int]]:

@@ -288,3 +288,25 @@ def test_prefetches_and_sleep_are_hints_that_change_nothing():
     past = body.replace("[%a+15]", "[%a+16]")
     with pytest.raises(SanitizerError, match="out-of-bounds 1-byte global access: address .* is outside every array"):
         launch(module(past, ".param .u64 a"), "k", (1, 1, 1), (32, 1, 1), [np.zeros(4, np.uint32)])
+
+
+def test_timers_count_the_launchs_instructions():
+    """%globaltimer, %clock64 and %clock: here the launch's executed instructions so far (the
+    same for every thread of a step, never decreasing), so a kernel that times its phases runs."""
+    body = """
+  .reg .b64 %a, %t0, %t1, %c;
+  .reg .b32 %s;
+  ld.param.u64 %a, [a];
+  mov.u64 %t0, %globaltimer;
+  mov.u64 %c, %clock64;
+  mov.u32 %s, %clock;
+  mov.u64 %t1, %globaltimer;
+  st.global.u64 [%a], %t0;
+  st.global.u64 [%a+8], %c;
+  st.global.u64 [%a+16], %t1;
+  cvt.u64.u32 %c, %s;
+  st.global.u64 [%a+24], %c;
+  ret;"""
+    a = np.zeros(4, np.uint64)
+    launch(module(body, ".param .u64 a"), "k", (1, 1, 1), (32, 1, 1), [a])
+    np.testing.assert_array_equal(a, [2, 3, 5, 4])  # counting the reading instruction itself
