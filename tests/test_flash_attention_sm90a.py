@@ -103,6 +103,24 @@ def test_large_scores_need_online_rescaling(overlap):
     assert_passes(verify_sm90a(kernel, seq_len, seed=0, inputs=inputs))
 
 
+@pytest.mark.parametrize("block_n", [32, 64, 128])
+def test_every_score_takes_part_in_its_rows_maximum(block_n):
+    """Query row r's one large score (about 150 after scaling: e^150 overflows f32) is with key
+    r, so over the rows it sits at every place of a tile's S registers: a row maximum that missed
+    any of them (row_reduce's chains) would exponentiate it to infinity. The maxima are exact
+    whatever the order, so only such scores tell a chain that skips a value."""
+    kernel = attention_kernel(1, 1, 64, causal=False, dtype="f16", out_dtype="f32", knobs={"block_n": block_n})
+    seq_len = 128
+    rows = np.arange(seq_len)
+    q = np.zeros((1, seq_len, 64))
+    q[0, rows, rows % 64] = np.where(rows < 64, 1.0, -1.0)
+    k = np.zeros((1, seq_len, 64))
+    k[0, rows, rows % 64] = np.where(rows < 64, 1200.0, -1200.0)       # q_r . k_r = 1200, x 0.125
+    v = np.random.default_rng(3).standard_normal((1, seq_len, 64))
+    inputs = {"q": from_float(q, "f16"), "k": from_float(k, "f16"), "v": from_float(v, "f16")}
+    assert_passes(verify_sm90a(kernel, seq_len, seed=0, inputs=inputs))
+
+
 @pytest.mark.parametrize("head_dim, knobs", [(128, {}), (128, {"overlap": True, "block_n": 64}),
                                               (64, {}), (128, {"stages": 3}), (128, {"persistent": True})])
 def test_assembles_for_sm90a_without_spills(head_dim, knobs):

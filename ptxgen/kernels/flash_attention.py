@@ -155,7 +155,7 @@ def attention_error_bound(q, k, v, scale: float, causal: bool, dtype: str, out_d
     with |d_j| <= eta, and the rounding is bounded by u sum_j w_j |v_j| (|v_j|, not |v_j - o|: up to
     36x more where a row's values agree in a dimension, measured on the tests' shapes).
     On top: the f32 mma chains summing P V and l (MMA_ERROR per mma, one per 16 keys; sm_90a: l
-    by f32 adds, block_n / 4 a tile and thread plus 2 shuffles), the O/l rescales (one rounding
+    by f32 adds, block_n / 4 a tile and thread in any order plus 2 shuffles), the O/l rescales (one rounding
     per tile), the reciprocal (rcp.rn, or sm_90a's rcp.approx) and the final multiply, and the
     output rounding.
     """
