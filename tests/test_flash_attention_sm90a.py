@@ -244,7 +244,9 @@ RING_BUGS = [
     ("prefill_sm90a", "@!%ready bra V;", ""),                  # P V reads a V stage whose copies are in flight
     ("prefill_sm90a", "@!%ready bra Q_FULL;", ""),             # S reads Q before it has landed
     ("prefill_sm90a_fa3_persistent", "setmaxnreg.dec.sync.aligned.u32 40;", ""),  # the consumers' inc can never be met
-    ("prefill_sm90a", "max.f32 %mx0, %mx0, %m0;", ""),        # the running max forgotten: NaN once a row's max falls
+    ("prefill_sm90a", "selp.f32 %mx0, %mx0, %m0, %moves0;", ""),  # the running max forgotten: NaN once a row's max falls
+    ("prefill_sm90a", "@!%rescale bra.uni O_KEPT;", "bra.uni O_KEPT;"),  # O never rescaled for a moved maximum
+    ("prefill_sm90a", "selp.f32 %alpha0, %alpha0, 0f3F800000, %moves0;", "mov.f32 %alpha0, 0f3F800000;"),  # l and O kept
     ("prefill_sm90a_pingpong", "@%p bar.arrive 1, 256;", ""),  # warpgroup 0 never gets its first turn
     ("prefill_sm90a_pingpong", "bar.arrive %next_turn, 256;", ""),  # a turn not handed over: both wait
 ]
