@@ -66,6 +66,12 @@ SM, and the GEMV phases keep `gemv_unroll` row-steps (48 bytes each a lane; defa
 of weight loads a SM, headers counted per lane) of a warp's 2-row tasks in flight, the last
 loads of a task being the next task's first (no drain between tasks). Staging once per SM
 instead of twice halves the redundant activation reads.
+`l2_prefetch = P` (L2_PREFETCH) has each warp keep its next P tasks of a GEMV phase requested
+into L2 beside them (prefetch.global.L2, a lane a 128-byte line; the first P before the phase's
+barrier wait): weight bytes in flight that hold no register. `timeline = true` adds the workspace
+`timeline` (timeline_width words a CTA) where thread 0 of each CTA stamps %globaltimer as it
+starts, arrives at and passes each grid barrier, and ends: bench/lease/decoder_timeline.py makes
+each phase's and barrier's share of the step from it. Neither changes a result bit.
 Predicated writes of temporaries are avoided in the shared macros used here (they keep a stale
 value alive around every loop), and thread-derived values are recomputed per phase from a
 volatile shared zero (else ptxas keeps ~10 of them live through all phases).
