@@ -476,10 +476,11 @@ class DeviceSession:
 
     def time(self, enqueue, iters: int, warmup: int = 10, calls_per_event: int = 1) -> Timing:
         """Microseconds a call of `iters` back-to-back calls enqueue(i), from CUDA events: one event
-        after every `calls_per_event` calls, each figure a group's mean. An event waits for all
-        the stream's work before it, so with one after every call each figure includes what an
-        event costs, and a launch of programmatic dependent launch cannot overlap the call before
-        it; a group of calls between two events is timed as an engine runs them, back to back.
+        after every `calls_per_event` calls, each figure a group's mean. An event records once all
+        the stream's work before it is done and the next call is queued behind it, so with one
+        after every call each figure includes what an event costs, and by stream order a
+        programmatic dependent launch has no call before it to overlap; a group of calls between
+        two events is timed as an engine runs them, back to back.
 
         The calls go in chunks that queue fewer stream operations than the launch queue holds
         (counted during the warm-up), each chunk behind a spin kernel that holds the GPU while the
