@@ -5,9 +5,9 @@ Each kernel is first checked on the device against its float64 reference (as `pt
 back-to-back runs with a CUDA event after each (median, p10, p90), each run on the next of enough
 rotating copies of the kernel's buffers that a memory-bound kernel is not served from L2; then the
 same runs `batched`, CALLS_PER_EVENT between two events (each figure a group's mean), so that
-neither an event's cost nor the event's wait for the whole grid (which keeps a programmatic
-dependent launch from overlapping the run before it) is in them: how a run goes back to back in
-an engine's stream. The
+neither an event's cost nor its place in the stream (it records once the run before it is done,
+and the next run is queued behind it: by stream order no programmatic dependent launch overlaps
+across it) is in them: how a run goes back to back in an engine's stream. The
 runs go in chunks that fit the launch queue, each behind a spin kernel that holds the GPU while
 the host queues it (DeviceSession.time); a figure the host could not keep up with is marked
 host-bound. Bytes and flops come from the kind's traffic() model; the copy bandwidth they are
@@ -134,10 +134,12 @@ def time_kernel(gpu, compiled: CompiledKernel, arrays: dict, scalars: dict, iter
                               scalars) for s in range(sets)]
         device_kernel = gpu.kernel(compiled)
         launchers = [gpu.launcher(device_kernel, launch, args[s]) for s in range(sets)]
-        result = {"sets": sets, "set_bytes": sum(stride.values()),
-                  "timing": gpu.time(lambda i: launchers[i % sets](), iters, WARMUP),
-                  "batch_timing": gpu.time(lambda i: launchers[i % sets](), iters, WARMUP, CALLS_PER_EVENT),
-                  "graph_timing": None, "graph_note": None}
+
+        def run(i):
+            launchers[i % sets]()
+        result = {"sets": sets, "set_bytes": sum(stride.values()), "timing": gpu.time(run, iters, WARMUP),
+                  "batch_timing": gpu.time(run, iters, WARMUP, CALLS_PER_EVENT), "graph_timing": None,
+                  "graph_note": None}
         if graph:
             try:
                 for s in range(sets):
@@ -358,8 +360,10 @@ def time_peers(gpu, torch, kind, inputs: dict, scalars: dict, sets: int, iters: 
                         entry["error"] = relative_l2(value.reshape(expected.shape), expected)
                     else:
                         notes.append(f"peer {label}: {value.size} elements, {written.name} has {expected.size}")
-                timing = gpu.time(lambda i: calls[i % sets](), iters, WARMUP)
-                batch = gpu.time(lambda i: calls[i % sets](), iters, WARMUP, CALLS_PER_EVENT)
+                def call(i):
+                    calls[i % sets]()
+                timing = gpu.time(call, iters, WARMUP)
+                batch = gpu.time(call, iters, WARMUP, CALLS_PER_EVENT)
             entry.update(figures(timing, traffic, copy_gbs), batch=figures(batch, traffic, copy_gbs))
         except PtxgenError:
             raise

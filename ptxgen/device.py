@@ -535,14 +535,13 @@ class DeviceSession:
         self.delay(hold)
         self.queued += 1
         self.check(cu.cuEventRecord(events[0], self.stream), "cuEventRecord")
-        groups, grouped = [], 0
-        for i in range(calls):
-            enqueue(first + i)
-            if i + 1 - grouped == calls_per_event or i + 1 == calls:
-                groups.append(i + 1 - grouped)
-                grouped = i + 1
-                self.queued += 1
-                self.check(cu.cuEventRecord(events[len(groups)], self.stream), "cuEventRecord")
+        groups = [min(calls_per_event, calls - begin) for begin in range(0, calls, calls_per_event)]
+        order = iter(range(first, first + calls))
+        for g, size in enumerate(groups):
+            for _ in range(size):
+                enqueue(next(order))
+            self.queued += 1
+            self.check(cu.cuEventRecord(events[g + 1], self.stream), "cuEventRecord")
         queued = host_clock() - start
         self.synchronize("timed runs")
         return [1e3 * float(self.check(cu.cuEventElapsedTime(events[g], events[g + 1]), "cuEventElapsedTime")) / size

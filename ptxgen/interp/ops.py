@@ -1223,7 +1223,8 @@ def _hint(c):
         return c.alu(lambda st, sel: None)
     if not isinstance(c.ops[0], Addr):
         c.fail("expected [address]")
-    space, address = c.space(), c.address(c.ops[0], c.space())
+    space = c.space()
+    address = c.address(c.ops[0], space)
 
     def bounds(st, sel):
         st.segments(space, address(st, sel), 1, st.indices(sel))
