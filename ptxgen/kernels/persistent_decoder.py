@@ -151,6 +151,12 @@ MAX_UNROLL = {"q4_k": 4, "q6_k": 1, "q8_0": 2}
 # tasks is P x 4.6 KB a warp of 4096-wide Q4_K rows (4.9 MB a task over the 1056 warps; L2 holds
 # 50 MB). Not yet timed on a GPU: off by default, the lease times it (bench/lease/decoder.toml).
 MAX_L2_PREFETCH = 4
+
+
+def task_spans(gate_up: bool, row_bytes: int) -> list[tuple[int, int]]:
+    """(matrix, bytes) of the contiguous spans a warp task reads: gate_up's row in gate (0) and
+    in up (1), or two adjacent rows of one matrix (the template's task_base gives each start)."""
+    return [(0, row_bytes), (1, row_bytes)] if gate_up else [(0, 2 * row_bytes)]
 # Shared memory the attention phase's K/V ring may take (1..4 stages). The CPU interpreter tracks
 # at most 8 MB of shared memory per wave and a grid barrier needs the whole grid in one wave, so
 # 128 CTAs (the tiny configs' grid) leave each about 64 KB.
@@ -642,6 +648,7 @@ class PersistentDecoder(Kind):
             "threads": THREADS,
             "max_registers": MAX_REGISTERS,
             "l2_prefetch": c.l2_prefetch,
+            "task_spans": task_spans,
             "timeline": c.timeline,
             "timeline_width": self.timeline_width,
             "variants": self.variants,
@@ -798,7 +805,7 @@ class PersistentDecoder(Kind):
                        for item in plan.items[:plan.unroll])
         prefetched = sum(max(0, min(all_warps, tasks - ahead * all_warps))
                          for ahead in range(1, self.config.l2_prefetch + 1))
-        lines = 2 * ceil_div(plan.row_bytes, 128) if phase == "gate_up" else ceil_div(2 * plan.row_bytes, 128)
+        lines = sum(ceil_div(nbytes, 128) for _, nbytes in task_spans(phase == "gate_up", plan.row_bytes))
         return min(all_warps, tasks) * per_warp + prefetched * lines * 128
 
     def sample_inputs(self, rng, scalars):
