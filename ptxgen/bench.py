@@ -412,10 +412,10 @@ def separate_kernels(archs: tuple[str, ...]) -> Callable[[object], CompiledKerne
 
 
 def bench_row(compiled: CompiledKernel, scalars: dict, iters: int, graph: bool, copy_gbs: float,
-              verified: list | None) -> tuple[dict, list]:
-    """Check one (kernel, scalars) on the device, then time it and its peers (in a device worker).
-    `verified`: the kernel's checks at its kind's verify sizes, if an earlier row made them.
-    Returns the row and those checks."""
+              verified: list | None, with_peers: bool = True) -> tuple[dict, list]:
+    """Check one (kernel, scalars) on the device, then time it and (`with_peers`) its peers (in a
+    device worker). `verified`: the kernel's checks at its kind's verify sizes, if an earlier row
+    made them. Returns the row and those checks."""
     from .device import session
     from .runner import prepare_arrays, run
     from .verify import compare, ran_target, verify_plan, verify_sizes
@@ -473,10 +473,10 @@ def bench_row(compiled: CompiledKernel, scalars: dict, iters: int, graph: bool, 
         row["graph"] = figures(timed["graph_timing"], traffic, copy_gbs)
     if timed["graph_note"]:
         row["notes"].append(timed["graph_note"])
-    torch, torch_note = load_torch()
-    if torch is None:
+    torch, torch_note = load_torch() if with_peers else (None, None)
+    if torch_note:
         row["notes"].append(torch_note)
-    else:
+    elif torch is not None:
         row["peers"], notes = time_peers(gpu, torch, kind, inputs, scalars, timed["sets"], iters, traffic, copy_gbs,
                                          reference)
         row["best_peer"] = best_peer(row["peers"])
@@ -529,13 +529,14 @@ def measure_device() -> dict:
 
 def run_bench(spec_file: dict, plan: list[tuple[CompiledKernel, dict]], iters: int = MIN_ITERS, graph: bool = False,
               progress: Callable[[str], None] = lambda label: None, worker=None,
-              row_done: Callable[[dict], None] = lambda results: None) -> dict:
+              row_done: Callable[[dict], None] = lambda results: None, peers_once: bool = False) -> dict:
     """Every figure of a bench run, as written to --json. `spec_file` is {"file", "sha256"} of the
     spec the kernels came from; `progress(label)` is called before each row and `row_done(results)`
     after it (the results so far: --json rewrites its file, so a run cut short keeps its rows;
     `planned_rows` says how many the run meant to make); `worker` runs the device work (default: a
-    DeviceWorker of its own). A row whose kernel faults (or whose device work fails) is a failed
-    row naming the error; the rest go on."""
+    DeviceWorker of its own); `peers_once`: time the peers of each (kind, traffic, scalars) once,
+    on its first row (variants of one kernel: `bench --tune`). A row whose kernel faults (or whose
+    device work fails) is a failed row naming the error; the rest go on."""
     if iters < MIN_ITERS:
         raise LaunchError(f"--iters: expected at least {MIN_ITERS} timed runs, got {iters}")
     owned = worker is None
@@ -547,11 +548,17 @@ def run_bench(spec_file: dict, plan: list[tuple[CompiledKernel, dict]], iters: i
                    "device": measured["device"], "torch": measured["torch"], "spec": dict(spec_file), "iters": iters,
                    "copy_bandwidth": measured["copy_bandwidth"], "planned_rows": len(plan), "rows": []}
         verified: dict = {}
+        peers_timed = set()
         for compiled, scalars in plan:
             progress(f"{compiled.name} {describe_scalars(scalars)}")
+            traffic = compiled.definition.traffic(scalars)
+            peer_key = (compiled.kind, traffic.bytes, traffic.flops, describe_scalars(scalars))
+            with_peers = not (peers_once and peer_key in peers_timed)
+            peers_timed.add(peer_key)
             try:
                 row, verified[compiled.name] = worker.call(bench_row, compiled, scalars, iters, graph,
-                                                           measured["copy_bandwidth"]["gbs"], verified.get(compiled.name))
+                                                           measured["copy_bandwidth"]["gbs"], verified.get(compiled.name),
+                                                           with_peers)
             except LaunchError as error:  # a fault (the worker is replaced) or a launch the GPU refused
                 row = new_row(compiled, scalars)
                 row.update(passed=False, failure=str(error))

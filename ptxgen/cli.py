@@ -542,6 +542,12 @@ def emulate_checks(kernels, seed: int, arch: str | None, progress) -> list:
 
 
 # --- bench -----------------------------------------------------------------------------------------
+class TuneRank(str, Enum):
+    median = "median"
+    batch = "batch"
+    graph = "graph"
+
+
 @app.command()
 def bench(
     kernel: Annotated[Optional[str], typer.Argument(
@@ -555,6 +561,12 @@ def bench(
     plot_path: Annotated[Optional[Path], typer.Option(
         "--plot", readable=False, help="Write a roofline-style chart (PNG; needs matplotlib).")] = None,
     graph: Annotated[bool, typer.Option("--graph", help="Also time each kernel as CUDA-graph replays.")] = False,
+    tune_fields: Annotated[Optional[list[str]], typer.Option(
+        "--tune", help="Config FIELD=VALUE,VALUE,... of KERNEL (dotted into a table: sm90a.block_n): time every "
+                       "combination beside the spec's config and print the fastest's spec entry.")] = None,
+    rank: Annotated[TuneRank, typer.Option("--rank", help="The --tune figure that ranks variants: each run alone "
+                                                          "(median), back to back (batch) or graph replays.")]
+        = TuneRank.median,
 ):
     """Check kernels on the GPU, then time them: median/p10/p90, GB/s, TFLOP/s, % of copy bandwidth, peers."""
     import itertools
@@ -563,18 +575,34 @@ def bench(
     from .bench import failures, plot, print_results, require_matplotlib, run_bench, write_json
     from .device import driver
     from .pipeline import compile_spec
+    from . import tune
 
     spec = load_spec(spec_path)
     for path, option, suffix in ((json_path, "--json", ".json"), (plot_path, "--plot", ".png")):
         if path is not None:
             check_output_file(path, option, suffix, inputs=(spec.path,))
     sweeps = parse_sets(assignments or [])
+    fields = tune.parse_tune(tune_fields or [])
+    if rank is not TuneRank.median and not fields:
+        raise LaunchError("--rank: ranks the variants of --tune; give --tune FIELD=VALUE,... too")
+    if rank is TuneRank.graph and not graph:
+        raise LaunchError("--rank graph: graph replays are timed only with --graph")
+    if fields and not kernel:
+        raise LaunchError("--tune: name the kernel to tune (ptxgen bench KERNEL --tune FIELD=VALUE,...)")
+    made = skipped = None
+    if fields:
+        tuned = spec.spec.find(kernel)
+        made, skipped = tune.variants(spec, tuned, fields)
     # No driver or GPU: DeviceUnavailable (exit 2) before anything costly.
     driver(instead="bench times kernels on a GPU (ptxgen show gives the performance model without one)")
     if plot_path is not None:
         require_matplotlib()
-    configs = [spec.spec.find(kernel)] if kernel else list(spec.spec.kernels)
-    compiled = compile_spec(spec.spec.model_copy(update={"kernels": tuple(configs)})).kernels
+    if made:
+        made = tune.compile_variants(spec, made, skipped)
+        compiled = [variant.compiled for variant in made]
+    else:
+        configs = [spec.spec.find(kernel)] if kernel else list(spec.spec.kernels)
+        compiled = compile_spec(spec.spec.model_copy(update={"kernels": tuple(configs)})).kernels
     if not kernel:
         known = set().union(*(c.scalar_limits for c in compiled))
         for scalar in sweeps:
@@ -587,12 +615,18 @@ def bench(
             scalars = {**one.definition.example_scalars(), **dict(zip(names, values))}
             one.check_scalars(scalars)  # a bad --set stops here, before any GPU work
             plan.append((one, scalars))
+    extra = {"tune": tune.summary(tuned.name, fields, rank.value, made, skipped)} if made else {}
     with progress_bar("benchmarking", len(plan), len(plan) > 1) as progress:
         task = progress.add_task("benchmarking", total=len(plan))
         results = run_bench({"file": str(spec.path), "sha256": spec.sha256}, plan, iters, graph,
                             progress=lambda label: progress.update(task, advance=1, description=label),
-                            row_done=(lambda so_far: write_json(json_path, so_far)) if json_path else lambda _: None)
+                            row_done=(lambda so_far: write_json(json_path, {**so_far, **extra})) if json_path
+                            else lambda _: None, peers_once=bool(made))
+    results.update(extra)
     print_results(results, out, err)
+    if made:
+        results["tune"]["fastest"] = tune.fastest(results, tuned.name, made, rank.value)
+        tune.print_tune(results, made, out if out.is_terminal else Console(width=200), err)
     if json_path is not None:
         write_json(json_path, results)
         err.print(f"wrote {json_path}", markup=False)

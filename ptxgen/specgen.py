@@ -45,7 +45,7 @@ def model_prefix(name: str) -> str:
     return slug if slug and not slug[0].isdigit() else f"model_{slug}".rstrip("_")
 
 
-def _toml_value(value) -> str:
+def toml_value(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
@@ -53,9 +53,9 @@ def _toml_value(value) -> str:
     if isinstance(value, str):
         return json.dumps(value)  # a JSON string is a TOML basic string
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
+        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
     raise TypeError(f"no TOML form for {value!r}")
 
 
@@ -165,7 +165,7 @@ def generated_spec(config: ModelConfig, source: str, max_seq_len: int | None = N
         for kernel in kernels:
             if takes_pdl(kernel["kind"]):
                 kernel = {**kernel, "pdl": True}
-            lines += ["", "[[kernels]]"] + [f"{key} = {_toml_value(value)}" for key, value in kernel.items()]
+            lines += ["", "[[kernels]]"] + [f"{key} = {toml_value(value)}" for key, value in kernel.items()]
     text = "\n".join(lines) + "\n"
     return text, check_generated(text, c.name, max_seq_len)
 

@@ -4,10 +4,11 @@ Every call first goes to the real cuda.bindings function, which converts and typ
 arguments exactly as on a GPU machine and then fails to find libcuda; the simulation then plays
 the driver: device memory is host memory, and a "kernel" computes its kind's float64 reference.
 Time is simulated too: the host spends HOST_SECONDS on each driver call, the GPU KERNEL_SECONDS on
-each kernel (and EVENT_SECONDS on each event), and a stream holds at most `queue_depth` pending operations (the host blocks until the
-oldest completes, as an H100 does past ~1021), so event timing sees what it would on a GPU. A
-kernel named in `faulty` faults stickily: from then on every call fails with
-CUDA_ERROR_ILLEGAL_ADDRESS, as on an H100, where only a new process gets CUDA back.
+each kernel (or its entry's `kernel_seconds`) and EVENT_SECONDS on each event, and a stream holds
+at most `queue_depth` pending operations (the host blocks until the oldest completes, as an H100
+does past ~1021), so event timing sees what it would on a GPU. A kernel named in `faulty` faults
+stickily: from then on every call fails with CUDA_ERROR_ILLEGAL_ADDRESS, as on an H100, where only
+a new process gets CUDA back.
 
 `install` puts one behind ptxgen.device in a device worker (ptxgen.worker.CHILD_SETUP).
 """
@@ -47,8 +48,9 @@ class SimulatedDriver:
     resident_ctas = 2  # what the occupancy query says of every launch
 
     def __init__(self, kernels: dict, queue_depth: int = device.QUEUE_DEPTH, faulty=(), wrong=(),
-                 launch_log: str | None = None):
+                 launch_log: str | None = None, kernel_seconds: dict | None = None):
         self.kernels = kernels  # entry -> kernel config whose reference plays the kernel
+        self.kernel_seconds = kernel_seconds or {}  # entry -> its duration, where not KERNEL_SECONDS
         self.queue_depth = queue_depth
         self.memory: dict[int, np.ndarray] = {}  # address -> allocation
         self.handles: dict[int, object] = {}  # module/function/graph/event ids -> what they hold
@@ -67,10 +69,11 @@ class SimulatedDriver:
         self.pdl_launches = collections.Counter()  # entry -> launches with programmatic stream serialization
 
     @classmethod
-    def for_spec(cls, path=SPEC, **options) -> SimulatedDriver:
-        """Every kernel of a spec, and the separate kernels of its fused ones, can run on it."""
+    def for_spec(cls, path=SPEC, extra_kernels=(), **options) -> SimulatedDriver:
+        """Every kernel of a spec (and the configs `extra_kernels`), and the separate kernels of
+        its fused ones, can run on it."""
         kernels = {}
-        for kernel in load_spec(path).spec.kernels:
+        for kernel in [*load_spec(path).spec.kernels, *extra_kernels]:
             kernels[kernel.name] = kernel
             kind = kind_of(kernel)
             step = kind.separate_step(kind.example_scalars())
@@ -221,8 +224,12 @@ class SimulatedDriver:
             self.occupy(record[4][0] * 1e-9)
         else:
             self.execute(record)
-            self.occupy(self.KERNEL_SECONDS)
+            self.occupy(self.duration(record))
         return (SUCCESS,)
+
+    def duration(self, record) -> float:
+        """Seconds the GPU spends on a launch record's kernel."""
+        return self.kernel_seconds.get(record[0], self.KERNEL_SECONDS)
 
     def execute(self, record):
         """Compute what the kernel of a launch record writes (its kind's float64 reference)."""
@@ -332,7 +339,7 @@ class SimulatedDriver:
         records = self.handles[int(executable)]
         for record in records:
             self.execute(record)
-        self.occupy(len(records) * self.KERNEL_SECONDS)
+        self.occupy(sum(map(self.duration, records)))
         return (SUCCESS,)
 
 

@@ -14,6 +14,7 @@ This proves the plumbing, not the GPU: tests/test_gpu.py does that.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import sys
 
@@ -32,7 +33,7 @@ from ptxgen.runner import prepare_arrays, run
 from ptxgen.spec import load_spec
 from ptxgen.verify import relative_l2
 
-from helpers import ROOT, make_config, run_cli
+from helpers import ROOT, make_config, run_cli, run_cli_in_process
 
 try:
     device.driver()
@@ -601,6 +602,120 @@ def test_bench_rejects_a_missing_matplotlib_and_unknown_scalars_before_timing(si
     assert isinstance(result.exception, LaunchError) and "nonsense" in str(result.exception)
     result = CliRunner().invoke(bench_app, ["bench", "rmsnorm", "--spec", str(SPEC), "--iters", "10"])
     assert result.exit_code == 2 and "cuEventCreate" not in sim.names()
+
+
+TUNE_SPEC = """
+[target]
+archs = ["sm_90"]
+
+[[kernels]]
+name = "small_gemv"
+kind = "q4k_gemv"
+n = 64
+k = 512
+"""
+
+
+def test_bench_tune_checks_and_times_each_variant_and_prints_the_fastests_spec_entry(sim, worker_gpu, bench_app,
+                                                                                    tmp_path):
+    """Every buildable combination of the listed values is checked on the GPU and timed beside the
+    spec's own config; refused ones are named with the kind's reason; the fastest (by the ranked
+    figure) is printed as a spec entry that builds exactly its config, under the spec kernel's name."""
+    from ptxgen import tune
+    from ptxgen.specfile import tomllib
+
+    path, report = tmp_path / "tune.toml", tmp_path / "tune.json"
+    path.write_text(TUNE_SPEC)
+    loaded = load_spec(path)
+    args = ["unroll=1,2", "rows_per_warp=1,2", "split_k=1,2"]
+    made, skipped = tune.variants(loaded, loaded.spec.kernel("small_gemv"), tune.parse_tune(args))
+    names = [variant.config.name for variant in made]
+    assert names[0] == "small_gemv_v0" and made[0].changes == {} and len(made) == 5 and len(skipped) == 4
+    assert all("split_k" in skip["reason"] for skip in skipped), "split_k=2 does not divide a 512-weight row"
+    seconds = dict(zip(names, [5e-6, 4e-6, 3e-6, 4.5e-6, 6e-6]))  # the spec's own 5 us, v3 (names[2]) 3 us
+    log = worker_gpu(extra_kernels=[variant.config for variant in made], kernel_seconds=seconds)
+    command = ["bench", "small_gemv", "--spec", str(path), "--json", str(report), "--rank", "batch"]
+    result = CliRunner().invoke(bench_app, [*command, *(f"--tune={arg}" for arg in args)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    written = json.loads(report.read_text())
+    assert [row["kernel"] for row in written["rows"]] == names and all(row["passed"] for row in written["rows"])
+    assert set(log.read_text().split()) == set(names), "each variant ran (its checks, then its timing)"
+    for row in written["rows"]:
+        assert row["batch"]["median_us"] == pytest.approx(seconds[row["kernel"]] * 1e6, rel=1e-6)
+    section = written["tune"]
+    assert section["variants"] == {variant.config.name: variant.changes for variant in made}
+    assert section["rank"] == "batch" and section["skipped"] == skipped
+    (best,) = section["fastest"]
+    assert best["kernel"] == names[2] and best["us"] == pytest.approx(3.0) and best["spec_us"] == pytest.approx(5.0)
+    printed = one_line(result.output)
+    assert f"fastest: {names[2]} ({tune.describe(made[2].changes)}), 3.00 µs, 1.67x the spec's config" in printed
+    assert "skipped unroll=1 rows_per_warp=1 split_k=2: split_k: expected a divisor" in printed
+    lines = result.output[result.output.index("[[kernels]]"):].splitlines()
+    toml = "\n".join(lines[:1] + list(itertools.takewhile(lambda line: " = " in line, lines[1:]))) + "\n"
+    entry = tomllib.loads(toml)["kernels"][0]
+    assert entry == best["entry"] and entry["name"] == "small_gemv"
+    rebuilt = load_spec_text(tmp_path, toml)
+    assert rebuilt.model_dump() == made[2].config.model_copy(update={"name": "small_gemv"}).model_dump()
+
+
+def load_spec_text(tmp_path, kernels: str):
+    """The one kernel of a spec of TUNE_SPEC's target and `kernels`."""
+    path = tmp_path / "rebuilt.toml"
+    path.write_text('[target]\narchs = ["sm_90"]\n\n' + kernels)
+    return load_spec(path).spec.kernels[0]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tune", "bogus=1"], "--tune bogus: kernel 'small_gemv' (q4k_gemv) has no field 'bogus' (its fields: pdl, k,"),
+    (["--tune", "kind=x"], "--tune kind: a kernel's kind is not a tuning field"),
+    (["--tune", "unroll=2,2"], "--tune unroll: a value is listed twice"),
+    (["--tune", "unroll"], "--tune: expected FIELD=VALUE[,VALUE...], got 'unroll'"),
+    (["--tune", "split_k=2"], "--tune: no variant but the spec's own config can be built (split_k=2: split_k: "
+                              "expected a divisor"),
+    (["--tune", "unroll=none"], "--tune: every value listed is the spec's own: nothing to compare"),
+    (["--rank", "batch"], "--rank: ranks the variants of --tune"),
+    (["--tune", "unroll=2", "--rank", "graph"], "--rank graph: graph replays are timed only with --graph"),
+    (["--tune", "unroll=2", "--tune", "unroll=1"], "--tune unroll: given twice"),
+])
+def test_bench_tune_refuses_bad_input_before_the_gpu(tmp_path, args, message):
+    """Without a GPU too: the tuning's own errors come first, exit 2, one message."""
+    path = tmp_path / "tune.toml"
+    path.write_text(TUNE_SPEC)
+    result = run_cli_in_process("bench", "small_gemv", "--spec", str(path), *args)
+    assert result.returncode == 2 and message in one_line(result.stderr) and "Traceback" not in result.stderr
+
+
+def test_bench_tune_needs_a_kernel_and_names_a_table_s_fields(tmp_path):
+    result = run_cli_in_process("bench", "--spec", str(SPEC), "--tune", "eps=1e-5")
+    assert result.returncode == 2 and "--tune: name the kernel to tune" in result.stderr
+    result = run_cli_in_process("bench", "flash_attention", "--spec", str(ROOT / "bench/lease/prefill_sm90a.toml"),
+                                "--tune", "sm90a=1")
+    assert result.returncode == 2
+    assert "--tune sm90a: a table; name one of its fields (sm90a.block_n, sm90a.consumers," in one_line(result.stderr)
+
+
+def test_tune_values_read_as_toml_would():
+    from ptxgen.tune import parse_tune
+
+    assert parse_tune(["a=1,0x10,true,false,none,static,2.5", "sm90a.block_n=64"]) == {
+        "a": [1, 16, True, False, None, "static", 2.5], "sm90a.block_n": [64]}
+
+
+def test_peers_are_timed_once_per_shape_when_asked(sim, monkeypatch):
+    """bench --tune's variants share their shapes: the peers are timed on the first row only."""
+    import ptxgen.bench
+
+    monkeypatch.setattr(ptxgen.bench, "load_torch", lambda: (FakeTorch, None))
+    timed = []
+    monkeypatch.setattr(ptxgen.bench, "time_peers", lambda *args: (timed.append(args[1]) or [], []))
+    kernel = spec_kernel("qwen3_8b_swiglu")
+    monkeypatch.setattr(ptxgen.bench, "MIN_ITERS", 3)
+    monkeypatch.setattr(ptxgen.bench, "WARMUP", 1)
+    for once, expected in ((True, 1), (False, 2)):
+        timed.clear()
+        ptxgen.bench.run_bench({"file": "spec", "sha256": "0"}, [(kernel, {}), (kernel, {})], iters=3,
+                               worker=InProcess(), peers_once=once)
+        assert len(timed) == expected
 
 
 class FakeTensor(np.ndarray):

@@ -3,6 +3,8 @@ stale field or a spilling variant would cost the lease itself), and its script p
 
 from __future__ import annotations
 
+import re
+import shlex
 import subprocess
 import sys
 
@@ -44,6 +46,28 @@ def test_the_profile_script_names_kernels_its_specs_hold():
     decoders = load_spec(LEASE / "decoder.toml").spec
     for name in ("qwen3_8b_decoder", "qwen3_8b_decoder_prefetch"):      # the timeline's
         assert name in (LEASE / "profile.sh").read_text() and decoders.kernel(name).kind == "persistent_decoder"
+
+
+def test_the_tune_script_sweeps_variants_that_all_build():
+    """bench/lease/tune.sh (bench --tune, the lease's other second call) parses; each sweep names a
+    kernel of its spec, scalars it takes, and fields whose every combination is a valid config
+    (one the kind refuses would be skipped on the GPU: a wasted line)."""
+    from ptxgen import tune
+    from ptxgen.kernels import kind_of
+
+    script = (LEASE / "tune.sh").read_text()
+    subprocess.run(["bash", "-n", str(LEASE / "tune.sh")], check=True)
+    sweeps = [shlex.split(line)[1:] for line in script.replace("\\\n", " ").splitlines()
+              if re.match(r"tune [0-9]+ ", line)]
+    assert len(sweeps) == 4
+    for cap, spec, name, *options in sweeps:
+        loaded = load_spec(ROOT / spec)
+        kernel = loaded.spec.kernel(name)
+        fields = tune.parse_tune([value for option, value in zip(options[::2], options[1::2]) if option == "--tune"])
+        scalars = [value.split("=")[0] for option, value in zip(options[::2], options[1::2]) if option == "--set"]
+        assert set(scalars) <= set(kind_of(kernel).scalar_limits()), (name, scalars)
+        made, skipped = tune.variants(loaded, kernel, fields)
+        assert len(made) > 1 and not skipped, (name, skipped)
 
 
 def test_one_launch_runs_a_spec_kernel_once(capsys):

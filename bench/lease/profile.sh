@@ -11,42 +11,25 @@
 #   device run, carry [".whl"], command "bash bench/lease/profile.sh", timeout_s 200
 # (only if `status` leaves 220 s or more; each profile is a Python start and ~40 ncu passes).
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-OUT=${OUT:-bench/lease/out}
-BUDGET=${BUDGET:-180}
-START=$SECONDS
-mkdir -p "$OUT"
-exec > >(tee -a "$OUT/profile_log.txt") 2>&1
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-if ! python3 -c 'import pydantic, ptxgen' 2>/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        && python3 -m pip install -q --no-deps --no-build-isolation -e . || exit 1
-fi
+source "$(dirname "$0")/common.sh"
+lease profile_log.txt 180
+installed || exit 1
 SECTIONS=(--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
           --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section InstructionStats
           --section SourceCounters)
 
-# profile SPEC KERNEL SCALAR=VALUE...: ncu on one launch of KERNEL into $OUT/ncu_KERNEL.txt.
+# profile SPEC KERNEL SCALAR=VALUE...: ncu on one launch of KERNEL, its report in $OUT/ncu_KERNEL.txt.
 profile() {
-    local spec=$1 name=$2 left
+    local spec=$1 name=$2
     shift 2
-    left=$(( BUDGET - (SECONDS - START) ))
-    if (( left < 30 )); then
-        echo "== $name: skipped, ${left} s of the budget left"
-        return 1
-    fi
-    echo "== ncu $name $* (at most ${left} s)"
-    timeout --kill-after=10 "$left" ncu "${SECTIONS[@]}" -k regex:"^${name}\$" -c 1 \
-        python3 bench/lease/one_launch.py "$spec" "$name" "$@" > "$OUT/ncu_${name}.txt" 2>&1
-    echo "== $name: exit $? after $(( SECONDS - START )) s"
+    step "ncu $name $*" "$BUDGET" bash -c 'report=$1; shift; "$@" > "$report" 2>&1' - "$OUT/ncu_${name}.txt" \
+        ncu "${SECTIONS[@]}" -k regex:"^${name}\$" -c 1 python3 bench/lease/one_launch.py "$spec" "$name" "$@"
 }
 
 # The default first (where the step's time goes), then with l2_prefetch: the JSON is rewritten
 # after each, so a cut keeps the first.
-echo "== decoder timeline (at most 100 s)"
-timeout --kill-after=10 100 python3 bench/lease/decoder_timeline.py bench/lease/decoder.toml qwen3_8b_decoder \
+step "decoder timeline" 100 python3 bench/lease/decoder_timeline.py bench/lease/decoder.toml qwen3_8b_decoder \
     qwen3_8b_decoder_prefetch --pos 4095 --json "$OUT/decoder_timeline.json"
-echo "== decoder timeline: exit $? after $(( SECONDS - START )) s"
 profile bench/lease/prefill_sm90a.toml prefill_sm90a seq_len=4096
 profile bench/lease/prefill_sm90a.toml prefill_sm90a_pingpong seq_len=4096
 profile bench/lease/prefill.toml prefill_mma seq_len=4096

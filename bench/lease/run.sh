@@ -29,36 +29,12 @@ if [[ "${1:-}" == "--fetch-wheels" ]]; then
         -d .whl "${WHEELS[@]}"
 fi
 
-OUT=${OUT:-bench/lease/out}
-BUDGET=${BUDGET:-560}
-START=$SECONDS
-mkdir -p "$OUT"
-exec > >(tee -a "$OUT/log.txt") 2>&1
-export PYTHONUNBUFFERED=1
-
-# step NAME SECONDS COMMAND...: COMMAND under min(SECONDS, what is left of BUDGET).
-step() {
-    local name=$1 cap=$2 left t0 rc
-    shift 2
-    left=$(( BUDGET - (SECONDS - START) ))
-    (( cap > left )) && cap=$left
-    if (( cap < 20 )); then
-        echo "== $name: skipped, ${left} s of the budget left"
-        return 1
-    fi
-    echo "== $name (at most ${cap} s)"
-    t0=$SECONDS
-    timeout --kill-after=10 "$cap" "$@"
-    rc=$?
-    echo "== $name: exit ${rc} after $(( SECONDS - t0 )) s"
-    return $rc
-}
+source bench/lease/common.sh
+lease log.txt 560
 
 echo "== $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv || true
-export PYTHONPATH=/tmp/site
-step install 120 bash -c 'python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && python3 -m pip install -q --no-deps --no-build-isolation -e .' || exit 1
+step install 120 installed || exit 1
 BENCH=(python3 -m ptxgen.cli bench)
 step "decode GEMVs" 150 "${BENCH[@]}" --spec bench/lease/decode.toml --graph --json "$OUT/decode.json"
 step "decode attention" 120 "${BENCH[@]}" --spec bench/lease/attention.toml --set seq_len=4096,8192,32768 \
