@@ -234,10 +234,14 @@ def show(
                                                                 "TFLOP/s.")] = H100_TENSOR_TFLOPS,
     assignments: Annotated[Optional[list[str]], typer.Option(
         "--set", help="Runtime scalar NAME=VALUE to report at (default: the kind's typical call).")] = None,
+    tune_fields: Annotated[Optional[list[str]], typer.Option(
+        "--tune", help="Config FIELD=VALUE,VALUE,...: the model of every combination beside the spec's config "
+                       "(bench --tune times them).")] = None,
 ):
     """Config, parameters, launch, resources per arch, bytes moved, and the performance model: occupancy,
     instructions per byte, issue-bound time and bytes in flight on a chosen GPU."""
-    from .perf import arch_launches, evaluate_kernel, gpu_named, occupancy_per_arch
+    from . import tune
+    from .perf import gpu_named
 
     chosen = gpu_named(gpu)
     if not math.isfinite(tensor_tflops):
@@ -245,10 +249,37 @@ def show(
     arch = known_arch(arch)
     chosen_scalars = single_sets(assignments, "show")
     spec = load_spec(spec_path)
+    fields = tune.parse_tune(tune_fields or [])
+    if fields and ptx:
+        raise LaunchError("--tune: compares the variants' models; --ptx prints one kernel's PTX (give one or the other)")
+    if fields:
+        tuned = spec.spec.find(name)
+        made, skipped = tune.variants(spec, tuned, fields)
+        made = tune.compile_variants(spec, made, skipped)
+        reports = [show_report(variant.compiled, spec, chosen, arch, chosen_scalars, model, tensor_tflops)
+                   for variant in made]
+        section = tune.model_summary(tuned.name, made, skipped, reports)
+        if as_json:
+            sys.stdout.write(json.dumps(section, indent=2, default=str) + "\n")
+            return
+        tune.print_models(section, chosen, out if out.is_terminal else Console(width=200), err)
+        return
     compiled = compile_one(spec, spec.spec.find(name))
     if ptx:
         sys.stdout.write(compiled.variant(arch).ptx)
         return
+    report = show_report(compiled, spec, chosen, arch, chosen_scalars, model, tensor_tflops)
+    if as_json:
+        sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n")
+        return
+    print_show(report, chosen)
+
+
+def show_report(compiled, spec: LoadedSpec, chosen, arch: str | None, chosen_scalars: dict, model: bool,
+                tensor_tflops: float) -> dict:
+    """show's report of one compiled kernel (as --json prints it)."""
+    from .perf import arch_launches, evaluate_kernel, occupancy_per_arch
+
     # Without --arch, the launch the model prices: that of the cubin the chosen GPU runs.
     running = compiled.binary_for(chosen.arch)
     arch = arch or (chosen.arch if running is not None else None)
@@ -283,10 +314,7 @@ def show(
                               {arch: dict(b.resources) for arch, b in compiled.binaries.items()})
     report["occupancy"] = {arch: round(fit.fraction, 4) for arch, fit in fits.items()}
     report["occupancy_detail"] = {arch: asdict(fit) for arch, fit in fits.items()}
-    if as_json:
-        sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n")
-        return
-    print_show(report, chosen)
+    return report
 
 
 def print_show(report: dict, gpu) -> None:

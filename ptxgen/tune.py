@@ -234,3 +234,44 @@ def print_tune(results: dict, made: list[Variant], console, err) -> None:
         console.print(f"fastest{at}: {best['kernel']} ({describe(best['changes'])}), {best['us']:.2f} µs{ratio}; "
                       f"its spec entry:", markup=False, highlight=False)
         console.print(entry_toml(best["entry"]), markup=False, highlight=False)
+
+
+def model_summary(kernel_name: str, made: list[Variant], skipped: list[dict], reports: list[dict]) -> dict:
+    """`show --tune`'s JSON: each variant's changes beside its show report, those skipped."""
+    return {"kernel": kernel_name, "skipped": skipped,
+            "variants": [{"changes": variant.changes, **report} for variant, report in zip(made, reports)]}
+
+
+def model_range(report: dict) -> tuple[float, float] | None:
+    """The model's (overlapped, serialized) µs of a show report, where it ran."""
+    estimate = report.get("model", {}).get("estimate_us")
+    return (estimate["overlapped"], estimate["serialized"]) if estimate else None
+
+
+def print_models(section: dict, gpu, console, err) -> None:
+    """The variants' launches, resources and models, by the model's serialized estimate."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table("variant", "changes", "grid x block", "registers", "occupancy", "thread-instr. a byte",
+                  "KB in flight an SM", "load rounds a warp", "model µs", "vs the spec's config",
+                  title=f"show --tune {section['kernel']} on {gpu.name}: the performance model, ranked by its "
+                        "serialized estimate")
+    variants = section["variants"]
+    spec_range = model_range(variants[0])
+    for report in sorted(variants, key=lambda r: (model_range(r) or (0, float("inf")))[1]):
+        model, span, arch = report.get("model", {}), model_range(report), gpu.arch
+        resources, fit = report["resources"].get(arch, {}), report["occupancy_detail"].get(arch)
+        launch = report["launch"]
+        table.add_row(
+            report["name"], escape(describe(report["changes"])),
+            f"{launch['grid'][0] * launch['grid'][1] * launch['grid'][2]} x {launch['block'][0]}",
+            str(resources.get("registers", "-")), f"{100 * fit['fraction']:.0f}%" if fit else "-",
+            str(model.get("thread_instructions_per_byte", "-")),
+            f"{model['bytes_in_flight']['per_sm'] / 1024:.1f}" if "bytes_in_flight" in model else "-",
+            str(model.get("rounds_per_warp", "-")),
+            f"{span[0]:.2f}..{span[1]:.2f}" if span else escape(model.get("skipped", "not run")),
+            f"{spec_range[1] / span[1]:.2f}x" if span and spec_range else "")
+    console.print(table)
+    for skip in section["skipped"]:
+        err.print(f"skipped {describe(skip['changes'])}: {skip['reason']}", markup=False, highlight=False)

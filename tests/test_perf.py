@@ -418,6 +418,36 @@ def test_show_reports_the_launch_and_the_model_at_the_runtime_scalars_it_is_give
     assert long["roofline_us"]["memory"] > 3.9 * short["roofline_us"]["memory"]
 
 
+def test_show_tune_models_each_variant_beside_the_spec_config(tmp_path):
+    """show --tune: every buildable combination's show report (launch, resources, model) beside the
+    spec's config, ranked by the model's serialized estimate; each variant's report is the one
+    `show` gives for that config alone, and the refused combinations are named."""
+    from helpers import run_cli_in_process
+
+    spec = tmp_path / "tune.toml"
+    spec.write_text('[target]\narchs = ["sm_90"]\n\n[[kernels]]\nname = "small_gemv"\nkind = "q4k_gemv"\n'
+                    'n = 96\nk = 4096\n')
+    shown = run_cli_in_process("show", "small_gemv", "--spec", str(spec), "--json", "--tune", "rows_per_warp=1,3",
+                               "--tune", "split_k=1,3")
+    assert shown.returncode == 0, shown.stderr
+    section = json.loads(shown.stdout)
+    assert section["kernel"] == "small_gemv"
+    assert [v["changes"] for v in section["variants"]] == [{}, {"rows_per_warp": 1, "split_k": 1},
+                                                           {"rows_per_warp": 3, "split_k": 1}]
+    assert [s["changes"] for s in section["skipped"]] == [{"rows_per_warp": 1, "split_k": 3},
+                                                         {"rows_per_warp": 3, "split_k": 3}]
+    spec.write_text(spec.read_text() + "rows_per_warp = 3\nsplit_k = 1\n")
+    alone = json.loads(run_cli_in_process("show", "small_gemv", "--spec", str(spec), "--json").stdout)
+    third = section["variants"][2]
+    assert third["name"] == "small_gemv_v3" and third["config"] == alone["config"]
+    assert third["launch"] == alone["launch"] and third["model"]["estimate_us"] == alone["model"]["estimate_us"]
+    table = run_cli_in_process("show", "small_gemv", "--spec", str(spec), "--tune", "rows_per_warp=1,2")
+    assert table.returncode == 0 and "ranked by its serialized estimate" in table.stdout
+    assert "rows_per_warp=1" in table.stdout and "as in the spec" in table.stdout
+    refused = run_cli_in_process("show", "small_gemv", "--spec", str(spec), "--ptx", "--tune", "rows_per_warp=1,2")
+    assert refused.returncode == 2 and "--tune: compares the variants' models" in refused.stderr
+
+
 def test_a_call_too_large_to_interpret_is_not_counted_and_says_so():
     """20M rows of RMSNorm would need ~38 GiB of sample inputs: the model skips the count (the
     launch, bytes and roofline are still reported) instead of running out of memory."""
