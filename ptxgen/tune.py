@@ -139,7 +139,7 @@ def compile_variants(loaded: LoadedSpec, made: list[Variant], skipped: list[dict
     joins `skipped`."""
     from .pipeline import compile_spec
 
-    compiled = []
+    compiled, kernels = [], {}
     for variant in made:
         try:
             (kernel,) = compile_spec(loaded.spec.model_copy(update={"kernels": (variant.config,)})).kernels
@@ -148,8 +148,21 @@ def compile_variants(loaded: LoadedSpec, made: list[Variant], skipped: list[dict
                 raise
             skipped.append({"changes": variant.changes, "reason": clip(str(error).splitlines()[0])})
             continue
+        same = kernels.setdefault(identity(kernel), kernel.name)
+        if same != kernel.name:  # e.g. an unroll past a row's steps: the plan caps it
+            skipped.append({"changes": variant.changes, "reason": f"the same kernel as {same} (PTX and launch)"})
+            continue
         compiled.append(Variant(variant.config, variant.changes, kernel))
     return enough(compiled, skipped)
+
+
+def identity(kernel) -> tuple:
+    """What a variant runs: each target's PTX instructions (its entry name aside; the header's
+    config comment differs) and launch rule."""
+    def code(ptx: str) -> str:
+        return "\n".join(line for line in ptx.replace(kernel.name, "@").splitlines()
+                         if not line.lstrip().startswith("//"))
+    return tuple(sorted((target, code(v.ptx), v.geometry.describe()) for target, v in kernel.variants.items()))
 
 
 def enough(made: list[Variant], skipped: list[dict]) -> list[Variant]:

@@ -629,10 +629,14 @@ def test_bench_tune_checks_and_times_each_variant_and_prints_the_fastests_spec_e
     loaded = load_spec(path)
     args = ["unroll=1,2", "rows_per_warp=1,2", "split_k=1,2"]
     made, skipped = tune.variants(loaded, loaded.spec.kernel("small_gemv"), tune.parse_tune(args))
-    names = [variant.config.name for variant in made]
-    assert names[0] == "small_gemv_v0" and made[0].changes == {} and len(made) == 5 and len(skipped) == 4
+    assert len(made) == 5 and len(skipped) == 4
     assert all("split_k" in skip["reason"] for skip in skipped), "split_k=2 does not divide a 512-weight row"
-    seconds = dict(zip(names, [5e-6, 4e-6, 3e-6, 4.5e-6, 6e-6]))  # the spec's own 5 us, v3 (names[2]) 3 us
+    made = tune.compile_variants(loaded, made, skipped)
+    names = [variant.config.name for variant in made]
+    assert names == ["small_gemv_v0", "small_gemv_v3", "small_gemv_v7"] and made[0].changes == {}
+    assert [skip["reason"] for skip in skipped[4:]] == ["the same kernel as small_gemv_v0 (PTX and launch)"] * 2, \
+        "a 512-weight row is one step: unroll 2 renders unroll 1's kernel, and rows_per_warp 1 is the default"
+    seconds = dict(zip(names, [5e-6, 3e-6, 4e-6]))  # the spec's own 5 us, v3 3 us
     log = worker_gpu(extra_kernels=[variant.config for variant in made], kernel_seconds=seconds)
     command = ["bench", "small_gemv", "--spec", str(path), "--json", str(report), "--rank", "batch"]
     result = CliRunner().invoke(bench_app, [*command, *(f"--tune={arg}" for arg in args)], catch_exceptions=False)
@@ -646,16 +650,17 @@ def test_bench_tune_checks_and_times_each_variant_and_prints_the_fastests_spec_e
     assert section["variants"] == {variant.config.name: variant.changes for variant in made}
     assert section["rank"] == "batch" and section["skipped"] == skipped
     (best,) = section["fastest"]
-    assert best["kernel"] == names[2] and best["us"] == pytest.approx(3.0) and best["spec_us"] == pytest.approx(5.0)
+    assert best["kernel"] == names[1] and best["us"] == pytest.approx(3.0) and best["spec_us"] == pytest.approx(5.0)
     printed = one_line(result.output)
-    assert f"fastest: {names[2]} ({tune.describe(made[2].changes)}), 3.00 µs, 1.67x the spec's config" in printed
+    assert f"fastest: {names[1]} ({tune.describe(made[1].changes)}), 3.00 µs, 1.67x the spec's config" in printed
     assert "skipped unroll=1 rows_per_warp=1 split_k=2: split_k: expected a divisor" in printed
+    assert "skipped unroll=2 rows_per_warp=1 split_k=1: the same kernel as small_gemv_v0" in printed
     lines = result.output[result.output.index("[[kernels]]"):].splitlines()
     toml = "\n".join(lines[:1] + list(itertools.takewhile(lambda line: " = " in line, lines[1:]))) + "\n"
     entry = tomllib.loads(toml)["kernels"][0]
     assert entry == best["entry"] and entry["name"] == "small_gemv"
     rebuilt = load_spec_text(tmp_path, toml)
-    assert rebuilt.model_dump() == made[2].config.model_copy(update={"name": "small_gemv"}).model_dump()
+    assert rebuilt.model_dump() == made[1].config.model_copy(update={"name": "small_gemv"}).model_dump()
 
 
 def load_spec_text(tmp_path, kernels: str):
