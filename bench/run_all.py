@@ -141,21 +141,23 @@ def plan(kernels, notes: list[str]) -> list[tuple[object, dict]]:
     return rows
 
 
-def evaluate(target: Target, rows: list[dict]) -> tuple[str, str]:
-    """(measured, met) of one target over the rows it applies to."""
+def evaluate(target: Target, rows: list[dict], figure: str = "median") -> tuple[str, str]:
+    """(measured, met) of one target over the rows it applies to, by the rows' per-run figures
+    (`median`) or their batched ones (`batch`: runs back to back, ten between two events)."""
     chosen = [r for r in rows if r["kind"] == target.kind and matches(r["config"], target.config)
               and target.scalars(r["scalars"]) and target.kernel in (None, r["kernel"])]
     if not chosen:
         return "no matching row", "n/a"
     if any(not r["passed"] for r in chosen):
         return "kernel failed its check", "no"
-    timed = [r for r in chosen if r[target.metric] is not None]
+    figures = [(r, r if figure == "median" else r.get(figure)) for r in chosen]
+    timed = [(r, f[target.metric]) for r, f in figures if f and f[target.metric] is not None]
     if not timed:
         return "not timed", "n/a"
     unit = {"median_us": " µs", "pct_copy_bw": "%", "tflops": " TFLOP/s"}[target.metric]
-    measured = ", ".join(f"{r[target.metric]:.1f}{unit}" + (f" ({describe(r['scalars'])})" if r["scalars"] else "")
-                         for r in timed)
-    met = all(r[target.metric] >= target.bound if target.at_least else r[target.metric] <= target.bound for r in timed)
+    measured = ", ".join(f"{value:.1f}{unit}" + (f" ({describe(r['scalars'])})" if r["scalars"] else "")
+                         for r, value in timed)
+    met = all(value >= target.bound if target.at_least else value <= target.bound for _, value in timed)
     return measured, "yes" if met else "no"
 
 
@@ -238,7 +240,7 @@ def markdown(results: dict, notes: list[str]) -> str:
         "- kernels with `pdl = true` (their config) ran their sm_90 PTX under programmatic dependent launch; "
         "the median has a CUDA event after each run, which waits for the whole grid, so only the batched "
         f"figure ({CALLS_PER_EVENT} runs between two events, the event's cost a tenth a run) can show a run's start "
-        "overlapping the previous run's end; the targets judge the median",
+        "overlapping the previous run's end; the targets are judged on both",
         "",
         "## Kernels",
         "",
@@ -267,10 +269,15 @@ def markdown(results: dict, notes: list[str]) -> str:
         lines.append("| " + " | ".join([row["kernel"], describe(row["scalars"]), *cells, *peer_cells]) + " |")
     lines += decoder_table(results["rows"])
     lines += whole_model_table(results.get("whole_model", []))
-    lines += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
+    lines += ["", "## Targets", "",
+              "Judged on each run alone (an event after every run, as the issues' figures were measured) and on "
+              f"the batched runs (back to back, {CALLS_PER_EVENT} between two events, as an engine's stream has "
+              "them; the copy bandwidth they are a percentage of was timed on copies of at least 256 MiB, whose event "
+              "costs little beside their ~180 µs on an H100).",
+              "", "| target | measured (each run) | met | measured (batched) | met (batched) |", "|---|---|---|---|---|"]
     for target in TARGETS:
-        measured, met = evaluate(target, results["rows"])
-        lines.append(f"| {target.label} | {measured} | {met} |")
+        cells = [cell for figure in ("median", "batch") for cell in evaluate(target, results["rows"], figure)]
+        lines.append(f"| {target.label} | " + " | ".join(cells) + " |")
     all_notes = sorted(set(notes) | {note for row in results["rows"] for note in row["notes"]}
                        | {f"{row['kernel']} ({describe(row['scalars'])}) failed: {row['failure']}"
                           for row in results["rows"] if row.get("failure")})
@@ -314,8 +321,8 @@ def main() -> int:
     stem.with_suffix(".md").write_text(markdown(results, notes))
     print(f"wrote {stem.with_suffix('.json')} and {stem.with_suffix('.md')}", file=sys.stderr)
     for target in TARGETS:
-        measured, met = evaluate(target, results["rows"])
-        print(f"target {target.label}: {met} ({measured})", file=sys.stderr)
+        (measured, met), (batched, batched_met) = (evaluate(target, results["rows"], f) for f in ("median", "batch"))
+        print(f"target {target.label}: {met} ({measured}); batched: {batched_met} ({batched})", file=sys.stderr)
     problems = failures(results)
     for line in problems:
         print(f"FAIL {line}", file=sys.stderr)

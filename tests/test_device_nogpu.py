@@ -487,9 +487,10 @@ def test_make_bench_report_has_the_targets_and_the_decode_step_in_tokens_per_sec
     batched = results["rows"][0]["batch"]
     assert batched["median_us"] == pytest.approx(4.0) and rmsnorm[6:8] == [f"4.00 ({batched['pct_copy_bw']:.1f}%)",
                                                                          "4.00"], rmsnorm
-    assert "| rmsnorm <= 5 us (decode, one row) | 4.0 µs (rows=1) | yes |" in report
-    assert "| q4k_gemv 12288x4096 >= 80% of copy bandwidth | no matching row | n/a |" in report
-    assert "| Qwen3-8B decode step (36 layers, pos 4095) <= 2000 us, >= 500 tokens/s | no matching row | n/a |" in report
+    assert "| rmsnorm <= 5 us (decode, one row) | 4.0 µs (rows=1) | yes | 4.0 µs (rows=1) | yes |" in report
+    assert "| q4k_gemv 12288x4096 >= 80% of copy bandwidth | no matching row | n/a | no matching row | n/a |" in report
+    assert ("| Qwen3-8B decode step (36 layers, pos 4095) <= 2000 us, >= 500 tokens/s | no matching row | n/a | "
+            "no matching row | n/a |") in report
     assert "| separate kernels | Q4_K_M-like layers, Q6_K lm_head | 101.2 | 120.5 |" in report
     assert "- a note" in report
 
