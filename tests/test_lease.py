@@ -72,6 +72,29 @@ def test_the_tune_script_sweeps_variants_that_all_build():
         assert len(made) > 2 and all(skip["reason"].startswith("the same kernel") for skip in skipped), (name, skipped)
 
 
+def test_the_lease_steps_keep_to_the_budget_and_run_programs(tmp_path):
+    """common.sh's `step` runs a program under min(its cap, what is left of the budget), logs its
+    exit, and skips it below 20 s; `timeout` cannot run a shell function, so no script hands one
+    of its functions to `step`."""
+    script = (f"source {LEASE / 'common.sh'}; OUT={tmp_path}; lease log.txt 50; step first 30 true; "
+              "step second 100 sh -c 'exit 3'; echo rc=$?; START=$((SECONDS - 45)); step third 10 true; echo rc=$?")
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=tmp_path)
+    log = (tmp_path / "log.txt").read_text()
+    assert "== first (at most 30 s)" in log and "== first: exit 0" in log
+    assert "== second (at most 50 s)" in log and "== second: exit 3" in log and "rc=3" in log
+    assert "== third: skipped, 5 s of the budget left" in log and log.rstrip().endswith("rc=1"), done.stderr
+    functions = set()
+    for path in LEASE.glob("*.sh"):
+        functions |= set(re.findall(r"^([a-z_]+)\(\) \{", path.read_text(), re.M))
+    assert {"lease", "installed", "step", "tune", "profile"} <= functions
+    for path in LEASE.glob("*.sh"):
+        for line in path.read_text().splitlines():
+            words = line.split()
+            if words[:1] == ["step"]:
+                command = shlex.split(line.rstrip("\\"))[3]
+                assert command not in functions, f"{path.name}: step runs the shell function {command}"
+
+
 def test_one_launch_runs_a_spec_kernel_once(capsys):
     """bench/lease/one_launch.py: one launch on the kind's sample inputs at the given scalars (here
     in the emulator; on the lease, the device under ncu)."""

@@ -13,11 +13,19 @@ lease() {
     export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 }
 
-# installed: the .whl/ wheels into /tmp/site and ptxgen in place, once a machine.
+# installed: the .whl/ wheels into /tmp/site and ptxgen in place, once a machine (a shell
+# function: call it directly, `step` runs programs).
 installed() {
-    python3 -c 'import pydantic, gguf, ptxgen' 2>/dev/null && return 0
+    local t0=$SECONDS rc
+    if python3 -c 'import pydantic, gguf, ptxgen' 2>/dev/null; then
+        echo "== install: done by an earlier call"
+        return 0
+    fi
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         && python3 -m pip install -q --no-deps --no-build-isolation -e .
+    rc=$?
+    echo "== install: exit ${rc} after $(( SECONDS - t0 )) s"
+    return $rc
 }
 
 # step NAME SECONDS COMMAND...: COMMAND under min(SECONDS, what is left of BUDGET); skipped below 20 s.

@@ -34,7 +34,7 @@ lease log.txt 560
 
 echo "== $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv || true
-step install 120 installed || exit 1
+installed || exit 1
 BENCH=(python3 -m ptxgen.cli bench)
 step "decode GEMVs" 150 "${BENCH[@]}" --spec bench/lease/decode.toml --graph --json "$OUT/decode.json"
 step "decode attention" 120 "${BENCH[@]}" --spec bench/lease/attention.toml --set seq_len=4096,8192,32768 \
