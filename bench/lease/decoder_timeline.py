@@ -23,7 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from ptxgen.cli import compile_one
+from ptxgen.device import driver
 from ptxgen.dtypes import DTYPES
+from ptxgen.errors import PtxgenError
 from ptxgen.kernels.persistent_decoder import PHASES, layer_quants
 from ptxgen.quants import quant_type
 from ptxgen.runner import run
@@ -122,6 +124,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--pos", type=int, default=4095)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
+    driver(instead="the timeline is read on a GPU")  # before minutes of compiling and sample weights
     kernels = [timeline_kernel(args.spec, name) for name in args.kernels]
     inputs = kernels[0].definition.sample_inputs(np.random.default_rng(0), {"pos": args.pos})
     summaries = {}
@@ -134,4 +137,8 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except PtxgenError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
