@@ -298,6 +298,7 @@ def show_report(compiled, spec: LoadedSpec, chosen, arch: str | None, chosen_sca
                    "scalars": scalars, "grid": list(launch.grid), "block": list(launch.block),
                    "dynamic_shared": launch.dynamic_shared},
         "resources": {a: {"ptx": b.target, **b.resources} for a, b in compiled.binaries.items()},
+        "gpu_cubin": running.arch if running is not None else None,  # the cubin the chosen GPU runs
         "pdl": [target for target, v in compiled.variants.items() if v.pdl],
         "traffic": {"bytes": traffic.bytes, "flops": traffic.flops},
         "roofline_us": {"memory": bandwidth_us, "compute": compute_us, "floor": max(bandwidth_us, compute_us),

@@ -262,7 +262,8 @@ def model_range(report: dict) -> tuple[float, float] | None:
 
 
 def print_models(section: dict, gpu, console, err) -> None:
-    """The variants' launches, resources and models, by the model's serialized estimate."""
+    """The variants' launches, resources (of the cubin the GPU runs) and models, by the model's
+    serialized estimate."""
     from rich.markup import escape
     from rich.table import Table
 
@@ -273,7 +274,7 @@ def print_models(section: dict, gpu, console, err) -> None:
     variants = section["variants"]
     spec_range = model_range(variants[0])
     for report in sorted(variants, key=lambda r: (model_range(r) or (0, float("inf")))[1]):
-        model, span, arch = report.get("model", {}), model_range(report), gpu.arch
+        model, span, arch = report.get("model", {}), model_range(report), report["gpu_cubin"]
         resources, fit = report["resources"].get(arch, {}), report["occupancy_detail"].get(arch)
         launch = report["launch"]
         table.add_row(
