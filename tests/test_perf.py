@@ -446,6 +446,12 @@ def test_show_tune_models_each_variant_beside_the_spec_config(tmp_path):
     assert "rows_per_warp=1" in table.stdout and "as in the spec" in table.stdout
     refused = run_cli_in_process("show", "small_gemv", "--spec", str(spec), "--ptx", "--tune", "rows_per_warp=1,2")
     assert refused.returncode == 2 and "--tune: compares the variants' models" in refused.stderr
+    from helpers import ROOT  # an sm_90a-only spec: the H100 runs the sm_90a cubin, whose resources are shown
+    hopper = run_cli_in_process("show", "prefill_sm90a", "--spec", str(ROOT / "bench/lease/prefill_sm90a.toml"),
+                                "--no-model", "--tune", "sm90a.stages=1,2")
+    assert hopper.returncode == 0, hopper.stderr
+    row = next(line for line in hopper.stdout.splitlines() if "sm90a.stages=1" in line)
+    assert row.split("│")[4].strip().isdigit(), row
 
 
 def test_a_call_too_large_to_interpret_is_not_counted_and_says_so():
