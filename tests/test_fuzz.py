@@ -371,6 +371,34 @@ def test_run_npz_inputs(run_spec, tmp_path_factory, data, kernel):
             assert set(KERNEL_PARAMS[kernel]) - {"rows", "pos"} <= set(written.files)
 
 
+# --- `--tune` options: fields and values as a user might mistype them ----------------------------------------
+TUNE_SPEC = '[target]\narchs = ["sm_90"]\n\n[[kernels]]\nname = "small_gemv"\nkind = "q4k_gemv"\nn = 64\nk = 512\n'
+TUNE_KNOBS = ["unroll", "rows_per_warp", "split_k", "warps", "schedule", "l1_no_allocate", "l2_prefetch", "pdl"]
+TUNE_FIELDS = TUNE_KNOBS * 3 + ["k", "n", "name", "kind", "sm90a", "sm90a.stages", "unroll.x", "", "=", " unroll",
+                                "Unroll", "rows-per-warp"]
+TUNE_VALUES = st.one_of(st.integers(1, 4).map(str), st.sampled_from(["true", "false", "none", "static", "queue"]),
+                        st.integers(-3, 70).map(str), st.sampled_from(
+                            ["0x10", "08", "1e3", "2.0", "-0", "", " ", "nan", "inf", "[1]", "1_0", "\u00b2", "\x00"]),
+                        st.text(max_size=6))
+
+
+@fuzz_settings(100)
+@given(options=st.lists(st.tuples(st.sampled_from(TUNE_FIELDS), st.lists(TUNE_VALUES, min_size=1, max_size=3)),
+                        min_size=1, max_size=2))
+def test_show_tune_options(tmp_path_factory, options):
+    """show --tune (the same parsing and variants as bench --tune, priced without a GPU): exit 0
+    with a table, or 2 with one short message; never a traceback."""
+    spec = write(tmp_path_factory.mktemp("tune"), "tune.toml", TUNE_SPEC)
+    args = list(itertools.chain.from_iterable(("--tune", f"{field}={','.join(values)}") for field, values in options))
+    result = run_cli_in_process("show", "small_gemv", "--spec", str(spec), "--no-model", *args)
+    assert result.returncode in (0, 2), result
+    event(f"show --tune exit {result.returncode}")
+    if result.returncode == 2:
+        assert result.stderr.startswith("error: ") and len(result.stderr) < 2000, result
+    else:
+        assert "show --tune small_gemv" in result.stdout, result
+
+
 # --- the real entry point, in a few subprocesses -------------------------------------------------------------
 def test_the_installed_command_refuses_hostile_files_quickly(tmp_path):
     command = Path(sys.executable).with_name("ptxgen")
