@@ -1,4 +1,5 @@
-"""Fuzz the two files a user hands ptxgen: spec files (TOML, YAML) and `run`'s .npz inputs.
+"""Fuzz the two files a user hands ptxgen, spec files (TOML, YAML) and `run`'s .npz inputs, and the
+`--tune` options of show and bench.
 
 Whatever the bytes, the CLI ends with exit 0, 1 or 2 and, on a refusal, a short message naming
 the file; never a traceback (an exception escaping ptxgen.cli.main), a hang or a half-written
