@@ -186,6 +186,23 @@ def test_one_layer_matches_reference_and_separate_kernels(pos):
     check_against_separate_kernels(kernel, out, inputs, pos)
 
 
+@pytest.mark.parametrize("pos", (0, 63))
+def test_twelve_warps_match_reference_and_separate_kernels(pos):
+    """warps = 12 (384-thread CTAs at 168 registers): 1.5x the GEMV tasks in flight a CTA and 3
+    attention key groups instead of 2; the same contract, checked against the reference and the
+    separate kernels. A GEMV row is computed the same way whichever warp takes its task, so the
+    outputs agree with 8 warps wherever attention's key split does not enter (layer 0's V rows)."""
+    kernel = kernel_for(2, warps=12)
+    kind = kernel.definition
+    assert kind.launch({"pos": pos}).block == (384, 1, 1) and kind.attention.key_groups == 3
+    inputs = base_inputs(2, "f16", seed=pos)
+    out = decoder_run(kernel, inputs, pos)
+    check_against_reference(kernel, out, inputs, pos)
+    check_against_separate_kernels(kernel, out, inputs, pos)
+    eight = decoder_run(kernel_for(2), inputs, pos)
+    assert np.array_equal(out["v_cache"][0, :, pos].view(np.uint16), eight["v_cache"][0, :, pos].view(np.uint16))
+
+
 def test_verify_grades_a_one_layer_decoder_teacher_forced():
     """verify adds gradings against the teacher-forced reference (Kind.forced) where every rounding
     is the kernel's (one layer): a per-head RMS mean of 1/127 instead of 1/128 passes the
@@ -441,6 +458,10 @@ def test_grid_rule():
     (dict(kv_dtype="f64"), "kv_dtype"),
     (dict(max_seq_len=0), "max_seq_len"),
     (dict(l2_prefetch=5), "l2_prefetch: Input should be less than or equal to 4"),
+    (dict(warps=16), "warps: Input should be 8 or 12"),
+    (dict(warps=12, head_dim=256, num_heads=2, num_kv_heads=1),
+     "num_heads / num_kv_heads: warps: a key group is 8 warps here .* 12 is no multiple of it"),
+    (dict(warps=12, ctas=683), "ctas: at most 682 CTAs of 12 warps"),
 ])
 def test_config_errors(tmp_path, config, message):
     fields = {**TINY, "num_layers": 1, **config}
@@ -471,7 +492,7 @@ def test_spec_instances_assemble_without_spills():
 
 @pytest.mark.parametrize("extra", [dict(kv_dtype="bf16", indirect_pos=True), dict(kv_dtype="f32"),
                                    dict(head_dim=64, num_heads=16, num_kv_heads=2),
-                                   dict(head_dim=256, num_heads=4, num_kv_heads=1)],
+                                   dict(head_dim=256, num_heads=4, num_kv_heads=1), dict(warps=12)],
                          ids=lambda e: "-".join(f"{k}{v}" for k, v in e.items()))
 def test_variants_assemble_without_spills(extra):
     config = make_config("persistent_decoder", name="v", **{**TINY, "num_layers": 2, **extra})

@@ -12,8 +12,9 @@
 # one without, and grids that leave half of each SM free for PDL's next launch) and the fused
 # gate|up group (bench/lease/decode.toml); decode attention at 4k/8k/32k keys with PDL and without,
 # at two CTAs an SM and one (attention.toml); prefill with mma.sync (against torch SDPA; 128- and
-# 64-row CTAs) and wgmma (sm_90a; ping-pong, persistent) at 1k/4k/8k; the 36-layer decoder, also
-# as separate kernels (decoder.toml: measured on 2026-11-27, so after the prefill's new variants);
+# 64-row CTAs) at 1k/4k and wgmma (sm_90a; ping-pong, persistent) at 4k/8k; the 36-layer decoder
+# with 12 warps, 8 and the L2 prefetch, also as separate kernels (decoder.toml: the 8-warp step
+# was measured on 2026-11-27, so after the prefill's new variants);
 # `pytest -m gpu` with what is left. `make bench` (every kernel, peers, whole-model decode) needs a
 # call of its own. Afterwards: copy $OUT under bench/results/ and run bench/model_check.py on the
 # JSON files.
@@ -39,8 +40,9 @@ BENCH=(python3 -m ptxgen.cli bench)
 step "decode GEMVs" 150 "${BENCH[@]}" --spec bench/lease/decode.toml --graph --json "$OUT/decode.json"
 step "decode attention" 120 "${BENCH[@]}" --spec bench/lease/attention.toml --set seq_len=4096,8192,32768 \
     --json "$OUT/attention.json"
-step "prefill" 90 "${BENCH[@]}" --spec bench/lease/prefill.toml --set seq_len=1024,4096,8192 --json "$OUT/prefill.json"
-step "prefill_sm90a" 120 "${BENCH[@]}" --spec bench/lease/prefill_sm90a.toml --set seq_len=1024,4096,8192 \
+# Each prefill at the lengths its targets name (mma.sync: 1k and 4k; wgmma: 4k and 8k).
+step "prefill" 90 "${BENCH[@]}" --spec bench/lease/prefill.toml --set seq_len=1024,4096 --json "$OUT/prefill.json"
+step "prefill_sm90a" 120 "${BENCH[@]}" --spec bench/lease/prefill_sm90a.toml --set seq_len=4096,8192 \
     --json "$OUT/prefill_sm90a.json"
 step "36-layer decoder" 320 "${BENCH[@]}" --spec bench/lease/decoder.toml --graph --json "$OUT/decoder.json"
 step "pytest -m gpu" 150 python3 -m pytest -m gpu -q -p no:cacheprovider

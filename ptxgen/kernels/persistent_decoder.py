@@ -11,7 +11,7 @@ layer's F):
 A  norm + Q/K/V projections. Every CTA quantises x * attn_norm[l] to int8 in shared memory (as
    q4k_gemv does, through the quantised GEMV family's macros) and sums x^2 for the RMS factor itself, so
    the norm costs no phase of its own. 2-row warp tasks go over the rows of
-   [Wq; Wk; Wv]: every CTA's 8 warps busy, 16-byte weight loads, the first task's loads
+   [Wq; Wk; Wv]: every CTA's warps busy, 16-byte weight loads, the first task's loads
    issued before x is staged. V rows go straight to v_cache[l, :, pos] (as kv_dtype). Q and K
    rows go to the `qkv` workspace and count in on a per-head counter (fence + atomic add); the
    warp that completes a head (acquire) does its RMSNorm (q_norm / k_norm) and RoPE at pos (the
@@ -61,9 +61,10 @@ poll at a lower PC never starves a CTA that still has work.
 
 Registers: the phases share one register allocation (ptxas allocates the whole layer loop at
 once). At 128 registers a thread (two 256-thread CTAs an SM) every geometry tried spilled, the
-attention phase alone wanting ~170; so a CTA is 256 threads with up to 255 registers, one per
-SM, and the GEMV phases keep `gemv_unroll` row-steps (48 bytes each a lane; default 4: 48 KB
-of weight loads a SM, headers counted per lane) of a warp's 2-row tasks in flight, the last
+attention phase alone wanting ~170; so a CTA is `warps` = 8 warps with up to 255 registers (or
+12 with 168, see MAX_REGISTERS), one per SM, and the GEMV phases keep `gemv_unroll` row-steps
+(48 bytes each a lane; default 4: 48 KB of weight loads a SM at 8 warps, headers counted per
+lane) of a warp's 2-row tasks in flight, the last
 loads of a task being the next task's first (no drain between tasks). Staging once per SM
 instead of twice halves the redundant activation reads.
 `l2_prefetch = P` (L2_PREFETCH) has each warp keep its next P tasks of a GEMV phase requested
@@ -76,8 +77,8 @@ Predicated writes of temporaries are avoided in the shared macros used here (the
 value alive around every loop), and thread-derived values are recomputed per phase from a
 volatile shared zero (else ptxas keeps ~10 of them live through all phases).
 
-Grid size rule: grid = min(sm_count * ctas_per_sm, work) CTAs of 256 threads, work = the CTAs
-that the widest phase can keep busy (its warp tasks / 8, or its attention items). The defaults
+Grid size rule: grid = min(sm_count * ctas_per_sm, work) CTAs of `warps` warps, work = the CTAs
+that the widest phase can keep busy (its warp tasks / warps, or its attention items). The defaults
 (132, 1) are an H100 SXM, one CTA an SM. `ctas` fixes the grid outright. The kernel is correct
 for any grid >= 1 (every phase a grid-stride loop, the CTA count read from %nctaid; tests check
 1, 3, 5, 12 and 128 CTAs give bit-identical results, every work item being computed the same way
@@ -85,7 +86,7 @@ whoever runs it), so its launch is `any_grid`: on a GPU where the grid is not co
 SMs, e.g. an H100 PCIe's 114), the device launcher shrinks it to the occupancy query's count. The
 attention split rule depends on sm_count and ctas_per_sm, not on the grid, so `ctas` never
 changes the arithmetic. The interpreter runs a grid in waves of at most 2^18 threads and a grid
-barrier needs the whole grid in one wave, so no grid exceeds MAX_CTAS = 1024.
+barrier needs the whole grid in one wave, so no grid exceeds 1024 CTAs of 8 warps (682 of 12).
 """
 
 from __future__ import annotations
@@ -119,19 +120,25 @@ from .swiglu import SwigluConfig, silu_mul
 
 FloatDType = Literal["f32", "f16", "bf16"]
 HEAD_DIMS = (64, 128, 256)
-WARPS = 8
-THREADS = 32 * WARPS
+# Warps a CTA (`warps`): 8 (255 registers a thread) or 12 (168: the most 384 threads may hold).
+WARP_CHOICES = (8, 12)
 ROWS_PER_TASK = 2  # rows a warp computes together in the GEMV phases
 MAX_POS = 2**24  # rope's exactness bound for the position
 # The CPU interpreter runs a grid in waves of at most 2^18 threads; a grid barrier needs the whole
 # grid in one wave, so no rule ever asks for more CTAs than that.
-MAX_CTAS = (1 << 18) // THREADS
-# One 256-thread CTA per SM, up to 255 registers a thread: the phases share one register
-# allocation (ptxas allocates the whole loop at once), and the attention phase alone wants ~170;
-# at 128 (two CTAs an SM) every geometry tried spilled. The GEMV phases keep `gemv_unroll`
-# row-steps of a warp's loads in flight, from one task into the next (at the default 4, 36 KB of
-# weights a SM with 8 warps; Little's law at 3 TB/s and 600 ns wants 13.6 KB, more under load).
-MAX_REGISTERS = 255
+MAX_CTAS = (1 << 18) // (32 * min(WARP_CHOICES))
+# One CTA per SM: the phases share one register allocation (ptxas allocates the whole loop at
+# once), and the attention phase alone wants ~170; at 128 (two 256-thread CTAs an SM) every
+# geometry tried spilled. 8 warps take up to 255 registers (233 used on sm_90 at Qwen3-8B's
+# shapes); 12 warps at 168 assemble without spilling on sm_90 (ptxas 13.5, Qwen3-8B, with and
+# without l2_prefetch) once no temporary is written under a predicate across the layer loop (its
+# stale value stayed live: the grid's warp count, the V row's f16 pair, two flags, each spilled
+# and refilled a task), while sm_80/86 still spill 36-48 bytes there. The GEMV phases keep
+# `gemv_unroll` row-steps of a warp's loads in flight, from one task into the next (at the
+# default 4, 48 KB of weights a SM with 8 warps, 72 KB with 12; Little's law at 3 TB/s and 600 ns
+# wants 13.6 KB, more under load), and a phase is that many fewer dependent rounds a warp: the
+# model's latency term for the Qwen3-8B step, 721 us at 8 warps, is 472 at 12 (`ptxgen show`).
+MAX_REGISTERS = {8: 255, 12: 168}
 # The most row-steps of a type's loads a warp keeps in flight (gemv_unroll caps them further). A
 # Q6_K slot takes 30 registers (Q4_K 12, Q8_0 21): with Q6_K rows of a Qwen3-8B-shaped Q4_K_M
 # stack (attn_v and ffn_down of every third layer), 4 slots spilled ~900 bytes on sm_80 and 2
@@ -201,6 +208,8 @@ class PersistentDecoderConfig(KernelConfig):
     sm_count: int = SmCount
     ctas_per_sm: int = Field(default=1, ge=1, le=32)
     ctas: int | None = Field(default=None, ge=1, le=MAX_CTAS)
+    # Warps a CTA (see MAX_REGISTERS): 12 puts 1.5x the GEMV loads in flight a SM. Not yet timed.
+    warps: Literal[8, 12] = 8
     # Row-steps of weight loads a warp keeps in flight in the GEMV phases (48 bytes a lane each).
     gemv_unroll: int = Field(default=4, ge=1, le=4)
     # Tasks past the one its registers load that a warp keeps requested into L2 in the GEMV
@@ -246,6 +255,9 @@ class PersistentDecoderConfig(KernelConfig):
             decoder_attention(self)
         except ValueError as error:
             raise ValueError(f"num_heads / num_kv_heads: {error}") from None
+        if self.ctas is not None and self.ctas > max_ctas(self.warps):
+            raise ValueError(f"ctas: at most {max_ctas(self.warps)} CTAs of {self.warps} warps (the interpreter runs a "
+                             f"grid barrier's whole grid in one wave of 2^18 threads), got {self.ctas}")
         return self
 
     @property
@@ -260,27 +272,33 @@ def random_rows(rng, shape: tuple[int, ...], filled: int, dtype: str) -> np.ndar
     return cache
 
 
+def max_ctas(warps: int) -> int:
+    """The largest grid the interpreter runs in one wave (a grid barrier needs it whole)."""
+    return (1 << 18) // (32 * warps)
+
+
 def decoder_attention(config) -> AttentionPlan:
-    """incremental_attention's plan run by this kernel's 8-warp CTAs: 32 head dims a warp where a
-    key group (head slices x dim slices) fits 8 warps, else 64; as many ring stages (1..4) as
-    ATTENTION_RING bytes hold."""
+    """incremental_attention's plan run by this kernel's CTAs (config.warps): 32 head dims a warp
+    where a key group (head slices x dim slices) fits the CTA, else 64; as many ring stages (1..4)
+    as ATTENTION_RING bytes hold."""
     slices = ceil_div(config.num_heads // config.num_kv_heads, MAX_HEADS_PER_SLICE)
-    dims = 32 if slices * config.head_dim // 32 <= WARPS else 64
+    dims = 32 if slices * config.head_dim // 32 <= config.warps else 64
 
     def plan(stages: int) -> AttentionPlan:
-        return AttentionPlan.of(config, warps=WARPS, dims_per_warp=dims, stages=stages, ctas_per_sm=config.ctas_per_sm)
+        return AttentionPlan.of(config, warps=config.warps, dims_per_warp=dims, stages=stages,
+                                ctas_per_sm=config.ctas_per_sm)
 
     return plan(max(1, min(4, ATTENTION_RING // plan(1).stage_bytes)))
 
 
-def gemv_plan(n: int, k: int, unroll: int, quant: str = "q4_k") -> QuantGemvPlan:
-    """The quantised GEMV family's geometry of one phase's rows of type `quant`: 8 warps, a task
+def gemv_plan(n: int, k: int, unroll: int, quant: str = "q4_k", warps: int = 8) -> QuantGemvPlan:
+    """The quantised GEMV family's geometry of one phase's rows of type `quant`: `warps`, a task
     of 2 rows (unrolled, no split), at most `unroll` (and the type's MAX_UNROLL) row-steps of
     loads in flight: the most that divides a task's row-steps, so that the slots line up from
     one task to the next."""
     unroll = min(unroll, MAX_UNROLL[quant])
     items = ROWS_PER_TASK * ceil_div(k // BLOCK_WEIGHTS, STEP_BLOCKS)
-    return QuantGemvPlan(matrices=(n,), k=k, warps=WARPS, rows_per_warp=ROWS_PER_TASK, split_k=1,
+    return QuantGemvPlan(matrices=(n,), k=k, warps=warps, rows_per_warp=ROWS_PER_TASK, split_k=1,
                          unroll=max(u for u in range(1, unroll + 1) if items % u == 0), trip_rows=ROWS_PER_TASK,
                          quant=quant)
 
@@ -528,7 +546,7 @@ class PersistentDecoder(Kind):
             staged = 0
             segments = []
             for quant, first, end, rows in spans:
-                plan = gemv_plan(rows, k, c.gemv_unroll, quant)
+                plan = gemv_plan(rows, k, c.gemv_unroll, quant, c.warps)
                 if quant not in offsets:
                     offsets[quant], staged = staged, staged + plan.x_bytes
                 segments.append(Segment(plan, first, end, offsets[quant]))
@@ -550,16 +568,16 @@ class PersistentDecoder(Kind):
         }
 
     def work_ctas(self) -> int:
-        """CTAs the widest phase keeps busy: GEMV warp tasks / 8, or attention items at most."""
+        """CTAs the widest phase keeps busy: GEMV warp tasks / warps, or attention items at most."""
         attention_items = self.config.num_kv_heads * self.attention.max_splits
-        return max(attention_items, *(ceil_div(t, WARPS) for t in self.tasks().values()))
+        return max(attention_items, *(ceil_div(t, self.config.warps) for t in self.tasks().values()))
 
     @property
     def grid(self) -> int:
         c = self.config
         if c.ctas is not None:
             return c.ctas
-        return max(1, min(c.sm_count * c.ctas_per_sm, self.work_ctas(), MAX_CTAS))
+        return max(1, min(c.sm_count * c.ctas_per_sm, self.work_ctas(), max_ctas(c.warps)))
 
     @property
     def dynamic_shared(self) -> int:
@@ -605,7 +623,7 @@ class PersistentDecoder(Kind):
 
     # --- geometry ------------------------------------------------------------------------------
     def geometry(self) -> Geometry:
-        return Geometry(grid=(self.grid, 1, 1), block=(THREADS, 1, 1), dynamic_shared=self.dynamic_shared,
+        return Geometry(grid=(self.grid, 1, 1), block=(32 * self.config.warps, 1, 1), dynamic_shared=self.dynamic_shared,
                         cooperative=True, any_grid=True)
 
     def launch_note(self) -> str:
@@ -617,12 +635,12 @@ class PersistentDecoder(Kind):
         if c.l2_prefetch:
             task = 2 * row_bytes(c.hidden)
             note += (f"; each warp keeps its next {c.l2_prefetch} GEMV task(s) requested into L2 ({c.l2_prefetch} x "
-                     f"{task} bytes of {c.hidden}-wide Q4_K rows, {c.l2_prefetch * task * WARPS * c.ctas_per_sm // 1024} "
+                     f"{task} bytes of {c.hidden}-wide Q4_K rows, {c.l2_prefetch * task * c.warps * c.ctas_per_sm // 1024} "
                      "KB a SM beyond what the registers load; the model's bytes in flight count register loads only)")
         return note
 
     def static_shared(self) -> int:
-        return 4 * WARPS + 8  # warp sums of the RMS factor, the attention merge flag, a zero word
+        return 4 * self.config.warps + 8  # warp sums of the RMS factor, the attention merge flag, a zero word
 
     def template_vars(self) -> dict:
         c = self.config
@@ -644,9 +662,9 @@ class PersistentDecoder(Kind):
             "indirect": c.indirect_pos,
             "q_dim": self.q_dim,
             "kv_dim": self.kv_dim,
-            "warps": WARPS,
-            "threads": THREADS,
-            "max_registers": MAX_REGISTERS,
+            "warps": c.warps,
+            "threads": 32 * c.warps,
+            "max_registers": MAX_REGISTERS[c.warps],
             "l2_prefetch": c.l2_prefetch,
             "task_spans": task_spans,
             "timeline": c.timeline,
@@ -799,7 +817,7 @@ class PersistentDecoder(Kind):
         tasks it has there (a task's two rows: one span, or gate_up's a span each)."""
         segment = variant.segments[0]
         plan = segment.plan
-        all_warps = self.grid * WARPS
+        all_warps = self.grid * self.config.warps
         tasks = segment.end - segment.first
         per_warp = sum(plan.step_bytes * (plan.partial_lanes if plan.is_partial(item) else 32) // 32
                        for item in plan.items[:plan.unroll])
