@@ -17,7 +17,7 @@ lease() {
 # function: call it directly, `step` runs programs).
 installed() {
     local t0=$SECONDS rc
-    if python3 -c 'import pydantic, gguf, ptxgen' 2>/dev/null; then
+    if [[ -d /tmp/site ]] && python3 -c 'import gguf, ptxgen.cli' 2>/dev/null; then
         echo "== install: done by an earlier call"
         return 0
     fi
