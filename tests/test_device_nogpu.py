@@ -700,6 +700,32 @@ def test_bench_tune_needs_a_kernel_and_names_a_table_s_fields(tmp_path):
     assert "--tune sm90a: a table; name one of its fields (sm90a.block_n, sm90a.consumers," in one_line(result.stderr)
 
 
+def test_tune_names_the_fastest_variant_at_each_runtime_scalar_set(tmp_path):
+    """Per scalar set, among the variants that passed and were timed, the least of the ranked
+    figure; the spec's config's figure beside it; a failed variant never wins."""
+    from ptxgen import tune
+
+    path = tmp_path / "tune.toml"
+    path.write_text(TUNE_SPEC)
+    loaded = load_spec(path)
+    made, _ = tune.variants(loaded, loaded.spec.kernel("small_gemv"), tune.parse_tune(["rows_per_warp=1,2"]))
+    names = [variant.config.name for variant in made]
+
+    def row(name, keys, median, batch, passed=True):
+        return {"kernel": name, "scalars": {"keys": keys}, "passed": passed, "median_us": median,
+                "batch": {"median_us": batch}}
+
+    results = {"rows": [row(names[0], 1, 5.0, 4.0), row(names[1], 1, 4.0, 4.5), row(names[2], 1, 1.0, 1.0, False),
+                        row(names[0], 2, 9.0, 8.0), row(names[1], 2, 9.5, 7.0)]}
+    by_median = tune.fastest(results, "small_gemv", made, "median")
+    assert [(f["scalars"], f["kernel"], f["us"], f["spec_us"]) for f in by_median] == [
+        ({"keys": 1}, names[1], 4.0, 5.0), ({"keys": 2}, names[0], 9.0, 9.0)]
+    by_batch = tune.fastest(results, "small_gemv", made, "batch")
+    assert [(f["kernel"], f["us"]) for f in by_batch] == [(names[0], 4.0), (names[1], 7.0)]
+    assert by_batch[1]["entry"] == {"name": "small_gemv", "kind": "q4k_gemv", "n": 64, "k": 512,
+                                    **made[1].changes}
+
+
 def test_tune_values_read_as_toml_would():
     from ptxgen.tune import parse_tune
 
