@@ -41,8 +41,7 @@ PLANTED = [
     # already in); a relaxed count that no release puts after the data it announces (all atomics).
     ("qwen3_8b_argmax", "setp.ne.u32 %not_last, %old, 296;", "setp.ne.u32 %not_last, %old, 295;"),
     ("qwen3_8b_argmax", "membar.gl;\n\tatom.global.add.u32", "atom.global.add.u32"),
-    ("qwen3_8b_decode_attention", "@%first_thread sub.u32 %flag, %nsplit, 1;",
-     "@%first_thread sub.u32 %flag, %nsplit, 2;"),
+    ("qwen3_8b_decode_attention", "sub.u32 %flag, %nsplit, 1;", "sub.u32 %flag, %nsplit, 2;"),
     # The queue schedule (qwen3_8b_gate_up_group; the down projection is static since 2026-11-27).
     ("qwen3_8b_gate_up_group", "@%leader add.u32 %ticket, %ticket, 1;", "@%leader add.u32 %ticket, %ticket, 2;"),
     ("qwen3_8b_gate_up_group", "atom.acq_rel.gpu.global.add.u32 %ticket, [%queue+4], 1",
@@ -56,8 +55,8 @@ PLANTED = [
     # Bugs that only a smaller grid shows (a GPU with fewer SMs shrinks any_grid launches): a queue
     # round's bound off by one (caught at 9/11 of the grid), a grid-stride loop's (at a third).
     ("qwen3_8b_gate_up_proj_q8_0", "setp.lt.u32 %more, %next_unit, 768;", "setp.lt.u32 %more, %next_unit, 767;"),
-    ("qwen3_tiny_decoder", "add.u32 %task, %task, %nwarps;\n\tsetp.lt.u32 %has_task, %task, 512;",
-     "add.u32 %task, %task, %nwarps;\n\tsetp.lt.u32 %has_task, %task, 511;"),
+    ("qwen3_tiny_decoder", "mad.lo.u32 %task, %grid_warps, 8, %task;\n\t}\n\tsetp.lt.u32 %has_task, %task, 512;",
+     "mad.lo.u32 %task, %grid_warps, 8, %task;\n\t}\n\tsetp.lt.u32 %has_task, %task, 511;"),
 ]
 
 
