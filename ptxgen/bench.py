@@ -529,14 +529,15 @@ def measure_device() -> dict:
 
 def run_bench(spec_file: dict, plan: list[tuple[CompiledKernel, dict]], iters: int = MIN_ITERS, graph: bool = False,
               progress: Callable[[str], None] = lambda label: None, worker=None,
-              row_done: Callable[[dict], None] = lambda results: None, peers_once: bool = False) -> dict:
+              row_done: Callable[[dict], None] = lambda results: None, peers: str = "all") -> dict:
     """Every figure of a bench run, as written to --json. `spec_file` is {"file", "sha256"} of the
     spec the kernels came from; `progress(label)` is called before each row and `row_done(results)`
     after it (the results so far: --json rewrites its file, so a run cut short keeps its rows;
     `planned_rows` says how many the run meant to make); `worker` runs the device work (default: a
-    DeviceWorker of its own); `peers_once`: time the peers of each (kind, traffic, scalars) once,
-    on its first row (variants of one kernel: `bench --tune`). A row whose kernel faults (or whose
-    device work fails) is a failed row naming the error; the rest go on."""
+    DeviceWorker of its own); `peers`: "all" times each row's peers, "none" none, "once" those of
+    each peer_key on its first row, later rows of that key sharing its figures (variants of one
+    kernel, as `bench --tune` makes). A row whose kernel faults (or whose device work fails) is a
+    failed row naming the error; the rest go on."""
     if iters < MIN_ITERS:
         raise LaunchError(f"--iters: expected at least {MIN_ITERS} timed runs, got {iters}")
     owned = worker is None
@@ -548,26 +549,40 @@ def run_bench(spec_file: dict, plan: list[tuple[CompiledKernel, dict]], iters: i
                    "device": measured["device"], "torch": measured["torch"], "spec": dict(spec_file), "iters": iters,
                    "copy_bandwidth": measured["copy_bandwidth"], "planned_rows": len(plan), "rows": []}
         verified: dict = {}
-        peers_timed = set()
+        timed_peers: dict = {}  # peer_key -> the row that timed them
         for compiled, scalars in plan:
             progress(f"{compiled.name} {describe_scalars(scalars)}")
-            traffic = compiled.definition.traffic(scalars)
-            peer_key = (compiled.kind, traffic.bytes, traffic.flops, describe_scalars(scalars))
-            with_peers = not (peers_once and peer_key in peers_timed)
-            peers_timed.add(peer_key)
+            key = peer_key(compiled, scalars)
+            first = timed_peers.get(key) if peers == "once" else None
             try:
                 row, verified[compiled.name] = worker.call(bench_row, compiled, scalars, iters, graph,
                                                            measured["copy_bandwidth"]["gbs"], verified.get(compiled.name),
-                                                           with_peers)
+                                                           peers != "none" and first is None)
             except LaunchError as error:  # a fault (the worker is replaced) or a launch the GPU refused
                 row = new_row(compiled, scalars)
                 row.update(passed=False, failure=str(error))
+            if first is not None:
+                row.update(peers=first["peers"], best_peer=first["best_peer"])
+                row["notes"].append(f"{compiled.name}: peers shared with {first['kernel']} (timed there once: the "
+                                    "same kind, shapes and scalars)")
+            elif row["peers"]:
+                timed_peers[key] = row
             results["rows"].append(row)
             row_done(results)
         return results
     finally:
         if owned:
             worker.stop()
+
+
+def peer_key(compiled: CompiledKernel, scalars: dict) -> tuple:
+    """What a row's peers depend on, for `peers="once"`: the kind, the shapes and dtypes of the
+    arrays the caller passes (workspaces aside) and the runtime scalars. A config field that
+    changes the arithmetic but no shape (an eps) is not in it: "once" is for variants of one
+    kernel's schedule."""
+    arrays = tuple((p.name, p.dtype, p.concrete_shape(scalars)) for p in compiled.params
+                   if p.is_array and p.role != "workspace")
+    return compiled.kind, arrays, describe_scalars(scalars)
 
 
 # --- output ----------------------------------------------------------------------------------------

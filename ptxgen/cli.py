@@ -571,6 +571,12 @@ def emulate_checks(kernels, seed: int, arch: str | None, progress) -> list:
 
 
 # --- bench -----------------------------------------------------------------------------------------
+class PeerTiming(str, Enum):
+    all = "all"
+    once = "once"
+    none = "none"
+
+
 class TuneRank(str, Enum):
     median = "median"
     batch = "batch"
@@ -596,6 +602,10 @@ def bench(
     rank: Annotated[TuneRank, typer.Option("--rank", help="The --tune figure that ranks variants: each run alone "
                                                           "(median), back to back (batch) or graph replays.")]
         = TuneRank.median,
+    peers: Annotated[PeerTiming, typer.Option(
+        "--peers", help="Time the peers of every row (all), none, or once for rows of one kind with the same "
+                        "shapes and scalars (once: variants of a kernel's schedule; --tune always does)."
+    )] = PeerTiming.all,
 ):
     """Check kernels on the GPU, then time them: median/p10/p90, GB/s, TFLOP/s, % of copy bandwidth, peers."""
     import itertools
@@ -650,7 +660,7 @@ def bench(
         results = run_bench({"file": str(spec.path), "sha256": spec.sha256}, plan, iters, graph,
                             progress=lambda label: progress.update(task, advance=1, description=label),
                             row_done=(lambda so_far: write_json(json_path, {**so_far, **extra})) if json_path
-                            else lambda _: None, peers_once=bool(made))
+                            else lambda _: None, peers="once" if made else peers.value)
     results.update(extra)
     print_results(results, out, err)
     if made:

@@ -733,21 +733,34 @@ def test_tune_values_read_as_toml_would():
         "a": [1, 16, True, False, None, "static", 2.5], "sm90a.block_n": [64]}
 
 
-def test_peers_are_timed_once_per_shape_when_asked(sim, monkeypatch):
-    """bench --tune's variants share their shapes: the peers are timed on the first row only."""
+def test_peers_are_timed_once_per_kind_shapes_and_scalars_when_asked(sim, monkeypatch):
+    """--peers once (and --tune): rows of one kind with the same array shapes and scalars share the
+    peers timed on the first, a note naming it; other shapes get their own; --peers none times none."""
     import ptxgen.bench
 
     monkeypatch.setattr(ptxgen.bench, "load_torch", lambda: (FakeTorch, None))
     timed = []
-    monkeypatch.setattr(ptxgen.bench, "time_peers", lambda *args: (timed.append(args[1]) or [], []))
-    kernel = spec_kernel("qwen3_8b_swiglu")
+
+    def time_peers(gpu, torch, kind, inputs, scalars, *rest):
+        timed.append(scalars)
+        return [{"name": "fake", "median_us": 1.0 + len(timed)}], []
+
+    monkeypatch.setattr(ptxgen.bench, "time_peers", time_peers)
+    swiglu, norm = spec_kernel("qwen3_8b_swiglu"), spec_kernel("qwen3_8b_rmsnorm")
     monkeypatch.setattr(ptxgen.bench, "MIN_ITERS", 3)
     monkeypatch.setattr(ptxgen.bench, "WARMUP", 1)
-    for once, expected in ((True, 1), (False, 2)):
+    plan = [(swiglu, {}), (norm, {"rows": 1}), (swiglu, {}), (norm, {"rows": 2})]
+    for peers, expected in (("once", 3), ("all", 4), ("none", 0)):
         timed.clear()
-        ptxgen.bench.run_bench({"file": "spec", "sha256": "0"}, [(kernel, {}), (kernel, {})], iters=3,
-                               worker=InProcess(), peers_once=once)
-        assert len(timed) == expected
+        rows = ptxgen.bench.run_bench({"file": "spec", "sha256": "0"}, plan, iters=3, worker=InProcess(),
+                                      peers=peers)["rows"]
+        assert len(timed) == expected, peers
+        if peers == "once":
+            assert rows[2]["peers"] == rows[0]["peers"] and rows[2]["best_peer"] == {"name": "fake", "median_us": 2.0}
+            assert "qwen3_8b_swiglu: peers shared with qwen3_8b_swiglu (timed there once" in rows[2]["notes"][-1]
+            assert rows[3]["peers"] != rows[1]["peers"], "another row count is another shape"
+        if peers == "none":
+            assert not any(row["peers"] for row in rows)
 
 
 class FakeTensor(np.ndarray):

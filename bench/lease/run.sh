@@ -36,7 +36,9 @@ lease log.txt 560
 echo "== $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv || true
 installed || exit 1
-BENCH=(python3 -m ptxgen.cli bench)
+# Peers once per kind, shapes and scalars: the specs' rows are variants of a few kernels (11 GEMV rows
+# of 4 shapes), and each peer set costs its own weight conversions and timings.
+BENCH=(python3 -m ptxgen.cli bench --peers once)
 step "decode GEMVs" 150 "${BENCH[@]}" --spec bench/lease/decode.toml --graph --json "$OUT/decode.json"
 step "decode attention" 120 "${BENCH[@]}" --spec bench/lease/attention.toml --set seq_len=4096,8192,32768 \
     --json "$OUT/attention.json"
