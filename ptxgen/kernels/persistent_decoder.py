@@ -120,13 +120,17 @@ from .swiglu import SwigluConfig, silu_mul
 
 FloatDType = Literal["f32", "f16", "bf16"]
 HEAD_DIMS = (64, 128, 256)
-# Warps a CTA (`warps`): 8 (255 registers a thread) or 12 (168: the most 384 threads may hold).
-WARP_CHOICES = (8, 12)
 ROWS_PER_TASK = 2  # rows a warp computes together in the GEMV phases
 MAX_POS = 2**24  # rope's exactness bound for the position
-# The CPU interpreter runs a grid in waves of at most 2^18 threads; a grid barrier needs the whole
-# grid in one wave, so no rule ever asks for more CTAs than that.
-MAX_CTAS = (1 << 18) // (32 * min(WARP_CHOICES))
+
+
+def max_ctas(warps: int) -> int:
+    """The largest grid of `warps`-warp CTAs that the CPU interpreter runs in one wave (2^18
+    threads): a grid barrier needs the whole grid in one wave, so no rule asks for more."""
+    return (1 << 18) // (32 * warps)
+
+
+MAX_CTAS = max_ctas(8)  # the bound of `ctas` at the smallest CTA; a 12-warp config is checked against its own
 # One CTA per SM: the phases share one register allocation (ptxas allocates the whole loop at
 # once), and the attention phase alone wants ~170; at 128 (two 256-thread CTAs an SM) every
 # geometry tried spilled. 8 warps take up to 255 registers (233 used on sm_90 at Qwen3-8B's
@@ -138,7 +142,7 @@ MAX_CTAS = (1 << 18) // (32 * min(WARP_CHOICES))
 # default 4, 48 KB of weights a SM with 8 warps, 72 KB with 12; Little's law at 3 TB/s and 600 ns
 # wants 13.6 KB, more under load), and a phase is that many fewer dependent rounds a warp: the
 # model's latency term for the Qwen3-8B step, 721 us at 8 warps, is 472 at 12 (`ptxgen show`).
-MAX_REGISTERS = {8: 255, 12: 168}
+MAX_REGISTERS = {8: 255, 12: 168}  # by `warps`: 12 x 32 x 168 = 64,512 of the SM's 65,536
 # The most row-steps of a type's loads a warp keeps in flight (gemv_unroll caps them further). A
 # Q6_K slot takes 30 registers (Q4_K 12, Q8_0 21): with Q6_K rows of a Qwen3-8B-shaped Q4_K_M
 # stack (attn_v and ffn_down of every third layer), 4 slots spilled ~900 bytes on sm_80 and 2
@@ -270,11 +274,6 @@ def random_rows(rng, shape: tuple[int, ...], filled: int, dtype: str) -> np.ndar
     cache = np.zeros(shape, DTYPES[dtype].numpy)
     cache[..., :filled, :] = from_float(rng.standard_normal((*shape[:-2], filled, shape[-1])), dtype)
     return cache
-
-
-def max_ctas(warps: int) -> int:
-    """The largest grid the interpreter runs in one wave (a grid barrier needs it whole)."""
-    return (1 << 18) // (32 * warps)
 
 
 def decoder_attention(config) -> AttentionPlan:
