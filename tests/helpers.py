@@ -18,6 +18,8 @@ from ptxgen.spec import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = sorted((ROOT / "specs").glob("*.*"))
+# A spec of one small Q4_K GEMV (one warp step a row): the `--tune` tests' (bench and show, fuzzed).
+TUNE_SPEC = '[target]\narchs = ["sm_90"]\n\n[[kernels]]\nname = "small_gemv"\nkind = "q4k_gemv"\nn = 64\nk = 512\n'
 
 
 def make_config(kind: str, name: str = "test_kernel", **config):

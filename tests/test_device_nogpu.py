@@ -33,7 +33,7 @@ from ptxgen.runner import prepare_arrays, run
 from ptxgen.spec import load_spec
 from ptxgen.verify import relative_l2
 
-from helpers import ROOT, make_config, run_cli, run_cli_in_process
+from helpers import ROOT, TUNE_SPEC, make_config, run_cli, run_cli_in_process
 
 try:
     device.driver()
@@ -603,18 +603,6 @@ def test_bench_rejects_a_missing_matplotlib_and_unknown_scalars_before_timing(si
     assert isinstance(result.exception, LaunchError) and "nonsense" in str(result.exception)
     result = CliRunner().invoke(bench_app, ["bench", "rmsnorm", "--spec", str(SPEC), "--iters", "10"])
     assert result.exit_code == 2 and "cuEventCreate" not in sim.names()
-
-
-TUNE_SPEC = """
-[target]
-archs = ["sm_90"]
-
-[[kernels]]
-name = "small_gemv"
-kind = "q4k_gemv"
-n = 64
-k = 512
-"""
 
 
 def test_bench_tune_checks_and_times_each_variant_and_prints_the_fastests_spec_entry(sim, worker_gpu, bench_app,

@@ -37,7 +37,7 @@ from ptxgen.kernels import KINDS
 from ptxgen.pipeline import compile_spec
 from ptxgen.spec import load_spec
 
-from helpers import ROOT, SPECS, run_cli_in_process
+from helpers import ROOT, SPECS, TUNE_SPEC, run_cli_in_process
 
 SCALE = int(os.environ.get("PTXGEN_FUZZ_SCALE", "1"))
 MAX_MESSAGE_LINES = 21  # spec.MAX_ERROR_LINES problems and the "... and N more" line
@@ -373,7 +373,6 @@ def test_run_npz_inputs(run_spec, tmp_path_factory, data, kernel):
 
 
 # --- `--tune` options: fields and values as a user might mistype them ----------------------------------------
-TUNE_SPEC = '[target]\narchs = ["sm_90"]\n\n[[kernels]]\nname = "small_gemv"\nkind = "q4k_gemv"\nn = 64\nk = 512\n'
 TUNE_KNOBS = ["unroll", "rows_per_warp", "split_k", "warps", "schedule", "l1_no_allocate", "l2_prefetch", "pdl"]
 TUNE_FIELDS = TUNE_KNOBS * 3 + ["k", "n", "name", "kind", "sm90a", "sm90a.stages", "unroll.x", "", "=", " unroll",
                                 "Unroll", "rows-per-warp"]
