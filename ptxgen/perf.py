@@ -116,8 +116,10 @@ LAUNCH_NOTE = ("the H100 bench of 2026-11-23 (bench/results/NVIDIA-H100-80GB-HBM
 # H100-2026-11-27-lease): Q4_K 4096 x 4096 9.38 us with it, 9.14 without; decode attention 16.59 /
 # 22.91 / 57.79 us with it at 4k / 8k / 32k keys, 16.75 / 22.66 / 57.55 without. Both fill every
 # SM's registers (one and two CTAs an SM), so the next grid's CTAs cannot start beside them; and
-# each run was followed by a CUDA event, which waits for the whole grid (bench's batched figures,
-# since 2026-11-28, have ten runs between two events).
+# each run was followed by a CUDA event, which waits for the whole grid. Batched (ten runs between
+# two events) it does pay: on the H200 of 2026-11-28 4096 x 4096 took 5.38 us with PDL and 6.81
+# without, decode attention 11.84 / 16.02 / 41.21 us against 13.57 / 17.96 / 42.62 at 4k / 8k / 32k
+# keys; per run nothing again. launch_us is the per-run cost, so the model keeps pricing both alike.
 PDL_NOTE = "a PDL launch is costed as a plain one (measured: no gain back to back on the H100, 2026-11-27)"
 LATENCY_NOTE = ("latency 600 ns: assumed (issue 12's 600-800 ns under load, the low end); not measured "
                 "on this GPU")
@@ -129,9 +131,10 @@ GPUS = {
             "unlocked bench may reach (its clock was not recorded), while Nsight Compute locks the base "
             "clock (1.56-1.58 GHz in shared/measurements/H100-2026-11-23); HBM3 3.35 TB/s datasheet; "
             "copy 2991 GB/s measured there; " + LATENCY_NOTE + "; launch 3.9 us: " + LAUNCH_NOTE + "; " + PDL_NOTE),
-        Gpu("h200", "sm_90", 132, 1.98, 4800, 4300, 600, None,
-            "H200 SXM 141GB: 132 SMs, 1.98 GHz published maximum boost; HBM3e 4.8 TB/s datasheet; copy about "
-            "4.3 TB/s measured (shared/NOTES.md); " + LATENCY_NOTE + "; launch cost not measured"),
+        Gpu("h200", "sm_90", 132, 1.98, 4800, 4226, 600, None,
+            "H200 SXM 141GB: 132 SMs, 1.98 GHz published maximum boost; HBM3e 4.8 TB/s datasheet; copy "
+            "4223-4229 GB/s measured there (bench/results/H200-2026-11-28-lease, 4226 the median); "
+            + LATENCY_NOTE + "; launch cost not measured"),
         Gpu("a100-80gb", "sm_80", 108, 1.41, 2039, None, 600, None,
             "A100 SXM4 80GB: 108 SMs, 1.41 GHz boost, HBM2e 2039 GB/s datasheet; copy not measured; "
             + LATENCY_NOTE + "; launch cost not measured"),

@@ -8,13 +8,12 @@
 #       cp312 wheels of what the GPU image lacks (pydantic & co, gguf, ptxas) into .whl/ (git-ignored)
 #   on the GPU:                  device run, carry [".whl"], command "bash bench/lease/run.sh"
 #
-# Steps: install; Q4_K GEMVs (queue and static schedules, with programmatic dependent launch and
-# one without, and grids that leave half of each SM free for PDL's next launch) and the fused
-# gate|up group (bench/lease/decode.toml); decode attention at 4k/8k/32k keys with PDL and without,
-# at two CTAs an SM and one (attention.toml); prefill with mma.sync (against torch SDPA; 128- and
-# 64-row CTAs) at 1k/4k and wgmma (sm_90a; ping-pong, persistent) at 4k/8k; the 36-layer decoder
-# with 12 warps, 8 and the L2 prefetch, also as separate kernels (decoder.toml: the 8-warp step
-# was measured on 2026-11-27, so after the prefill's new variants);
+# Steps: install; Q4_K GEMVs (the defaults, 8-warp CTAs at 4096x4096 plain and with the fused norm,
+# 4096x4096 without PDL), the fused gate|up group and the Q6_K lm_head (bench/lease/decode.toml);
+# decode attention at 4k/8k/32k keys with PDL and without, at two CTAs an SM and one
+# (attention.toml); prefill with mma.sync (against torch SDPA; 128- and 64-row CTAs) at 1k/4k and
+# wgmma (sm_90a; ping-pong, persistent) at 4k/8k; the 36-layer decoder at 8 warps and 12, also as
+# separate kernels (decoder.toml);
 # `pytest -m gpu` with what is left. `make bench` (every kernel, peers, whole-model decode) needs a
 # call of its own. Afterwards: copy $OUT under bench/results/ and run bench/model_check.py on the
 # JSON files.
@@ -47,7 +46,9 @@ step "prefill" 90 "${BENCH[@]}" --spec bench/lease/prefill.toml --set seq_len=10
 step "prefill_sm90a" 120 "${BENCH[@]}" --spec bench/lease/prefill_sm90a.toml --set seq_len=4096,8192 \
     --json "$OUT/prefill_sm90a.json"
 step "36-layer decoder" 320 "${BENCH[@]}" --spec bench/lease/decoder.toml --graph --json "$OUT/decoder.json"
-step "pytest -m gpu" 150 python3 -m pytest -m gpu -q -p no:cacheprovider
+# Four workers (the GPU machine has 16 cores; pytest-xdist is in its image): one process passed only
+# ~100 and ~106 of the GPU tests in the 150 s of the 2026-11-27 and 2026-11-28 leases.
+step "pytest -m gpu" 150 python3 -m pytest -m gpu -q -n 4 -p no:cacheprovider
 echo "== done after $(( SECONDS - START )) s"
 # Nsight Compute on the prefill kernels and the 12288x4096 GEMV: bench/lease/profile.sh, a second
 # call if device time is left. Done once, on the H100 of 2026-11-27 (bench/results/H100-2026-11-27-lease),

@@ -3,14 +3,15 @@
 # than a diagnosis): `ptxgen bench --tune` sweeps of the knobs issue 12's kernels expose, each
 # variant checked on the GPU and timed beside the spec's config, ranked back to back (batched,
 # with PDL as the specs build them), the fastest printed as a spec entry to make the default.
-# Why: the defaults come from one H100 run (2026-11-27) of a few hand-picked variants, and the
-# model (`ptxgen show`, which takes the same --tune to price each variant) cannot price the launch
-# gap PDL may hide nor what L1/L2 hints do, and puts these variants within ~10% of each other.
-#   - the 12288x4096 GEMV: rows a warp (CTAs of the grid: 384 or 128, waves 2.9 or 0.97 at one an
-#     SM), row-steps in flight (bytes in flight, registers), loads that skip L1;
-#   - 4096x4096 (128 CTAs by default: one wave, one dependent round): CTA size against rows a warp;
-#   - decode attention at 4k and 8k keys: splits (CTAs an SM in the split rule) and keys a ring stage;
-#   - the sm_90a prefill with the ping-pong split at 4k: ring stages and key-tile width.
+# Why: the defaults come from hand-picked variants on two cards, and the model (`ptxgen show`, which
+# takes the same --tune to price each variant) cannot price CTA size, the launch gap PDL hides, or
+# L1/L2 hints. On the H200 of 2026-11-28 (bench/results/H200-2026-11-28-lease) 4096x4096 ran 1.18x
+# faster in 8-warp CTAs than the default 32 while the model ranked it 0.93x; 12288x4096's other
+# rows/unroll/L1 choices all lost (0.74-0.92x), and decode attention's splits and tile width and
+# the ping-pong prefill's stages moved it by 5% at most. So now:
+#   - CTA size (warps 8, 16, 32 at the same rows a warp) at the other GEMV shapes: 12288x4096
+#     (3 rows a warp), 4096x12288 (6 steps a row) and the fused norm + q projection (4096x4096);
+#   - decode attention at 4k and 8k keys: warps a CTA and ring stages (keys in flight).
 #
 #   device run, carry [".whl"], command "bash bench/lease/tune.sh", timeout_s 230
 set -uo pipefail
@@ -26,11 +27,9 @@ tune() {
         --json "$OUT/tune_${name}.json" "$@"
 }
 
-tune 80 bench/lease/decode.toml gemv_12288x4096 --tune rows_per_warp=1,3 --tune unroll=2,4 \
-    --tune l1_no_allocate=false,true
-tune 50 bench/lease/decode.toml gemv_4096x4096 --tune rows_per_warp=1,2 --tune warps=8,16,32
-tune 50 bench/lease/attention.toml decode_attention --set seq_len=4096,8192 --tune ctas_per_sm=1,4 \
-    --tune tile_keys=none,128
-tune 40 bench/lease/prefill_sm90a.toml prefill_sm90a_pingpong --set seq_len=4096 --tune sm90a.stages=2,3 \
-    --tune sm90a.block_n=64,128
+tune 45 bench/lease/decode.toml gemv_12288x4096 --tune warps=8,16,32
+tune 45 bench/lease/decode.toml gemv_4096x12288 --tune warps=8,16,32
+tune 45 bench/lease/decode.toml attn_norm_q_proj --tune warps=8,16,32
+tune 60 bench/lease/attention.toml decode_attention --set seq_len=4096,8192 --tune warps=none,8 \
+    --tune stages=2,3,4
 echo "== done after $(( SECONDS - START )) s"

@@ -160,7 +160,8 @@ MAX_UNROLL = {"q4_k": 4, "q6_k": 1, "q8_0": 2}
 # instructions a lane per 4.6 KB task), the first P at the phase's barrier before its wait, then
 # one more each task, so its register loads find their lines in L2 or on the way. A window of P
 # tasks is P x 4.6 KB a warp of 4096-wide Q4_K rows (4.9 MB a task over the 1056 warps; L2 holds
-# 50 MB). Not yet timed on a GPU: off by default, the lease times it (bench/lease/decoder.toml).
+# 50 MB). Measured slower, so off by default: on an H200 (bench/results/H200-2026-11-28-lease)
+# the 36-layer step at pos 4095 took 2101.3 us with l2_prefetch = 2 against 2000.0 without.
 MAX_L2_PREFETCH = 4
 
 
@@ -212,7 +213,9 @@ class PersistentDecoderConfig(KernelConfig):
     sm_count: int = SmCount
     ctas_per_sm: int = Field(default=1, ge=1, le=32)
     ctas: int | None = Field(default=None, ge=1, le=MAX_CTAS)
-    # Warps a CTA (see MAX_REGISTERS): 12 puts 1.5x the GEMV loads in flight a SM. Not yet timed.
+    # Warps a CTA (see MAX_REGISTERS): 12 puts 1.5x the GEMV loads in flight a SM, but measured
+    # slower: 2099.5 us a 36-layer step against 2000.0 at 8 on an H200 (2026-11-28; its phase
+    # timeline: attention 459 us against 373, down 399 against 355, qkv 230 against 264).
     warps: Literal[8, 12] = 8
     # Row-steps of weight loads a warp keeps in flight in the GEMV phases (48 bytes a lane each).
     gemv_unroll: int = Field(default=4, ge=1, le=4)
