@@ -330,12 +330,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    from ptxgen.errors import PtxgenError
+    from ptxgen.errors import exit_from
 
-    try:
-        sys.exit(main())
-    except PtxgenError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    exit_from(main)

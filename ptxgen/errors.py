@@ -1,5 +1,8 @@
 """The one error family of ptxgen: the CLI turns any PtxgenError into a message and exit 2."""
 
+import sys
+from typing import Callable, NoReturn
+
 
 class PtxgenError(Exception):
     """A user-facing error: its message is complete and needs no traceback."""
@@ -32,3 +35,15 @@ class InterpError(PtxgenError):
 
 class SanitizerError(InterpError):
     """The sanitizer found a memory, race, barrier, shuffle or register bug in a kernel."""
+
+
+def exit_from(main: Callable[..., int], *args) -> NoReturn:
+    """The bench scripts' error boundary, as the CLI's: exit with main's status, a PtxgenError as
+    one line on stderr and exit 2, an interrupt as exit 130."""
+    try:
+        sys.exit(main(*args))
+    except PtxgenError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)

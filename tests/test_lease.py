@@ -3,6 +3,7 @@ stale field or a spilling variant would cost the lease itself), and its script p
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
@@ -126,3 +127,42 @@ def test_decoder_timeline_adds_phases_and_barriers_up_to_the_step():
     assert phases["down"]["bytes"] == 2 * 512 * 144 * 1024 // 256
     assert phases["attention"]["bytes"] == 2 * 2 * 2 * 10 * 128 * 2          # K and V, 2 layers, 2 heads, 10 rows
     assert "barrier F" in decoder_timeline.report(summary)
+
+
+def test_whole_model_exits_2_without_a_gpu_before_any_weights():
+    """bench/lease/whole_model.py without a GPU: one line naming it, exit 2, no traceback (the
+    random 8B weights would take minutes first)."""
+    from ptxgen import device
+    from ptxgen.errors import DeviceUnavailable
+
+    try:
+        device.driver()
+        pytest.skip("a GPU is present")
+    except DeviceUnavailable:
+        pass
+    done = subprocess.run([sys.executable, str(LEASE / "whole_model.py"), "--tokens", "2"], capture_output=True,
+                          text=True, cwd=ROOT)
+    assert done.returncode == 2 and done.stdout == "", done
+    assert done.stderr.startswith("error: no CUDA driver/GPU found") and "whole-model decode is timed on a GPU" in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_whole_model_writes_both_paths_fused_first(tmp_path, monkeypatch):
+    """Its loop: the persistent decoder, then the separate kernels, the JSON rewritten after each
+    (random_model_decode_speed itself runs on the simulated GPU in tests/test_generate.py)."""
+    sys.path.insert(0, str(LEASE))
+    import whole_model
+
+    calls = []
+
+    def speed(shape, fused, tokens):
+        calls.append((shape["name"], fused, tokens))
+        layers = "persistent_decoder" if fused else "separate kernels"
+        return {"model": shape["name"], "layers": layers, "device": "test", "tokens_per_s": 2.0 + fused,
+                "layers_tokens_per_s": 4.0}
+
+    monkeypatch.setattr(whole_model, "random_model_decode_speed", speed)
+    out = tmp_path / "whole_model.json"
+    rows = whole_model.measure({"name": "m"}, 3, out)
+    assert calls == [("m", True, 3), ("m", False, 3)]
+    assert json.loads(out.read_text()) == rows and [r["layers"] for r in rows] == ["persistent_decoder", "separate kernels"]

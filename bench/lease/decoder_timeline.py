@@ -25,7 +25,7 @@ import numpy as np
 from ptxgen.cli import compile_one
 from ptxgen.device import driver
 from ptxgen.dtypes import DTYPES
-from ptxgen.errors import PtxgenError
+from ptxgen.errors import exit_from
 from ptxgen.kernels.persistent_decoder import PHASES, layer_quants
 from ptxgen.quants import quant_type
 from ptxgen.runner import run
@@ -137,8 +137,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except PtxgenError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+    exit_from(main, sys.argv[1:])

@@ -13,7 +13,7 @@
 # decode attention at 4k/8k/32k keys with PDL and without, at two CTAs an SM and one
 # (attention.toml); prefill with mma.sync (against torch SDPA; 128- and 64-row CTAs) at 1k/4k and
 # wgmma (sm_90a; ping-pong, persistent) at 4k/8k; the 36-layer decoder at 8 warps and 12, also as
-# separate kernels (decoder.toml);
+# separate kernels (decoder.toml); whole-model decode with and without the lm_head (whole_model.py);
 # `pytest -m gpu` with what is left. `make bench` (every kernel, peers, whole-model decode) needs a
 # call of its own. Afterwards: copy $OUT under bench/results/ and run bench/model_check.py on the
 # JSON files.
@@ -35,8 +35,8 @@ lease log.txt 560
 echo "== $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv || true
 installed || exit 1
-# Peers once per kind, shapes and scalars: the specs' rows are variants of a few kernels (11 GEMV rows
-# of 4 shapes), and each peer set costs its own weight conversions and timings.
+# Peers once per kind, shapes and scalars: the specs' rows are variants of a few kernels (decode.toml's
+# 9 rows are 5 shapes), and each peer set costs its own weight conversions and timings.
 BENCH=(python3 -m ptxgen.cli bench --peers once)
 step "decode GEMVs" 150 "${BENCH[@]}" --spec bench/lease/decode.toml --graph --json "$OUT/decode.json"
 step "decode attention" 120 "${BENCH[@]}" --spec bench/lease/attention.toml --set seq_len=4096,8192,32768 \
@@ -46,11 +46,14 @@ step "prefill" 90 "${BENCH[@]}" --spec bench/lease/prefill.toml --set seq_len=10
 step "prefill_sm90a" 120 "${BENCH[@]}" --spec bench/lease/prefill_sm90a.toml --set seq_len=4096,8192 \
     --json "$OUT/prefill_sm90a.json"
 step "36-layer decoder" 320 "${BENCH[@]}" --spec bench/lease/decoder.toml --graph --json "$OUT/decoder.json"
+# Issue 12's step with the lm_head: whole-model decode (Qwen3-8B shapes, random Q4_K_M-like weights),
+# fused and as separate kernels, with the head and without.
+step "whole-model decode" 100 python3 bench/lease/whole_model.py --json "$OUT/whole_model.json"
 # Four workers (the GPU machine has 16 cores; pytest-xdist is in its image): one process passed only
 # ~100 and ~106 of the GPU tests in the 150 s of the 2026-11-27 and 2026-11-28 leases.
 step "pytest -m gpu" 150 python3 -m pytest -m gpu -q -n 4 -p no:cacheprovider
 echo "== done after $(( SECONDS - START )) s"
 # Nsight Compute on the prefill kernels and the 12288x4096 GEMV: bench/lease/profile.sh, a second
-# call if device time is left. Done once, on the H100 of 2026-11-27 (bench/results/H100-2026-11-27-lease),
-# and left out since: why the 36-layer decoder parts from its separate kernels (depth, not races; bench.SPREAD_MULTIPLE):
+# call if device time is left (run on 2026-11-27 and 2026-11-28). Done once, on the H100 of 2026-11-27
+# (bench/results/H100-2026-11-27-lease), and left out since: why the 36-layer decoder parts from its separate kernels (depth, not races; bench.SPREAD_MULTIPLE):
 #   python3 bench/lease/decoder_depth.py
