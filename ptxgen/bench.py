@@ -72,6 +72,9 @@ ALIGN = 256
 # 0.98-1.02 times the larger spread, 1.07-1.8 times the smaller): the check allows this many times
 # the larger spread where that is more than the kind's tolerance.
 SPREAD_MULTIPLE = 2.0
+# size_fits: a kernel's rows are fitted when their flop-per-byte ratios agree within this factor
+# (time then scales with bytes and flops alike; a causal prefill's grows with seq_len: no line).
+FIT_INTENSITY_SPREAD = 1.1
 
 
 # --- figures -----------------------------------------------------------------------------------------
@@ -569,10 +572,64 @@ def run_bench(spec_file: dict, plan: list[tuple[CompiledKernel, dict]], iters: i
                 timed_peers[key] = row
             results["rows"].append(row)
             row_done(results)
+        results["fits"] = size_fits(results)
         return results
     finally:
         if owned:
             worker.stop()
+
+
+def line_fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares (intercept, slope) of y against x."""
+    xs, ys = np.array([p[0] for p in points]), np.array([p[1] for p in points])
+    slope = float(np.sum((xs - xs.mean()) * (ys - ys.mean())) / np.sum((xs - xs.mean()) ** 2))
+    return float(ys.mean() - slope * xs.mean()), slope
+
+
+def streaming_line(rows: list[dict], figure: Callable[[dict], dict | None], copy_gbs: float) -> dict | None:
+    """time = fixed + bytes / rate through the rows' figure (per run, batched, a peer's), or None
+    where a row lacks it or the time does not grow with the bytes."""
+    figures = [figure(row) for row in rows]
+    if not all(f and "median_us" in f for f in figures):
+        return None
+    points = [(row["bytes"] / 1e3, f["median_us"]) for row, f in zip(rows, figures)]  # (KB, us)
+    fixed, slope = line_fit(points)
+    if slope <= 0:
+        return None
+    return {"fixed_us": fixed, "gbs": 1 / slope, "pct_copy_bw": 100 / slope / copy_gbs,
+            "worst_residual": max(abs(fixed + slope * kb - us) / us for kb, us in points)}
+
+
+def size_fits(results: dict) -> list[dict]:
+    """For each kernel timed at two or more sizes (runtime scalar sets moving different bytes) with
+    one flop-per-byte ratio: the straight line time = fixed + bytes / rate through its per-run
+    medians, its batched ones, and each peer's timed at every size. What a kernel spends whatever
+    its size (launch, ramp, tails, merges) apart from how fast it streams: a short run's % of copy
+    bandwidth mixes the two."""
+    copy_gbs = results["copy_bandwidth"]["gbs"]
+    by_kernel: dict[str, list[dict]] = {}
+    for row in results["rows"]:
+        if row["median_us"] is not None and row["bytes"] > 0:
+            by_kernel.setdefault(row["kernel"], []).append(row)
+    fits = []
+    for kernel, rows in by_kernel.items():
+        intensities = [row["flops"] / row["bytes"] for row in rows]
+        if len({row["bytes"] for row in rows}) < 2 or max(intensities) > FIT_INTENSITY_SPREAD * min(intensities):
+            continue
+        lines = {"per_run": streaming_line(rows, lambda row: row, copy_gbs),
+                 "batched": streaming_line(rows, lambda row: row.get("batch"), copy_gbs)}
+        names = [p["name"] for p in rows[0]["peers"] if "median_us" in p]
+        peers = {}
+        for name in names:
+            def peer(row, name=name):
+                return next((p for p in row["peers"] if p["name"] == name), None)
+            line = {"per_run": streaming_line(rows, peer, copy_gbs),
+                    "batched": streaming_line(rows, lambda row: (peer(row) or {}).get("batch"), copy_gbs)}
+            if any(line.values()):
+                peers[name] = line
+        if any(lines.values()):
+            fits.append({"kernel": kernel, "scalars": [row["scalars"] for row in rows], **lines, "peers": peers})
+    return fits
 
 
 def peer_key(compiled: CompiledKernel, scalars: dict) -> tuple:
@@ -669,6 +726,19 @@ def print_results(results: dict, out: Console, err: Console) -> None:
                           microseconds(row, 1), microseconds(step["one_by_one"], 1), microseconds(step["graph"], 1),
                           f"{wall['kernel']:.1f} / {wall['one_by_one']:.1f} / {wall['graph']:.1f}",
                           f"{step['one_by_one']['median_us'] / row['median_us']:.2f}x")
+        console.print(table)
+    fits = size_fits(results)
+    if fits:
+        table = Table("kernel", "sizes", "per run: fixed µs + GB/s (% copy bw)", "batched: fixed µs + GB/s (% copy bw)",
+                      "worst residual", title="fixed cost and streaming rate: a least-squares line through each "
+                      "kernel's times against its bytes")
+        for fit in fits:
+            sizes = "; ".join(describe_scalars(s) for s in fit["scalars"])
+            for name, line in [(fit["kernel"], fit), *((f"  peer {n}", p) for n, p in fit["peers"].items())]:
+                cells = [f"{f['fixed_us']:.2f} + {f['gbs']:.0f} ({f['pct_copy_bw']:.1f}%)" if f else ""
+                         for f in (line["per_run"], line["batched"])]
+                worst = max(f["worst_residual"] for f in (line["per_run"], line["batched"]) if f)
+                table.add_row(escape(name), sizes if line is fit else "", *cells, f"{worst:.1%}")
         console.print(table)
     notes = sorted({note for row in results["rows"] for note in row["notes"]})
     if any(figure.get("host_bound") for figure in timed_figures(results)):

@@ -378,6 +378,7 @@ def test_bench_checks_then_times_with_rotated_buffers_and_writes_json(sim, worke
         assert row["graph"]["median_us"] == pytest.approx(4.0, rel=1e-6)
         assert row["batch"]["median_us"] == pytest.approx(4.0, rel=1e-6) and row["batch"]["calls_per_event"] == 10
         assert row["sets"] * row["set_bytes"] >= 3 * SimulatedDriver.L2_BYTES, "buffers rotate past L2"
+    assert report["fits"] == [], "the simulated kernel takes 4 us at every size: no streaming line"
     assert "cuEventCreate" not in sim.names(), "the device work ran in the worker"
 
 
