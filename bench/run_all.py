@@ -16,12 +16,17 @@ with and without the lm_head). Writes bench/results/<device>-<date>.json
 (every figure) and a Markdown table next to it, including the performance targets and
 whether each is met.
 
+The JSON is rewritten after every row (its `planned_rows` says how many the run meant to make), so
+a run stopped by a time limit keeps what it made; `--out DIR` writes both files there instead (a
+lent GPU's $OUT: `timeout 570 python3 bench/run_all.py --out "$OUT"`).
+
 Exit status: 0 when every kernel passed its check (targets are reported, not enforced),
 1 when one failed, 2 without a GPU (the message says so).
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import re
 import sys
@@ -288,15 +293,27 @@ def markdown(results: dict, notes: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
+def stem_of(folder: Path, results: dict) -> Path:
+    """<folder>/<device>-<date>: where the run's .json and .md go."""
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", results["device"]["name"]).strip("-")
+    return folder / f"{slug}-{datetime.date.today().isoformat()}"
+
+
+def main(argv: list[str]) -> int:
     from rich.console import Console
 
     from ptxgen.bench import device_info, failures, print_results, run_bench, write_json
     from ptxgen.device import driver
+    from ptxgen.errors import PtxgenError
     from ptxgen.pipeline import compile_kernel, compile_spec
     from ptxgen.spec import load_spec
     from ptxgen.worker import DeviceWorker
 
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the JSON and Markdown files")
+    out = parser.parse_args(argv).out
+    if not out.is_dir():
+        raise PtxgenError(f"--out: {out} is not a folder")
     driver()  # no GPU: DeviceUnavailable, before anything costly
     spec = load_spec(SPEC)
     notes: list[str] = []
@@ -311,12 +328,13 @@ def main() -> int:
         kernels = [*compile_spec(spec.spec.model_copy(update={"kernels": tuple(configs)})).kernels,
                    compile_kernel(hopper, ("sm_90a",))]
         results = run_bench({"file": str(spec.path), "sha256": spec.sha256}, plan(kernels, notes), ITERS, graph=True,
-                            progress=lambda label: print(f"bench: {label}", file=sys.stderr), worker=worker)
+                            progress=lambda label: print(f"bench: {label}", file=sys.stderr), worker=worker,
+                            row_done=lambda so_far: write_json(stem_of(out, so_far).with_suffix(".json"),
+                                                               {**so_far, "notes": notes}))
         results["whole_model"] = whole_model(worker, notes)
     results["notes"] = notes
     print_results(results, Console(), Console(stderr=True))
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", results["device"]["name"]).strip("-")
-    stem = RESULTS / f"{slug}-{datetime.date.today().isoformat()}"
+    stem = stem_of(out, results)
     write_json(stem.with_suffix(".json"), results)
     stem.with_suffix(".md").write_text(markdown(results, notes))
     print(f"wrote {stem.with_suffix('.json')} and {stem.with_suffix('.md')}", file=sys.stderr)
@@ -332,4 +350,4 @@ def main() -> int:
 if __name__ == "__main__":
     from ptxgen.errors import exit_from
 
-    exit_from(main)
+    exit_from(main, sys.argv[1:])

@@ -102,14 +102,20 @@ def test_run_with_the_device_backend_without_a_gpu_exits_2(tmp_path):
     assert not (tmp_path / "out.npz").exists()
 
 
-def test_make_bench_script_without_a_gpu_exits_2():
+def test_make_bench_script_without_a_gpu_exits_2(tmp_path):
     import subprocess
 
-    result = subprocess.run([sys.executable, str(ROOT / "bench" / "run_all.py")], cwd=ROOT, capture_output=True,
-                            text=True, timeout=300)
+    def run_all(*args):
+        return subprocess.run([sys.executable, str(ROOT / "bench" / "run_all.py"), *args], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+
+    result = run_all()
     assert result.returncode == 2, result.stderr
     assert NO_DEVICE in one_line(result.stderr)
     assert "Traceback" not in result.stderr
+    missing = run_all("--out", str(tmp_path / "missing"))  # named before the missing GPU, nothing made
+    assert missing.returncode == 2 and missing.stderr.strip() == f"error: --out: {tmp_path / 'missing'} is not a folder"
+    assert not (tmp_path / "missing").exists()
 
 
 # --- 2. the runtime against a simulated driver -------------------------------------------------------
