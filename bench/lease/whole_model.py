@@ -2,7 +2,7 @@
 Q4_K_M-like weights (Q6_K lm_head), through the persistent decoder and through the separate
 kernels, in tokens/s with the head (final norm, lm_head, argmax, the token read back) and without
 it (generate.decode_speed: 32 greedy steps from an empty cache, so the attention is short). Issue
-12 asks for the step with the lm_head; `make bench` measures it, but no lease call holds `make bench`.
+12 asks for the step with the lm_head; `make bench` measures it too, but no lease call runs `make bench`.
 
     python3 bench/lease/whole_model.py [--tokens 32] [--json whole_model.json]
 
