@@ -12,7 +12,11 @@ is printed), and the model has no term for tensor-core pipes (prefill attention 
 compute-bound: its rows are listed, not judged). Where a row recorded the driver's occupancy
 (`occupancy`, from 2026-11-27 on), the model's resident CTAs an SM are printed beside it. The
 batched median (runs back to back between events, from 2026-11-28 on) is printed, not judged:
-the model's launch cost was measured with an event after every run.
+the model's launch cost was measured with an event after every run. For a kernel recorded at
+several sizes (decode attention's seq_len), the line time = fixed + bytes / rate through the
+measurements (bench.size_fits) is printed beside the same line through the model's two ends: on
+the H100 of 2026-11-27 decode attention measured 10.93 us + 2863 GB/s, the model's overlapped end
+6.32 us + 2983 GB/s: the model has its streaming rate and lacks 3-5 us of fixed cost.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import sys
 from pathlib import Path
 
 from ptxgen import perf
+from ptxgen.bench import line_fit, size_fits
 from ptxgen.kernels import config_from_json
 from ptxgen.pipeline import compile_kernel
 
@@ -50,7 +55,7 @@ def check_row(row: dict, gpu: perf.Gpu) -> dict:
     inside = low * (1 - MARGIN) <= measured <= high * (1 + MARGIN)
     judged = row["kind"] not in COMPUTE_BOUND
     return {"kernel": row["kernel"], "scalars": row["scalars"], "measured_us": measured, "batched_us": batched,
-            "model_us": (low, high), "tail_us": report["tail_time_us"],
+            "model_us": (low, high), "tail_us": report["tail_time_us"], "bytes": row["bytes"],
             "verdict": "inside" if inside else ("outside" if judged else "not judged (tensor cores)")}
 
 
@@ -64,6 +69,31 @@ def occupancy_line(row: dict) -> str:
     return (f"{row['kernel']:<28} CTAs an SM: driver {seen['ctas_per_sm']}, model {seen['model_ctas_per_sm']} "
             f"({seen['model_limiter']}){'' if occupancy_agrees(row) else '  DIFFERENT'}; registers {seen['registers']} / "
             f"{seen['model_registers']}, static shared {seen['static_shared']} / {seen['model_static_shared']} bytes")
+
+
+def line_text(fixed_us: float, gbs: float) -> str:
+    return f"{fixed_us:.2f} us + {gbs:.0f} GB/s"
+
+
+def fit_lines(data: dict, results: list[dict]) -> list[str]:
+    """For each kernel recorded at several sizes: its measured line, time = fixed + bytes / rate
+    (bench.size_fits), beside the same line through the model's overlapped and serialized ends."""
+    if not results:
+        return []
+    lines = []
+    for fit in size_fits(data):
+        measured = "; ".join(f"{name} {line_text(fit[name]['fixed_us'], fit[name]['gbs'])}"
+                             for name in ("per_run", "batched") if fit[name])
+        modelled = [r for r in results if r["kernel"] == fit["kernel"] and "model_us" in r]
+        model = ""
+        if len({r["bytes"] for r in modelled}) >= 2:
+            ends = []
+            for end, name in ((0, "overlapped"), (1, "serialized")):
+                fixed, slope = line_fit([(r["bytes"] / 1e3, r["model_us"][end]) for r in modelled])
+                ends.append(f"{name} {line_text(fixed, 1 / slope)}" if slope > 0 else f"{name} flat")
+            model = "; model " + ", ".join(ends)
+        lines.append(f"{fit['kernel']:<28} measured {measured}{model}")
+    return lines
 
 
 def main(argv: list[str]) -> int:
@@ -82,8 +112,10 @@ def main(argv: list[str]) -> int:
         print(f"\n{path} (commit {data.get('git_commit', '?')}, {data['device']['name']}{short})")
         print(f"{'kernel':<28} {'scalars':<18} {'measured us':>11} {'batched us':>10} {'model us':>17} {'tail us':>7}"
               "  verdict")
+        results = []
         for row in rows:
             result = check_row(row, gpu)
+            results.append(result)
             outside += result["verdict"] == "outside"
             scalars = ",".join(f"{k}={v}" for k, v in result["scalars"].items())
             if "model_us" in result:
@@ -94,6 +126,10 @@ def main(argv: list[str]) -> int:
             batched = f"{result['batched_us']:>10.2f}" if result.get("batched_us") else f"{'-':>10}"
             print(f"{result['kernel']:<28} {scalars:<18} {result['measured_us']:>11.2f} {batched} {model}  "
                   f"{result['verdict']}")
+        fits = fit_lines(data, results)
+        if fits:
+            print("\nfixed cost and streaming rate (a least-squares line through each kernel's sizes):\n"
+                  + "\n".join(fits))
         recorded = [row for row in data["rows"] if row.get("occupancy")]
         different += sum(not occupancy_agrees(row) for row in recorded)
         if recorded:

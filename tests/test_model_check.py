@@ -79,3 +79,20 @@ def test_a_results_file_cut_short_says_so(tmp_path, capsys):
                                 "rows": [{"kernel": "k", "median_us": None}]}))
     assert model_check.main([str(path)]) == 0
     assert f"{path} (commit abc, GPU; cut short: 1 of 3 rows)" in capsys.readouterr().out
+
+
+def test_the_decode_attention_line_shows_the_models_missing_fixed_cost():
+    """The H100's decode attention at 4k/8k/32k keys (2026-11-27) lies on 10.93 us + 2863 GB/s; the
+    same line through the model's overlapped end streams at about that rate but starts 3-5 us lower:
+    what the model lacks is fixed cost, not bandwidth."""
+    path = ROOT / "bench" / "results" / "H100-2026-11-27-lease" / "attention.json"
+    data, rows = model_check.rows_of(path)
+    gpu = perf.gpu_named("h100-sxm")
+    rows = [row for row in rows if row["kernel"] == "decode_attention"]
+    results = [model_check.check_row(row, gpu) for row in rows]
+    (line,) = model_check.fit_lines({**data, "rows": rows}, results)
+    assert line.startswith("decode_attention") and "measured per_run 10.93 us + 2863 GB/s" in line, line
+    measured_fixed, measured_slope = model_check.line_fit([(r["bytes"] / 1e3, r["median_us"]) for r in rows])
+    fixed, slope = model_check.line_fit([(r["bytes"] / 1e3, r["model_us"][0]) for r in results])
+    assert abs(measured_slope / slope - 1) < 0.1, "the overlapped end streams at the measured rate"
+    assert 3 < measured_fixed - fixed < 5, (measured_fixed, fixed)
