@@ -84,7 +84,7 @@ def fit_lines(data: dict, results: list[dict]) -> list[str]:
     for fit in size_fits(data):
         measured = "; ".join(f"{name} {line_text(fit[name]['fixed_us'], fit[name]['gbs'])}"
                              for name in ("per_run", "batched") if fit[name])
-        modelled = [r for r in results if r["kernel"] == fit["kernel"] and "model_us" in r]
+        modelled = [r for r in results if r["kernel"] in fit["kernels"] and "model_us" in r]
         model = ""
         if len({r["bytes"] for r in modelled}) >= 2:
             ends = []

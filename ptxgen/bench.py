@@ -600,19 +600,29 @@ def streaming_line(rows: list[dict], figure: Callable[[dict], dict | None], copy
             "worst_residual": max(abs(fixed + slope * kb - us) / us for kb, us in points)}
 
 
+def same_but_size(row: dict) -> str:
+    """What a row's kernel computes how, its size aside: the kind and the config without its name
+    and the kind's shape fields (Kind.shape_fields); the runtime scalars are sizes too."""
+    from .kernels import KINDS
+
+    shapes = KINDS[row["kind"]].shape_fields if row["kind"] in KINDS else ()
+    return json.dumps([row["kind"], {k: v for k, v in row["config"].items() if k not in shapes}], sort_keys=True)
+
+
 def size_fits(results: dict) -> list[dict]:
-    """For each kernel timed at two or more sizes (runtime scalar sets moving different bytes) with
-    one flop-per-byte ratio: the straight line time = fixed + bytes / rate through its per-run
-    medians, its batched ones, and each peer's timed at every size. What a kernel spends whatever
-    its size (launch, ramp, tails, merges) apart from how fast it streams: a short run's % of copy
+    """For each kernel timed at two or more sizes with one flop-per-byte ratio (runtime scalar sets
+    moving different bytes, or kernels of one kind and config but for their shape fields, as a
+    GEMV's n x k): the straight line time = fixed + bytes / rate through its per-run medians, its
+    batched ones, and each peer's timed at every size. What a kernel spends whatever its size
+    (launch, ramp, tails, merges) apart from how fast it streams: a short run's % of copy
     bandwidth mixes the two."""
     copy_gbs = results["copy_bandwidth"]["gbs"]
-    by_kernel: dict[str, list[dict]] = {}
+    groups: dict[str, list[dict]] = {}
     for row in results["rows"]:
         if row["median_us"] is not None and row["bytes"] > 0:
-            by_kernel.setdefault(row["kernel"], []).append(row)
+            groups.setdefault(same_but_size(row), []).append(row)
     fits = []
-    for kernel, rows in by_kernel.items():
+    for rows in groups.values():
         intensities = [row["flops"] / row["bytes"] for row in rows]
         if len({row["bytes"] for row in rows}) < 2 or max(intensities) > FIT_INTENSITY_SPREAD * min(intensities):
             continue
@@ -628,7 +638,9 @@ def size_fits(results: dict) -> list[dict]:
             if any(line.values()):
                 peers[name] = line
         if any(lines.values()):
-            fits.append({"kernel": kernel, "scalars": [row["scalars"] for row in rows], **lines, "peers": peers})
+            kernels = list(dict.fromkeys(row["kernel"] for row in rows))
+            fits.append({"kernel": " + ".join(kernels), "kernels": [row["kernel"] for row in rows],
+                         "scalars": [row["scalars"] for row in rows], **lines, "peers": peers})
     return fits
 
 
@@ -733,7 +745,7 @@ def print_results(results: dict, out: Console, err: Console) -> None:
                       "worst residual", title="fixed cost and streaming rate: a least-squares line through each "
                       "kernel's times against its bytes")
         for fit in fits:
-            sizes = "; ".join(describe_scalars(s) for s in fit["scalars"])
+            sizes = "; ".join(describe_scalars(s) or kernel for kernel, s in zip(fit["kernels"], fit["scalars"]))
             for name, line in [(fit["kernel"], fit), *((f"  peer {n}", p) for n, p in fit["peers"].items())]:
                 cells = [f"{f['fixed_us']:.2f} + {f['gbs']:.0f} ({f['pct_copy_bw']:.1f}%)" if f else ""
                          for f in (line["per_run"], line["batched"])]

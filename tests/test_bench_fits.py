@@ -12,7 +12,8 @@ COPY_GBS = 4000.0
 
 
 def row(kernel: str, seq_len: int, mbytes: float, fixed_us: float, gbs: float, flops_per_byte: float = 0.25,
-        batch: tuple[float, float] | None = None, peers: dict[str, tuple[float, float]] | None = None) -> dict:
+        batch: tuple[float, float] | None = None, peers: dict[str, tuple[float, float]] | None = None,
+        kind: str = "incremental_attention", config: dict | None = None) -> dict:
     """A timed row whose medians lie on fixed + bytes / rate (µs and GB/s), batched and peers alike."""
     nbytes = int(mbytes * 1e6)
 
@@ -20,7 +21,8 @@ def row(kernel: str, seq_len: int, mbytes: float, fixed_us: float, gbs: float, f
         return fixed + nbytes / rate / 1e3
 
     figure = {"median_us": at(fixed_us, gbs)}
-    return {"kernel": kernel, "scalars": {"seq_len": seq_len}, "bytes": nbytes, "flops": flops_per_byte * nbytes,
+    return {"kernel": kernel, "kind": kind, "config": config if config is not None else {"name_of": kernel},
+            "scalars": {"seq_len": seq_len} if seq_len else {}, "bytes": nbytes, "flops": flops_per_byte * nbytes,
             "median_us": figure["median_us"], "batch": {"median_us": at(*batch)} if batch else None,
             "peers": [{"name": name, "median_us": at(*line), "batch": None} for name, line in (peers or {}).items()],
             "passed": True}
@@ -70,3 +72,22 @@ def test_bench_prints_the_fits_beside_the_rows(capsys):
     text = capsys.readouterr().out
     assert "fixed cost and streaming rate" in text
     assert "7.50 + 3800 (95.0%)" in text and "5.00 + 3900 (97.5%)" in text
+
+
+def test_kernels_that_differ_only_in_shape_share_a_line():
+    """Q4_K GEMVs at three n x k (Kind.shape_fields) with one config share a line; another schedule
+    gets its own; one with a different CTA size, alone, none (the H200's figures, 2026-11-28)."""
+    def gemv(name, n, k, mb, fixed, gbs, **config):
+        return row(name, 0, mb, fixed, gbs, flops_per_byte=3.5, kind="q4k_gemv",
+                   config={"n": n, "k": k, "pdl": True, **config})
+
+    rows = [gemv("g12288x4096", 12288, 4096, 28.3, 2.96, 3911), gemv("g4096x12288", 4096, 12288, 28.3, 2.96, 3911),
+            gemv("g4096x4096", 4096, 4096, 9.4, 2.96, 3911),
+            gemv("q12288x4096", 12288, 4096, 28.3, 2.93, 2924, schedule="queue"),
+            gemv("q4096x4096", 4096, 4096, 9.4, 2.93, 2924, schedule="queue"),
+            gemv("w8", 4096, 4096, 9.4, 2.07, 3911, warps=8)]
+    static, queue = size_fits(results(*rows))
+    assert static["kernels"] == ["g12288x4096", "g4096x12288", "g4096x4096"]
+    assert static["kernel"] == "g12288x4096 + g4096x12288 + g4096x4096" and static["scalars"] == [{}, {}, {}]
+    assert static["per_run"]["fixed_us"] == pytest.approx(2.96) and static["per_run"]["gbs"] == pytest.approx(3911)
+    assert queue["kernels"] == ["q12288x4096", "q4096x4096"] and queue["per_run"]["gbs"] == pytest.approx(2924)

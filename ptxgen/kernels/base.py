@@ -178,6 +178,9 @@ class Kind:
     # Where that variant waits for the previous kernel: at the start of the body (base.ptx.j2),
     # or, if True, where the kind's template puts it (after loads of `stable` arrays only).
     pdl_wait_in_body: ClassVar[bool] = False
+    # Config fields that give the problem's size rather than how it is computed (a GEMV's n and k):
+    # bench.size_fits draws one line through kernels that differ only in these.
+    shape_fields: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config: KernelConfig):
         self.config = config

@@ -139,6 +139,7 @@ class Q4kGemv(Kind):
     Config = Q4kGemvConfig
     fused = False
     pdl_wait_in_body = True  # after the first weight loads (templates/q4k_gemv.ptx.j2)
+    shape_fields = ("n", "k", "matrices")  # the group kinds' matrices: name -> rows
 
     @property
     def quant(self) -> str:
