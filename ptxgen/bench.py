@@ -739,7 +739,7 @@ def print_results(results: dict, out: Console, err: Console) -> None:
                           f"{wall['kernel']:.1f} / {wall['one_by_one']:.1f} / {wall['graph']:.1f}",
                           f"{step['one_by_one']['median_us'] / row['median_us']:.2f}x")
         console.print(table)
-    fits = size_fits(results)
+    fits = results["fits"]  # run_bench's size_fits
     if fits:
         table = Table("kernel", "sizes", "per run: fixed µs + GB/s (% copy bw)", "batched: fixed µs + GB/s (% copy bw)",
                       "worst residual", title="fixed cost and streaming rate: a least-squares line through each "

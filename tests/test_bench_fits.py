@@ -67,8 +67,8 @@ def test_bench_prints_the_fits_beside_the_rows(capsys):
         r.update(p10_us=r["median_us"], p90_us=r["median_us"], gbs=1.0, tflops=1.0, pct_copy_bw=1.0, graph=None,
                  step=None, notes=[], checks=[])
         r["batch"]["pct_copy_bw"] = 1.0
-    print_results({**results(*rows), "device": {"name": "GPU", "arch": "sm_90", "driver": "13.0"}, "iters": 100},
-                  Console(), Console(stderr=True))  # not a terminal: the whole table on stdout
+    made = {**results(*rows), "device": {"name": "GPU", "arch": "sm_90", "driver": "13.0"}, "iters": 100}
+    print_results({**made, "fits": size_fits(made)}, Console(), Console(stderr=True))  # not a terminal: all on stdout
     text = capsys.readouterr().out
     assert "fixed cost and streaming rate" in text
     assert "7.50 + 3800 (95.0%)" in text and "5.00 + 3900 (97.5%)" in text
