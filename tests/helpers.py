@@ -110,3 +110,30 @@ def run_cli_in_process(*args: str) -> CliResult:
         except SystemExit as exit:
             code = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
     return CliResult(code, stdout.getvalue(), stderr.getvalue())
+
+
+def prefetched_lines(monkeypatch, launch) -> list[tuple[str, int]]:
+    """(array, byte offset) of every prefetch that `launch()` (interpreted launches) executes,
+    thread by thread; a prefetch outside every array fails."""
+    import importlib
+
+    from ptxgen.interp import ops
+
+    interp_launch = importlib.import_module("ptxgen.interp.launch")  # the module (the package exports its function)
+    seen = []
+
+    def recording(c):
+        space = c.space()
+        address = c.address(c.ops[0], space)
+
+        def record(st, sel):
+            addr = address(st, sel)
+            region = st.memory.locate(addr, 1)
+            assert (region >= 0).all(), "a prefetch outside every array"
+            seen.extend((st.memory.names[r], int(a - st.memory.bases[r])) for r, a in zip(region, addr))
+        return c.alu(record)
+
+    monkeypatch.setitem(ops.COMPILERS, "prefetch", recording)
+    monkeypatch.setattr(interp_launch, "_CACHE", {})     # compiled anew, with the recording prefetch
+    launch()
+    return seen

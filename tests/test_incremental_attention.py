@@ -13,11 +13,12 @@ from ptxgen.errors import LaunchError
 from ptxgen.interp import launch as interpret
 from ptxgen.kernels.families.attention import division_magic
 from ptxgen.kernels.incremental_attention import attention_reference, max_scale
+from ptxgen.pipeline import compile_kernel
 from ptxgen.runner import prepare_arrays, run
 from ptxgen.spec import load_spec
 from ptxgen.verify import compare, verify_kernel, verify_sizes
 
-from helpers import ROOT, assert_passes, make_config, make_kernel, resources, spec_kernel
+from helpers import ROOT, assert_passes, make_config, make_kernel, prefetched_lines, resources, spec_kernel
 
 QWEN3 = ROOT / "specs" / "qwen3.toml"
 
@@ -233,6 +234,35 @@ def test_tuning_knobs_keep_the_result(knobs, shape):
         assert field not in knobs or getattr(plan, field) == knobs[field], (field, plan)
     for seq_len in (1, min(3 * plan.tile + 5, 299), 300):
         assert_passes(verify_kernel(kernel, {"seq_len": seq_len}, seed=seq_len))
+
+
+@pytest.mark.parametrize("extra", [dict(pdl=True), dict(pdl=True, indirect_seq_len=True), dict()],
+                         ids=("pdl", "pdl_indirect", "plain"))
+def test_kv_prefetch_asks_for_each_chunks_first_keys_once_and_changes_no_bits(monkeypatch, extra):
+    """kv_prefetch_keys = N asks L2 for exactly the K and V lines of the first N keys of every
+    CTA's chunk (80-key chunks: N = 24 of a full one, all of a short last one, none of an empty
+    one or of an empty cache), each once, inside the cache; and on the portable PTX and on the
+    sm_90 one (with pdl: the requests before griddepcontrol.wait, which the sanitizer's PDL
+    check allows for a prefetch) the outputs keep the bits of the kernel without it."""
+    fields = dict(num_heads=8, num_kv_heads=2, head_dim=128, max_seq_len=300, sm_count=4, **extra)
+    archs = ("sm_80", "sm_90")
+    kernel = compile_kernel(make_config("incremental_attention", kv_prefetch_keys=24, **fields), archs, until="ptx")
+    plain = compile_kernel(make_config("incremental_attention", **fields), archs, until="ptx")
+    kind = kernel.definition
+    row = 128 * 2
+    for seq_len in (0, 37, 300):
+        inputs = kind.sample_inputs(np.random.default_rng(seq_len), {"seq_len": seq_len})
+        seen = prefetched_lines(monkeypatch, lambda: run(kernel, inputs, {"seq_len": seq_len}, arch="sm_90"))
+        assert len(seen) == len(set(seen)), "a line asked for twice"
+        chunk, splits = kind.plan.split(seq_len)
+        expected = {(cache, ((head * 300 + split * chunk) * row) + line * 128)
+                    for head in range(2) for split in range(splits) for cache in ("k_cache", "v_cache")
+                    for line in range(min(24, chunk, seq_len - split * chunk) * row // 128)}
+        assert set(seen) == expected, seq_len
+        monkeypatch.undo()
+        for arch in archs:
+            ours, theirs = (run(k, inputs, {"seq_len": seq_len}, arch=arch) for k in (kernel, plain))
+            assert np.array_equal(ours["out"].view(np.uint8), theirs["out"].view(np.uint8)), (seq_len, arch)
 
 
 @pytest.mark.parametrize("kv_dtype", ["f16", "bf16"])

@@ -45,7 +45,7 @@ def test_the_profile_script_names_kernels_its_specs_hold():
     for spec, name in calls:
         load_spec(ROOT / spec).spec.kernel(name)
     decoders = load_spec(LEASE / "decoder.toml").spec
-    for name in ("qwen3_8b_decoder", "qwen3_8b_decoder_12warps"):      # the timeline's
+    for name in ("qwen3_8b_decoder", "qwen3_8b_decoder_kv_prefetch"):  # the timeline's
         assert name in (LEASE / "profile.sh").read_text() and decoders.kernel(name).kind == "persistent_decoder"
 
 

@@ -27,7 +27,7 @@ from ptxgen.runner import prepare_arrays, run, run_step
 from ptxgen.spec import load_spec
 from ptxgen.verify import relative_l2, verify_kernel
 
-from helpers import ROOT, make_config, make_kernel, resources, run_cli, with_ptx
+from helpers import ROOT, make_config, make_kernel, prefetched_lines, resources, run_cli, with_ptx
 
 # The issue's small config: hidden 512, 4 query heads, 2 KV heads, head_dim 128, intermediate 1024.
 TINY = dict(hidden=512, num_heads=4, num_kv_heads=2, head_dim=128, intermediate=1024, max_seq_len=64)
@@ -665,33 +665,6 @@ def test_timeline_stamps_every_barrier_in_order_and_changes_no_bits():
     assert not rows[:, 3 + 2 * barriers:].any(), "words past the last barrier"
 
 
-def prefetched_lines(kernel, inputs, pos, monkeypatch) -> list[tuple[str, int]]:
-    """(array, byte offset) of every prefetch one launch executes, thread by thread."""
-    import importlib
-
-    from ptxgen.interp import ops
-
-    interp_launch = importlib.import_module("ptxgen.interp.launch")  # the module (the package exports its function)
-
-    seen = []
-
-    def recording(c):
-        space = c.space()
-        address = c.address(c.ops[0], space)
-
-        def record(st, sel):
-            addr = address(st, sel)
-            region = st.memory.locate(addr, 1)
-            assert (region >= 0).all(), "a prefetch outside every array"
-            seen.extend((st.memory.names[r], int(a - st.memory.bases[r])) for r, a in zip(region, addr))
-        return c.alu(record)
-
-    monkeypatch.setitem(ops.COMPILERS, "prefetch", recording)
-    monkeypatch.setattr(interp_launch, "_CACHE", {})     # compiled anew, with the recording prefetch
-    decoder_run(kernel, inputs, pos)
-    return seen
-
-
 @pytest.mark.parametrize("window", (1, 3))
 def test_l2_prefetch_asks_for_each_later_task_once(monkeypatch, window):
     """What l2_prefetch asks L2 for is exactly the weights the registers load later: every
@@ -700,7 +673,7 @@ def test_l2_prefetch_asks_for_each_later_task_once(monkeypatch, window):
     kernel = kernel_for(1, ctas=3, l2_prefetch=window)
     kind = kernel.definition
     inputs = base_inputs(1, "f16", seed=3)
-    seen = prefetched_lines(kernel, inputs, 5, monkeypatch)
+    seen = prefetched_lines(monkeypatch, lambda: decoder_run(kernel, inputs, 5))
     assert len(seen) == len(set(seen)), "a line asked for twice"
     warps = 3 * 8
     row_bytes = {name: inputs[name].shape[-1] for name in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")}
@@ -726,6 +699,43 @@ def test_l2_prefetch_asks_for_each_later_task_once(monkeypatch, window):
             else:
                 span("wo" if phase == "o" else "w_down", 2 * task, 2)
     assert set(seen) == expected
+
+
+@pytest.mark.parametrize("layers, pos, extra", [
+    (2, 37, dict(ctas=3, kv_prefetch_keys=5)),
+    (1, 300, dict(max_seq_len=512, sm_count=8, kv_dtype="f32", kv_prefetch_keys=100)),
+], ids=("two_items_a_cta", "more_lines_than_threads"))
+def test_kv_prefetch_asks_for_each_attention_items_first_keys_once_and_changes_no_bits(monkeypatch, layers, pos,
+                                                                                      extra):
+    """kv_prefetch_keys = N asks L2 for exactly the K and V lines of the first N keys of every
+    attention item, each once, in every layer (3 CTAs over 4 items: one CTA runs two; f32 rows of
+    4 lines, 80-key items: more lines than a CTA's threads), inside the caches (the recording
+    prefetch's bounds check), and the outputs keep the bits of the kernel without it."""
+    def decoder(**changed):
+        return make_kernel("persistent_decoder", name="pd", **{**TINY, **extra, **changed}, num_layers=layers)
+
+    kernel = decoder()
+    kind = kernel.definition
+    inputs = kind.sample_inputs(np.random.default_rng(pos), {"pos": pos})
+    plain = decoder_run(decoder(kv_prefetch_keys=0), inputs, pos)
+    seen = prefetched_lines(monkeypatch, lambda: decoder_run(kernel, inputs, pos))
+    assert len(seen) == len(set(seen)), "a line asked for twice"
+    config = kind.config
+    row = config.head_dim * inputs["k_cache"].itemsize
+    chunk, splits = kind.attention.split(pos + 1)
+    expected = set()
+    for layer in range(layers):
+        for head in range(config.num_kv_heads):
+            for split in range(splits):
+                keys = min(config.kv_prefetch_keys, chunk, pos + 1 - split * chunk)
+                first = ((layer * config.num_kv_heads + head) * config.max_seq_len + split * chunk) * row
+                expected.update((cache, first + line * 128) for cache in ("k_cache", "v_cache")
+                                for line in range(keys * row // 128))
+    assert set(seen) == expected
+    assert len(expected) == layers * kind.kv_prefetch_bytes(pos) // 128, "kv_prefetch_bytes, the model's count"
+    out = decoder_run(kernel, inputs, pos)
+    for name in ("x", "k_cache", "v_cache"):
+        assert np.array_equal(out[name].view(np.uint8), plain[name].view(np.uint8)), f"{name} differs"
 
 
 def test_gate_and_up_of_different_types_have_no_fused_kernel():

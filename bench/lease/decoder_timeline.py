@@ -8,7 +8,7 @@ barriers' spans (last arrival to last pass). Why: the 2026-11-27 step, 2338 us f
 bytes + the model's latency + tail, and nothing measured says which phases lose the time.
 
     python3 bench/lease/decoder_timeline.py bench/lease/decoder.toml qwen3_8b_decoder \\
-        qwen3_8b_decoder_12warps --pos 4095 --json decoder_timeline.json
+        qwen3_8b_decoder_kv_prefetch --pos 4095 --json decoder_timeline.json
 
 (several kernels of one shape share the sample inputs; the JSON maps each name to its summary).
 """

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The lease's second call, if device time is left after run.sh (same machine, still warm: its
 # /tmp/site install is reused): first where the 36-layer decoder's step goes, phase by phase
-# (bench/lease/decoder_timeline.py, at 8 warps and 12: issue 12's step sat at the model's
-# serialized end on 2026-11-27), then Nsight Compute on one launch each of the prefill
+# (bench/lease/decoder_timeline.py, the default and with kv_prefetch_keys: on 2026-11-28 the
+# attention phase ran 1621 GB/s and qkv 1933, against gate_up's 3975), then Nsight Compute on one launch each of the prefill
 # kernels issue 13 is about, at 4096 tokens, and on the 12288x4096 GEMV. Why: on 2026-11-27 the
 # sm_90a prefill ran 454 TFLOP/s at 4k and FlashAttention-3's register split with overlap 453, and
 # nothing measured says what the tensor cores wait on (pipe utilisation, warp stalls and where
@@ -26,10 +26,11 @@ profile() {
         ncu "${SECTIONS[@]}" -k regex:"^${name}\$" -c 1 python3 bench/lease/one_launch.py "$spec" "$name" "$@"
 }
 
-# The default first (where the step's time goes), then with 12 warps (which phases the extra
-# loads in flight shorten): the JSON is rewritten after each, so a cut keeps the first.
+# The default first (where the step's time goes), then with the attention phase's K/V requested
+# into L2 under phase A (does attention speed up, does qkv slow down?): the JSON is rewritten
+# after each, so a cut keeps the first.
 step "decoder timeline" 100 python3 bench/lease/decoder_timeline.py bench/lease/decoder.toml qwen3_8b_decoder \
-    qwen3_8b_decoder_12warps --pos 4095 --json "$OUT/decoder_timeline.json"
+    qwen3_8b_decoder_kv_prefetch --pos 4095 --json "$OUT/decoder_timeline.json"
 profile bench/lease/prefill_sm90a.toml prefill_sm90a seq_len=4096
 profile bench/lease/prefill_sm90a.toml prefill_sm90a_pingpong seq_len=4096
 profile bench/lease/prefill.toml prefill_mma seq_len=4096

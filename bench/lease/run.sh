@@ -10,9 +10,10 @@
 #
 # Steps: install; Q4_K GEMVs (the defaults, 8-warp CTAs at 4096x4096 plain and with the fused norm,
 # 4096x4096 without PDL), the fused gate|up group and the Q6_K lm_head (bench/lease/decode.toml);
-# decode attention at 4k/8k/32k keys with PDL and without, at two CTAs an SM and one
+# decode attention at 4k/8k/32k keys with PDL and without, and with its K/V requested into L2 first
 # (attention.toml); prefill with mma.sync (against torch SDPA; 128- and 64-row CTAs) at 1k/4k and
-# wgmma (sm_90a; ping-pong, persistent) at 4k/8k; the 36-layer decoder at 8 warps and 12, also as
+# wgmma (sm_90a; ping-pong, persistent) at 4k/8k; the 36-layer decoder at 8 warps and 12 and with its
+# attention K/V requested into L2 under phase A, also as
 # separate kernels (decoder.toml); whole-model decode with and without the lm_head (whole_model.py);
 # `pytest -m gpu` with what is left. `make bench` (every kernel, peers, whole-model decode) needs a
 # call of its own. Afterwards: copy $OUT under bench/results/ and run bench/model_check.py on the

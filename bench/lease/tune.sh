@@ -11,7 +11,8 @@
 # the ping-pong prefill's stages moved it by 5% at most. So now:
 #   - CTA size (warps 8, 16, 32 at the same rows a warp) at the other GEMV shapes: 12288x4096
 #     (3 rows a warp), 4096x12288 (6 steps a row) and the fused norm + q projection (4096x4096);
-#   - decode attention at 4k and 8k keys: warps a CTA and ring stages (keys in flight).
+#   - decode attention at 4k and 8k keys: the keys of its chunk a CTA requests into L2 before its
+#     PDL wait (kv_prefetch_keys: 128 is a whole 4k-key chunk, 256 an 8k one) and ring stages.
 #
 #   device run, carry [".whl"], command "bash bench/lease/tune.sh", timeout_s 230
 set -uo pipefail
@@ -30,6 +31,6 @@ tune() {
 tune 45 bench/lease/decode.toml gemv_12288x4096 --tune warps=8,16,32
 tune 45 bench/lease/decode.toml gemv_4096x12288 --tune warps=8,16,32
 tune 45 bench/lease/decode.toml attn_norm_q_proj --tune warps=8,16,32
-tune 60 bench/lease/attention.toml decode_attention --set seq_len=4096,8192 --tune warps=none,8 \
-    --tune stages=2,3,4
+tune 60 bench/lease/attention.toml decode_attention --set seq_len=4096,8192 --tune kv_prefetch_keys=0,128,256 \
+    --tune stages=2,3
 echo "== done after $(( SECONDS - START )) s"

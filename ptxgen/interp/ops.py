@@ -1216,7 +1216,8 @@ def _hint(c):
     """Performance hints with no effect on results: a prefetch into a cache level, a sleep (the
     scheduler picks who runs). A prefetch does not fault on hardware whatever its address, but one
     outside every array is a finding here, as a load there would be: no kernel of ours asks the
-    memory system for bytes it was not given."""
+    memory system for bytes it was not given. It reads no value, so a programmatic dependent
+    launch may issue it before griddepcontrol.wait, for any array."""
     c.need(1)
     if c.ins.base == "nanosleep":
         c.read(0, "u32")
@@ -1227,7 +1228,7 @@ def _hint(c):
     address = c.address(c.ops[0], space)
 
     def bounds(st, sel):
-        st.segments(space, address(st, sel), 1, st.indices(sel))
+        st.segments(space, address(st, sel), 1, st.indices(sel), hint=True)
     return c.alu(bounds)
 
 

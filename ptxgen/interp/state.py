@@ -296,10 +296,11 @@ class WaveState:
             return [(int(lo), addr - bases[lo], FULL)]
         return [(int(r), addr[p] - bases[r], p) for r in np.unique(region) for p in [np.flatnonzero(region == r)]]
 
-    def segments(self, space, addr, size, threads, align=None):
+    def segments(self, space, addr, size, threads, align=None, hint=False):
         """Split an access of `size` bytes per thread at `addr` (int64) into
         [(region, byte offsets, positions or FULL)] after bounds and alignment checks.
-        region is a global array index, 'shared' or 'local'."""
+        region is a global array index, 'shared' or 'local'. `hint`: a prefetch, which reads
+        no value, so a programmatic dependent launch may issue it before its wait."""
         align = align or size
         bad = addr % align != 0
         if bad.any():
@@ -309,13 +310,13 @@ class WaveState:
         if space == "generic":
             in_shared = (addr >= SHARED_WINDOW) & (addr < 2 * SHARED_WINDOW)
             if not in_shared.any():
-                return self.segments("global", addr, size, threads, align)
+                return self.segments("global", addr, size, threads, align, hint)
             if in_shared.all():
-                return self.segments("shared", addr - SHARED_WINDOW, size, threads, align)
+                return self.segments("shared", addr - SHARED_WINDOW, size, threads, align, hint)
             out = []
             for mask, space2, shift in ((in_shared, "shared", SHARED_WINDOW), (~in_shared, "global", 0)):
                 pos = np.flatnonzero(mask)
-                for region, off, p in self.segments(space2, addr[pos] - shift, size, threads[pos], align):
+                for region, off, p in self.segments(space2, addr[pos] - shift, size, threads[pos], align, hint):
                     out.append((region, off, pos if isinstance(p, slice) else pos[p]))
             return out
         if space == "global":
@@ -324,7 +325,7 @@ class WaveState:
                 parts = [(whole, addr - self.memory.bases[whole], FULL)]
             else:
                 parts = self.global_parts(addr, size, threads)
-            if self.before_wait is not None:
+            if self.before_wait is not None and not hint:
                 for r, _, p in parts:
                     self.check_dependent(r, threads[p])
             return parts

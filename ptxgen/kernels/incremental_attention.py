@@ -84,6 +84,15 @@ MAX_SEQ_LEN = 1 << 24
 # stay within 2^127 (1.7e38) in magnitude.
 MAX_SCORE = 2.0**127
 F16_MAX = 65504.0
+# KV_PREFETCH: a launch is about a fixed cost plus bytes at the streaming rate (H200, 2026-11-28,
+# ten launches between two events: 7.62 us + bytes / 3998 GB/s, 4k to 32k keys), and at 4k keys
+# the fixed cost is most of it. With kv_prefetch_keys = N every CTA first asks L2 for the first N
+# keys of its chunk (K and V rows, prefetch.global.L2, a thread a 128-byte line; the attention
+# family's kv_l2_prefetch): all of a 4k-key chunk (128 keys, 64 KB) is requested at once where
+# the ring keeps 32 KB a CTA in flight, and with `pdl` the requests go out before
+# griddepcontrol.wait (a prefetch reads no value; the length must be the scalar: seq_len_ptr may
+# be the previous kernel's), so they stream while the previous kernel of the stream drains. The
+# performance model counts neither. Not timed yet: off by default.
 
 
 class IncrementalAttentionConfig(PdlConfig):
@@ -105,6 +114,8 @@ class IncrementalAttentionConfig(PdlConfig):
     tile_keys: int | None = Field(default=None, ge=16, le=1024)
     stages: int = Field(default=2, ge=1, le=4)
     dims_per_warp: int | None = None
+    # Keys of its chunk (the first ones) a CTA requests into L2 as it starts (KV_PREFETCH); 0: none.
+    kv_prefetch_keys: int = Field(default=0, ge=0, le=MAX_SEQ_LEN)
 
     @model_validator(mode="after")
     def consistent(self) -> IncrementalAttentionConfig:
@@ -136,6 +147,7 @@ class IncrementalAttention(Kind):
     name = "incremental_attention"
     Config = IncrementalAttentionConfig
     ptx_version = (7, 0)
+    pdl_wait_in_body = True  # after kv_prefetch_keys' requests (templates/incremental_attention.ptx.j2)
 
     @property
     def plan(self) -> AttentionPlan:
@@ -183,15 +195,18 @@ class IncrementalAttention(Kind):
         plan = self.plan
         rule = (f"chunk = max({plan.tile}, round_up(ceil(L/{plan.max_splits}), {plan.group_keys})), "
                 f"splits = ceil(L/chunk), L = min(seq_len, {self.config.max_seq_len})")
+        prefetch = (f"; each CTA first requests the first {self.config.kv_prefetch_keys} keys of its chunk into L2"
+                    if self.config.kv_prefetch_keys else "")
         return (f"one CTA per (KV chunk, KV head) serving its {plan.group} query heads ({plan.warps} warps, "
                 f"{plan.stages} ring stages of {plan.tile} keys); {rule}; the last CTA of a KV head to finish "
-                "merges the splits")
+                f"merges the splits{prefetch}")
 
     def static_shared(self) -> int:
         return 4  # the merge flag
 
     def template_vars(self) -> dict:
-        return {"plan": self.plan, "indirect": self.config.indirect_seq_len}
+        return {"plan": self.plan, "indirect": self.config.indirect_seq_len,
+                "kv_prefetch_keys": self.config.kv_prefetch_keys}
 
     # --- runtime -----------------------------------------------------------------------------
     def scalar_limits(self) -> dict[str, tuple[int, int]]:

@@ -163,6 +163,16 @@ MAX_UNROLL = {"q4_k": 4, "q6_k": 1, "q8_0": 2}
 # 50 MB). Measured slower, so off by default: on an H200 (bench/results/H200-2026-11-28-lease)
 # the 36-layer step at pos 4095 took 2101.3 us with l2_prefetch = 2 against 2000.0 without.
 MAX_L2_PREFETCH = 4
+# KV_PREFETCH: the attention phase is the step's slowest per byte (H200, 2026-11-28, pos 4095:
+# 1621 GB/s against gate_up's 3975; bench/results/H200-2026-11-28-lease/decoder_timeline.json),
+# and its K/V rows below pos were written by earlier steps, so nothing orders their reads after
+# this layer's phase A. With kv_prefetch_keys = N each CTA asks L2 for the first N keys of every
+# attention item it will run (K and V rows, prefetch.global.L2, a thread a 128-byte line) at the
+# top of the layer, before phase A's barrier wait: those bytes stream under phase A, whose
+# 14.2 MB of weights ran at 1933 GB/s, and under the barrier before C, and C finds them in L2
+# (coherent: the row at pos that A writes later is written through L2). At pos 4095 a whole item
+# is 256 keys, 128 KB: 16 MB a layer beside A's weights, in a 50 MB L2; N caps what a long
+# context asks for (32k keys would be 134 MB a layer). Not timed yet: off by default.
 
 
 def task_spans(gate_up: bool, row_bytes: int) -> list[tuple[int, int]]:
@@ -222,6 +232,9 @@ class PersistentDecoderConfig(KernelConfig):
     # Tasks past the one its registers load that a warp keeps requested into L2 in the GEMV
     # phases (prefetch.global.L2: bytes in flight that hold no register; see L2_PREFETCH).
     l2_prefetch: int = Field(default=0, ge=0, le=MAX_L2_PREFETCH)
+    # Keys of each of its attention items (the first ones) that a CTA requests into L2 at the top
+    # of a layer, before phase A (see KV_PREFETCH); 0: none.
+    kv_prefetch_keys: int = Field(default=0, ge=0, le=MAX_POS)
     # Where a step's time goes: thread 0 of each CTA stamps %globaltimer into the workspace
     # `timeline` (see timeline_width) at its start and end and as it arrives at and passes each
     # grid barrier (bench/lease/decoder_timeline.py reads it). Off: no stamps, no parameter.
@@ -639,7 +652,19 @@ class PersistentDecoder(Kind):
             note += (f"; each warp keeps its next {c.l2_prefetch} GEMV task(s) requested into L2 ({c.l2_prefetch} x "
                      f"{task} bytes of {c.hidden}-wide Q4_K rows, {c.l2_prefetch * task * c.warps * c.ctas_per_sm // 1024} "
                      "KB a SM beyond what the registers load; the model's bytes in flight count register loads only)")
+        if c.kv_prefetch_keys:
+            note += (f"; each CTA requests the first {c.kv_prefetch_keys} keys of its attention items into L2 before "
+                     "phase A")
         return note
+
+    def kv_prefetch_bytes(self, pos: int) -> int:
+        """The K and V bytes a layer's kv_prefetch_keys request at pos: of every attention item,
+        its first kv_prefetch_keys keys."""
+        c = self.config
+        length = min(pos, c.max_seq_len - 1) + 1
+        chunk, splits = self.attention.split(length)
+        keys = sum(min(c.kv_prefetch_keys, chunk, length - split * chunk) for split in range(splits))
+        return 2 * c.num_kv_heads * keys * c.head_dim * DTYPES[c.kv_dtype].size
 
     def static_shared(self) -> int:
         return 4 * self.config.warps + 8  # warp sums of the RMS factor, the attention merge flag, a zero word
@@ -668,6 +693,7 @@ class PersistentDecoder(Kind):
             "threads": 32 * c.warps,
             "max_registers": MAX_REGISTERS[c.warps],
             "l2_prefetch": c.l2_prefetch,
+            "kv_prefetch_keys": c.kv_prefetch_keys,
             "task_spans": task_spans,
             "timeline": c.timeline,
             "timeline_width": self.timeline_width,
@@ -789,15 +815,19 @@ class PersistentDecoder(Kind):
         CTA overlaps, the last CTA's arrival waiting for its stores to be acknowledged (its
         fence), then its add reaching the word, which a waiter's poll brings back. Every barrier
         but the attention phase's precedes a GEMV phase whose first loads went out before the
-        wait (early_loads): those bytes stream through the barrier. Then each layer's split-KV
+        wait (early_loads): those bytes stream through the barrier; the attention phase's streams
+        the K/V that kv_prefetch_keys requested into L2 at the layer's top (kv_prefetch_bytes: the
+        model credits no more of them, though phase A's slack may stream more). Then each layer's split-KV
         count-in and merge (AttentionPlan.count_in_tail). The atomics and loads among them are
         one thread's here, so the load rounds of the mean warp hold only a fraction of them
         (returns_value False: nothing is taken back out of those rounds)."""
         c = self.config
         trips = BARRIER_ROUND_TRIPS
         what = "x (the last arrival's fence, its add reaching the word and a waiter's poll)"
-        steps = [TailStep(f"{c.num_layers} grid barriers before attention {what}", trips * c.num_layers,
-                          every_cta=True, returns_value=False)]
+        early = self.kv_prefetch_bytes(int(scalars.get("pos", 0)))
+        steps = [TailStep(f"{c.num_layers} grid barriers before attention {what}"
+                          + (f", {early} bytes of K/V requested into L2" if early else ""), trips * c.num_layers,
+                          every_cta=True, returns_value=False, overlapped_bytes=c.num_layers * early)]
         for phase, variants in self.variants.items():
             for variant in variants:
                 waits = sum(stop - start for start, stop in variant.runs) - (phase == "qkv" and variant.runs[0][0] == 0)
