@@ -11,8 +11,12 @@ that range by more than 10% is marked; the code may have changed since the recor
 is printed), and the model has no term for tensor-core pipes (prefill attention is
 compute-bound: its rows are listed, not judged). Where a row recorded the driver's occupancy
 (`occupancy`, from 2026-11-27 on), the model's resident CTAs an SM are printed beside it. The
-batched median (runs back to back between events, from 2026-11-28 on) is printed, not judged:
-the model's launch cost was measured with an event after every run. For a kernel recorded at
+model's launch cost is the card's: where the files hold kernels that move under TINY_BYTES (the
+lease's launch.toml), their median measured time less the model's own for them is taken as this
+card's fixed cost of a launch, per run and batched, in place of the table's (`perf.GPUS`: the H100
+of 2026-11-23, 3.9 us per run; none for the H200); then the batched medians (runs back to back
+between events, from 2026-11-28 on) are judged too, against the model priced with the batched
+cost, else only printed. For a kernel recorded at
 several sizes (decode attention's seq_len), the line time = fixed + bytes / rate through the
 measurements (bench.size_fits) is printed beside the same line through the model's two ends: on
 the H100 of 2026-11-27 decode attention measured 10.93 us + 2863 GB/s, the model's overlapped end
@@ -32,6 +36,10 @@ from ptxgen.kernels import config_from_json
 from ptxgen.pipeline import compile_kernel
 
 MARGIN = 0.10  # how far outside the model's range a measurement may sit before it is marked
+# Kernels moving fewer bytes are launch-bound: their time is the fixed cost of a launch plus the
+# model's sub-microsecond own (the H100 of 2026-11-23: rope, kv_append, residual_add and swiglu,
+# 2-100 KB, at 4.26-4.74 us a launch, 0.6-0.65 us of it the model's).
+TINY_BYTES = 256 * 1024
 COMPUTE_BOUND = {"flash_attention"}  # the model has no tensor-core term
 
 
@@ -49,14 +57,43 @@ def check_row(row: dict, gpu: perf.Gpu) -> dict:
     if "skipped" in report:
         return {"kernel": row["kernel"], "scalars": row["scalars"], "measured_us": row["median_us"],
                 "verdict": f"not judged ({report['skipped']})"}
-    low, high = report["estimate_us"]["overlapped"], report["estimate_us"]["serialized"]
-    measured = row["median_us"]
-    batched = (row.get("batch") or {}).get("median_us")
-    inside = low * (1 - MARGIN) <= measured <= high * (1 + MARGIN)
-    judged = row["kind"] not in COMPUTE_BOUND
-    return {"kernel": row["kernel"], "scalars": row["scalars"], "measured_us": measured, "batched_us": batched,
-            "model_us": (low, high), "tail_us": report["tail_time_us"], "bytes": row["bytes"],
-            "verdict": "inside" if inside else ("outside" if judged else "not judged (tensor cores)")}
+    launch = gpu.launch_us or 0.0
+    low, high = report["estimate_us"]["overlapped"] - launch, report["estimate_us"]["serialized"] - launch
+    result = {"kernel": row["kernel"], "scalars": row["scalars"], "measured_us": row["median_us"],
+              "batched_us": (row.get("batch") or {}).get("median_us"), "own_us": (low, high),
+              "tail_us": report["tail_time_us"], "bytes": row["bytes"], "judged": row["kind"] not in COMPUTE_BOUND}
+    return judge(result, {"per_run": gpu.launch_us})
+
+
+def judge(result: dict, launch: dict) -> dict:
+    """`result` with the model's range (its own time plus the per-run launch cost, 0 where none
+    is known) and the verdict on the per-run median, and, where a batched launch cost is known,
+    the verdict on the batched median against the model priced with it."""
+    low, high = result["own_us"]
+
+    def verdict(measured: float, fixed: float) -> str:
+        if (low + fixed) * (1 - MARGIN) <= measured <= (high + fixed) * (1 + MARGIN):
+            return "inside"
+        return "outside" if result["judged"] else "not judged (tensor cores)"
+
+    per_run = launch.get("per_run") or 0.0
+    judged = {**result, "model_us": (low + per_run, high + per_run), "verdict": verdict(result["measured_us"], per_run)}
+    if result["batched_us"] and launch.get("batched") is not None:
+        judged["batched_model_us"] = (low + launch["batched"], high + launch["batched"])
+        judged["batched_verdict"] = verdict(result["batched_us"], launch["batched"])
+    return judged
+
+
+def launch_costs(results: list[dict]) -> dict:
+    """The card's fixed cost of a launch, per run and batched: the median over the launch-bound
+    rows (fewer than TINY_BYTES moved) of the measured time less the model's own overlapped
+    time; None where no such row was timed that way."""
+    tiny = [r for r in results if "own_us" in r and r["bytes"] < TINY_BYTES]
+    costs = {}
+    for name, key in (("per_run", "measured_us"), ("batched", "batched_us")):
+        gaps = sorted(r[key] - r["own_us"][0] for r in tiny if r.get(key))
+        costs[name] = (gaps[(len(gaps) - 1) // 2] + gaps[len(gaps) // 2]) / 2 if gaps else None
+    return costs
 
 
 def occupancy_agrees(row: dict) -> bool:
@@ -102,21 +139,30 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--gpu", default=perf.DEFAULT_GPU, choices=sorted(perf.GPUS))
     args = parser.parse_args(argv)
     gpu = perf.gpu_named(args.gpu)
-    print(f"model: {gpu.name}, launch {gpu.launch_us} us, copy {gpu.bandwidth_gbs} GB/s, latency {gpu.latency_ns} ns, "
-          f"dependent issue {perf.DEPENDENT_ISSUE_CYCLES} cycles at {gpu.clock_ghz} GHz")
-    outside = different = 0
+    files = []
     for path in args.results:
         data, rows = rows_of(path)
+        files.append((path, data, rows, [check_row(row, gpu) for row in rows]))
+    derived = launch_costs([result for *_, results in files for result in results])
+    launch = {"per_run": derived["per_run"] if derived["per_run"] is not None else gpu.launch_us,
+              "batched": derived["batched"]}
+    source = {name: (f"{value:.2f} us (measured: launch-bound rows)" if derived[name] is not None else
+                     f"{value} us (the table's)" if value is not None else "not known")
+              for name, value in launch.items()}
+    print(f"model: {gpu.name}, launch per run {source['per_run']}, batched {source['batched']}, copy "
+          f"{gpu.bandwidth_gbs} GB/s, latency {gpu.latency_ns} ns, dependent issue {perf.DEPENDENT_ISSUE_CYCLES} "
+          f"cycles at {gpu.clock_ghz} GHz")
+    outside = batched_outside = different = 0
+    for path, data, rows, results in files:
         planned = data.get("planned_rows", len(data["rows"]))
         short = f"; cut short: {len(data['rows'])} of {planned} rows" if len(data["rows"]) < planned else ""
         print(f"\n{path} (commit {data.get('git_commit', '?')}, {data['device']['name']}{short})")
         print(f"{'kernel':<28} {'scalars':<18} {'measured us':>11} {'batched us':>10} {'model us':>17} {'tail us':>7}"
-              "  verdict")
-        results = []
-        for row in rows:
-            result = check_row(row, gpu)
-            results.append(result)
+              "  verdict (batched)")
+        results = [judge(result, launch) if "own_us" in result else result for result in results]
+        for result in results:
             outside += result["verdict"] == "outside"
+            batched_outside += result.get("batched_verdict") == "outside"
             scalars = ",".join(f"{k}={v}" for k, v in result["scalars"].items())
             if "model_us" in result:
                 low, high = result["model_us"]
@@ -124,8 +170,10 @@ def main(argv: list[str]) -> int:
             else:
                 model = f"{'-':>17} {'-':>7}"
             batched = f"{result['batched_us']:>10.2f}" if result.get("batched_us") else f"{'-':>10}"
+            against = (f" ({result['batched_verdict']}: {result['batched_model_us'][0]:.2f}.."
+                       f"{result['batched_model_us'][1]:.2f})" if "batched_verdict" in result else "")
             print(f"{result['kernel']:<28} {scalars:<18} {result['measured_us']:>11.2f} {batched} {model}  "
-                  f"{result['verdict']}")
+                  f"{result['verdict']}{against}")
         fits = fit_lines(data, results)
         if fits:
             print("\nfixed cost and streaming rate (a least-squares line through each kernel's sizes):\n"
@@ -134,8 +182,9 @@ def main(argv: list[str]) -> int:
         different += sum(not occupancy_agrees(row) for row in recorded)
         if recorded:
             print("\noccupancy (driver / model):\n" + "\n".join(map(occupancy_line, recorded)))
-    print(f"\n{outside} row(s) outside the model's range by more than {MARGIN:.0%}; {different} row(s) whose "
-          "occupancy the model got wrong")
+    judged_batched = f", {batched_outside} batched" if launch["batched"] is not None else ""
+    print(f"\n{outside} row(s){judged_batched} outside the model's range by more than {MARGIN:.0%}; {different} row(s) "
+          "whose occupancy the model got wrong")
     return 0
 
 

@@ -96,3 +96,35 @@ def test_the_decode_attention_line_shows_the_models_missing_fixed_cost():
     fixed, slope = model_check.line_fit([(r["bytes"] / 1e3, r["model_us"][0]) for r in results])
     assert abs(measured_slope / slope - 1) < 0.1, "the overlapped end streams at the measured rate"
     assert 3 < measured_fixed - fixed < 5, (measured_fixed, fixed)
+
+
+def test_launch_bound_rows_give_the_cards_launch_cost_and_batched_figures_are_judged_with_it():
+    """The median, over rows moving under TINY_BYTES, of measured less the model's own time is the
+    card's launch cost, per run and batched (an outlier does not move it); a larger row's batched
+    median is then judged against the model priced with the batched cost, its per-run one with
+    the per-run cost."""
+    def row(nbytes, own, measured, batched):
+        return {"kernel": "k", "scalars": {}, "bytes": nbytes, "own_us": own, "measured_us": measured,
+                "batched_us": batched, "tail_us": 0.0, "judged": True}
+
+    tiny = [row(8192, (0.5, 0.6), m, b) for m, b in ((4.5, 2.1), (4.6, 2.0), (9.9, 2.2))]
+    costs = model_check.launch_costs([*tiny, row(10**7, (5.0, 7.0), 12.0, 8.5)])
+    assert abs(costs["per_run"] - 4.1) < 1e-9 and abs(costs["batched"] - 1.6) < 1e-9, costs
+    judged = model_check.judge(row(10**7, (5.0, 7.0), 12.0, 8.5), costs)
+    assert judged["model_us"] == (9.1, 11.1) and judged["verdict"] == "inside"
+    assert judged["batched_model_us"] == (6.6, 8.6) and judged["batched_verdict"] == "inside"
+    assert model_check.judge(row(10**7, (5.0, 7.0), 12.0, 10.0), costs)["batched_verdict"] == "outside"
+    unknown = model_check.judge(row(10**7, (5.0, 7.0), 12.0, 8.5), {"per_run": 4.1, "batched": None})
+    assert "batched_verdict" not in unknown, "no batched cost: printed, not judged"
+    assert model_check.launch_costs([row(10**7, (5.0, 7.0), 12.0, 8.5)]) == {"per_run": None, "batched": None}
+
+
+def test_the_h100s_smallest_kernels_give_its_table_launch_cost():
+    """The H100 of 2026-11-23's launch-bound rows (norms, rope, kv_append, residual_add, swiglu)
+    give 4.0 us per run, beside the 3.9 us perf.GPUS took from four of them."""
+    _, rows = model_check.rows_of(ROOT / "bench" / "results" / "NVIDIA-H100-80GB-HBM3-2026-11-23.json")
+    gpu = perf.gpu_named("h100-sxm")
+    tiny = [model_check.check_row(row, gpu) for row in rows if row["bytes"] < model_check.TINY_BYTES]
+    assert len(tiny) >= 8
+    costs = model_check.launch_costs(tiny)
+    assert abs(costs["per_run"] - gpu.launch_us) < 0.2 and costs["batched"] is None, costs

@@ -10,14 +10,15 @@
 #
 # Steps: install; Q4_K GEMVs (the defaults, 8-warp CTAs at 4096x4096 plain and with the fused norm,
 # 4096x4096 without PDL), the fused gate|up group and the Q6_K lm_head (bench/lease/decode.toml);
-# decode attention at 4k/8k/32k keys with PDL and without, and with its K/V requested into L2 first
-# (attention.toml); prefill with mma.sync (against torch SDPA; 128- and 64-row CTAs) at 1k/4k and
-# wgmma (sm_90a; ping-pong, persistent) at 4k/8k; the 36-layer decoder at 8 warps and 12 and with its
-# attention K/V requested into L2 under phase A, also as
-# separate kernels (decoder.toml); whole-model decode with and without the lm_head (whole_model.py);
-# `pytest -m gpu` with what is left. `make bench` (every kernel, peers, whole-model decode) needs a
-# call of its own. Afterwards: copy $OUT under bench/results/ and run bench/model_check.py on the
-# JSON files.
+# the smallest decode kernels, for the card's launch cost per run and batched (launch.toml);
+# decode attention at 4k/8k/32k keys with PDL and without, and with its K/V requested into L2
+# first (attention.toml); prefill with mma.sync (against torch SDPA; 128- and 64-row CTAs) at
+# 1k/4k and wgmma (sm_90a; ping-pong, persistent) at 4k/8k; the 36-layer decoder at 8 warps and
+# 12 and with its attention K/V requested into L2 under phase A, also as separate kernels
+# (decoder.toml); whole-model decode with and without the lm_head (whole_model.py); `pytest -m
+# gpu` with what is left. `make bench` (every kernel, peers, whole-model decode) needs a call of
+# its own. Afterwards: copy $OUT under bench/results/ and run bench/model_check.py on the JSON
+# files (launch.json with the others: it gives the card's launch cost).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -40,6 +41,8 @@ installed || exit 1
 # 9 rows are 5 shapes), and each peer set costs its own weight conversions and timings.
 BENCH=(python3 -m ptxgen.cli bench --peers once)
 step "decode GEMVs" 150 "${BENCH[@]}" --spec bench/lease/decode.toml --graph --json "$OUT/decode.json"
+# The card's launch cost, per run and batched (model_check judges every row with it).
+step "launch cost" 40 "${BENCH[@]}" --spec bench/lease/launch.toml --json "$OUT/launch.json"
 step "decode attention" 120 "${BENCH[@]}" --spec bench/lease/attention.toml --set seq_len=4096,8192,32768 \
     --json "$OUT/attention.json"
 # Each prefill at the lengths its targets name (mma.sync: 1k and 4k; wgmma: 4k and 8k).
