@@ -665,6 +665,26 @@ def test_timeline_stamps_every_barrier_in_order_and_changes_no_bits():
     assert not rows[:, 3 + 2 * barriers:].any(), "words past the last barrier"
 
 
+def task_lines(kind, inputs, phase: str, task: int) -> set[tuple[str, int]]:
+    """(matrix, byte offset) of every 128-byte line of a GEMV phase's warp task (two rows, or
+    gate row i and up row i) in a one-layer decoder's all-Q4_K weights."""
+    row_bytes = {name: inputs[name].shape[-1] for name in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")}
+
+    def span(name, row, rows):
+        start = row * row_bytes[name]
+        return {(name, start + line * 128) for line in range(-(-rows * row_bytes[name] // 128))}
+
+    if phase == "gate_up":
+        return span("w_gate", task, 1) | span("w_up", task, 1)
+    if phase == "qkv":
+        row = 2 * task
+        for name, rows in (("wq", kind.q_dim), ("wk", kind.kv_dim), ("wv", kind.kv_dim)):
+            if row < rows:
+                return span(name, row, 2)
+            row -= rows
+    return span("wo" if phase == "o" else "w_down", 2 * task, 2)
+
+
 @pytest.mark.parametrize("window", (1, 3))
 def test_l2_prefetch_asks_for_each_later_task_once(monkeypatch, window):
     """What l2_prefetch asks L2 for is exactly the weights the registers load later: every
@@ -676,29 +696,29 @@ def test_l2_prefetch_asks_for_each_later_task_once(monkeypatch, window):
     seen = prefetched_lines(monkeypatch, lambda: decoder_run(kernel, inputs, 5))
     assert len(seen) == len(set(seen)), "a line asked for twice"
     warps = 3 * 8
-    row_bytes = {name: inputs[name].shape[-1] for name in ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")}
-    expected = set()
-
-    def span(name, row, rows):
-        start = row * row_bytes[name]
-        expected.update((name, start + line * 128) for line in range(-(-rows * row_bytes[name] // 128)))
-
-    rows_of = {"wq": kind.q_dim, "wk": kind.kv_dim, "wv": kind.kv_dim}
-    for phase, tasks in kind.tasks().items():
-        for task in range(warps, tasks):                   # every task but the warps' first
-            if phase == "gate_up":
-                span("w_gate", task, 1)
-                span("w_up", task, 1)
-            elif phase == "qkv":
-                row = 2 * task
-                for name in ("wq", "wk", "wv"):
-                    if row < rows_of[name]:
-                        span(name, row, 2)
-                        break
-                    row -= rows_of[name]
-            else:
-                span("wo" if phase == "o" else "w_down", 2 * task, 2)
+    expected = set().union(*(task_lines(kind, inputs, phase, task) for phase, tasks in kind.tasks().items()
+                             for task in range(warps, tasks)))     # every task but the warps' first
     assert set(seen) == expected
+
+
+@pytest.mark.parametrize("window", (1, 3))
+def test_barrier_prefetch_asks_for_the_next_tasks_at_the_barrier_only(monkeypatch, window):
+    """barrier_prefetch = P asks L2, at each phase's start, for exactly the lines of each warp's
+    P tasks after its first (3 CTAs: 24 warps, 2 to 21 tasks each, so the window covers all of
+    some phases and part of others), each once, and nothing during the phases; the outputs keep
+    the bits of the kernel without it."""
+    kernel = kernel_for(1, ctas=3, barrier_prefetch=window)
+    kind = kernel.definition
+    inputs = base_inputs(1, "f16", seed=3)
+    seen = prefetched_lines(monkeypatch, lambda: decoder_run(kernel, inputs, 5))
+    assert len(seen) == len(set(seen)), "a line asked for twice"
+    warps = 3 * 8
+    expected = set().union(*(task_lines(kind, inputs, phase, task) for phase, tasks in kind.tasks().items()
+                             for task in range(warps, min(tasks, (window + 1) * warps))))
+    assert set(seen) == expected
+    out, plain = (decoder_run(k, inputs, 5) for k in (kernel, kernel_for(1, ctas=3)))
+    for name in ("x", "k_cache", "v_cache"):
+        assert np.array_equal(out[name].view(np.uint8), plain[name].view(np.uint8)), f"{name} differs"
 
 
 @pytest.mark.parametrize("layers, pos, extra", [

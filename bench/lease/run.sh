@@ -13,12 +13,13 @@
 # the smallest decode kernels, for the card's launch cost per run and batched (launch.toml);
 # decode attention at 4k/8k/32k keys with PDL and without, and with its K/V requested into L2
 # first (attention.toml); prefill with mma.sync (against torch SDPA; 128- and 64-row CTAs) at
-# 1k/4k and wgmma (sm_90a; ping-pong, persistent) at 4k/8k; the 36-layer decoder at 8 warps and
-# 12 and with its attention K/V requested into L2 under phase A, also as separate kernels
-# (decoder.toml); whole-model decode with and without the lm_head (whole_model.py); `pytest -m
-# gpu` with what is left. `make bench` (every kernel, peers, whole-model decode) needs a call of
-# its own. Afterwards: copy $OUT under bench/results/ and run bench/model_check.py on the JSON
-# files (launch.json with the others: it gives the card's launch cost).
+# 1k/4k and wgmma (sm_90a; ping-pong, persistent) at 4k/8k; the 36-layer decoder (decoder.toml):
+# the default, with its attention's K/V requested into L2 under phase A, with its GEMV tasks
+# requested at the barriers, and both, each also as separate kernels; whole-model decode with
+# and without the lm_head (whole_model.py); `pytest -m gpu` with what is left. `make bench` (every
+# kernel, peers, whole-model decode) needs a call of its own. Afterwards: copy $OUT under
+# bench/results/ and run bench/model_check.py on the JSON files (launch.json with the others: it
+# gives the card's launch cost).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 

@@ -69,7 +69,8 @@ loads of a task being the next task's first (no drain between tasks). Staging on
 instead of twice halves the redundant activation reads.
 `l2_prefetch = P` (L2_PREFETCH) has each warp keep its next P tasks of a GEMV phase requested
 into L2 beside them (prefetch.global.L2, a lane a 128-byte line; the first P before the phase's
-barrier wait): weight bytes in flight that hold no register. `timeline = true` adds the workspace
+barrier wait): weight bytes in flight that hold no register; `barrier_prefetch = P` requests only
+those first P, at each segment's start (BARRIER_PREFETCH). `timeline = true` adds the workspace
 `timeline` (timeline_width words a CTA) where thread 0 of each CTA stamps %globaltimer as it
 starts, arrives at and passes each grid barrier, and ends: bench/lease/decoder_timeline.py makes
 each phase's and barrier's share of the step from it. Neither changes a result bit.
@@ -163,6 +164,15 @@ MAX_UNROLL = {"q4_k": 4, "q6_k": 1, "q8_0": 2}
 # 50 MB). Measured slower, so off by default: on an H200 (bench/results/H200-2026-11-28-lease)
 # the 36-layer step at pos 4095 took 2101.3 us with l2_prefetch = 2 against 2000.0 without.
 MAX_L2_PREFETCH = 4
+# BARRIER_PREFETCH: the H200's timeline (2026-11-28, pos 4095) has the grid barriers before the
+# GEMV phases at 2.1-2.5 us each (143 of them a step, 327 us) against 1.17 us for the one before
+# attention, which no weight loads cross: a waiter's poll queues behind the 48 KB a SM of first
+# weight loads, which stream only ~1.2 us of the barrier at 4.2 TB/s. With barrier_prefetch = P
+# each warp also requests its next P tasks into L2 at the segment's start (before the barrier's
+# wait for a phase's first segment): P x 4.9 MB more a barrier for a 4096-wide phase (Q4_K, 1056
+# warps), the whole 28 MB of down's weights at P = 2, in a 50 MB L2; and, unlike l2_prefetch,
+# nothing during the phase (no instructions a task, no requests queued before the loads a warp
+# waits for while DRAM is already busy). Not timed yet: off by default.
 # KV_PREFETCH: the attention phase is the step's slowest per byte (H200, 2026-11-28, pos 4095:
 # 1621 GB/s against gate_up's 3975; bench/results/H200-2026-11-28-lease/decoder_timeline.json),
 # and its K/V rows below pos were written by earlier steps, so nothing orders their reads after
@@ -232,6 +242,9 @@ class PersistentDecoderConfig(KernelConfig):
     # Tasks past the one its registers load that a warp keeps requested into L2 in the GEMV
     # phases (prefetch.global.L2: bytes in flight that hold no register; see L2_PREFETCH).
     l2_prefetch: int = Field(default=0, ge=0, le=MAX_L2_PREFETCH)
+    # Tasks past its first that a warp requests into L2 at a GEMV segment's start only (before the
+    # phase's barrier wait; see BARRIER_PREFETCH); l2_prefetch's window, where larger, covers them.
+    barrier_prefetch: int = Field(default=0, ge=0, le=MAX_L2_PREFETCH)
     # Keys of each of its attention items (the first ones) that a CTA requests into L2 at the top
     # of a layer, before phase A (see KV_PREFETCH); 0: none.
     kv_prefetch_keys: int = Field(default=0, ge=0, le=MAX_POS)
@@ -652,10 +665,18 @@ class PersistentDecoder(Kind):
             note += (f"; each warp keeps its next {c.l2_prefetch} GEMV task(s) requested into L2 ({c.l2_prefetch} x "
                      f"{task} bytes of {c.hidden}-wide Q4_K rows, {c.l2_prefetch * task * c.warps * c.ctas_per_sm // 1024} "
                      "KB a SM beyond what the registers load; the model's bytes in flight count register loads only)")
+        if c.barrier_prefetch > c.l2_prefetch:
+            note += (f"; at each GEMV segment's start (before its barrier's wait) each warp requests its next "
+                     f"{c.barrier_prefetch} task(s) into L2")
         if c.kv_prefetch_keys:
             note += (f"; each CTA requests the first {c.kv_prefetch_keys} keys of its attention items into L2 before "
                      "phase A")
         return note
+
+    @property
+    def start_prefetch(self) -> int:
+        """Tasks past its first that a warp requests into L2 at a GEMV segment's start."""
+        return max(self.config.l2_prefetch, self.config.barrier_prefetch)
 
     def kv_prefetch_bytes(self, pos: int) -> int:
         """The K and V bytes a layer's kv_prefetch_keys request at pos: of every attention item,
@@ -693,6 +714,7 @@ class PersistentDecoder(Kind):
             "threads": 32 * c.warps,
             "max_registers": MAX_REGISTERS[c.warps],
             "l2_prefetch": c.l2_prefetch,
+            "start_prefetch": self.start_prefetch,
             "kv_prefetch_keys": c.kv_prefetch_keys,
             "task_spans": task_spans,
             "timeline": c.timeline,
@@ -845,7 +867,7 @@ class PersistentDecoder(Kind):
     def early_loads(self, phase: str, variant: PhaseVariant) -> int:
         """The bytes of weights a GEMV phase variant has in flight at its grid barrier's wait:
         every warp with a task in the first segment, its first task's first plan.unroll
-        row-steps (a partial step's lanes only), and the 128-byte lines of the next l2_prefetch
+        row-steps (a partial step's lanes only), and the 128-byte lines of the next start_prefetch
         tasks it has there (a task's two rows: one span, or gate_up's a span each)."""
         segment = variant.segments[0]
         plan = segment.plan
@@ -854,7 +876,7 @@ class PersistentDecoder(Kind):
         per_warp = sum(plan.step_bytes * (plan.partial_lanes if plan.is_partial(item) else 32) // 32
                        for item in plan.items[:plan.unroll])
         prefetched = sum(max(0, min(all_warps, tasks - ahead * all_warps))
-                         for ahead in range(1, self.config.l2_prefetch + 1))
+                         for ahead in range(1, self.start_prefetch + 1))
         lines = sum(ceil_div(nbytes, 128) for _, nbytes in task_spans(phase == "gate_up", plan.row_bytes))
         return min(all_warps, tasks) * per_warp + prefetched * lines * 128
 
