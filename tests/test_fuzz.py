@@ -373,7 +373,8 @@ def test_run_npz_inputs(run_spec, tmp_path_factory, data, kernel):
 
 
 # --- `--tune` options: fields and values as a user might mistype them ----------------------------------------
-TUNE_KNOBS = ["unroll", "rows_per_warp", "split_k", "warps", "schedule", "l1_no_allocate", "l2_prefetch", "pdl"]
+TUNE_KNOBS = ["unroll", "rows_per_warp", "split_k", "warps", "schedule", "l1_no_allocate", "l2_prefetch", "pdl",
+              "prefetch_rows"]
 TUNE_FIELDS = TUNE_KNOBS * 3 + ["k", "n", "name", "kind", "sm90a", "sm90a.stages", "unroll.x", "", "=", " unroll",
                                 "Unroll", "rows-per-warp"]
 TUNE_VALUES = st.one_of(st.integers(1, 4).map(str), st.sampled_from(["true", "false", "none", "static", "queue"]),

@@ -27,7 +27,7 @@ from ptxgen.runner import prepare_arrays, run
 from ptxgen.spec import load_spec
 from ptxgen.verify import compare
 
-from helpers import ROOT, make_config, make_kernel, resources, run_cli_in_process, with_ptx
+from helpers import ROOT, make_config, make_kernel, prefetched_lines, resources, run_cli_in_process, with_ptx
 
 QUANT = {"q6k_gemv": "q6_k", "q8_0_gemv": "q8_0"}
 KINDS = tuple(QUANT)
@@ -332,3 +332,37 @@ def test_cli_run_takes_a_q6k_weight_from_gguf(tmp_path):
                                "--outputs", str(tmp_path / "bad.npz"), "--backend", "emulator",
                                "--gguf", str(model_path), "--tensor", "blk.0.attn_q.weight")
     assert wrong.returncode == 2 and "is Q4_K, expected Q6_K" in wrong.stderr
+
+
+@pytest.mark.parametrize("kind, fields", [
+    ("q4k_gemv", dict(n=301, k=2304)),                                   # static; a 1-row last unit
+    ("q4k_gemv", dict(n=700, k=512, schedule="queue", sm_count=3)),      # queue: each CTA's first unit
+    ("q6k_gemv", dict(n=100, k=512)),                                    # 420-byte rows: lines shared by units
+    ("fused_rmsnorm_q4k_gemv_group", dict(k=512, matrices={"q": 64, "k": 32})),   # a unit per matrix
+], ids=("static", "queue", "q6k", "fused_group"))
+def test_prefetch_rows_asks_for_each_ctas_rows_and_changes_no_bits(monkeypatch, kind, fields):
+    """prefetch_rows asks L2 for every 128-byte line of each CTA's rows (its first unit's with the
+    queue), once a CTA (a line two units share, twice), inside the weights; on the portable PTX
+    and on the PDL one (the requests before griddepcontrol.wait, which the sanitizer's PDL check
+    allows for a prefetch) the outputs keep the bits of the kernel without it."""
+    archs = ("sm_80", "sm_90")
+    kernel = compile_kernel(make_config(kind, name="kern", pdl=True, prefetch_rows=True, **fields), archs, until="ptx")
+    plain = compile_kernel(make_config(kind, name="kern", pdl=True, **fields), archs, until="ptx")
+    definition = kernel.definition
+    plan = definition.plan
+    inputs = definition.sample_inputs(np.random.default_rng(5), {})
+    seen = prefetched_lines(monkeypatch, lambda: run(kernel, inputs, {}, arch="sm_90"))
+    expected = []
+    units = [(name, n, unit) for (name, n), count in zip(definition.matrices.items(), plan.matrix_units)
+             for unit in range(count)]
+    for name, n, unit in units[:plan.ctas]:
+        first = unit * plan.rows_per_cta * plan.row_bytes
+        last = min(n, (unit + 1) * plan.rows_per_cta) * plan.row_bytes - 1
+        expected += [(f"w{name}", max(first, line * 128)) for line in range(first // 128, last // 128 + 1)]
+    assert sorted(seen) == sorted(expected)
+    monkeypatch.undo()
+    for arch in archs:
+        ours, theirs = (run(k, inputs, {}, arch=arch) for k in (kernel, plain))
+        for param in kernel.params:
+            if param.written:
+                assert np.array_equal(ours[param.name].view(np.uint8), theirs[param.name].view(np.uint8)), arch

@@ -65,6 +65,16 @@ def check_k(k: int, quant: str) -> int:
     return k
 
 
+# PREFETCH_ROWS: a launch is about a fixed cost plus its bytes at the streaming rate (H200,
+# 2026-11-28, ten launches between two events: 2.96 us + bytes / 3911 GB/s), and PDL lets the next
+# launch's CTAs start as the previous grid's free an SM, where, before their griddepcontrol.wait,
+# they load only the first row-steps the registers hold. With prefetch_rows each CTA also asks L2
+# for every 128-byte line of its rows there (prefetch.global.L2, a thread a line: 1.7 a thread for
+# 12288 x 4096's 96-row CTAs of 32 warps), so its weights stream while the previous kernel drains
+# and the row loop finds them in L2. The performance model does not count it. Not timed yet: off
+# by default.
+
+
 def gamma(m: int) -> float:
     """Higham's gamma_m = m u / (1 - m u) for f32: the relative error bound of m roundings."""
     u = UNIT_ROUNDOFF["f32"]
@@ -83,6 +93,9 @@ class QuantGemvTuning(PdlConfig):
     unroll: int | None = Field(default=None, ge=1, le=4)
     l1_no_allocate: bool = False
     l2_prefetch: Literal[0, 64, 128, 256] = 0
+    # Each CTA first requests all of its rows (with the queue, its first unit's) into L2, before its
+    # PDL wait (PREFETCH_ROWS).
+    prefetch_rows: bool = False
     # static: a CTA a unit of rows; queue: a persistent grid takes units from a work counter
     # (the `queue` workspace); None: queue where the grid gets at least 4 units a CTA
     # (FORMATS["q4_k"].min_queue_rounds).
@@ -183,8 +196,10 @@ class Q4kGemv(Kind):
         rows = f"{p.rows_per_cta} rows ({p.rows_per_warp} per warp{split})"
         unit = (f"{p.ctas} CTAs take {p.units} units of {rows} from a work counter" if p.queue
                 else f"{rows} per CTA")
+        prefetch = (f"; each CTA first requests its {'first unit' if p.queue else 'rows'} into L2"
+                    if self.config.prefetch_rows else "")
         return (f"{unit}; a warp step covers 2048 weights of a row (64 a lane: {p.step_bytes} bytes of "
-                f"{self.quant.upper()} blocks), {p.unroll} row-steps of loads in flight")
+                f"{self.quant.upper()} blocks), {p.unroll} row-steps of loads in flight{prefetch}")
 
     def static_shared(self) -> int:
         tickets = 8 if self.plan.queue else 0  # the next two units
@@ -198,7 +213,8 @@ class Q4kGemv(Kind):
             start += units
         weight_rows = [("%wq", "%wh", r * plan.row_bytes) for r in range(plan.rows_per_trip)]
         return {"plan": plan, "matrices": matrices, "weight_rows": weight_rows, "max_registers": MAX_REGISTERS,
-                "fused": self.fused, "eps": getattr(self.config, "eps", 0.0), "early_loads": self.early_loads}
+                "fused": self.fused, "eps": getattr(self.config, "eps", 0.0), "early_loads": self.early_loads,
+                "prefetch_rows": self.config.prefetch_rows}
 
     @property
     def early_loads(self) -> bool:
