@@ -685,37 +685,26 @@ def task_lines(kind, inputs, phase: str, task: int) -> set[tuple[str, int]]:
     return span("wo" if phase == "o" else "w_down", 2 * task, 2)
 
 
-@pytest.mark.parametrize("window", (1, 3))
-def test_l2_prefetch_asks_for_each_later_task_once(monkeypatch, window):
+@pytest.mark.parametrize("knob, window", [("l2_prefetch", 1), ("l2_prefetch", 3), ("barrier_prefetch", 1),
+                                          ("barrier_prefetch", 3)])
+def test_prefetch_windows_ask_for_each_later_task_once(monkeypatch, knob, window):
     """What l2_prefetch asks L2 for is exactly the weights the registers load later: every
     128-byte line of every warp task but each warp's first in a phase (those loads go out at
-    once), each once, whatever the window (3 CTAs: 24 warps, 2 to 21 tasks each)."""
-    kernel = kernel_for(1, ctas=3, l2_prefetch=window)
+    once), each once, whatever the window; barrier_prefetch = P only those of each warp's P tasks
+    after its first, at the phase's start, and nothing during the phase (3 CTAs: 24 warps, 2 to
+    21 tasks each, so a window covers all of some phases and part of others). Neither changes a
+    bit of the outputs."""
+    kernel = kernel_for(1, ctas=3, **{knob: window})
     kind = kernel.definition
     inputs = base_inputs(1, "f16", seed=3)
     seen = prefetched_lines(monkeypatch, lambda: decoder_run(kernel, inputs, 5))
     assert len(seen) == len(set(seen)), "a line asked for twice"
     warps = 3 * 8
+    last = (lambda tasks: tasks) if knob == "l2_prefetch" else (lambda tasks: min(tasks, (window + 1) * warps))
     expected = set().union(*(task_lines(kind, inputs, phase, task) for phase, tasks in kind.tasks().items()
-                             for task in range(warps, tasks)))     # every task but the warps' first
+                             for task in range(warps, last(tasks))))     # never a warp's first task
     assert set(seen) == expected
-
-
-@pytest.mark.parametrize("window", (1, 3))
-def test_barrier_prefetch_asks_for_the_next_tasks_at_the_barrier_only(monkeypatch, window):
-    """barrier_prefetch = P asks L2, at each phase's start, for exactly the lines of each warp's
-    P tasks after its first (3 CTAs: 24 warps, 2 to 21 tasks each, so the window covers all of
-    some phases and part of others), each once, and nothing during the phases; the outputs keep
-    the bits of the kernel without it."""
-    kernel = kernel_for(1, ctas=3, barrier_prefetch=window)
-    kind = kernel.definition
-    inputs = base_inputs(1, "f16", seed=3)
-    seen = prefetched_lines(monkeypatch, lambda: decoder_run(kernel, inputs, 5))
-    assert len(seen) == len(set(seen)), "a line asked for twice"
-    warps = 3 * 8
-    expected = set().union(*(task_lines(kind, inputs, phase, task) for phase, tasks in kind.tasks().items()
-                             for task in range(warps, min(tasks, (window + 1) * warps))))
-    assert set(seen) == expected
+    monkeypatch.undo()
     out, plain = (decoder_run(k, inputs, 5) for k in (kernel, kernel_for(1, ctas=3)))
     for name in ("x", "k_cache", "v_cache"):
         assert np.array_equal(out[name].view(np.uint8), plain[name].view(np.uint8)), f"{name} differs"
