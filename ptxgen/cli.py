@@ -363,7 +363,8 @@ def print_show(report: dict, gpu) -> None:
             dispatch = model["dispatch"]
             out.print(f"  CTAs of unequal work dealt over {dispatch['slots']} resident slots in dispatch order: "
                       f"{dispatch['makespan_over_even']}x the larger of an even spread and the longest CTA; "
-                      f"the longest CTA alone {dispatch['longest_over_even']}x an even spread", markup=False)
+                      f"the longest CTA alone {dispatch['longest_over_even']}x an even spread; makespan "
+                      f"{dispatch['makespan']} work units (Kind.cta_work's)", markup=False)
         out.print(f"  {model['verdict']}", markup=False)
     elif model:
         out.print(f"performance model: {model.get('verdict')}", markup=False)

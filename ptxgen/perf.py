@@ -428,10 +428,14 @@ def dispatch_balance(work: np.ndarray, slots: int) -> float:
 
 
 def dispatch_report(work: np.ndarray, slots: int) -> dict:
-    """show's `dispatch`: what the order of CTAs of unequal work costs (dispatch_balance), and
-    the longest CTA over an even spread of all of it (what no order wins back)."""
-    return {"slots": slots, "makespan_over_even": round(dispatch_balance(work, slots), 3),
-            "longest_over_even": round(float(work.max()) * slots / float(work.sum()), 3)}
+    """show's `dispatch`: what the order of CTAs of unequal work costs (dispatch_balance), the
+    longest CTA over an even spread of all of it (what no order wins back), and the makespan in
+    the work's own units (Kind.cta_work's: a prefill's key tiles), which compares two ways of
+    cutting the same launch."""
+    balance = dispatch_balance(work, slots)
+    return {"slots": slots, "makespan_over_even": round(balance, 3),
+            "longest_over_even": round(float(work.max()) * slots / float(work.sum()), 3),
+            "makespan": round(balance * max(float(work.sum()) / slots, float(work.max())), 2)}
 
 
 def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str, dict], traffic_bytes: int,
@@ -657,8 +661,9 @@ def nvdisasm() -> Path | None:
 
 
 def sass_counts(cubin: bytes) -> dict | None:
-    """Static SASS instructions of a cubin (padding NOPs left out) and the body sizes of its
-    loops (a branch back to an earlier label), or None without nvdisasm."""
+    """Static SASS instructions of a cubin (padding NOPs left out), the body sizes of its loops
+    (a branch back to an earlier label) and the local-memory accesses (spills and refills, LDL /
+    STL) inside any of them, or None without nvdisasm."""
     tool = nvdisasm()
     if tool is None:
         return None
@@ -668,13 +673,16 @@ def sass_counts(cubin: bytes) -> dict | None:
         text = subprocess.run([str(tool), "-c", handle.name], capture_output=True, text=True, check=True).stdout
     instructions = [(m.start(), m.group(1), m.group(2)) for m in _SASS_LINE.finditer(text) if m.group(1) != "NOP"]
     labels = {m.group(1): m.start() for m in _LABEL.finditer(text)}
-    loops = []
+    loops, spans = [], []
     for at, opcode, rest in instructions:
         target = re.search(r"\(\s*(\.L_x_\d+)\s*\)", rest) if opcode.startswith("BRA") else None
         body = sum(labels[target.group(1)] < other <= at for other, _, _ in instructions) if target else 0
         if body > 1:  # a branch to itself is the trap ptxas puts after the last EXIT
             loops.append(body)
-    return {"instructions": len(instructions), "loop_bodies": loops}
+            spans.append((labels[target.group(1)], at))
+    local = [at for at, opcode, _ in instructions if opcode.startswith(("LDL", "STL"))]
+    in_loops = sum(any(start < at <= end for start, end in spans) for at in local)
+    return {"instructions": len(instructions), "loop_bodies": loops, "loop_spills": in_loops}
 
 
 def ptx_loop_bodies(ptx: str, entry: str) -> list[int]:

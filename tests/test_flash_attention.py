@@ -21,11 +21,13 @@ from pydantic import ValidationError
 from ptxgen.dtypes import from_float, to_float64
 from ptxgen.errors import LaunchError
 from ptxgen.kernels.flash_attention import attention_error_bound, attention_reference
-from ptxgen.runner import run
+from ptxgen import perf
+from ptxgen.interp import launch as interpret
+from ptxgen.runner import prepare_arrays, run
 from ptxgen.spec import load_spec
-from ptxgen.verify import compare
+from ptxgen.verify import compare, verify_sizes
 
-from helpers import ROOT, assert_passes, make_kernel, resources
+from helpers import ROOT, assert_passes, make_config, make_kernel, resources
 
 # sm_86 and sm_89 assemble every config here to sm_80's register count; the spec test covers all four.
 VARIANT_ARCHS = ("sm_80", "sm_90")
@@ -167,6 +169,8 @@ def test_out_of_range_seq_len_is_rejected(bad):
     ({"num_heads": 8, "num_kv_heads": 8, "head_dim": 128, "warp_rows": 32}, "2 warps cannot load head_dim=128"),
     ({"num_heads": 8, "num_kv_heads": 8, "head_dim": 64, "block_n": 48}, "block_n"),
     ({"num_heads": 8, "num_kv_heads": 8, "head_dim": 64, "max_registers": 300}, "max_registers"),
+    ({"num_heads": 8, "num_kv_heads": 8, "head_dim": 64, "causal": False, "split_kv_len": 1024},
+     "split_kv_len needs causal = true"),
 ])
 def test_bad_configs_are_rejected(config, message):
     config = {"name": "attn", **config}
@@ -239,3 +243,84 @@ def test_performance_properties_of_the_ptx():
     assert loop.count("cp.async.cg.shared.global") == 2 * 64 * 128 * 2 // 16 // 128
     assert ", %lsize;" not in loop, "the loop's prefetches must be unguarded full-tile copies"
     assert "vote.sync.any.pred %any, %any, 0xffffffff;\n\t@!%any bra.uni RESCALED;" in loop
+
+
+# split_kv_len (SPLIT_KV): (num_heads, num_kv_heads, head_dim, dtype, out_dtype, tile config), each
+# verified at lengths up to split_kv_len = 257 (one block of one tile: not split; one of two
+# tiles: its first visited, lower piece holds the diagonal; several blocks, the heaviest split,
+# the last tile one key) and past it (whole blocks, the grid's spare CTAs ending at once), one
+# launch after another on the same workspaces.
+SPLIT_CASES = [
+    (4, 2, 64, "f16", "f32", WIDE),
+    (4, 1, 128, "bf16", "f16", {}),
+    (2, 2, 64, "f16", "bf16", {"block_m": 128, "block_n": 32, "stages": 4, "overlap": True}),
+    (2, 1, 128, "f16", "f32", {"block_n": 128, "stages": 3}),    # key tiles wider than the query blocks
+]
+SPLIT_LENGTHS = (1, 70, 130, 257, 258, 300)
+
+
+@pytest.mark.parametrize("num_heads, num_kv_heads, head_dim, dtype, out_dtype, tiles", SPLIT_CASES)
+def test_split_kv_matches_float64_below_and_above_its_length(num_heads, num_kv_heads, head_dim, dtype, out_dtype,
+                                                             tiles):
+    """Every element within its bound (the merge's roundings and a_i's error included), the
+    counters back at 0 after each launch (verify_sizes reuses the workspaces)."""
+    kernel = attention_kernel(num_heads, num_kv_heads, head_dim, True, dtype, out_dtype, split_kv_len=257, **tiles)
+    sizes = [{"seq_len": n} for n in SPLIT_LENGTHS]
+    for checks in verify_sizes(kernel, sizes, seed=head_dim):
+        assert_passes(checks)
+        assert checks[0].element_error is not None
+
+
+def test_split_pieces_merge_to_the_same_bits_in_any_order():
+    """Whichever piece of a block counts in second merges, with the same arithmetic in the same
+    order: launches whose CTAs the interpreter interleaves differently (its seed; approximate
+    instructions exact, else the seed also draws their errors) give the same bits, and leave
+    every counter at 0."""
+    kernel = attention_kernel(4, 2, 64, True, "f16", "f32", split_kv_len=1024, **WIDE)
+    kind, scalars = kernel.definition, {"seq_len": 300}
+    inputs = kind.sample_inputs(np.random.default_rng(3), scalars)
+    geometry = kind.launch(scalars)
+    outputs = []
+    for seed in range(4):
+        arrays = prepare_arrays(kernel, inputs, scalars)
+        interpret(kernel.ptx, kernel.name, geometry.grid, geometry.block, kernel.args(arrays, scalars),
+                  dynamic_shared=geometry.dynamic_shared, sanitize=True, seed=seed, approx="exact")
+        assert not arrays["counters"].any(), f"seed {seed}: counters {arrays['counters']}"
+        outputs.append(arrays["o"].view(np.uint32).copy())
+    for seed, out in enumerate(outputs[1:], 1):
+        np.testing.assert_array_equal(out, outputs[0], err_msg=f"seed {seed} differs from seed 0")
+
+
+def test_split_work_is_what_show_lists_and_the_grid_launches():
+    """show's dispatch for split_kv_len (FlashAttention.cta_work), Qwen3-8B's 32 heads in 128-row
+    CTAs over the H100's 264 slots: the list-scheduled makespan (key tiles) falls from 17 to 13 at
+    1k tokens and from 9 to 5.5 at 512 (the figures SPLIT_KV quotes as 1.75x and 1.34x, 3.09x and
+    1.89x of the unsplit even spread), and is the unsplit one past split_kv_len, where the grid's
+    spare CTAs do nothing; one work entry a CTA of the grid."""
+    split = attention_kernel(32, 8, 128, split_kv_len=1024, **WIDE).definition
+    plain = attention_kernel(32, 8, 128, **WIDE).definition
+    for seq_len, before, after in ((512, 9.0, 5.5), (1024, 17.0, 13.0), (4096, 134.0, 134.0)):
+        scalars = {"seq_len": seq_len}
+        work = split.cta_work(scalars)
+        assert len(work) == math.prod(split.launch(scalars).grid)
+        assert perf.dispatch_report(plain.cta_work(scalars), 264)["makespan"] == before
+        assert perf.dispatch_report(work, 264)["makespan"] == after, seq_len
+    assert not split.cta_work({"seq_len": 4096})[-2 * 32:].any(), "the spare CTAs past split_kv_len do nothing"
+
+
+@pytest.mark.parametrize("tiles, spilled", [(WIDE, 16), ({}, 0), ({"block_m": 64, "max_registers": 168}, 0),
+                                            (OVERLAP, 0)], ids=("wide", "default", "capped", "overlap"))
+def test_split_variants_spill_nothing_in_the_key_loop(tiles, spilled):
+    """With split_kv_len at Qwen3-8B's shapes: no spill, but for 128-row CTAs of 32-row warps
+    (254 registers unsplit), where ptxas spills 16 bytes, none of it inside a loop (SASS, when
+    nvdisasm is installed: a pointer stored before the key loop and read after it, and two
+    registers within the merge)."""
+    from ptxgen.pipeline import compile_kernel
+
+    config = make_config("flash_attention", name="p", num_heads=32, num_kv_heads=8, head_dim=128, out_dtype="f16",
+                         split_kv_len=1024, **tiles)
+    for arch, used in resources(config, VARIANT_ARCHS).items():
+        assert used["spill_stores"] <= spilled and used["local_bytes"] == 0, f"{arch}: {used}"
+    if spilled and perf.nvdisasm() is not None:
+        sass = perf.sass_counts(compile_kernel(config, ("sm_90",)).binaries["sm_90"].cubin)
+        assert sass["loop_spills"] == 0 and sass["loop_bodies"], sass

@@ -372,6 +372,7 @@ def test_sass_counts_find_the_loop():
     sass = perf.sass_counts(assemble_nvjitlink(STREAM, "sm_90", OPTIONS).cubin)
     assert len(sass["loop_bodies"]) == 1 and sass["instructions"] > sass["loop_bodies"][0] > 1
     assert perf.ptx_loop_bodies(STREAM, "stream") == [24]
+    assert sass["loop_spills"] == 0
 
 
 # --- `ptxgen show`: the model per kernel, table and JSON ----------------------------------------------
@@ -519,7 +520,8 @@ def test_a_one_wave_causal_prefill_is_bound_by_its_longest_cta():
     from ptxgen.kernels.flash_attention import causal_cta_work
 
     report = perf.dispatch_report(causal_cta_work(1024, 32, 128, 64), 264)
-    assert report == {"slots": 264, "makespan_over_even": 1.0, "longest_over_even": round(17 * 264 / 2560, 3)}
+    assert report == {"slots": 264, "makespan_over_even": 1.0, "longest_over_even": round(17 * 264 / 2560, 3),
+                      "makespan": 17.0}
     # 4k: 1024 CTAs, the longest (64 tiles + 1) half of a slot's even share, not what bounds it
     assert perf.dispatch_report(causal_cta_work(4096, 32, 128, 64), 264)["longest_over_even"] == round(65 * 264 / 34816, 3)
 

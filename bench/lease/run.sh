@@ -12,8 +12,8 @@
 # 4096x4096 without PDL), the fused gate|up group and the Q6_K lm_head (bench/lease/decode.toml);
 # the smallest decode kernels, for the card's launch cost per run and batched (launch.toml);
 # decode attention at 4k/8k/32k keys with PDL and without, and with its K/V requested into L2
-# first (attention.toml); prefill with mma.sync (against torch SDPA; 128- and 64-row CTAs) at
-# 1k/4k and wgmma (sm_90a; ping-pong, persistent) at 4k/8k; the 36-layer decoder (decoder.toml):
+# first (attention.toml); prefill with mma.sync (against torch SDPA; 128- and 64-row CTAs, and
+# 128-row CTAs splitting the heaviest blocks' keys up to 1k tokens) at 1k/4k and wgmma (sm_90a; ping-pong, persistent) at 4k/8k; the 36-layer decoder (decoder.toml):
 # the default, with its attention's K/V requested into L2 under phase A, with its GEMV tasks
 # requested at the barriers, and both, each also as separate kernels; whole-model decode with
 # and without the lm_head (whole_model.py); `pytest -m gpu` with what is left. `make bench` (every

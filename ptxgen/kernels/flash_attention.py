@@ -25,7 +25,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..abi import scalar
+from ..abi import minimum, scalar
 from ..dtypes import DTYPES, from_float, to_float64
 from ..hardware_errors import MMA_SUM, RCP_REL
 from .base import Geometry, Kind, KernelConfig, Param, SmCount, Traffic, ceil_div
@@ -47,6 +47,33 @@ OUTLIER_KEY, OUTLIER_ROW = 5, 130
 LAST_SCORE = 1200.0
 
 
+# SPLIT_KV: a causal launch of one wave or less is as long as its longest CTA, the heaviest query
+# block of a head against all the keys before it: at 1k tokens in 128-row CTAs 1.75x an even
+# spread of the work over the H100's 264 slots (`show`'s dispatch), and the measured TFLOP/s
+# followed that figure (H200, 2026-11-28: 64-row CTAs, 1.38x, ran 1.09x faster at 1k where at 4k,
+# both ~1.0x, their tiles ran 0.87x as fast; 0.87 x 1.75 / 1.38 = 1.10). With split_kv_len = L a
+# launch of at most L tokens splits each head's SPLIT_BLOCKS heaviest query blocks into two CTAs
+# (the upper half of the block's key tiles, with the diagonal, and the lower half), each writing
+# its unnormalised O, running max and row sum to the `partials` workspace; the second to count
+# in (`counters`) merges them (o = (O0 a0 + O1 a1) / (l0 a0 + l1 a1), a_i = 2^(c (m_i - max m)),
+# in the same order whichever piece merges). Listed over the slots (split_work), 1k tokens falls
+# from 1.75x to 1.34x, 512 from 3.09x to 1.89x; at 2k (two waves) it would rise from 1.03x to
+# 1.07x, hence the length bound. The grid keeps SPLIT_BLOCKS more CTAs a head at any length (they
+# end at once above L). The key loop is the unsplit one (tile numbers count from the piece's
+# lowest tile); with 128-row CTAs of 32-row warps (254 registers unsplit) ptxas takes 255 and
+# spills 16 bytes, none inside a loop (SASS: a pointer stored before the key loop and read after
+# it, two registers in the merge); the other tile shapes spill nothing. Not timed yet: off by
+# default.
+SPLIT_BLOCKS = 2
+# The CTA's role (its split block's index, upper piece, alone) is kept in shared memory through
+# the key loop: recomputed from the CTA's ids after it, ptxas kept the first computation live
+# instead and spilled 16 bytes (128-row CTAs of 32-row warps, 254 registers unsplit).
+ROLE_BYTES = 16
+# A merge's share of a split CTA's work, in key tiles: half the CTAs of a split block merge, each
+# reading a partial of the CTA's size from L2 and rescaling it (about a tile's loads).
+MERGE_WORK = 0.5
+
+
 def causal_cta_work(seq_len: int, heads: int, block_m: int, block_n: int) -> np.ndarray:
     """Work of each CTA of a causal launch by linear id (id = rank * heads + head, query block =
     blocks - 1 - rank: query_block in templates/families/prefill.ptx.j2): its key tiles, plus one
@@ -56,6 +83,26 @@ def causal_cta_work(seq_len: int, heads: int, block_m: int, block_n: int) -> np.
     blocks = ceil_div(seq_len, block_m)
     block = blocks - 1 - np.arange(blocks * heads) // heads
     return -(-np.minimum(seq_len, (block + 1) * block_m) // block_n) + 1
+
+
+def split_work(seq_len: int, heads: int, block_m: int, block_n: int, split_kv_len: int) -> np.ndarray:
+    """causal_cta_work for a launch with split_kv_len (SPLIT_KV; the template's split_block): ranks
+    0 .. 2 SPLIT_BLOCKS - 1 are the two pieces (upper, lower) of the heaviest blocks, each its half
+    of the block's tiles + 1 + MERGE_WORK (a block of one tile is not split: its lower piece is
+    idle), then the other blocks, heaviest first; above split_kv_len the whole blocks, then the
+    idle CTAs the grid keeps."""
+    blocks = ceil_div(seq_len, block_m)
+    tiles = -(-np.minimum(seq_len, (np.arange(blocks)[::-1] + 1) * block_m) // block_n)  # heaviest first
+    spare = min(SPLIT_BLOCKS, blocks)
+    if seq_len > split_kv_len:
+        work = np.concatenate([tiles + 1.0, np.zeros(spare)])
+    else:
+        pieces = []
+        for count in tiles[:spare]:
+            lower = count // 2
+            pieces += [count - lower + 1 + MERGE_WORK, lower + 1 + MERGE_WORK] if lower else [count + 1.0, 0.0]
+        work = np.concatenate([pieces, tiles[spare:] + 1.0])
+    return np.repeat(work, heads)
 
 
 class Sm90aTuning(BaseModel):
@@ -95,6 +142,9 @@ class FlashAttentionConfig(KernelConfig):
     overlap: bool = False
     # .maxnreg: cap registers per thread to fit more CTAs per SM (None: ptxas decides).
     max_registers: int | None = Field(default=None, ge=64, le=255)
+    # Causal launches of at most this many tokens split the key tiles of each head's SPLIT_BLOCKS
+    # heaviest query blocks over two CTAs (SPLIT_KV); 0: never. The sm_90a variant ignores it.
+    split_kv_len: int = Field(default=0, ge=0, le=MAX_SEQ_LEN)
     # Used only when the spec lists sm_90a (the Hopper variant's own PTX).
     sm90a: Sm90aTuning = Sm90aTuning()
 
@@ -110,6 +160,9 @@ class FlashAttentionConfig(KernelConfig):
                              f"head_dim={self.head_dim} rows; use at least {self.head_dim // 32} warps")
         if self.overlap and self.stages < 3:
             raise ValueError(f"overlap needs stages >= 3 (three tiles are live at once), got stages={self.stages}")
+        if self.split_kv_len and not self.causal:
+            raise ValueError("split_kv_len needs causal = true (without the mask every query block has the same "
+                             "work: nothing to split)")
         return self
 
 
@@ -140,7 +193,7 @@ ERROR_ROWS = 64  # rows per step of the bound's [rows, keys, head_dim] temporary
 
 
 def attention_error_bound(q, k, v, scale: float, causal: bool, dtype: str, out_dtype: str, block_n: int,
-                          rounded_sum: bool = True) -> np.ndarray:
+                          rounded_sum: bool = True, merged: bool = False) -> np.ndarray:
     """Per-element bound on |kernel o - exact o| (float64 q [H, S, D], k/v [G, S, D] of the stored inputs).
 
     In row i the kernel weighs key j by P_j = p_j (1 + d_j) + a_j, p_j = 2^(c (s_j - m)) for its
@@ -157,18 +210,21 @@ def attention_error_bound(q, k, v, scale: float, causal: bool, dtype: str, out_d
     On top: the f32 mma chains summing P V and l (MMA_ERROR per mma, one per 16 keys; sm_90a: l
     by f32 adds, block_n / 4 a tile and thread in any order plus 2 shuffles), the O/l rescales (one rounding
     per tile), the reciprocal (rcp.rn, or sm_90a's rcp.approx) and the final multiply, and the
-    output rounding.
+    output rounding. `merged` (split_kv_len): two pieces' O and l scaled by a_i = 2^(c (m_i - max m))
+    and added, 3 more roundings of each, and a_i's error (ex2.approx, and its argument's two f32
+    roundings of up to twice the largest exponent) is each of its piece's p_j's: it joins eta.
     """
     heads, seq_len, head_dim = q.shape
     group = heads // k.shape[0]
     c = scale * math.log2(math.e)
     unit, tiny = UNIT_ROUNDOFF[dtype], SUBNORMAL_ERROR[dtype]
     tiles = ceil_div(seq_len, block_n)
-    accumulate = MMA_ERROR * (ceil_div(seq_len, 16) + 2) + F32_ROUNDOFF * (tiles + 4)
+    merges = 3 if merged else 0
+    accumulate = MMA_ERROR * (ceil_div(seq_len, 16) + 2) + F32_ROUNDOFF * (tiles + 4 + merges)
     if rounded_sum:
         row_sum, consistent = accumulate, unit
     else:
-        row_sum = F32_ROUNDOFF * (tiles * (block_n // 4 + 1) + 4) + RCP_REL
+        row_sum = F32_ROUNDOFF * (tiles * (block_n // 4 + 1) + 4 + merges) + RCP_REL
         accumulate += RCP_REL
         consistent = 0.0
     visible = np.tril(np.ones((seq_len, seq_len), bool)) if causal else np.ones((seq_len, seq_len), bool)
@@ -182,7 +238,8 @@ def attention_error_bound(q, k, v, scale: float, causal: bool, dtype: str, out_d
         out = weights @ vh
         score_error = MMA_ERROR * (head_dim // 16 + 1) * np.where(visible, np.abs(q[h]) @ np.abs(kh).T, 0).max(axis=1)
         exponent = c * np.where(visible, np.abs(scores), 0).max(axis=1)
-        eta = (math.log(2) * (c * score_error + F32_ROUNDOFF * (5 + 6 * tiles) * exponent) + EX2_ERROR)[:, None]
+        merge = (math.log(2) * F32_ROUNDOFF * 4 * exponent + EX2_ERROR) if merged else 0.0
+        eta = (math.log(2) * (c * score_error + F32_ROUNDOFF * (5 + 6 * tiles) * exponent) + EX2_ERROR + merge)[:, None]
         # sum_j w_ij |v_j - o_i| in f32 (6x faster), enlarged by its own worst rounding error.
         spread = np.empty(out.shape, np.float32)
         weights32, v32, out32 = weights.astype(np.float32), vh.astype(np.float32), out.astype(np.float32)
@@ -220,13 +277,26 @@ class FlashAttention(Kind):
 
     def params(self) -> list[Param]:
         c = self.config
+        # split_kv_len: each piece's partial, 16-byte chunks of the thread's registers (O, then
+        # its rows' l and m) in register-major order, and a count-in word per split block.
+        split = [Param("partials", "f32", (c.num_heads, SPLIT_BLOCKS, 2, self.partial_chunks, self.threads, 4),
+                       "workspace"),
+                 Param("counters", "u32", (c.num_heads, SPLIT_BLOCKS), "workspace")] if c.split_kv_len else []
         return [
             Param("q", c.dtype, (c.num_heads, "seq_len", c.head_dim)),
             Param("k", c.dtype, (c.num_kv_heads, "seq_len", c.head_dim)),
             Param("v", c.dtype, (c.num_kv_heads, "seq_len", c.head_dim)),
             Param("o", c.out_dtype, (c.num_heads, "seq_len", c.head_dim), "out"),
             Param("seq_len", "u32", role="scalar"),
+            *split,
         ]
+
+    @property
+    def partial_chunks(self) -> int:
+        """16-byte chunks of a thread's partial: its O accumulators (warp_rows/16 x head_dim/8
+        fragments of 4), then one (l of row g, l of row g+8, m of both) per m16 tile."""
+        c = self.config
+        return c.warp_rows // 16 * (c.head_dim // 8 + 1)
 
     # --- geometry --------------------------------------------------------------------------
     @property
@@ -260,11 +330,20 @@ class FlashAttention(Kind):
 
     def dynamic_shared(self) -> int:
         c = self.config
+        return self.role_offset + (ROLE_BYTES if c.split_kv_len else 0)
+
+    @property
+    def role_offset(self) -> int:
+        """Where split_kv_len's role word lives, past the ring and Q."""
+        c = self.config
         return max(c.stages * self.stage_bytes, self.q_offset + c.block_m * self.row_bytes)
 
     def geometry(self) -> Geometry:
-        return Geometry(grid=(ceil_div(scalar("seq_len"), self.config.block_m), self.config.num_heads, 1),
-                        block=(self.threads, 1, 1), dynamic_shared=self.dynamic_shared())
+        blocks = ceil_div(scalar("seq_len"), self.config.block_m)
+        if self.config.split_kv_len:   # the split blocks' second pieces (idle above split_kv_len)
+            blocks = blocks + minimum(blocks, SPLIT_BLOCKS)
+        return Geometry(grid=(blocks, self.config.num_heads, 1), block=(self.threads, 1, 1),
+                        dynamic_shared=self.dynamic_shared())
 
     @property
     def block_shape(self) -> tuple[int, int]:
@@ -274,15 +353,20 @@ class FlashAttention(Kind):
     def cta_work(self, scalars):
         """Causal: each CTA's key tiles, in the order templates/families/prefill.ptx.j2's
         query_block deals them (the heaviest block of every head first)."""
-        if not self.config.causal:
+        c = self.config
+        if not c.causal:
             return None
-        return causal_cta_work(scalars["seq_len"], self.config.num_heads, *self.block_shape)
+        if c.split_kv_len and type(self) is FlashAttention:   # the sm_90a variant splits nothing
+            return split_work(scalars["seq_len"], c.num_heads, *self.block_shape, c.split_kv_len)
+        return causal_cta_work(scalars["seq_len"], c.num_heads, *self.block_shape)
 
     def launch_note(self) -> str:
         c = self.config
         order = ", the heaviest query blocks of every head first (longest causal rows)" if c.causal else ""
+        split = (f"; up to {c.split_kv_len} tokens the {SPLIT_BLOCKS} heaviest blocks of a head split their key "
+                 "tiles over two CTAs, the second to finish merging" if c.split_kv_len else "")
         return (f"one CTA per {c.block_m} query rows of one head, {c.warp_rows} per warp, "
-                f"{c.block_n}-key tiles in a {c.stages}-stage ring{order}")
+                f"{c.block_n}-key tiles in a {c.stages}-stage ring{order}{split}")
 
     def template_vars(self) -> dict:
         c = self.config
@@ -306,6 +390,10 @@ class FlashAttention(Kind):
             "stage_bytes": self.stage_bytes,
             "q_offset": self.q_offset,
             "shared_align": SHARED_ALIGN,
+            "split_kv_len": c.split_kv_len,
+            "split_blocks": SPLIT_BLOCKS,
+            "partial_chunks": self.partial_chunks,
+            "role_offset": self.role_offset,
         }
 
     # --- runtime -----------------------------------------------------------------------------
@@ -363,7 +451,8 @@ class FlashAttention(Kind):
     def error_bound(self, param, arrays, reference, scalars):
         c = self.config
         q, k, v = (to_float64(arrays[name], c.dtype) for name in ("q", "k", "v"))
-        return attention_error_bound(q, k, v, self.scale, c.causal, c.dtype, c.out_dtype, c.block_n)
+        return attention_error_bound(q, k, v, self.scale, c.causal, c.dtype, c.out_dtype, c.block_n,
+                                     merged=scalars["seq_len"] <= c.split_kv_len)
 
     def traffic(self, scalars) -> Traffic:
         c = self.config
