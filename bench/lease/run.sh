@@ -8,18 +8,19 @@
 #       cp312 wheels of what the GPU image lacks (pydantic & co, gguf, ptxas) into .whl/ (git-ignored)
 #   on the GPU:                  device run, carry [".whl"], command "bash bench/lease/run.sh"
 #
-# Steps: install; Q4_K GEMVs (the defaults, 8-warp CTAs at 4096x4096 plain and with the fused norm,
-# 4096x4096 without PDL), the fused gate|up group and the Q6_K lm_head (bench/lease/decode.toml);
-# the smallest decode kernels, for the card's launch cost per run and batched (launch.toml);
-# decode attention at 4k/8k/32k keys with PDL and without, and with its K/V requested into L2
-# first (attention.toml); prefill with mma.sync (against torch SDPA; 128- and 64-row CTAs, and
-# 128-row CTAs splitting the heaviest blocks' keys up to 1k tokens) at 1k/4k and wgmma (sm_90a; ping-pong, persistent) at 4k/8k; the 36-layer decoder (decoder.toml):
-# the default, with its attention's K/V requested into L2 under phase A, with its GEMV tasks
-# requested at the barriers, and both, each also as separate kernels; whole-model decode with
-# and without the lm_head (whole_model.py); `pytest -m gpu` with what is left. `make bench` (every
-# kernel, peers, whole-model decode) needs a call of its own. Afterwards: copy $OUT under
-# bench/results/ and run bench/model_check.py on the JSON files (launch.json with the others: it
-# gives the card's launch cost).
+# Steps: install; Q4_K GEMVs (each CTA's rows requested into L2 before its PDL wait, 8-warp CTAs
+# at 4096x4096 plain and with the fused norm, the defaults, 4096x4096 without PDL), the fused
+# gate|up group and the Q6_K lm_head (bench/lease/decode.toml); the smallest decode kernels, for
+# the card's launch cost per run and batched (launch.toml); decode attention at 4k/8k/32k keys
+# with PDL and without, and with its K/V requested into L2 first (attention.toml); the 36-layer
+# decoder (decoder.toml): the default, with its attention's K/V requested into L2 under phase A,
+# with its GEMV tasks requested at the barriers, and both, each also as separate kernels; prefill
+# with mma.sync (against torch SDPA; 128- and 64-row CTAs, and 128-row CTAs splitting the
+# heaviest blocks' keys up to 1k tokens) at 1k/4k and wgmma (sm_90a; ping-pong, persistent) at
+# 4k/8k; whole-model decode with and without the lm_head (whole_model.py); `pytest -m gpu` with
+# what is left. `make bench` (every kernel, peers, whole-model decode) needs a call of its own.
+# Afterwards: copy $OUT under bench/results/ and run bench/model_check.py on the JSON files
+# (launch.json with the others: it gives the card's launch cost).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -46,11 +47,13 @@ step "decode GEMVs" 150 "${BENCH[@]}" --spec bench/lease/decode.toml --graph --j
 step "launch cost" 40 "${BENCH[@]}" --spec bench/lease/launch.toml --json "$OUT/launch.json"
 step "decode attention" 120 "${BENCH[@]}" --spec bench/lease/attention.toml --set seq_len=4096,8192,32768 \
     --json "$OUT/attention.json"
+# Issue 12's step before issue 13's prefill: its four rows (~45 s each, with their separate kernels)
+# are what this lease adds most to answer.
+step "36-layer decoder" 320 "${BENCH[@]}" --spec bench/lease/decoder.toml --graph --json "$OUT/decoder.json"
 # Each prefill at the lengths its targets name (mma.sync: 1k and 4k; wgmma: 4k and 8k).
 step "prefill" 90 "${BENCH[@]}" --spec bench/lease/prefill.toml --set seq_len=1024,4096 --json "$OUT/prefill.json"
 step "prefill_sm90a" 120 "${BENCH[@]}" --spec bench/lease/prefill_sm90a.toml --set seq_len=4096,8192 \
     --json "$OUT/prefill_sm90a.json"
-step "36-layer decoder" 320 "${BENCH[@]}" --spec bench/lease/decoder.toml --graph --json "$OUT/decoder.json"
 # Issue 12's step with the lm_head: whole-model decode (Qwen3-8B shapes, random Q4_K_M-like weights),
 # fused and as separate kernels, with the head and without.
 step "whole-model decode" 100 python3 bench/lease/whole_model.py --json "$OUT/whole_model.json"
