@@ -17,7 +17,11 @@ A  norm + Q/K/V projections. Every CTA quantises x * attn_norm[l] to int8 in sha
    warp that completes a head (acquire) does its RMSNorm (q_norm / k_norm) and RoPE at pos (the
    rope family's `rope_pairs` macro), writes q back in place or k to k_cache[l, :, pos] (as
    kv_dtype), and resets the counter. Per-head norms, rope and the cache write need no barrier
-   of their own.
+   of their own, but every Q/K task pays the count-in's fence and atomic, two dependent round
+   trips a round that phase D's tasks do not: on the H200 (2026-11-28, pos 4095,
+   decoder_timeline.json) qkv streamed 1933 GB/s and o 3265, both 2-3 tasks a warp. Doing the
+   norm and rope after the barrier instead, in the attention phase's q load (each CTA its group's
+   heads) and in the CTA whose split holds pos (k's row), would take them off phase A (not built).
 C  split-KV attention: the attention family's `attn_split` / `attn_count_in` macros (the same
    PTX as incremental_attention), run by the CTAs over (KV head, split) items with that kind's
    split rule at L = pos + 1; the last CTA of a KV head to finish merges the splits into the
