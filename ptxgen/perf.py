@@ -312,6 +312,11 @@ def _waits(ins, reads: set, state) -> bool:
 # Larger grids are sampled: the interpreter runs about 1e8 thread-instructions a second, and a
 # prefill attention CTA alone executes 3.5e6.
 MAX_COUNTED_THREADS = 1 << 14
+# A sample weighted by the CTAs' work (Kind.cta_work) stops at this many times the largest CTA's
+# work: a persistent prefill CTA walks 8 query blocks at 4k tokens, and 56 of them (the thread
+# budget) took show 2 m 17 s where the first 8 scale as well (their blocks are dealt forward and
+# back, each CTA a mix of heavy and light).
+SAMPLED_WORK = 8
 # The sample inputs of a call are made whole (float64 references of some of them too): a call
 # moving more than this is not counted (20M rows of a 256-wide RMSNorm would take 38 GiB; the
 # Qwen3-8B lm_head's 511 MB, whose queue's persistent CTAs cannot be sampled, about 2 minutes).
@@ -377,6 +382,9 @@ def count_instructions(ptx: str, entry: str, launch: Launch, args: list,
     if ctas * threads > max_threads and not (launch.cooperative or launch.any_grid):
         row = launch.grid[0]
         run = row * (max_threads // (row * threads)) or max(1, max_threads // threads)
+        if work is not None:
+            enough = int(np.searchsorted(np.cumsum(work), SAMPLED_WORK * float(work.max()))) + 1
+            run = min(run, enough)
         run = min(ctas, max(run, min_ctas))
     stats = interpret(ptx, entry, launch.grid, launch.block, args, dynamic_shared=launch.dynamic_shared,
                       sanitize=False, max_ctas=run)
