@@ -90,9 +90,9 @@ F16_MAX = 65504.0
 # keys of its chunk (K and V rows, prefetch.global.L2, a thread a 128-byte line; the attention
 # family's kv_l2_prefetch): all of a 4k-key chunk (128 keys, 64 KB) is requested at once where
 # the ring keeps 32 KB a CTA in flight, and with `pdl` the requests go out before
-# griddepcontrol.wait (a prefetch reads no value; the length must be the scalar: seq_len_ptr may
-# be the previous kernel's), so they stream while the previous kernel of the stream drains. The
-# performance model counts neither. Not timed yet: off by default.
+# griddepcontrol.wait (a prefetch reads no value), so they stream while the previous kernel of
+# the stream drains; with indirect_seq_len they follow the wait, since seq_len_ptr may be the
+# previous kernel's. The performance model counts neither. Not timed yet: off by default.
 
 
 class IncrementalAttentionConfig(PdlConfig):
