@@ -306,6 +306,12 @@ def test_split_work_is_what_show_lists_and_the_grid_launches():
         assert perf.dispatch_report(plain.cta_work(scalars), 264)["makespan"] == before
         assert perf.dispatch_report(work, 264)["makespan"] == after, seq_len
     assert not split.cta_work({"seq_len": 4096})[-2 * 32:].any(), "the spare CTAs past split_kv_len do nothing"
+    from ptxgen.kernels import kind_from_json
+
+    hopper = kind_from_json({**split.config.model_dump(), "name": "attn"}, "sm_90a")
+    plain_hopper = kind_from_json({**plain.config.model_dump(), "name": "attn"}, "sm_90a")
+    assert np.array_equal(hopper.cta_work({"seq_len": 1024}), plain_hopper.cta_work({"seq_len": 1024})), \
+        "the sm_90a variant splits nothing"
 
 
 @pytest.mark.parametrize("tiles, spilled", [(WIDE, 16), ({}, 0), ({"block_m": 64, "max_registers": 168}, 0),

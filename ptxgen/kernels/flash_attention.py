@@ -86,22 +86,21 @@ def causal_cta_work(seq_len: int, heads: int, block_m: int, block_n: int) -> np.
 
 
 def split_work(seq_len: int, heads: int, block_m: int, block_n: int, split_kv_len: int) -> np.ndarray:
-    """causal_cta_work for a launch with split_kv_len (SPLIT_KV; the template's split_block): ranks
+    """causal_cta_work for a launch with split_kv_len (SPLIT_KV; the template's split_role): ranks
     0 .. 2 SPLIT_BLOCKS - 1 are the two pieces (upper, lower) of the heaviest blocks, each its half
     of the block's tiles + 1 + MERGE_WORK (a block of one tile is not split: its lower piece is
     idle), then the other blocks, heaviest first; above split_kv_len the whole blocks, then the
     idle CTAs the grid keeps."""
-    blocks = ceil_div(seq_len, block_m)
-    tiles = -(-np.minimum(seq_len, (np.arange(blocks)[::-1] + 1) * block_m) // block_n)  # heaviest first
-    spare = min(SPLIT_BLOCKS, blocks)
+    whole = causal_cta_work(seq_len, 1, block_m, block_n).astype(float)  # a head's blocks, heaviest first
+    spare = min(SPLIT_BLOCKS, len(whole))
     if seq_len > split_kv_len:
-        work = np.concatenate([tiles + 1.0, np.zeros(spare)])
+        work = np.concatenate([whole, np.zeros(spare)])
     else:
         pieces = []
-        for count in tiles[:spare]:
+        for count in whole[:spare] - 1:
             lower = count // 2
-            pieces += [count - lower + 1 + MERGE_WORK, lower + 1 + MERGE_WORK] if lower else [count + 1.0, 0.0]
-        work = np.concatenate([pieces, tiles[spare:] + 1.0])
+            pieces += [count - lower + 1 + MERGE_WORK, lower + 1 + MERGE_WORK] if lower else [count + 1, 0.0]
+        work = np.concatenate([pieces, whole[spare:]])
     return np.repeat(work, heads)
 
 
@@ -265,6 +264,7 @@ class FlashAttention(Kind):
     name = "flash_attention"
     Config = FlashAttentionConfig
     ptx_version = (7, 0)  # cp.async, ldmatrix, mma.m16n8k16 bf16, cvt.rn.bf16x2.f32
+    splits_kv = True  # the kernel honours split_kv_len (the sm_90a variant does not)
 
     @property
     def scale(self) -> float:
@@ -356,7 +356,7 @@ class FlashAttention(Kind):
         c = self.config
         if not c.causal:
             return None
-        if c.split_kv_len and type(self) is FlashAttention:   # the sm_90a variant splits nothing
+        if c.split_kv_len and self.splits_kv:
             return split_work(scalars["seq_len"], c.num_heads, *self.block_shape, c.split_kv_len)
         return causal_cta_work(scalars["seq_len"], c.num_heads, *self.block_shape)
 

@@ -239,6 +239,7 @@ class FlashAttentionSm90a(FlashAttention):
     """The variant the pipeline renders for sm_90a (wgmma, mbarriers, warpgroups: PTX ISA 8.0)."""
 
     target = "sm_90a"
+    splits_kv = False  # split_kv_len is the mma.sync kernel's: this one ignores it
     ptx_version = (8, 0)
 
     @property
