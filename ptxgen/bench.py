@@ -313,7 +313,7 @@ def load_torch():
 
 def to_torch(torch, array: np.ndarray, dtype: str):
     """A CUDA tensor with the array's values (bf16 bits -> bfloat16, u32 bits -> int32)."""
-    array = np.ascontiguousarray(array)
+    array = np.ascontiguousarray(array) if array.flags.writeable else np.array(array)  # torch wants it writable
     if dtype == "bf16":
         return torch.from_numpy(array.view(np.int16)).to("cuda").view(torch.bfloat16)
     if dtype == "u32":
@@ -414,6 +414,24 @@ def separate_kernels(archs: tuple[str, ...]) -> Callable[[object], CompiledKerne
     return compiler(archs)
 
 
+_ROW_INPUTS: dict = {}  # peer_key -> the last row's sample inputs (one entry: rows of a key run together)
+
+
+def row_inputs(compiled: CompiledKernel, scalars: dict) -> dict[str, np.ndarray]:
+    """A row's sample inputs (seed 0), made once for consecutive rows of one peer_key: a spec's
+    variants of one kernel take the same arrays, and the 36-layer decoder's take ~30 s to make on
+    a CPU. Read-only: every launch works on copies (runner.prepare_arrays), and one that did not
+    would fail here instead of changing the next row's inputs."""
+    key = peer_key(compiled, scalars)
+    if key not in _ROW_INPUTS:
+        _ROW_INPUTS.clear()
+        inputs = compiled.definition.sample_inputs(np.random.default_rng(0), scalars)
+        for array in inputs.values():
+            array.setflags(write=False)
+        _ROW_INPUTS[key] = inputs
+    return dict(_ROW_INPUTS[key])
+
+
 def bench_row(compiled: CompiledKernel, scalars: dict, iters: int, graph: bool, copy_gbs: float,
               verified: list | None, with_peers: bool = True) -> tuple[dict, list]:
     """Check one (kernel, scalars) on the device, then time it and (`with_peers`) its peers (in a
@@ -431,7 +449,7 @@ def bench_row(compiled: CompiledKernel, scalars: dict, iters: int, graph: bool, 
         verified = [check for _, kernel, sizes in verify_plan(compiled)
                     for checks in verify_sizes(kernel, sizes, backend="device", smaller_grids=False) for check in checks]
     checks = list(verified)
-    inputs = kind.sample_inputs(np.random.default_rng(0), scalars)
+    inputs = row_inputs(compiled, scalars)
     reference = None
     if traffic.flops <= REFERENCE_FLOPS:  # and at the timed sizes, as verify_kernel does
         reference = kind.reference(inputs, scalars)

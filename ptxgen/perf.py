@@ -10,7 +10,8 @@ The time model has three terms, all in microseconds:
 - bandwidth: traffic bytes / the GPU's copy bandwidth (the floor);
 - issue: warp-instructions / (SMs x 4 schedulers x 1 instruction a cycle x clock);
 - latency: each warp waits `rounds` dependent DRAM round trips (a round: global loads, or
-  atomics that return a value, issued together and waited for together), and each SM runs
+  atomics that return a value, issued together and waited for together; a memory fence waits
+  for every one in flight, so loads issued ahead of it overlap nothing after it), and each SM runs
   ceil(CTAs / (SMs x resident CTAs)) generations of CTAs one after another;
 - tail: work that comes after the rest of the grid is done ends the launch, on top of either
   estimate below. Where the kind declares a dependent tail (Kind.dependent_tail: a split-KV
@@ -299,11 +300,16 @@ def _after_wait(ins, reads: set, state) -> frozenset:
 
 
 def _waits(ins, reads: set, state) -> bool:
-    """Whether `ins` stalls on a load in flight (cp.async.wait_group N is taken as waiting for all)."""
+    """Whether `ins` stalls on a load in flight (cp.async.wait_group N is taken as waiting for all).
+    A memory fence (fence.sc / fence.acq_rel, membar; not a proxy or mbarrier_init fence) waits
+    for every one: it holds the warp until its earlier accesses are performed, so loads issued
+    ahead of it (a next task's) no longer overlap what follows it."""
     if not state or ins.base in COPIES:
         return False
     if ins.base == "cp" and ins.mods[:2] in (["async", "wait_group"], ["async", "wait_all"]):
         return any(isinstance(key, tuple) for key in state)
+    if ins.base == "membar" or (ins.base == "fence" and {"sc", "acq_rel"} & set(ins.mods)):
+        return True
     return bool(reads & state)
 
 

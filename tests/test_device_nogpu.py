@@ -465,6 +465,31 @@ def quick_bench(sim, monkeypatch, rows, graph=False) -> dict:
     return bench.run_bench({"file": str(SPEC), "sha256": "0"}, plan, iters=3, graph=graph, worker=InProcess())
 
 
+def test_consecutive_rows_of_one_kernels_shapes_share_their_sample_inputs(sim, monkeypatch):
+    """bench.row_inputs: a row of the same peer_key as the one before it (a spec's variants of one
+    kernel) takes that row's sample inputs instead of making them again; another size makes its
+    own. They are read-only, and every row still checks and times its kernel."""
+    from ptxgen import bench
+
+    kind = type(spec_kernel("qwen3_8b_rmsnorm").definition)
+    made = []
+    original = kind.sample_inputs
+
+    def counted(self, rng, scalars):
+        made.append(dict(scalars))
+        return original(self, rng, scalars)
+
+    monkeypatch.setattr(kind, "sample_inputs", counted)
+    monkeypatch.setattr(bench, "_ROW_INPUTS", {})
+    results = quick_bench(sim, monkeypatch, [("qwen3_8b_rmsnorm", {"rows": 7}), ("qwen3_8b_rmsnorm", {"rows": 7}),
+                                             ("qwen3_8b_rmsnorm", {"rows": 9})])
+    timed = [made_for for made_for in made if made_for["rows"] in (7, 9)]  # not the verify sizes' own
+    assert timed == [{"rows": 7}, {"rows": 9}], made
+    assert all(row["passed"] and row["median_us"] for row in results["rows"])
+    (inputs,) = bench._ROW_INPUTS.values()
+    assert not any(array.flags.writeable for array in inputs.values())
+
+
 def bench_step_kernel(sim, monkeypatch, name, scalars, graph=False):
     """quick_bench of one fused spec kernel; its results and its separate kernels' Calls."""
     _, calls = spec_kernel(name).definition.separate_step(scalars)

@@ -226,6 +226,36 @@ def test_unpacking_a_load_is_not_waiting_for_it():
     assert len(rounds.starts) == 1 and list(rounds.waits.values()) == [8]
 
 
+
+@pytest.mark.parametrize("fence, rounds", [("", 1), ("fence.acq_rel.gpu;", 2), ("membar.gl;", 2),
+                                           ("fence.proxy.async.shared::cta;", 1),
+                                           ("fence.mbarrier_init.release.cluster;", 1)])
+def test_a_memory_fence_waits_for_the_loads_issued_before_it(fence, rounds):
+    """A load issued ahead (the next task's) overlaps an atomic's round trip, unless a memory
+    fence between them holds the warp until it has arrived: then the atomic opens a round of its
+    own (phase A's count-in in the persistent decoder). A proxy fence, or mbarrier_init's, orders
+    no load."""
+    ptx = f"""
+.version 7.8
+.target sm_90
+.address_size 64
+.visible .entry ahead(.param .u64 out, .param .u64 x)
+{{
+  .reg .b32 %u<2>;
+  .reg .b64 %o, %p;
+  ld.param.u64 %o, [out];
+  ld.param.u64 %p, [x];
+  ld.global.u32 %u0, [%p];
+  {fence}
+  atom.global.add.u32 %u1, [%o], 1;
+  add.u32 %u0, %u0, %u1;
+  st.global.u32 [%o+4], %u0;
+  ret;
+}}
+"""
+    assert len(perf.load_rounds(parse(ptx, "ahead")).starts) == rounds
+
+
 # --- the report -----------------------------------------------------------------------------------
 
 TOY = perf.Gpu("toy", "sm_90", sms=2, clock_ghz=1.0, datasheet_gbs=100, copy_gbs=None, latency_ns=500,

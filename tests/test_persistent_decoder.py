@@ -492,7 +492,9 @@ def test_spec_instances_assemble_without_spills():
 
 @pytest.mark.parametrize("extra", [dict(kv_dtype="bf16", indirect_pos=True), dict(kv_dtype="f32"),
                                    dict(head_dim=64, num_heads=16, num_kv_heads=2),
-                                   dict(head_dim=256, num_heads=4, num_kv_heads=1), dict(warps=12)],
+                                   dict(head_dim=256, num_heads=4, num_kv_heads=1), dict(warps=12),
+                                   dict(head_prep="attention"), dict(barrier_acquire=True),
+                                   dict(head_prep="attention", head_dim=64, num_heads=16, num_kv_heads=1)],
                          ids=lambda e: "-".join(f"{k}{v}" for k, v in e.items()))
 def test_variants_assemble_without_spills(extra):
     config = make_config("persistent_decoder", name="v", **{**TINY, "num_layers": 2, **extra})
@@ -745,6 +747,77 @@ def test_kv_prefetch_asks_for_each_attention_items_first_keys_once_and_changes_n
     out = decoder_run(kernel, inputs, pos)
     for name in ("x", "k_cache", "v_cache"):
         assert np.array_equal(out[name].view(np.uint8), plain[name].view(np.uint8)), f"{name} differs"
+
+
+@pytest.mark.parametrize("layers, pos, extra", [
+    (2, 63, {}),  # an item a CTA
+    (2, 37, dict(ctas=3)),  # several items a CTA, the split holding pos among them
+    (1, 37, dict(rope_style="interleaved", qk_norm=False)),  # a GGUF llama layer: rope alone
+    (1, 39, dict(head_dim=64, num_heads=16, num_kv_heads=1, kv_dtype="bf16", max_seq_len=40)),  # 16 q heads: 2 a warp
+    (1, 0, dict(head_dim=256, num_heads=2, num_kv_heads=1, kv_dtype="f32")),  # 4 rope pairs a lane, f32 cache
+], ids=("item-a-cta", "items-a-cta", "llama", "group16-bf16", "hd256-f32"))
+def test_head_prep_in_attention_gives_the_same_bits(layers, pos, extra):
+    """head_prep = "attention" runs the same norm and rope (the same macros on the same f32 rows)
+    in phase C instead of phase A: x and both caches keep every bit of the count-in kernel's, it
+    meets the reference, and it leaves no counter behind."""
+    def decoder(head_prep):
+        return make_kernel("persistent_decoder", name="pd", **{**TINY, **extra}, num_layers=layers, head_prep=head_prep)
+
+    kernel = decoder("attention")
+    kind = kernel.definition
+    assert kind.params()[[p.name for p in kind.params()].index("counters")].shape == (kind.config.num_kv_heads,)
+    inputs = kind.sample_inputs(np.random.default_rng(pos), {"pos": pos})
+    out = decoder_run(kernel, inputs, pos)
+    check_against_reference(kernel, out, inputs, pos)
+    plain = decoder_run(decoder("count_in"), inputs, pos)
+    for name in ("x", "k_cache", "v_cache"):
+        assert np.array_equal(out[name].view(np.uint8), plain[name].view(np.uint8)), f"{name} differs"
+
+
+@pytest.mark.parametrize("barrier, finding", [
+    ("C_K_MADE:\n\tbar.sync 0;\n", "global-memory race: reads k_cache"),  # k's row before the ring reads it
+    ("C_Q0_MADE:\n\n\tbar.sync 0;\n", "which no thread of this CTA has written"),  # q before its fragments
+], ids=("k-row", "q-heads"))
+def test_head_prep_in_attention_barriers_are_load_bearing(barrier, finding):
+    """Without the CTA barrier after warp 0 writes k's row at pos, the ring's cp.async reads it
+    unordered; without the one after the q heads are stored, lanes read shared q no one wrote yet:
+    the sanitizer names each."""
+    kernel = kernel_for(1, ctas=3, head_prep="attention")
+    ptx = kernel.variant("sm_80").ptx
+    assert ptx.count(barrier) == 1
+    inputs = kernel.definition.sample_inputs(np.random.default_rng(37), {"pos": 37})
+    with pytest.raises(SanitizerError, match=re.escape(finding)):
+        decoder_run(kernel, inputs, 37, ptx=ptx.replace(barrier, barrier[:barrier.index("\tbar.sync")]))
+
+
+@pytest.mark.parametrize("ctas", (1, 5, None))
+def test_barrier_acquire_gives_the_same_bits_on_any_grid(ctas):
+    """barrier_acquire = true orders the grid barrier with an acq_rel add and acquire polls, no
+    fence: the same work in the same order, so every bit of x, the caches and the barrier word
+    is the fenced barrier's."""
+    inputs = base_inputs(2, "f16", seed=5)
+    grid = {} if ctas is None else {"ctas": ctas}
+    out = decoder_run(kernel_for(2, barrier_acquire=True, **grid), inputs, 45)
+    check_against_reference(kernel_for(2, barrier_acquire=True, **grid), out, inputs, 45)
+    plain = decoder_run(kernel_for(2, **grid), inputs, 45)
+    for name in ("x", "k_cache", "v_cache", "barrier"):
+        assert np.array_equal(out[name].view(np.uint8), plain[name].view(np.uint8)), f"{name} differs"
+
+
+@pytest.mark.parametrize("acquire, weaker", [
+    ("ld.acquire.gpu.global.u32 %bar_t", "ld.relaxed.gpu.global.u32 %bar_t"),  # a poll that acquires nothing
+    ("atom.acq_rel.gpu.global.add.u32 %bar_old", "atom.relaxed.gpu.global.add.u32 %bar_old"),  # releases nothing
+    ("atom.acq_rel.gpu.global.add.u32 %bar_old", "atom.release.gpu.global.add.u32 %bar_old"),  # the last arriver
+], ids=("relaxed-poll", "relaxed-add", "release-add"))
+def test_barrier_acquire_needs_each_of_its_orderings(acquire, weaker):
+    """Each weakening of barrier_acquire's ordering lets a CTA read another's writes unordered
+    (12 CTAs leave phases at different times), and the interpreter's memory-ordering model says
+    so: a release-only add leaves the last arriver, which never polls, without an acquire."""
+    kernel = kernel_for(2, ctas=12, barrier_acquire=True)
+    ptx = kernel.variant("sm_80").ptx
+    assert ptx.count(acquire) == PHASE_BARRIERS
+    with pytest.raises(SanitizerError, match="global-memory race"):
+        decoder_run(kernel, base_inputs(2, "f16", seed=9), 9, ptx=ptx.replace(acquire, weaker))
 
 
 def test_gate_and_up_of_different_types_have_no_fused_kernel():

@@ -19,14 +19,18 @@ A  norm + Q/K/V projections. Every CTA quantises x * attn_norm[l] to int8 in sha
    kv_dtype), and resets the counter. Per-head norms, rope and the cache write need no barrier
    of their own, but every Q/K task pays the count-in's fence and atomic, two dependent round
    trips a round that phase D's tasks do not: on the H200 (2026-11-28, pos 4095,
-   decoder_timeline.json) qkv streamed 1933 GB/s and o 3265, both 2-3 tasks a warp. Doing the
-   norm and rope after the barrier instead, in the attention phase's q load (each CTA its group's
-   heads) and in the CTA whose split holds pos (k's row), would take them off phase A (not built).
+   decoder_timeline.json) qkv streamed 1933 GB/s and o 3265, both 2-3 tasks a warp. With
+   `head_prep = "attention"` (see HEAD_PREP) Q and K rows are only stored, and phase C makes the
+   heads instead.
 C  split-KV attention: the attention family's `attn_split` / `attn_count_in` macros (the same
    PTX as incremental_attention), run by the CTAs over (KV head, split) items with that kind's
    split rule at L = pos + 1; the last CTA of a KV head to finish merges the splits into the
    `attn` workspace and resets its counter. Attention reads the cache rows back, so it sees k/v
-   rounded to kv_dtype.
+   rounded to kv_dtype. With head_prep "attention": the CTA of the split holding pos first
+   makes its KV head's k (warp 0: norm, rope, k_cache row pos; then a CTA barrier, since its
+   ring reads that row), and every item's CTA makes its group's q heads in shared memory
+   (attn_split's q_prep: a warp a head, loads issued before the ring's first tiles and the
+   arithmetic done while they travel). The same macros on the same rows: the same bits.
 D  output projection + residual: stage `attn`, rows of Wo, x[r] += (Wo o)[r].
 E  norm + gate/up + SwiGLU: stage x * ffn_norm[l] (and its RMS factor); a warp task is gate row
    i and up row i together, so SwiGLU is its epilogue: mlp[i] = silu(g) * u.
@@ -189,6 +193,33 @@ MAX_L2_PREFETCH = 4
 # context asks for (32k keys would be 134 MB a layer). At 8 warps it costs no register (233 on
 # sm_90 at Qwen3-8B's shapes, with barrier_prefetch too); 12 warps spill 12 bytes with it on
 # sm_90. Not timed yet: off by default.
+# HEAD_PREP: phase A's Q/K tasks (2560 of its 3072 at Qwen3-8B's shapes, 2.4 a warp) each end in
+# a fence and an atomic whose result the warp waits for, 2 dependent round trips a task, and the
+# warp completing a head then loads and rotates it: the likeliest reason qkv streamed 1933 GB/s
+# where o's tasks, alike but for that, streamed 3265 (H200, 2026-11-28). With head_prep =
+# "attention" phase A only stores the rows; phase C's CTAs each make their item's q heads, the
+# loads (L2 hits, 2 KB) going out before the ring's first K/V tiles and the norm and rope done
+# while those travel, so an item waits for no more round trips than before; the split holding
+# pos also makes k's head first, one round trip and a CTA barrier on that item (8 of 256 at pos
+# 4095) before its ring starts. Registers on sm_90 at Qwen3-8B's shapes: 240 (233 without), no
+# spill at 8 warps; 12 warps spill 48 bytes (sm_80 92). The model, which takes a fence as a wait
+# for every load in flight (perf._waits), puts the step at pos 4095 at 1213.6 dependent rounds a
+# warp against 1302.3 (latency 728 against 781 us, `show --gpu h200`). Not timed yet: off by
+# default.
+# BARRIER_ACQUIRE: the barrier's wait ends in a fence.acq_rel by thread 0. If the hardware keeps
+# that order by holding the warp until every access it issued before is performed (the model
+# assumes so; not measured), warp 0 waits there for the first weight loads of the next GEMV phase
+# it issued before its wait (6 KB a warp, 6.3 MB over the grid: 1.5 us at 4.2 TB/s), and the
+# whole CTA waits for it at the bar.sync, before it can stage x. On
+# the H200 (2026-11-28) the barriers before GEMV phases took 2.1-2.5 us, the one before
+# attention (no loads across it) 1.17. With barrier_acquire = true each poll is an acquire load
+# and the arrival an acq_rel add, which order the same accesses without waiting for loads in
+# flight: x's staging overlaps the first weights. The performance model takes a fence as a wait
+# for everything in flight (perf._waits) but counts rounds for the mean warp, not the CTA that
+# waits for warp 0 at the bar.sync: Qwen3-8B's step at pos 4095 (`show --gpu h200`) goes from
+# 1302.3 to 1288.8 rounds a warp (latency 781 -> 773 us). The interpreter proves the ordering:
+# an acquire poll made relaxed, or the add made relaxed or release-only, is a race it reports.
+# Not timed yet: off by default.
 
 
 def task_spans(gate_up: bool, row_bytes: int) -> list[tuple[int, int]]:
@@ -254,6 +285,13 @@ class PersistentDecoderConfig(KernelConfig):
     # Keys of each of its attention items (the first ones) that a CTA requests into L2 at the top
     # of a layer, before phase A (see KV_PREFETCH); 0: none.
     kv_prefetch_keys: int = Field(default=0, ge=0, le=MAX_POS)
+    # Where the new q and k heads get their norm and rope (see HEAD_PREP): "count_in", in phase
+    # A by the warp whose Q/K task completes a head; "attention", in phase C by each CTA for its
+    # item's q heads, and k by the CTA whose split holds pos.
+    head_prep: Literal["count_in", "attention"] = "count_in"
+    # The grid barrier's ordering (see BARRIER_ACQUIRE): False, a fence.acq_rel before the arrival's
+    # add and after the poll; True, an acq_rel add and acquire polls, no fence.
+    barrier_acquire: bool = False
     # Where a step's time goes: thread 0 of each CTA stamps %globaltimer into the workspace
     # `timeline` (see timeline_width) at its start and end and as it arrives at and passes each
     # grid barrier (bench/lease/decoder_timeline.py reads it). Off: no stamps, no parameter.
@@ -614,9 +652,18 @@ class PersistentDecoder(Kind):
         return max(1, min(c.sm_count * c.ctas_per_sm, self.work_ctas(), max_ctas(c.warps)))
 
     @property
+    def q_smem_offset(self) -> int:
+        """Where head_prep "attention" keeps a CTA's q heads (f32[group, head_dim]) in dynamic
+        shared memory: past the attention phase's scratch."""
+        return ceil_div(self.attention.shared_bytes, 16) * 16
+
+    @property
     def dynamic_shared(self) -> int:
         staging = max(variant.stage_bytes for variants in self.variants.values() for variant in variants)
-        return max(staging, self.attention.shared_bytes)
+        attention = self.attention.shared_bytes
+        if self.config.head_prep == "attention":
+            attention = self.q_smem_offset + 4 * self.attention.group * self.config.head_dim
+        return max(staging, attention)
 
     def params(self) -> list[Param]:
         c = self.config
@@ -637,9 +684,10 @@ class PersistentDecoder(Kind):
             position,
             # Workspace (role "workspace": allocated and zeroed by the launcher, sized from config).
             Param("barrier", "u32", (BARRIER_WORDS,), "workspace"),
-            # Attention split counters [num_kv_heads], then per-head row counters of phase A
-            # (q heads, then k heads).
-            Param("counters", "u32", (c.num_kv_heads + c.num_heads + c.num_kv_heads,), "workspace"),
+            # Attention split counters [num_kv_heads], then (head_prep "count_in") per-head row
+            # counters of phase A (q heads, then k heads).
+            Param("counters", "u32", (c.num_kv_heads + (c.num_heads + c.num_kv_heads) * (c.head_prep == "count_in"),),
+                  "workspace"),
             Param("qkv", "f32", (self.q_dim + self.kv_dim,), "workspace"),
             Param("attn", "f32", (self.q_dim,), "workspace"),
             Param("mlp", "f32", (I,), "workspace"),
@@ -677,6 +725,10 @@ class PersistentDecoder(Kind):
         if c.kv_prefetch_keys:
             note += (f"; each CTA requests the first {c.kv_prefetch_keys} keys of its attention items into L2 before "
                      "phase A")
+        if c.barrier_acquire:
+            note += "; grid barriers ordered by an acq_rel add and acquire polls, no fence"
+        if c.head_prep == "attention":
+            note += "; q and k heads normalised and rotated in the attention phase, not counted in per task in phase A"
         return note
 
     @property
@@ -731,6 +783,9 @@ class PersistentDecoder(Kind):
             "rope": RopePlan.of(c.rope_theta, c.head_dim, vec, c.rope_style),
             "qk_norm": c.qk_norm,
             "counter_base": c.num_kv_heads,
+            "head_prep": c.head_prep,
+            "barrier_acquire": c.barrier_acquire,
+            "q_smem_offset": self.q_smem_offset,
             "sites": self.barrier_sites(),
         }
 
