@@ -493,7 +493,7 @@ def test_spec_instances_assemble_without_spills():
 @pytest.mark.parametrize("extra", [dict(kv_dtype="bf16", indirect_pos=True), dict(kv_dtype="f32"),
                                    dict(head_dim=64, num_heads=16, num_kv_heads=2),
                                    dict(head_dim=256, num_heads=4, num_kv_heads=1), dict(warps=12),
-                                   dict(head_prep="attention"), dict(barrier_acquire=True),
+                                   dict(head_prep="attention"), dict(barrier_acquire=True), dict(attention_stages=3),
                                    dict(head_prep="attention", head_dim=64, num_heads=16, num_kv_heads=1)],
                          ids=lambda e: "-".join(f"{k}{v}" for k, v in e.items()))
 def test_variants_assemble_without_spills(extra):
@@ -755,7 +755,8 @@ def test_kv_prefetch_asks_for_each_attention_items_first_keys_once_and_changes_n
     (1, 37, dict(rope_style="interleaved", qk_norm=False)),  # a GGUF llama layer: rope alone
     (1, 39, dict(head_dim=64, num_heads=16, num_kv_heads=1, kv_dtype="bf16", max_seq_len=40)),  # 16 q heads: 2 a warp
     (1, 0, dict(head_dim=256, num_heads=2, num_kv_heads=1, kv_dtype="f32")),  # 4 rope pairs a lane, f32 cache
-], ids=("item-a-cta", "items-a-cta", "llama", "group16-bf16", "hd256-f32"))
+    (1, 290, dict(max_seq_len=320, sm_count=4, attention_stages=3)),  # 5-tile chunks, pos's tile past the prologue
+], ids=("item-a-cta", "items-a-cta", "llama", "group16-bf16", "hd256-f32", "long-chunks"))
 def test_head_prep_in_attention_gives_the_same_bits(layers, pos, extra):
     """head_prep = "attention" runs the same norm and rope (the same macros on the same f32 rows)
     in phase C instead of phase A: x and both caches keep every bit of the count-in kernel's, it
@@ -788,6 +789,24 @@ def test_head_prep_in_attention_barriers_are_load_bearing(barrier, finding):
     inputs = kernel.definition.sample_inputs(np.random.default_rng(37), {"pos": 37})
     with pytest.raises(SanitizerError, match=re.escape(finding)):
         decoder_run(kernel, inputs, 37, ptx=ptx.replace(barrier, barrier[:barrier.index("\tbar.sync")]))
+
+
+@pytest.mark.parametrize("stages", (1, 3))
+def test_attention_stages_change_when_tiles_are_requested_not_the_bits(stages):
+    """attention_stages = 1 (a tile in flight alone) or 3 (two ahead of the one in use) against the
+    default 2, on chunks of 5 ring tiles (160 keys of 291 over 2 splits): the same bits, and the
+    reference met."""
+    config = dict(TINY, max_seq_len=320, sm_count=4)
+    pos = 290
+    kernel = make_kernel("persistent_decoder", name="pd", **config, num_layers=1, attention_stages=stages)
+    kind = kernel.definition
+    assert kind.attention.stages == stages and kind.attention.split(pos + 1) == (160, 2)
+    inputs = kind.sample_inputs(np.random.default_rng(pos), {"pos": pos})
+    out = decoder_run(kernel, inputs, pos)
+    check_against_reference(kernel, out, inputs, pos)
+    plain = decoder_run(make_kernel("persistent_decoder", name="pd", **config, num_layers=1), inputs, pos)
+    for name in ("x", "k_cache", "v_cache"):
+        assert np.array_equal(out[name].view(np.uint8), plain[name].view(np.uint8)), f"{name} differs"
 
 
 @pytest.mark.parametrize("ctas", (1, 5, None))

@@ -206,6 +206,14 @@ MAX_L2_PREFETCH = 4
 # for every load in flight (perf._waits), puts the step at pos 4095 at 1213.6 dependent rounds a
 # warp against 1302.3 (latency 728 against 781 us, `show --gpu h200`). Not timed yet: off by
 # default.
+# ATTENTION_STAGES: at Qwen3-8B's shapes and pos 4095 each CTA runs one attention item of 256
+# keys as 8 ring tiles of 32 keys (17 KB, K and V), and 2 stages keep one tile in flight while one
+# is used: 17 KB a SM, where Little's law at the H200's 4226 GB/s and 600 ns wants 19 KB (more
+# under load), and every tile a dependent round trip. The phase streamed 1621 GB/s (2026-11-28).
+# attention_stages = 3 keeps two tiles in flight (52 KB of ring a CTA; one CTA an SM, by
+# registers, so no occupancy is lost). The model gives it nothing: it takes a cp.async.wait_group
+# as a wait for every copy in flight, and its Little's law is the whole kernel's (the GEMV phases'
+# 48 KB a SM). Not timed yet: the default stays ATTENTION_RING's.
 # BARRIER_ACQUIRE: the barrier's wait ends in a fence.acq_rel by thread 0. If the hardware keeps
 # that order by holding the warp until every access it issued before is performed (the model
 # assumes so; not measured), warp 0 waits there for the first weight loads of the next GEMV phase
@@ -285,6 +293,10 @@ class PersistentDecoderConfig(KernelConfig):
     # Keys of each of its attention items (the first ones) that a CTA requests into L2 at the top
     # of a layer, before phase A (see KV_PREFETCH); 0: none.
     kv_prefetch_keys: int = Field(default=0, ge=0, le=MAX_POS)
+    # K/V tiles of the attention phase's ring (see ATTENTION_STAGES): stages - 1 in flight while one
+    # is used; None: as many as ATTENTION_RING bytes hold (2 at Qwen3-8B's shapes). At most 3, which
+    # the interpreter's race tracking holds for a 128-CTA grid (8 MB of shared memory a wave).
+    attention_stages: int | None = Field(default=None, ge=1, le=3)
     # Where the new q and k heads get their norm and rope (see HEAD_PREP): "count_in", in phase
     # A by the warp whose Q/K task completes a head; "attention", in phase C by each CTA for its
     # item's q heads, and k by the CTA whose split holds pos.
@@ -351,8 +363,8 @@ def random_rows(rng, shape: tuple[int, ...], filled: int, dtype: str) -> np.ndar
 
 def decoder_attention(config) -> AttentionPlan:
     """incremental_attention's plan run by this kernel's CTAs (config.warps): 32 head dims a warp
-    where a key group (head slices x dim slices) fits the CTA, else 64; as many ring stages (1..4)
-    as ATTENTION_RING bytes hold."""
+    where a key group (head slices x dim slices) fits the CTA, else 64; config.attention_stages
+    ring stages, or as many (1..4) as ATTENTION_RING bytes hold."""
     slices = ceil_div(config.num_heads // config.num_kv_heads, MAX_HEADS_PER_SLICE)
     dims = 32 if slices * config.head_dim // 32 <= config.warps else 64
 
@@ -360,6 +372,8 @@ def decoder_attention(config) -> AttentionPlan:
         return AttentionPlan.of(config, warps=config.warps, dims_per_warp=dims, stages=stages,
                                 ctas_per_sm=config.ctas_per_sm)
 
+    if config.attention_stages is not None:
+        return plan(config.attention_stages)
     return plan(max(1, min(4, ATTENTION_RING // plan(1).stage_bytes)))
 
 
