@@ -29,8 +29,13 @@ The time model has three terms, all in microseconds:
   the 128 with a CTA) is 9,178 cycles (6.2 us at 1.47 GHz) for decode attention at 8k keys
   (attn_t128) against 5,732 (3.6 us at 1.58 GHz) for the Q4_K GEMV g12288_default: 2.6 us more of
   the launch with most SMs empty; the tail here is 2.2 us for that row (2.4 us at 1.47 GHz). It
-  does not explain the recorded decode attention below 8k keys (and with 3-4 ring stages at 8k),
-  1.6-3.8 us above the serialized estimate: not modelled (bench/model_check.py lists those rows).
+  does not explain the recorded decode attention below 8k keys, 1.6-3.8 us above the serialized
+  estimate: not modelled (bench/model_check.py lists those rows). Nor deeper rings: a
+  cp.async.wait_group N leaves its N newest groups in flight here, so 3-4 stages cost fewer
+  rounds, but on the H100 (attn_sweep.json of 2026-11-23) they measured slower than 2 at every
+  length (3 stages at 32k keys: 64.37 us, above the serialized 61.28, against 2 stages' 58.14):
+  with two CTAs an SM they put 68 KB a SM in flight where 34 KB already streamed at 95% of copy,
+  and nothing here prices too many bytes in flight.
   A persistent decoder declares its grid barriers (2 round trips each: the last arrival's
   fence, its add reaching the word and a waiter's poll) and each layer's count-in; polls of
   synchronisation words (relaxed, acquire or volatile loads) are not load rounds, since how
@@ -246,8 +251,22 @@ def _loaded(ins) -> dict:
         return {reg: size for reg in _registers(ins.operands[0])}
     if ins.base == "cp" and ins.mods[:1] == ["async"] and "global" in ins.mods:
         size = next((op.value for op in ins.operands[2:] if isinstance(op, Imm)), 16)
-        return {("cp.async", ins.index): size}
+        return {("cp.async", ins.index, 0): size}
     return {}
+
+
+# A copy's key is ("cp.async", instruction, groups committed since it was issued): 0 while its
+# group is open, 1 in the newest committed group, .. up to this cap (more than any wait_group's N).
+GROUP_AGE_CAP = 8
+
+
+def _committed(state) -> frozenset:
+    """The keys in flight after a cp.async.commit_group: every copy a group older."""
+    return frozenset((k[0], k[1], min(k[2] + 1, GROUP_AGE_CAP)) if isinstance(k, tuple) else k for k in state)
+
+
+def _size_key(key):
+    return key[:2] if isinstance(key, tuple) else key
 
 
 def _successors(ins, count: int) -> list[int]:
@@ -267,7 +286,9 @@ class LoadRounds:
 def load_rounds(program) -> LoadRounds:
     """Static data flow over the PTX: which global loads are in flight at each instruction. The
     first use of any of them waits, and by then the ones issued with it have arrived too (one
-    thread's requests see about the same latency), so a use empties the set."""
+    thread's requests see about the same latency), so a use empties the set; but a
+    cp.async.wait_group N leaves the copies of the N newest committed groups in flight (a ring's
+    tiles ahead of the one it waits for)."""
     code = program.instructions
     effects = [(*_reads_writes(ins), _loaded(ins)) for ins in code]
     pending = [None] * len(code)  # keys in flight on entry (union over paths), None = unreached
@@ -280,15 +301,17 @@ def load_rounds(program) -> LoadRounds:
         if code[index].base in COPIES and reads & state:
             state = state | writes  # the copies are in flight with the loads they copy
             sizes.update({reg: sizes.get(reg, 0) for reg in writes})
+        elif code[index].base == "cp" and code[index].mods == ["async", "commit_group"]:
+            state = _committed(state)
         else:
             state = (_after_wait(code[index], reads, state) - writes) | loaded.keys()
-        sizes.update(loaded)
+        sizes.update({_size_key(key): size for key, size in loaded.items()})
         for successor in _successors(code[index], len(code)):
             merged = state if pending[successor] is None else pending[successor] | state
             if merged != pending[successor]:
                 pending[successor] = merged
                 work.append(successor)
-    waits = {i: sum(sizes[k] for k in pending[i]) for i, ins in enumerate(code)
+    waits = {i: sum(sizes[_size_key(k)] for k in pending[i]) for i, ins in enumerate(code)
              if pending[i] and _waits(ins, effects[i][0], pending[i])}
     starts = tuple(i for i, (reads, _, loaded) in enumerate(effects)
                    if loaded and pending[i] is not None and not _after_wait(code[i], reads, pending[i]))
@@ -296,18 +319,30 @@ def load_rounds(program) -> LoadRounds:
 
 
 def _after_wait(ins, reads: set, state) -> frozenset:
-    return frozenset() if _waits(ins, reads, state) else state
+    if not _waits(ins, reads, state):
+        return state
+    if ins.base == "cp" and ins.mods[:2] == ["async", "wait_group"]:  # the newer groups stay in flight
+        newest = _group_depth(ins)
+        return frozenset(k for k in state if isinstance(k, tuple) and k[2] <= newest)
+    return frozenset()
+
+
+def _group_depth(ins) -> int:
+    """N of a cp.async.wait_group N."""
+    return next(op.value for op in ins.operands if isinstance(op, Imm))
 
 
 def _waits(ins, reads: set, state) -> bool:
-    """Whether `ins` stalls on a load in flight (cp.async.wait_group N is taken as waiting for all).
-    A memory fence (fence.sc / fence.acq_rel, membar; not a proxy or mbarrier_init fence) waits
+    """Whether `ins` stalls on a load in flight: cp.async.wait_all on any copy, cp.async.wait_group
+    N on one of a group older than the N newest committed ones. A memory fence (fence.sc / fence.acq_rel, membar; not a proxy or mbarrier_init fence) waits
     for every one: it holds the warp until its earlier accesses are performed, so loads issued
     ahead of it (a next task's) no longer overlap what follows it."""
     if not state or ins.base in COPIES:
         return False
-    if ins.base == "cp" and ins.mods[:2] in (["async", "wait_group"], ["async", "wait_all"]):
+    if ins.base == "cp" and ins.mods[:2] == ["async", "wait_all"]:
         return any(isinstance(key, tuple) for key in state)
+    if ins.base == "cp" and ins.mods[:2] == ["async", "wait_group"]:
+        return any(isinstance(key, tuple) and key[2] > _group_depth(ins) for key in state)
     if ins.base == "membar" or (ins.base == "fence" and {"sc", "acq_rel"} & set(ins.mods)):
         return True
     return bool(reads & state)

@@ -256,6 +256,44 @@ def test_a_memory_fence_waits_for_the_loads_issued_before_it(fence, rounds):
     assert len(perf.load_rounds(parse(ptx, "ahead")).starts) == rounds
 
 
+
+@pytest.mark.parametrize("depth, rounds", [(1, 1), (0, 2)])
+def test_a_wait_group_leaves_the_newer_groups_in_flight(depth, rounds):
+    """A ring of copies: two groups committed, cp.async.wait_group N, a third issued. With N = 1 the
+    wait leaves the second group in flight, so the third copy joins a round already open (a
+    3-stage ring keeps its requests going); with N = 0 nothing is left and it opens another."""
+    ptx = f"""
+.version 7.8
+.target sm_80
+.address_size 64
+.visible .entry ring(.param .u64 out, .param .u64 x)
+{{
+  .shared .align 16 .b8 tiles[48];
+  .reg .b32 %s, %v;
+  .reg .b64 %o, %p;
+  ld.param.u64 %o, [out];
+  ld.param.u64 %p, [x];
+  mov.u32 %s, tiles;
+  cp.async.cg.shared.global [%s], [%p], 16;
+  cp.async.commit_group;
+  cp.async.cg.shared.global [%s+16], [%p+16], 16;
+  cp.async.commit_group;
+  cp.async.wait_group {depth};
+  cp.async.cg.shared.global [%s+32], [%p+32], 16;
+  cp.async.commit_group;
+  cp.async.wait_all;
+  ld.shared.u32 %v, [%s+32];
+  st.global.u32 [%o], %v;
+  ret;
+}}
+"""
+    found = perf.load_rounds(parse(ptx, "ring"))
+    assert len(found.starts) == rounds
+    # In flight at the wait_group: both groups; at the wait_all: the third copy, and the second too
+    # where the wait_group left it.
+    assert list(found.waits.values()) == [32, 16 * (1 + depth)]
+
+
 # --- the report -----------------------------------------------------------------------------------
 
 TOY = perf.Gpu("toy", "sm_90", sms=2, clock_ghz=1.0, datasheet_gbs=100, copy_gbs=None, latency_ns=500,

@@ -211,9 +211,13 @@ MAX_L2_PREFETCH = 4
 # is used: 17 KB a SM, where Little's law at the H200's 4226 GB/s and 600 ns wants 19 KB (more
 # under load), and every tile a dependent round trip. The phase streamed 1621 GB/s (2026-11-28).
 # attention_stages = 3 keeps two tiles in flight (52 KB of ring a CTA; one CTA an SM, by
-# registers, so no occupancy is lost). The model gives it nothing: it takes a cp.async.wait_group
-# as a wait for every copy in flight, and its Little's law is the whole kernel's (the GEMV phases'
-# 48 KB a SM). Not timed yet: the default stays ATTENTION_RING's.
+# registers, so no occupancy is lost): 34 KB a SM, what incremental_attention's default (two CTAs
+# an SM, one tile each) has in flight, and it streamed 94.7% of the H200's copy. Against it: that
+# kind with 3 stages (68 KB a SM) measured slower at every length on the H100 of 2026-11-23
+# (64.37 against 58.14 us at 32k keys, bench/results/H100-2026-11-23-session3), which no term of
+# the model explains. The model (a cp.async.wait_group N leaves the N newest groups in flight,
+# perf.load_rounds) puts this step at 1023.0 dependent rounds a warp against 1302.3, latency 614
+# against 781 us (`show --gpu h200`). Not timed yet: the default stays ATTENTION_RING's.
 # BARRIER_ACQUIRE: the barrier's wait ends in a fence.acq_rel by thread 0. If the hardware keeps
 # that order by holding the warp until every access it issued before is performed (the model
 # assumes so; not measured), warp 0 waits there for the first weight loads of the next GEMV phase
