@@ -150,7 +150,9 @@ MAX_CTAS = max_ctas(8)  # the bound of `ctas` at the smallest CTA; a 12-warp con
 # `gemv_unroll` row-steps of a warp's loads in flight, from one task into the next (at the
 # default 4, 48 KB of weights a SM with 8 warps, 72 KB with 12; Little's law at 3 TB/s and 600 ns
 # wants 13.6 KB, more under load), and a phase is that many fewer dependent rounds a warp: the
-# model's latency term for the Qwen3-8B step, 721 us at 8 warps, is 472 at 12 (`ptxgen show`).
+# model's latency term for the Qwen3-8B step, 781 us at 8 warps, is 514 at 12 (`ptxgen show`;
+# 721 and 472 before it took a fence as a wait for the loads in flight). Measured, 12 warps were
+# 5% slower (H200, 2026-11-28).
 MAX_REGISTERS = {8: 255, 12: 168}  # by `warps`: 12 x 32 x 168 = 64,512 of the SM's 65,536
 # The most row-steps of a type's loads a warp keeps in flight (gemv_unroll caps them further). A
 # Q6_K slot takes 30 registers (Q4_K 12, Q8_0 21): with Q6_K rows of a Qwen3-8B-shaped Q4_K_M
@@ -164,8 +166,8 @@ MAX_UNROLL = {"q4_k": 4, "q6_k": 1, "q8_0": 2}
 # a warp, 48 KB a SM), and a Qwen3-8B GEMV phase is only 1.5-12 rounds of them a warp (qkv's
 # 2560 two-row tasks on 1056 warps: 2.4), so a phase's first loads, its last and the grid barrier
 # between phases leave DRAM waiting on round trips: the 2026-11-27 step (2338 us) is its bytes'
-# 1337 us + the model's latency 721 us + tail 300 us, the serialized end. With l2_prefetch = P a
-# warp also asks L2 for its next P tasks' lines (prefetch.global.L2, a lane a 128-byte line: 2
+# 1337 us + the model's latency of the day 721 us + tail 300 us, the serialized end. With
+# l2_prefetch = P a warp also asks L2 for its next P tasks' lines (prefetch.global.L2, a lane a 128-byte line: 2
 # instructions a lane per 4.6 KB task), the first P at the phase's barrier before its wait, then
 # one more each task, so its register loads find their lines in L2 or on the way. A window of P
 # tasks is P x 4.6 KB a warp of 4096-wide Q4_K rows (4.9 MB a task over the 1056 warps; L2 holds
