@@ -447,6 +447,43 @@ def count_instructions(ptx: str, entry: str, launch: Launch, args: list,
     )
 
 
+@dataclass(frozen=True)
+class SegmentCount:
+    """A stretch of a kernel's code (between two labels), counted over one launch."""
+    name: str
+    rounds_per_warp: float  # dependent global-load rounds the mean warp opens there
+    warp_instructions: int  # executed there, all warps
+
+
+def segment_counts(ptx: str, entry: str, launch: Launch, args: list,
+                   ends: list[tuple[str, str | None]]) -> list[SegmentCount]:
+    """count_instructions split at labels, the whole grid run (sanitizer off; arrays in args are
+    written): segment (name, label) holds the instructions from where the one before it ended up
+    to that label's (None: the end of the code), for a kernel whose code runs its stretches in
+    that order (a persistent decoder's phases, between the labels its barrier arrivals end at)."""
+    program = parse(ptx, entry)
+    text = ptx.splitlines()
+    bounds = []
+    for name, label in ends:
+        if label is None:
+            bounds.append(len(program.instructions))
+            continue
+        line = next((number for number, row in enumerate(text, 1) if row.strip() == f"{label}:"), None)
+        if line is None:
+            raise PtxgenError(f"{entry}: no label {label} in its PTX to end segment {name} at")
+        bounds.append(next((ins.index for ins in program.instructions if ins.line > line), len(program.instructions)))
+    stats = interpret(ptx, entry, launch.grid, launch.block, args, dynamic_shared=launch.dynamic_shared,
+                      sanitize=False)
+    starts = set(load_rounds(program).starts)
+    warps_run = math.prod(launch.grid) * -(-launch.threads_per_cta // 32)
+    counts, first = [], 0
+    for (name, _), end in zip(ends, bounds):
+        rounds = sum(int(stats.warps_at[i]) for i in range(first, end) if i in starts)
+        counts.append(SegmentCount(name, rounds / warps_run, int(stats.warps_at[first:end].sum())))
+        first = end
+    return counts
+
+
 # --- the model ----------------------------------------------------------------------------------
 
 def issue_time_us(warp_instructions: int, gpu: Gpu) -> float:

@@ -135,6 +135,38 @@ def test_decoder_timeline_adds_phases_and_barriers_up_to_the_step():
     assert "barrier F" in decoder_timeline.report(summary)
 
 
+def test_decoder_phases_models_each_phase_and_sees_what_head_prep_takes_off_qkv():
+    """bench/lease/decoder_phases.py on the tiny decoder: every phase of a layer priced (its bytes
+    the timeline's, a layer's worth), the barriers at BARRIER_ROUND_TRIPS each; with head_prep
+    "attention" phase A's Q/K tasks lose their count-in, whose fence and atomic the model counts
+    as rounds of their own; the GEMV phases after it do not change; the report puts a timeline's measured span a layer beside each phase."""
+    sys.path.insert(0, str(LEASE))
+    import decoder_phases
+
+    from helpers import make_config
+    from ptxgen.kernels.persistent_decoder import BARRIER_ROUND_TRIPS
+    from ptxgen.perf import GPUS
+
+    gpu = GPUS["h200"]
+    shapes = dict(hidden=512, num_heads=4, num_kv_heads=2, head_dim=128, intermediate=1024, max_seq_len=64,
+                  num_layers=2)
+    plain, moved = (decoder_phases.layer_model(make_config("persistent_decoder", name="pd", **shapes, **extra), gpu, 9)
+                    for extra in ({}, {"head_prep": "attention"}))
+    assert list(plain["phases"]) == list(decoder_phases.LAYER_PHASES)
+    q4k_row = 144 * 512 // 256
+    assert plain["phases"]["qkv"]["bytes_us"] == round((512 + 2 * 256) * q4k_row / (gpu.bandwidth_gbs * 1e3), 3)
+    assert plain["barrier_us"] == BARRIER_ROUND_TRIPS * gpu.latency_ns * 1e-3
+    # 512 two-row tasks on 1024 warps: a task a warp at most, its count-in 2 rounds of the model's.
+    assert moved["phases"]["qkv"]["rounds_per_warp"] < plain["phases"]["qkv"]["rounds_per_warp"] / 2
+    assert all(moved["phases"][p] == plain["phases"][p] for p in ("o", "gate_up", "down"))
+    timeline = {"phases": {p: {"span_ns": 2000 * (i + 1)} for i, p in enumerate(decoder_phases.LAYER_PHASES)},
+                "barriers_ns": {b: 1000 for b in "ACDEF"}}
+    table = decoder_phases.report("pd", plain, timeline, 2).splitlines()
+    assert "measured: the timeline's span over its 2 layers / 2" in table[0]
+    assert table[2].split()[0] == "qkv" and table[2].split()[-1] == "1.00"
+    assert table[-1].split()[-1] == "2.50"  # 5 barriers x 1 us over 2 layers
+
+
 def test_whole_model_exits_2_without_a_gpu_before_any_weights():
     """bench/lease/whole_model.py without a GPU: one line naming it, exit 2, no traceback (the
     random 8B weights would take minutes first)."""

@@ -294,6 +294,42 @@ def test_a_wait_group_leaves_the_newer_groups_in_flight(depth, rounds):
     assert list(found.waits.values()) == [32, 16 * (1 + depth)]
 
 
+
+def test_segment_counts_split_rounds_and_instructions_at_labels():
+    """perf.segment_counts: one load round before the label FIRST_DONE, two dependent ones after
+    it; the instructions of the two stretches add up to the launch's."""
+    ptx = """
+.version 7.8
+.target sm_80
+.address_size 64
+.visible .entry two(.param .u64 out, .param .u64 x)
+{
+  .reg .b32 %u<3>;
+  .reg .b64 %o, %p, %q;
+  ld.param.u64 %o, [out];
+  ld.param.u64 %p, [x];
+  ld.global.u32 %u0, [%p];
+  st.global.u32 [%o], %u0;
+FIRST_DONE:
+  ld.global.u32 %u1, [%p+4];
+  mul.wide.u32 %q, %u1, 4;
+  add.u64 %q, %p, %q;
+  ld.global.u32 %u2, [%q];
+  st.global.u32 [%o+4], %u2;
+  ret;
+}
+"""
+    args = [np.zeros(2, np.uint32), np.array([5, 2, 7], np.uint32)]
+    launch = Launch((3, 1, 1), (64, 1, 1))
+    first, second = perf.segment_counts(ptx, "two", launch, args, [("first", "FIRST_DONE"), ("second", None)])
+    assert (first.name, first.rounds_per_warp, second.rounds_per_warp) == ("first", 1.0, 2.0)
+    assert args[0].tolist() == [5, 7]
+    whole = perf.count_instructions(ptx, "two", launch, [np.zeros(2, np.uint32), np.array([5, 2, 7], np.uint32)])
+    assert first.warp_instructions + second.warp_instructions == whole.warp_instructions == 6 * (4 + 6)
+    with pytest.raises(PtxgenError, match="no label LATER"):
+        perf.segment_counts(ptx, "two", launch, args, [("first", "LATER"), ("second", None)])
+
+
 # --- the report -----------------------------------------------------------------------------------
 
 TOY = perf.Gpu("toy", "sm_90", sms=2, clock_ghz=1.0, datasheet_gbs=100, copy_gbs=None, latency_ns=500,
