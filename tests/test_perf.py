@@ -227,6 +227,22 @@ def test_unpacking_a_load_is_not_waiting_for_it():
 
 
 
+def out_x_kernel(name: str, body: str, target: str = "sm_80") -> str:
+    """A PTX entry `name`(u64 out, u64 x) of `body`, which finds the two pointers in %o and %p."""
+    return f"""
+.version 7.8
+.target {target}
+.address_size 64
+.visible .entry {name}(.param .u64 out, .param .u64 x)
+{{
+  .reg .b64 %o, %p;
+  ld.param.u64 %o, [out];
+  ld.param.u64 %p, [x];
+{body}
+}}
+"""
+
+
 @pytest.mark.parametrize("fence, rounds", [("", 1), ("fence.acq_rel.gpu;", 2), ("membar.gl;", 2),
                                            ("fence.proxy.async.shared::cta;", 1),
                                            ("fence.mbarrier_init.release.cluster;", 1)])
@@ -235,24 +251,14 @@ def test_a_memory_fence_waits_for_the_loads_issued_before_it(fence, rounds):
     fence between them holds the warp until it has arrived: then the atomic opens a round of its
     own (phase A's count-in in the persistent decoder). A proxy fence, or mbarrier_init's, orders
     no load."""
-    ptx = f"""
-.version 7.8
-.target sm_90
-.address_size 64
-.visible .entry ahead(.param .u64 out, .param .u64 x)
-{{
+    ptx = out_x_kernel("ahead", f"""
   .reg .b32 %u<2>;
-  .reg .b64 %o, %p;
-  ld.param.u64 %o, [out];
-  ld.param.u64 %p, [x];
   ld.global.u32 %u0, [%p];
   {fence}
   atom.global.add.u32 %u1, [%o], 1;
   add.u32 %u0, %u0, %u1;
   st.global.u32 [%o+4], %u0;
-  ret;
-}}
-"""
+  ret;""", target="sm_90")
     assert len(perf.load_rounds(parse(ptx, "ahead")).starts) == rounds
 
 
@@ -262,17 +268,9 @@ def test_a_wait_group_leaves_the_newer_groups_in_flight(depth, rounds):
     """A ring of copies: two groups committed, cp.async.wait_group N, a third issued. With N = 1 the
     wait leaves the second group in flight, so the third copy joins a round already open (a
     3-stage ring keeps its requests going); with N = 0 nothing is left and it opens another."""
-    ptx = f"""
-.version 7.8
-.target sm_80
-.address_size 64
-.visible .entry ring(.param .u64 out, .param .u64 x)
-{{
+    ptx = out_x_kernel("ring", f"""
   .shared .align 16 .b8 tiles[48];
   .reg .b32 %s, %v;
-  .reg .b64 %o, %p;
-  ld.param.u64 %o, [out];
-  ld.param.u64 %p, [x];
   mov.u32 %s, tiles;
   cp.async.cg.shared.global [%s], [%p], 16;
   cp.async.commit_group;
@@ -284,9 +282,7 @@ def test_a_wait_group_leaves_the_newer_groups_in_flight(depth, rounds):
   cp.async.wait_all;
   ld.shared.u32 %v, [%s+32];
   st.global.u32 [%o], %v;
-  ret;
-}}
-"""
+  ret;""")
     found = perf.load_rounds(parse(ptx, "ring"))
     assert len(found.starts) == rounds
     # In flight at the wait_group: both groups; at the wait_all: the third copy, and the second too
@@ -298,16 +294,9 @@ def test_a_wait_group_leaves_the_newer_groups_in_flight(depth, rounds):
 def test_segment_counts_split_rounds_and_instructions_at_labels():
     """perf.segment_counts: one load round before the label FIRST_DONE, two dependent ones after
     it; the instructions of the two stretches add up to the launch's."""
-    ptx = """
-.version 7.8
-.target sm_80
-.address_size 64
-.visible .entry two(.param .u64 out, .param .u64 x)
-{
+    ptx = out_x_kernel("two", """
   .reg .b32 %u<3>;
-  .reg .b64 %o, %p, %q;
-  ld.param.u64 %o, [out];
-  ld.param.u64 %p, [x];
+  .reg .b64 %q;
   ld.global.u32 %u0, [%p];
   st.global.u32 [%o], %u0;
 FIRST_DONE:
@@ -316,9 +305,7 @@ FIRST_DONE:
   add.u64 %q, %p, %q;
   ld.global.u32 %u2, [%q];
   st.global.u32 [%o+4], %u2;
-  ret;
-}
-"""
+  ret;""")
     args = [np.zeros(2, np.uint32), np.array([5, 2, 7], np.uint32)]
     launch = Launch((3, 1, 1), (64, 1, 1))
     first, second = perf.segment_counts(ptx, "two", launch, args, [("first", "FIRST_DONE"), ("second", None)])
