@@ -31,10 +31,14 @@ C  split-KV attention: the attention family's `attn_split` / `attn_count_in` mac
    ring reads that row), and every item's CTA makes its group's q heads in shared memory
    (attn_split's q_prep: a warp a head, loads issued before the ring's first tiles and the
    arithmetic done while they travel). The same macros on the same rows: the same bits.
-D  output projection + residual: stage `attn`, rows of Wo, x[r] += (Wo o)[r].
+D  output projection + residual: stage `attn`, rows of Wo, x[r] += (Wo o)[r] (x[r] loaded as
+   the task begins, beside its weights: the task's sums then need no round trip after them).
 E  norm + gate/up + SwiGLU: stage x * ffn_norm[l] (and its RMS factor); a warp task is gate row
    i and up row i together, so SwiGLU is its epilogue: mlp[i] = silu(g) * u.
-F  down projection + residual: stage `mlp`, rows of Wdown, x[r] += (Wdown mlp)[r].
+F  down projection + residual: stage `mlp`, rows of Wdown, x[r] += (Wdown mlp)[r] (as D). The
+   model (bench/lease/decoder_phases.py, H200, pos 4095) puts F at 5.88 dependent rounds a warp
+   with x loaded that way, 7.82 with it loaded after the sums (as the H200 ran it, 2026-11-28;
+   not timed since): the same bits.
 
 Weight types (`weight_quants`): a GEMV phase's matrices may be Q4_K, Q6_K or Q8_0, per layer.
 Each type's layers of a weight are one parameter stack (`<weight>_<type>` when a weight mixes
@@ -146,7 +150,7 @@ MAX_CTAS = max_ctas(8)  # the bound of `ctas` at the smallest CTA; a 12-warp con
 # shapes); 12 warps at 168 assemble without spilling on sm_90 (ptxas 13.5, Qwen3-8B, with and
 # without l2_prefetch) once no temporary is written under a predicate across the layer loop (its
 # stale value stayed live: the grid's warp count, the V row's f16 pair, two flags, each spilled
-# and refilled a task), while sm_80/86 still spill 36-48 bytes there. The GEMV phases keep
+# and refilled a task), while sm_80/86 still spill 36-56 bytes there. The GEMV phases keep
 # `gemv_unroll` row-steps of a warp's loads in flight, from one task into the next (at the
 # default 4, 48 KB of weights a SM with 8 warps, 72 KB with 12; Little's law at 3 TB/s and 600 ns
 # wants 13.6 KB, more under load), and a phase is that many fewer dependent rounds a warp: the
