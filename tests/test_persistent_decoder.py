@@ -494,6 +494,7 @@ def test_spec_instances_assemble_without_spills():
                                    dict(head_dim=64, num_heads=16, num_kv_heads=2),
                                    dict(head_dim=256, num_heads=4, num_kv_heads=1), dict(warps=12),
                                    dict(head_prep="attention"), dict(barrier_acquire=True), dict(attention_stages=3),
+                                   dict(poller_prefetch=True),
                                    dict(head_prep="attention", head_dim=64, num_heads=16, num_kv_heads=1)],
                          ids=lambda e: "-".join(f"{k}{v}" for k, v in e.items()))
 def test_variants_assemble_without_spills(extra):
@@ -619,12 +620,14 @@ def test_fused_kernel_multiplies_each_layers_types(weight_quants, pos):
 
 def test_fused_kernel_with_types_gives_the_same_bits_on_any_grid_and_unroll():
     """Per-layer types keep the kernel's determinism: 1 CTA, 5 CTAs and the default grid, and
-    gemv_unroll 1, give the same bits."""
+    gemv_unroll 1, give the same bits; so do 5 CTAs with the phase variants' segments started by
+    the polling warp after the barrier, fenceless barriers and the heads made in phase C."""
     pos = 21
     kernel = kernel_for(2, weight_quants=MIXED_TWO_LAYERS)
     inputs = kernel.definition.sample_inputs(np.random.default_rng(pos), {"pos": pos})
     out = decoder_run(kernel, inputs, pos)
-    for extra in (dict(ctas=1), dict(ctas=5), dict(gemv_unroll=1)):
+    for extra in (dict(ctas=1), dict(ctas=5), dict(gemv_unroll=1),
+                  dict(ctas=5, poller_prefetch=True, barrier_acquire=True, head_prep="attention")):
         other = decoder_run(kernel_for(2, weight_quants=MIXED_TWO_LAYERS, **extra), inputs, pos)
         for name in ("x", "k_cache", "v_cache"):
             assert np.array_equal(other[name].view(np.uint8), out[name].view(np.uint8)), f"{name} with {extra} differs"
@@ -706,6 +709,24 @@ def test_prefetch_windows_ask_for_each_later_task_once(monkeypatch, knob, window
     expected = set().union(*(task_lines(kind, inputs, phase, task) for phase, tasks in kind.tasks().items()
                              for task in range(warps, last(tasks))))     # never a warp's first task
     assert set(seen) == expected
+    monkeypatch.undo()
+    out, plain = (decoder_run(k, inputs, 5) for k in (kernel, kernel_for(1, ctas=3)))
+    for name in ("x", "k_cache", "v_cache"):
+        assert np.array_equal(out[name].view(np.uint8), plain[name].view(np.uint8)), f"{name} differs"
+
+
+def test_poller_prefetch_sends_the_polling_warps_first_tasks_to_l2_once_and_changes_no_bits(monkeypatch):
+    """poller_prefetch: warp 0 of each CTA (its thread 0 polls the grid barrier) asks L2 for
+    exactly the lines of its first task of every GEMV phase (3 CTAs: global warps 0, 8, 16), each
+    once, and loads them after the barrier; no other warp prefetches, and the outputs keep every
+    bit (one layer here; two layers and mixed weight types below)."""
+    kernel = kernel_for(1, ctas=3, poller_prefetch=True)
+    kind = kernel.definition
+    inputs = base_inputs(1, "f16", seed=3)
+    seen = prefetched_lines(monkeypatch, lambda: decoder_run(kernel, inputs, 5))
+    assert len(seen) == len(set(seen)), "a line asked for twice"
+    assert set(seen) == set().union(*(task_lines(kind, inputs, phase, task) for phase in kind.tasks()
+                                      for task in (0, 8, 16)))
     monkeypatch.undo()
     out, plain = (decoder_run(k, inputs, 5) for k in (kernel, kernel_for(1, ctas=3)))
     for name in ("x", "k_cache", "v_cache"):

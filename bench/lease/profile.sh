@@ -2,13 +2,13 @@
 # The lease's second call, if device time is left after run.sh (same machine, still warm: its
 # /tmp/site install is reused): first where the 36-layer decoder's step goes, phase by phase
 # (bench/lease/decoder_timeline.py: the default, then with head_prep "attention", barrier_acquire,
-# kv_prefetch_keys and attention_stages = 3, together and alone, and barrier_prefetch: on
-# 2026-11-28 the attention phase ran 1621 GB/s and qkv 1933, against gate_up's 3975, and the
-# barriers before GEMV phases took 2.1-2.5 us each), then Nsight Compute on one launch each of
-# the prefill kernels issue 13 is about, at 4096 tokens, and on the 12288x4096 GEMV. Why: on
-# 2026-11-27 the sm_90a prefill ran 454 TFLOP/s at 4k and FlashAttention-3's register split with
-# overlap 453, and nothing measured says what the tensor cores wait on (pipe utilisation, warp
-# stalls and where they sit in the SASS).
+# kv_prefetch_keys and attention_stages = 3, together and alone, poller_prefetch and
+# barrier_prefetch: on 2026-11-28 the attention phase ran 1621 GB/s and qkv 1933, against
+# gate_up's 3975, and the barriers before GEMV phases took 2.1-2.5 us each), then Nsight Compute
+# on one launch each of the prefill kernels issue 13 is about, at 4096 tokens, and on the
+# 12288x4096 GEMV. Why: on 2026-11-27 the sm_90a prefill ran 454 TFLOP/s at 4k and
+# FlashAttention-3's register split with overlap 453, and nothing measured says what the tensor
+# cores wait on (pipe utilisation, warp stalls and where they sit in the SASS).
 #
 #   device run, carry [".whl"], command "bash bench/lease/profile.sh", timeout_s 200
 # (only if `status` leaves 220 s or more; each profile is a Python start and ~40 ncu passes).
@@ -30,15 +30,15 @@ profile() {
 
 # The default first (where the step's time goes), then the four changes together, then each
 # alone: the heads made in the attention phase (does qkv stream like o, what does attention
-# pay?), the barrier without fences (do the barriers before GEMV phases shorten?), the attention
-# phase's K/V requested into L2 under phase A (does attention speed up, does qkv slow down?), its
-# ring 3 stages deep (does attention speed up?), each GEMV phase's next tasks requested at its
-# barrier: the JSON is rewritten after each (~10 s a
+# pay?), the barrier without fences and the polling warp's first task sent to L2 (which of them,
+# if either, brings the barriers before GEMV phases down to the 1.17 us of the one before
+# attention?), the attention ring 3 stages deep and its K/V requested into L2 under phase A (does
+# attention speed up, does qkv slow down?), each GEMV phase's next tasks requested at its barrier: the JSON is rewritten after each (~10 s a
 # decoder, 35 s for the first two on 2026-11-28), so a cut keeps the first.
 step "decoder timeline" 130 python3 bench/lease/decoder_timeline.py bench/lease/decoder.toml qwen3_8b_decoder \
     qwen3_8b_decoder_combined qwen3_8b_decoder_head_prep qwen3_8b_decoder_barrier_acquire \
-    qwen3_8b_decoder_kv_prefetch qwen3_8b_decoder_stages3 qwen3_8b_decoder_barrier_prefetch --pos 4095 \
-    --json "$OUT/decoder_timeline.json"
+    qwen3_8b_decoder_poller_prefetch qwen3_8b_decoder_stages3 qwen3_8b_decoder_kv_prefetch \
+    qwen3_8b_decoder_barrier_prefetch --pos 4095 --json "$OUT/decoder_timeline.json"
 profile bench/lease/prefill_sm90a.toml prefill_sm90a seq_len=4096
 profile bench/lease/prefill_sm90a.toml prefill_sm90a_pingpong seq_len=4096
 profile bench/lease/prefill.toml prefill_mma seq_len=4096

@@ -15,8 +15,8 @@
 # with PDL and without, and with its K/V requested into L2 first (attention.toml); the 36-layer
 # decoder (decoder.toml): the default, with its attention's K/V requested into L2 under phase A,
 # with its GEMV tasks requested at the barriers, with its q/k heads made in the attention phase,
-# with its grid barriers fenceless, with a 3-stage attention ring, and the four together, each also
-# as separate kernels; prefill
+# with its grid barriers fenceless, with its polling warp's first GEMV task sent to L2, with a
+# 3-stage attention ring, and four of them together, each also as separate kernels; prefill
 # with mma.sync (against torch SDPA; 128- and 64-row CTAs, and 128-row CTAs splitting the
 # heaviest blocks' keys up to 1k tokens) at 1k/4k and wgmma (sm_90a; ping-pong, persistent) at
 # 1k/4k/8k; whole-model decode with and without the lm_head (whole_model.py); `pytest -m gpu` with
@@ -49,7 +49,7 @@ step "decode GEMVs" 150 "${BENCH[@]}" --spec bench/lease/decode.toml --graph --j
 step "launch cost" 40 "${BENCH[@]}" --spec bench/lease/launch.toml --json "$OUT/launch.json"
 step "decode attention" 120 "${BENCH[@]}" --spec bench/lease/attention.toml --set seq_len=4096,8192,32768 \
     --json "$OUT/attention.json"
-# Issue 12's step before issue 13's prefill: its seven rows (~45 s each with their separate kernels on
+# Issue 12's step before issue 13's prefill: its eight rows (~45 s each with their separate kernels on
 # 2026-11-28, less now that rows of one shape share their sample inputs, bench.row_inputs) are
 # what this lease adds most to answer.
 step "36-layer decoder" 320 "${BENCH[@]}" --spec bench/lease/decoder.toml --graph --json "$OUT/decoder.json"

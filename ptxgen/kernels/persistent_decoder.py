@@ -212,6 +212,17 @@ MAX_L2_PREFETCH = 4
 # for every load in flight (perf._waits), puts the step at pos 4095 at 1213.6 dependent rounds a
 # warp against 1302.3 (latency 728 against 781 us, `show --gpu h200`). Not timed yet: off by
 # default.
+# POLLER_PREFETCH: whether the barrier waits for warp 0's own first weight loads (6 KB, issued
+# before its thread 0 polls) turns on two things not measured: whether its fence.acq_rel waits
+# for them (BARRIER_ACQUIRE) and whether the poll's reply returns behind them. With
+# poller_prefetch = true warp 0 sends those lines to L2 (prefetch.global.L2: no reply, no
+# register) before the wait and loads them after the staging, L2 hits by then; the other warps
+# are as before. If either holds, the barriers before GEMV phases should fall toward the 1.17 us
+# of the one before attention (H200, 2026-11-28), whichever ordering the barrier uses. The
+# model knows neither, and prices it worse: warp 0's second copy of a phase's first loads joins
+# the others' at the task loop in its path-insensitive count, and down's rounds a warp go from
+# 5.88 to 7.94 (qkv, o and gate_up +0.12 each, the polling warps' own round). Not timed yet: off
+# by default.
 # ATTENTION_STAGES: at Qwen3-8B's shapes and pos 4095 each CTA runs one attention item of 256
 # keys as 8 ring tiles of 32 keys (17 KB, K and V), and 2 stages keep one tile in flight while one
 # is used: 17 KB a SM, where Little's law at the H200's 4226 GB/s and 600 ns wants 19 KB (more
@@ -311,6 +322,9 @@ class PersistentDecoderConfig(KernelConfig):
     # A by the warp whose Q/K task completes a head; "attention", in phase C by each CTA for its
     # item's q heads, and k by the CTA whose split holds pos.
     head_prep: Literal["count_in", "attention"] = "count_in"
+    # Warp 0, whose thread 0 polls the grid barrier, sends its first task of a GEMV phase to L2
+    # before the wait and to its registers after it (see POLLER_PREFETCH); False: as every warp.
+    poller_prefetch: bool = False
     # The grid barrier's ordering (see BARRIER_ACQUIRE): False, a fence.acq_rel before the arrival's
     # add and after the poll; True, an acq_rel add and acquire polls, no fence.
     barrier_acquire: bool = False
@@ -751,6 +765,8 @@ class PersistentDecoder(Kind):
                      "phase A")
         if c.barrier_acquire:
             note += "; grid barriers ordered by an acq_rel add and acquire polls, no fence"
+        if c.poller_prefetch:
+            note += "; the polling warp's first GEMV task requested into L2 before each barrier's wait, loaded after it"
         if c.head_prep == "attention":
             note += "; q and k heads normalised and rotated in the attention phase, not counted in per task in phase A"
         return note
@@ -809,6 +825,7 @@ class PersistentDecoder(Kind):
             "counter_base": c.num_kv_heads,
             "head_prep": c.head_prep,
             "barrier_acquire": c.barrier_acquire,
+            "poller_prefetch": c.poller_prefetch,
             "q_smem_offset": self.q_smem_offset,
             "sites": self.barrier_sites(),
         }
