@@ -812,6 +812,32 @@ def test_head_prep_in_attention_barriers_are_load_bearing(barrier, finding):
         decoder_run(kernel, inputs, 37, ptx=ptx.replace(barrier, barrier[:barrier.index("\tbar.sync")]))
 
 
+# Every schedule knob that keeps the default's arithmetic, at once.
+ALL_KNOBS = dict(head_prep="attention", barrier_acquire=True, poller_prefetch=True, attention_stages=3,
+                 kv_prefetch_keys=16, barrier_prefetch=1)
+
+
+@pytest.mark.parametrize("layers, pos, extra", [
+    (2, 33, dict(indirect_pos=True)),
+    (2, 17, dict(num_heads=2, num_kv_heads=2)),  # a group of one q head
+    (2, 12, dict(timeline=True, ctas=3)),
+    (1, 300, dict(max_seq_len=320, sm_count=4, kv_dtype="bf16")),  # 5-tile chunks
+    (2, 40, dict(rope_style="interleaved", qk_norm=False, ctas=2, head_dim=64, num_heads=8, warps=12)),
+], ids=("indirect-pos", "mha", "timeline", "long-chunks-bf16", "llama-hd64-12warps"))
+def test_the_schedule_knobs_together_give_the_defaults_bits(layers, pos, extra):
+    """head_prep, barrier_acquire, poller_prefetch, a 3-stage ring and both L2 prefetches at
+    once change when things are loaded, never a result: x and both caches keep the default
+    kernel's bits, across pos in memory, MHA, the timeline's stamps, long chunks and llama's
+    layer at 12 warps."""
+    config = {**TINY, **extra}
+    kernel = make_kernel("persistent_decoder", name="pd", **config, num_layers=layers, **ALL_KNOBS)
+    inputs = kernel.definition.sample_inputs(np.random.default_rng(pos), {"pos": pos})
+    out = decoder_run(kernel, inputs, pos)
+    plain = decoder_run(make_kernel("persistent_decoder", name="pd", **config, num_layers=layers), inputs, pos)
+    for name in ("x", "k_cache", "v_cache"):
+        assert np.array_equal(out[name].view(np.uint8), plain[name].view(np.uint8)), f"{name} differs"
+
+
 @pytest.mark.parametrize("stages", (1, 3))
 def test_attention_stages_change_when_tiles_are_requested_not_the_bits(stages):
     """attention_stages = 1 (a tile in flight alone) or 3 (two ahead of the one in use) against the
