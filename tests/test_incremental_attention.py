@@ -265,6 +265,29 @@ def test_kv_prefetch_asks_for_each_chunks_first_keys_once_and_changes_no_bits(mo
             assert np.array_equal(ours["out"].view(np.uint8), theirs["out"].view(np.uint8)), (seq_len, arch)
 
 
+@pytest.mark.parametrize("extra", [dict(pdl=True), dict(pdl=True, indirect_seq_len=True), dict()],
+                         ids=("pdl", "pdl_indirect", "plain"))
+def test_timeline_stamps_each_cta_in_order_and_changes_no_bits(extra):
+    """timeline = true: thread 0 of every launched CTA stamps its start, its PDL wait, its
+    count-in and its end in that order (rows of CTAs not launched stay 0), on the portable PTX
+    and the sm_90 one; the output keeps the bits of the kernel without it."""
+    fields = dict(num_heads=8, num_kv_heads=2, head_dim=128, max_seq_len=300, sm_count=4, **extra)
+    archs = ("sm_80", "sm_90")
+    kernel = compile_kernel(make_config("incremental_attention", timeline=True, **fields), archs, until="ptx")
+    plain = compile_kernel(make_config("incremental_attention", **fields), archs, until="ptx")
+    kind = kernel.definition
+    seq_len = 150
+    inputs = kind.sample_inputs(np.random.default_rng(seq_len), {"seq_len": seq_len})
+    width = kind.plan.max_splits if kind.config.indirect_seq_len else kind.splits(seq_len)
+    for arch in archs:
+        ours, theirs = (run(k, inputs, {"seq_len": seq_len}, arch=arch) for k in (kernel, plain))
+        assert np.array_equal(ours["out"].view(np.uint8), theirs["out"].view(np.uint8)), arch
+        rows = ours["timeline"].reshape(2, kind.plan.max_splits, -1)
+        launched = rows[:, :width].astype(np.int64)
+        assert (np.diff(launched[..., [0, 2, 3, 4]], axis=-1) > 0).all(), launched
+        assert not rows[:, width:].any()
+
+
 @pytest.mark.parametrize("kv_dtype", ["f16", "bf16"])
 def test_q_of_any_magnitude(kv_dtype):
     """f16 tensor cores see q only after a per-head power-of-2 scaling (into f16's range); heads

@@ -169,6 +169,30 @@ def test_decoder_phases_models_each_phase_and_sees_what_head_prep_takes_off_qkv(
     assert table[-1].split()[-1] == "2.50"  # 5 barriers x 1 us over 2 layers
 
 
+@pytest.mark.parametrize("seq_len", (555, 20))
+def test_attention_timeline_locates_a_launchs_ramp_stream_and_merge(seq_len):
+    """bench/lease/attention_timeline.py on a timeline decode attention in the interpreter (its
+    timers count instructions): one row a launched CTA (4 splits x 2 KV heads at 555 keys), every
+    stamp in order, the last split done before the launch ends and a count-in and merge after it;
+    a lone split (20 keys) has no count-in, so no split figures."""
+    sys.path.insert(0, str(LEASE))
+    import attention_timeline
+
+    from helpers import make_kernel
+
+    kernel = make_kernel("incremental_attention", name="a", num_heads=8, num_kv_heads=2, head_dim=128,
+                         max_seq_len=600, sm_count=4, pdl=True, timeline=True)
+    summary = attention_timeline.measure(kernel, seq_len, backend="emulator", launches=1)
+    splits = kernel.definition.splits(seq_len)
+    assert summary["ctas"] == 2 * splits and summary["start_spread_ns"] >= 0 and summary["wait_ns"] >= 0
+    if splits == 1:
+        assert "split_mean_ns" not in summary
+    else:
+        assert 0 < summary["split_mean_ns"] <= summary["split_max_ns"] < summary["last_split_ns"] < summary["kernel_ns"]
+        assert summary["after_last_split_ns"] > 0
+        assert "of count-in and merge" in attention_timeline.report(seq_len, summary)
+
+
 def test_whole_model_exits_2_without_a_gpu_before_any_weights():
     """bench/lease/whole_model.py without a GPU: one line naming it, exit 2, no traceback (the
     random 8B weights would take minutes first)."""

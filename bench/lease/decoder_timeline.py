@@ -117,6 +117,12 @@ def report(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def save(path: Path | None, summaries: dict) -> None:
+    """--json's file, rewritten after each kernel (or length), so that a run cut short keeps them."""
+    if path:
+        path.write_text(json.dumps(summaries, indent=2) + "\n")
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("spec", type=Path)
@@ -131,8 +137,7 @@ def main(argv: list[str]) -> int:
     for kernel in kernels:
         summaries[kernel.name] = measure(kernel, args.pos, inputs=inputs)
         print(f"{kernel.name}:\n{report(summaries[kernel.name])}\n")
-        if args.json:
-            args.json.write_text(json.dumps(summaries, indent=2) + "\n")
+        save(args.json, summaries)
     return 0
 
 

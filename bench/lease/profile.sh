@@ -4,11 +4,12 @@
 # (bench/lease/decoder_timeline.py: the default, then with head_prep "attention", barrier_acquire,
 # kv_prefetch_keys and attention_stages = 3, together and alone, poller_prefetch and
 # barrier_prefetch: on 2026-11-28 the attention phase ran 1621 GB/s and qkv 1933, against
-# gate_up's 3975, and the barriers before GEMV phases took 2.1-2.5 us each), then Nsight Compute
-# on one launch each of the prefill kernels issue 13 is about, at 4096 tokens, and on the
-# 12288x4096 GEMV. Why: on 2026-11-27 the sm_90a prefill ran 454 TFLOP/s at 4k and
-# FlashAttention-3's register split with overlap 453, and nothing measured says what the tensor
-# cores wait on (pipe utilisation, warp stalls and where they sit in the SASS).
+# gate_up's 3975, and the barriers before GEMV phases took 2.1-2.5 us each), decode attention
+# CTA by CTA (bench/lease/attention_timeline.py), then Nsight Compute on one launch each of the
+# prefill kernels issue 13 is about, at 4096 tokens, and on the 12288x4096 GEMV. Why: on
+# 2026-11-27 the sm_90a prefill ran 454 TFLOP/s at 4k and FlashAttention-3's register split with
+# overlap 453, and nothing measured says what the tensor cores wait on (pipe utilisation, warp
+# stalls and where they sit in the SASS).
 #
 #   device run, carry [".whl"], command "bash bench/lease/profile.sh", timeout_s 200
 # (only if `status` leaves 220 s or more; each profile is a Python start and ~40 ncu passes).
@@ -39,6 +40,10 @@ step "decoder timeline" 130 python3 bench/lease/decoder_timeline.py bench/lease/
     qwen3_8b_decoder_combined qwen3_8b_decoder_head_prep qwen3_8b_decoder_barrier_acquire \
     qwen3_8b_decoder_poller_prefetch qwen3_8b_decoder_stages3 qwen3_8b_decoder_kv_prefetch \
     qwen3_8b_decoder_barrier_prefetch --pos 4095 --json "$OUT/decoder_timeline.json"
+# Decode attention the same way, CTA by CTA: where its fixed cost goes (the launch ramp, the PDL
+# wait, the splits, the count-in and merge after the last one), with and without PDL.
+step "attention timeline" 40 python3 bench/lease/attention_timeline.py bench/lease/attention.toml decode_attention \
+    decode_attention_no_pdl --seq-len 4096 8192 32768 --json "$OUT/attention_timeline.json"
 profile bench/lease/prefill_sm90a.toml prefill_sm90a seq_len=4096
 profile bench/lease/prefill_sm90a.toml prefill_sm90a_pingpong seq_len=4096
 profile bench/lease/prefill.toml prefill_mma seq_len=4096

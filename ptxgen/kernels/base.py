@@ -336,7 +336,9 @@ class Kind:
         """For a workspace: how many of its words a launch left other than the next launch needs
         them (counters and queues back at 0), or None where the kind claims nothing of it (split
         partials that every launch overwrites before reading). Default: counters of unsigned
-        integers are back at 0, floats are scratch."""
+        integers are back at 0, floats are scratch, a `timeline` holds stamps for the host."""
+        if param.name == "timeline":
+            return None
         return int(np.count_nonzero(array)) if array.dtype.kind == "u" else None
 
     def param(self, name: str) -> Param:

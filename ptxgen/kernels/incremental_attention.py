@@ -93,6 +93,13 @@ F16_MAX = 65504.0
 # griddepcontrol.wait (a prefetch reads no value), so they stream while the previous kernel of
 # the stream drains; with indirect_seq_len they follow the wait, since seq_len_ptr may be the
 # previous kernel's. The performance model counts neither. Not timed yet: off by default.
+# TIMELINE: that fixed cost (and the model's shortfall there, 3-5 us) is not located. With
+# `timeline` thread 0 of each CTA stamps %globaltimer at its start (words 0 and 1: low and high;
+# read as it begins, stored after the PDL wait, before which nothing of the timeline is touched),
+# after the PDL wait (2), before its count-in (3; 0 for a lone split) and at its end (4, after the
+# merge in the CTA that does it): the launch ramp, the stream, and the count-in and merge chain
+# after the last split, one by one (bench/lease/attention_timeline.py).
+TIMELINE_WORDS = 5
 
 
 class IncrementalAttentionConfig(PdlConfig):
@@ -116,6 +123,10 @@ class IncrementalAttentionConfig(PdlConfig):
     dims_per_warp: int | None = None
     # Keys of its chunk (the first ones) a CTA requests into L2 as it starts (KV_PREFETCH); 0: none.
     kv_prefetch_keys: int = Field(default=0, ge=0, le=MAX_SEQ_LEN)
+    # Where a launch's time goes: thread 0 of each CTA stamps %globaltimer into the workspace
+    # `timeline` (TIMELINE_WORDS a CTA; bench/lease/attention_timeline.py reads it). Off: no
+    # stamps, no parameter.
+    timeline: bool = False
 
     @model_validator(mode="after")
     def consistent(self) -> IncrementalAttentionConfig:
@@ -166,6 +177,8 @@ class IncrementalAttention(Kind):
             length,
             Param("partials", "f32", (c.num_kv_heads, plan.max_splits, plan.group, plan.row), "workspace"),
             Param("counters", "u32", (c.num_kv_heads,), "workspace"),
+            *([Param("timeline", "u32", (c.num_kv_heads * plan.max_splits, TIMELINE_WORDS), "workspace")]
+              if c.timeline else []),
         ]
 
     # --- geometry --------------------------------------------------------------------------
@@ -206,7 +219,8 @@ class IncrementalAttention(Kind):
 
     def template_vars(self) -> dict:
         return {"plan": self.plan, "indirect": self.config.indirect_seq_len,
-                "kv_prefetch_keys": self.config.kv_prefetch_keys}
+                "kv_prefetch_keys": self.config.kv_prefetch_keys, "timeline": self.config.timeline,
+                "timeline_words": TIMELINE_WORDS}
 
     # --- runtime -----------------------------------------------------------------------------
     def scalar_limits(self) -> dict[str, tuple[int, int]]:

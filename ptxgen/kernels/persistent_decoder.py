@@ -852,11 +852,9 @@ class PersistentDecoder(Kind):
 
     def unrested(self, param: Param, array: np.ndarray) -> int | None:
         """The barrier word's arrivals back at 0 (its top bit is the phase, flipped by every
-        barrier); the counters at 0; the float workspaces are scratch, the timeline is stamps."""
+        barrier); the rest as Kind.unrested."""
         if param.name == "barrier":
             return int(np.count_nonzero(array & 0x7FFFFFFF))
-        if param.name == "timeline":
-            return None                # stamps for the host: any value serves the next launch
         return super().unrested(param, array)
 
     def verify_scalars(self) -> list[dict[str, int]]:
