@@ -11,7 +11,12 @@ warps; block_m = 64 * consumers rows of one head; grid (ceil(seq_len / block_m),
   cp.async.mbarrier.arrive.noinc (no thread waits for its own copies). A 1-D cp.async.bulk
   cannot do that: it writes contiguous bytes, while every wgmma layout interleaves 16-byte
   pieces of 8 rows; cp.async.bulk.tensor could, but needs a host-encoded tensor map, which
-  the kernel's parameters (q, k, v, o, seq_len) do not carry.
+  the kernel's parameters (q, k, v, o, seq_len) do not carry. A warp's copy instruction fills 4
+  whole 128-byte rows (lane: chunk lane % 8 of row lane / 8, and chunk ^ 4 of the row 4 below,
+  both in the same swizzled slot): 4 shared-memory wavefronts for its 512 bytes and 128-byte
+  global runs. Until session 18 the lanes held 8 rows x 4 chunks, 16 banks a row: 8 wavefronts
+  (Nsight Compute on the H200's ping-pong prefill at 4k, 2026-11-28: 23% of all shared
+  wavefronts excessive; the speed of the change is not measured, the bits are the same).
 - Consumers: S = Q K^T with both operands from shared memory (Q and K K-major, 128-byte
   swizzle), O += P V with P from registers (the S accumulators converted in place) and V
   N-major (its rows [key][dim] as they are in memory, imm-trans-b = 1). As in the portable
