@@ -79,6 +79,12 @@ def ulp(values: np.ndarray, dtype: str) -> np.ndarray:
     return 2.0 ** (exponent - 7)
 
 
+def assert_same_bits(out, plain, what="", names=("x", "k_cache", "v_cache")):
+    """Every bit of the arrays `names` of two runs' outputs equal (`what`: how the first differs)."""
+    for name in names:
+        assert np.array_equal(out[name].view(np.uint8), plain[name].view(np.uint8)), f"{name} differs{what}"
+
+
 def check_new_rows(c, out, inputs, reference, pos):
     """Every layer's cache row pos holds k/v rounded to kv_dtype; every other row is untouched
     (c: the decoder's config)."""
@@ -279,8 +285,7 @@ def test_gemv_phases_over_several_steps_keep_loads_in_flight_across_tasks(hidden
     out = decoder_run(kernel, inputs, pos)
     check_against_reference(kernel, out, inputs, pos)
     one = decoder_run(make_kernel("persistent_decoder", name="pd", **config, gemv_unroll=1), inputs, pos)
-    for name in ("x", "k_cache", "v_cache"):
-        assert np.array_equal(one[name].view(np.uint8), out[name].view(np.uint8)), f"{name}: gemv_unroll 1 differs"
+    assert_same_bits(one, out, " with gemv_unroll 1")
 
 
 @pytest.mark.parametrize("extra, pos", [
@@ -312,9 +317,7 @@ def test_any_grid_gives_the_same_bits():
         results[ctas] = decoder_run(kernel, inputs, pos)
     check_against_reference(kernel_for(2), results[None], inputs, pos)
     for ctas in (1, 5):
-        for name in ("x", "k_cache", "v_cache"):
-            assert np.array_equal(results[ctas][name].view(np.uint8), results[None][name].view(np.uint8)), (
-                f"{name} with a grid of {ctas} CTA(s) differs from the default grid")
+        assert_same_bits(results[ctas], results[None], f" with a grid of {ctas} CTA(s) from the default grid")
 
 
 def drop_grid_barrier(ptx: str, site: int) -> str:
@@ -629,8 +632,7 @@ def test_fused_kernel_with_types_gives_the_same_bits_on_any_grid_and_unroll():
     for extra in (dict(ctas=1), dict(ctas=5), dict(gemv_unroll=1),
                   dict(ctas=5, poller_prefetch=True, barrier_acquire=True, head_prep="attention")):
         other = decoder_run(kernel_for(2, weight_quants=MIXED_TWO_LAYERS, **extra), inputs, pos)
-        for name in ("x", "k_cache", "v_cache"):
-            assert np.array_equal(other[name].view(np.uint8), out[name].view(np.uint8)), f"{name} with {extra} differs"
+        assert_same_bits(other, out, f" with {extra}")
 
 
 def test_l2_prefetch_changes_no_bits_and_stays_inside_the_weights():
@@ -644,8 +646,7 @@ def test_l2_prefetch_changes_no_bits_and_stays_inside_the_weights():
     out = decoder_run(kernel, inputs, pos)
     for extra in (dict(l2_prefetch=1), dict(ctas=5, l2_prefetch=4), dict(ctas=1, l2_prefetch=2)):
         other = decoder_run(kernel_for(2, weight_quants=MIXED_TWO_LAYERS, **extra), inputs, pos)
-        for name in ("x", "k_cache", "v_cache"):
-            assert np.array_equal(other[name].view(np.uint8), out[name].view(np.uint8)), f"{name} with {extra} differs"
+        assert_same_bits(other, out, f" with {extra}")
 
 
 def test_timeline_stamps_every_barrier_in_order_and_changes_no_bits():
@@ -658,8 +659,7 @@ def test_timeline_stamps_every_barrier_in_order_and_changes_no_bits():
     plain = decoder_run(kernel_for(layers, ctas=5), inputs, pos)
     kernel = kernel_for(layers, ctas=5, timeline=True)
     out = decoder_run(kernel, inputs, pos)
-    for name in ("x", "k_cache", "v_cache"):
-        assert np.array_equal(out[name].view(np.uint8), plain[name].view(np.uint8)), f"{name} differs with stamps"
+    assert_same_bits(out, plain, " with stamps")
     rows = out["timeline"].astype(np.int64)
     assert rows.shape == (5, kernel.definition.timeline_width) and not rows[:, 1].any(), "start's high word"
     barriers = PHASE_BARRIERS * layers - 1
@@ -711,8 +711,7 @@ def test_prefetch_windows_ask_for_each_later_task_once(monkeypatch, knob, window
     assert set(seen) == expected
     monkeypatch.undo()
     out, plain = (decoder_run(k, inputs, 5) for k in (kernel, kernel_for(1, ctas=3)))
-    for name in ("x", "k_cache", "v_cache"):
-        assert np.array_equal(out[name].view(np.uint8), plain[name].view(np.uint8)), f"{name} differs"
+    assert_same_bits(out, plain)
 
 
 def test_poller_prefetch_sends_the_polling_warps_first_tasks_to_l2_once_and_changes_no_bits(monkeypatch):
@@ -729,8 +728,7 @@ def test_poller_prefetch_sends_the_polling_warps_first_tasks_to_l2_once_and_chan
                                       for task in (0, 8, 16)))
     monkeypatch.undo()
     out, plain = (decoder_run(k, inputs, 5) for k in (kernel, kernel_for(1, ctas=3)))
-    for name in ("x", "k_cache", "v_cache"):
-        assert np.array_equal(out[name].view(np.uint8), plain[name].view(np.uint8)), f"{name} differs"
+    assert_same_bits(out, plain)
 
 
 @pytest.mark.parametrize("layers, pos, extra", [
@@ -766,8 +764,7 @@ def test_kv_prefetch_asks_for_each_attention_items_first_keys_once_and_changes_n
     assert set(seen) == expected
     assert len(expected) == layers * kind.kv_prefetch_bytes(pos) // 128, "kv_prefetch_bytes, the model's count"
     out = decoder_run(kernel, inputs, pos)
-    for name in ("x", "k_cache", "v_cache"):
-        assert np.array_equal(out[name].view(np.uint8), plain[name].view(np.uint8)), f"{name} differs"
+    assert_same_bits(out, plain)
 
 
 @pytest.mark.parametrize("layers, pos, extra", [
@@ -792,8 +789,7 @@ def test_head_prep_in_attention_gives_the_same_bits(layers, pos, extra):
     out = decoder_run(kernel, inputs, pos)
     check_against_reference(kernel, out, inputs, pos)
     plain = decoder_run(decoder("count_in"), inputs, pos)
-    for name in ("x", "k_cache", "v_cache"):
-        assert np.array_equal(out[name].view(np.uint8), plain[name].view(np.uint8)), f"{name} differs"
+    assert_same_bits(out, plain)
 
 
 @pytest.mark.parametrize("barrier, finding", [
@@ -834,8 +830,7 @@ def test_the_schedule_knobs_together_give_the_defaults_bits(layers, pos, extra):
     inputs = kernel.definition.sample_inputs(np.random.default_rng(pos), {"pos": pos})
     out = decoder_run(kernel, inputs, pos)
     plain = decoder_run(make_kernel("persistent_decoder", name="pd", **config, num_layers=layers), inputs, pos)
-    for name in ("x", "k_cache", "v_cache"):
-        assert np.array_equal(out[name].view(np.uint8), plain[name].view(np.uint8)), f"{name} differs"
+    assert_same_bits(out, plain)
 
 
 @pytest.mark.parametrize("stages", (1, 3))
@@ -852,8 +847,7 @@ def test_attention_stages_change_when_tiles_are_requested_not_the_bits(stages):
     out = decoder_run(kernel, inputs, pos)
     check_against_reference(kernel, out, inputs, pos)
     plain = decoder_run(make_kernel("persistent_decoder", name="pd", **config, num_layers=1), inputs, pos)
-    for name in ("x", "k_cache", "v_cache"):
-        assert np.array_equal(out[name].view(np.uint8), plain[name].view(np.uint8)), f"{name} differs"
+    assert_same_bits(out, plain)
 
 
 @pytest.mark.parametrize("ctas", (1, 5, None))
@@ -866,8 +860,7 @@ def test_barrier_acquire_gives_the_same_bits_on_any_grid(ctas):
     out = decoder_run(kernel_for(2, barrier_acquire=True, **grid), inputs, 45)
     check_against_reference(kernel_for(2, barrier_acquire=True, **grid), out, inputs, 45)
     plain = decoder_run(kernel_for(2, **grid), inputs, 45)
-    for name in ("x", "k_cache", "v_cache", "barrier"):
-        assert np.array_equal(out[name].view(np.uint8), plain[name].view(np.uint8)), f"{name} differs"
+    assert_same_bits(out, plain, names=("x", "k_cache", "v_cache", "barrier"))
 
 
 @pytest.mark.parametrize("acquire, weaker", [
