@@ -277,3 +277,67 @@ class Geometry:
     def from_json(cls, data: dict) -> Geometry:
         return cls(tuple(formula_from_json(g) for g in data["grid"]), tuple(data["block"]),
                    formula_from_json(data["dynamic_shared"]), bool(data["cooperative"]), bool(data["any_grid"]))
+
+
+# --- tensor maps -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TensorMap:
+    """A tensor map (CUtensorMap, 128 bytes by value, `.param .align 64 .b8 NAME[128]`) over an
+    array parameter, for cp.async.bulk.tensor: the launcher encodes it from that array's address
+    and shape at each launch (cuTensorMapEncodeTiled on a GPU, the interpreter's own record in
+    emulation), so callers pass the same arguments as ever. Dimensions run innermost first: the
+    array's shape reversed, its rows packed (byte strides of a C-contiguous array); a copy moves a
+    `box` of elements, zero-filled where it passes the array's edge; `swizzle` (0 or 128) stores
+    16-byte chunk c of each 128-byte shared row r at chunk c ^ (r % 8), as wgmma's 128-byte
+    swizzled layouts read it."""
+
+    name: str
+    array: str
+    box: tuple[int, ...]
+    swizzle: int = 0
+
+    def __post_init__(self):
+        if not 1 <= len(self.box) <= 5 or not all(isinstance(b, int) and 1 <= b <= 256 for b in self.box):
+            raise ValueError(f"tensor map {self.name!r}: box {list(self.box)} needs 1..5 sizes of 1..256")
+        if self.swizzle not in (0, 128):
+            raise ValueError(f"tensor map {self.name!r}: swizzle {self.swizzle} is not 0 or 128")
+
+    def check(self, param: Param) -> None:
+        """Reject a map its array cannot have (rank, 16-byte rows of the box, the swizzle's span)."""
+        inner = self.box[0] * DTYPE_SIZES[param.dtype]
+        if len(self.box) != len(param.shape) or inner % 16 or (self.swizzle and inner > self.swizzle):
+            raise ValueError(f"tensor map {self.name!r}: box {list(self.box)} does not fit {param.name} "
+                             f"({param.describe()}, swizzle {self.swizzle})")
+
+    def dim_formulas(self, param: Param) -> list[Formula]:
+        """Elements per dimension, innermost first, as formulas of the runtime scalars."""
+        return [scalar(d) if isinstance(d, str) else d for d in reversed(param.shape)]
+
+    def stride_formulas(self, param: Param) -> list[Formula]:
+        """Bytes between consecutive indices of dimensions 1.. (dimension 0's elements are packed)."""
+        strides, stride = [], DTYPE_SIZES[param.dtype]
+        for dim in self.dim_formulas(param)[:-1]:
+            stride = mul(stride, dim)
+            strides.append(stride)
+        return strides
+
+    def dims(self, param: Param, scalars: dict[str, int]) -> tuple[int, ...]:
+        return tuple(evaluate(d, scalars) for d in self.dim_formulas(param))
+
+    def strides(self, param: Param, scalars: dict[str, int]) -> tuple[int, ...]:
+        return tuple(evaluate(s, scalars) for s in self.stride_formulas(param))
+
+    def box_bytes(self, param: Param) -> int:
+        """What one copy delivers (and completes on its mbarrier), zero-filled elements included."""
+        return math.prod(self.box) * DTYPE_SIZES[param.dtype]
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "array": self.array, "box": list(self.box), "swizzle": self.swizzle}
+
+    @classmethod
+    def from_json(cls, data: dict) -> TensorMap:
+        return cls(data["name"], data["array"], tuple(int(b) for b in data["box"]), int(data["swizzle"]))
+
+
+TENSOR_MAP_BYTES = 128

@@ -17,7 +17,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping
 
-from .abi import Geometry, Launch, Param
+from .abi import Geometry, Launch, Param, TensorMap
 from .archs import arch_version, serving_target
 from .errors import LaunchError, PtxgenError
 
@@ -38,6 +38,9 @@ class Variant:
     # Made for programmatic dependent launch (kernels/base.py, PDL_TARGET): launched with
     # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (correct without it too).
     pdl: bool = False
+    # Tensor maps its entry takes after the kernel's parameters (abi.TensorMap): the launchers encode
+    # them from the arrays, so a caller's arguments are the same for every variant.
+    tensor_maps: tuple[TensorMap, ...] = ()
 
     @cached_property
     def sha256(self) -> str:
@@ -230,7 +233,7 @@ class CompiledKernel:
             "ptx_target": portable.target,
             "variants": {target: {"ptx": self.ptx_file(target), "ptx_sha256": v.sha256, "ptx_version": v.ptx_version,
                                   "geometry": v.geometry.to_json(), "note": v.note, "launch": launch_rule(v),
-                                  "pdl": v.pdl}
+                                  "pdl": v.pdl, "tensor_maps": [m.to_json() for m in v.tensor_maps]}
                          for target, v in self.variants.items()},
             "params": [p.to_json() for p in self.params],
             "launch": launch_rule(portable),
@@ -258,7 +261,8 @@ class CompiledKernel:
         try:
             variants = {
                 target: Variant(target, read(v["ptx"], v["ptx_sha256"]).decode(), v["ptx_version"],
-                                Geometry.from_json(v["geometry"]), v["note"], v.get("pdl", False))
+                                Geometry.from_json(v["geometry"]), v["note"], v.get("pdl", False),
+                                tuple(TensorMap.from_json(m) for m in v.get("tensor_maps", ())))
                 for target, v in entry["variants"].items()}
             binaries = {
                 arch: Binary(arch, next(t for t in variants if entry["variants"][t]["ptx"] == b["ptx"]),

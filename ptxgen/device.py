@@ -7,14 +7,16 @@ nothing itself: offline assembly is ptxgen.assemble.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import math
 import time
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
-from .abi import Geometry, Param
+from .abi import TENSOR_MAP_BYTES, Geometry, Param, TensorMap
 from .compiled import CompiledKernel, Variant
 from .errors import DeviceUnavailable, LaunchError, PtxgenError
 
@@ -119,6 +121,7 @@ class DeviceKernel:
     dynamic_limit: int  # dynamic shared bytes the function is currently allowed
     registers: int  # per thread, as the driver loaded it
     pdl: bool = False  # its PTX waits for the previous kernel itself: launched for PDL (compiled.Variant.pdl)
+    tensor_maps: tuple[TensorMap, ...] = ()  # taken after params, encoded by pack_params (compiled.Variant.tensor_maps)
 
 
 @dataclass
@@ -149,14 +152,17 @@ lost_context: str | None = None
 
 _INTEGER_PARAMS = {"u64": (64, False), "b64": (64, False), "s64": (64, True), "u32": (32, False),
                    "b32": (32, False), "s32": (32, True)}
+# cuTensorMapEncodeTiled's element type (CUtensorMapDataType) of each array dtype (abi.DTYPE_SIZES).
+_TENSOR_MAP_TYPES = {"f16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16", "bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16",
+                     "f32": "CU_TENSOR_MAP_DATA_TYPE_FLOAT32", "u8": "CU_TENSOR_MAP_DATA_TYPE_UINT8",
+                     "u32": "CU_TENSOR_MAP_DATA_TYPE_UINT32"}
 
 
-def pack_params(kernel: DeviceKernel, args: list):
+def pack_params(kernel: DeviceKernel, args: list, encode=None):
     """cuLaunchKernel's kernelParams: ((values...), (ctypes types...)) checked against the kernel's
     parameters. An array parameter takes a DeviceBuffer or a device address (int); a scalar an int
-    that its PTX type can hold."""
-    import ctypes
-
+    that its PTX type can hold. The kernel's tensor maps follow, encoded from these arguments by
+    `encode` (cuTensorMapEncodeTiled's C signature; default the driver's: tensor_map_encoder)."""
     if len(args) != len(kernel.params):
         names = ", ".join(param.name for param in kernel.params)
         raise LaunchError(f"{kernel.entry}: expected {len(kernel.params)} arguments ({names}), got {len(args)}")
@@ -178,7 +184,75 @@ def pack_params(kernel: DeviceKernel, args: list):
         else:
             what = "an array" if param.is_array else f"a .{ptx_type} scalar"
             raise LaunchError(f"{kernel.entry}: parameter {name!r} is {what}; got {type(arg).__name__}")
+    if kernel.tensor_maps:
+        encode = encode or tensor_map_encoder()
+        named = {param.name: value for param, value in zip(kernel.params, values)}
+        for tensor_map in kernel.tensor_maps:
+            values.append(encode_tensor_map(encode, kernel, tensor_map, named))
+            types.append(None)  # TensorMapBytes: passed by value
     return (tuple(values), tuple(types)) if values else 0
+
+
+class TensorMapBytes(ctypes.Structure):
+    """A CUtensorMap by value: cuda.bindings points kernelParams[i] at the bytes of a None-typed
+    ctypes.Structure (_HelperKernelParams, cuda/bindings/_lib/utils.pxi), and the driver copies the
+    parameter's 128 bytes from there."""
+
+    _fields_ = [("opaque", ctypes.c_uint64 * (TENSOR_MAP_BYTES // 8))]
+
+
+def tensor_map_encoder():
+    """The driver library's cuTensorMapEncodeTiled through ctypes, with its C signature (cuda.h).
+    Not cuda.bindings' wrapper: it writes the map into an object of its own at an address 48 mod
+    64 (cuda.bindings 13.4.4), where the driver documents 64-byte alignment; encode_tensor_map
+    hands this one an aligned buffer."""
+    driver()  # a machine without a driver says so here
+    try:
+        function = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
+    except (OSError, AttributeError) as error:
+        raise DeviceUnavailable(f"the CUDA driver has no cuTensorMapEncodeTiled ({error}): tensor maps need "
+                                "CUDA 12.0 or later") from None
+    u32s, u64s = ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint64)
+    function.restype = ctypes.c_int
+    function.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64s, u64s, u32s, u32s,
+                         ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    return function
+
+
+def encode_tensor_map(encode, kernel: DeviceKernel, tensor_map: TensorMap, named: dict[str, int]):
+    """The CUtensorMap of `tensor_map` over its array at this launch (a TensorMapBytes); `named`
+    holds the launch's packed arguments (device addresses and scalars) by parameter name."""
+    from cuda.bindings import driver as cu  # its enums are cuda.h's values
+
+    param = next(param for param in kernel.params if param.name == tensor_map.array)
+    address, dims, strides = named[param.name], tensor_map.dims(param, named), tensor_map.strides(param, named)
+    what = f"{kernel.entry}: tensor map {tensor_map.name!r} of array {param.name!r}"
+    # cuTensorMapEncodeTiled's rules, checked here to say which argument breaks them.
+    if address % 16:
+        raise LaunchError(f"{what}: its address {address:#x} is not a multiple of 16 bytes")
+    if not all(1 <= dim <= 1 << 32 for dim in dims):
+        raise LaunchError(f"{what}: dimensions {list(dims)} (innermost first) must be 1..2^32 elements")
+    if any(stride % 16 or stride >= 1 << 40 for stride in strides):
+        raise LaunchError(f"{what}: byte strides {list(strides)} must be multiples of 16 below 2^40")
+    rank = len(tensor_map.box)
+    buffer = ctypes.create_string_buffer(TENSOR_MAP_BYTES + 63)
+    at = ctypes.addressof(buffer) + -ctypes.addressof(buffer) % 64
+    swizzle = cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B if tensor_map.swizzle else \
+        cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE
+    status = encode(at, int(getattr(cu.CUtensorMapDataType, _TENSOR_MAP_TYPES[param.dtype])), rank, address,
+                    (ctypes.c_uint64 * rank)(*dims), (ctypes.c_uint64 * rank)(*strides),
+                    (ctypes.c_uint32 * rank)(*tensor_map.box), (ctypes.c_uint32 * rank)(*[1] * rank),
+                    int(cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE), int(swizzle),
+                    int(cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B),
+                    int(cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE))  # zeros past the edges
+    if status:
+        try:
+            name = cu.CUresult(status).name
+        except ValueError:
+            name = f"CUresult {status}"
+        raise LaunchError(f"{what}: cuTensorMapEncodeTiled (dimensions {list(dims)}, byte strides {list(strides)}, "
+                          f"box {list(tensor_map.box)}) failed: {name}")
+    return TensorMapBytes.from_buffer_copy(ctypes.string_at(at, TENSOR_MAP_BYTES))
 
 
 class DeviceSession:
@@ -289,7 +363,7 @@ class DeviceSession:
         registers = self.check(cu.cuFuncGetAttribute(attribute.CU_FUNC_ATTRIBUTE_NUM_REGS, function),
                                f"{entry}: cuFuncGetAttribute(NUM_REGS)")
         kernel = DeviceKernel(entry, function, compiled.params, int(static), int(threads), int(dynamic),
-                              int(registers), variant.pdl)
+                              int(registers), variant.pdl, variant.tensor_maps)
         self.kernels[key] = kernel
         return kernel
 
@@ -331,8 +405,15 @@ class DeviceSession:
                             f"{kernel.entry}: occupancy query", LaunchError)
         return int(per_sm)
 
+    @cached_property
+    def tensor_map_encoder(self):
+        """The driver's cuTensorMapEncodeTiled (tensor_map_encoder), looked up for the first launch
+        with tensor maps."""
+        return tensor_map_encoder()
+
     def launch(self, kernel: DeviceKernel, launch, args: list) -> None:
-        """Queue one launch on the stream; args are DeviceBuffers (pointers) and ints, in PTX order."""
+        """Queue one launch on the stream; args are DeviceBuffers (pointers) and ints, in PTX order
+        (the kernel's tensor maps aside: pack_params encodes them from these)."""
         self.launcher(kernel, launch, args)()
 
     def launcher(self, kernel: DeviceKernel, launch, args: list, stream=None):
@@ -340,7 +421,7 @@ class DeviceSession:
         arguments packed once (for launches repeated many times, e.g. a multi-kernel step timed
         launch by launch, or an engine's calls through ptxgen.load)."""
         launch = self.prepare(kernel, launch)
-        params = pack_params(kernel, args)
+        params = pack_params(kernel, args, self.tensor_map_encoder if kernel.tensor_maps else None)
         stream = self.stream if stream is None else stream
         cu, (gx, gy, gz), (bx, by, bz), shared = self.cu, launch.grid, launch.block, launch.dynamic_shared
         what = f"launching {kernel.entry} (grid {launch.grid}, block {launch.block}, {shared} B dynamic shared)"

@@ -1,7 +1,8 @@
 """The C header of an artifact folder, so a C++ engine can cuModuleLoadData + cuLaunchKernel the
 cubins: entry names, cubin files per arch, parameters in launch order, launch geometry as
-functions of the runtime scalars, scalar range checks and workspace sizes. Made from the
-manifest alone (pure data), so it says exactly what the folder holds.
+functions of the runtime scalars, scalar range checks and workspace sizes, and for a cubin that
+takes tensor maps, C that encodes them (the header then includes cuda.h). Made from the manifest
+alone (pure data), so it says exactly what the folder holds.
 """
 
 from __future__ import annotations
@@ -11,9 +12,13 @@ import re
 from pathlib import Path
 
 from . import __version__
-from .abi import DTYPE_SIZES, Geometry, Param, formula_c
+from .abi import DTYPE_SIZES, Geometry, Param, TensorMap, formula_c
 
 C_SCALAR = {"u32": "uint32_t", "u64": "uint64_t"}
+# cuTensorMapEncodeTiled's element type (CUtensorMapDataType) of each array dtype (abi.DTYPE_SIZES).
+C_TENSOR_MAP_TYPE = {"f16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16", "bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16",
+                     "f32": "CU_TENSOR_MAP_DATA_TYPE_FLOAT32", "u8": "CU_TENSOR_MAP_DATA_TYPE_UINT8",
+                     "u32": "CU_TENSOR_MAP_DATA_TYPE_UINT32"}
 
 
 def header_name(spec_path: str) -> str:
@@ -34,16 +39,21 @@ def _workspace_bytes(param: Param) -> str:
     return " * ".join([*factors, f"UINT64_C({DTYPE_SIZES[param.dtype]})"])
 
 
-def defined_names(name: str, targets) -> set[str]:
+def defined_names(name: str, targets, mapped=()) -> set[str]:
     """The C identifiers and macros a kernel's block defines (its workspace-size functions aside),
     with a launch block for its portable PTX and each of `targets`: what two kernels' names must
-    not share."""
+    not share. `mapped`: the blocks whose variant takes tensor maps ("" for the portable one); their
+    names start as the block's `_grid` does, so a clash of theirs is a clash of those too."""
     macro = name.upper()
     names = {f"{name}{s}" for s in ("_cubins", "_cubin_pdl", "_args", "_params", "_scalars_ok")}
     names |= {f"{macro}{s}" for s in ("_ENTRY", "_NUM_PARAMS", "_NUM_CUBINS")}
-    for suffix in ["", *(f"_{target}" for target in targets)]:
+    for target in ["", *targets]:
+        suffix = f"_{target}" if target else ""
         names |= {f"{name}{suffix}{s}" for s in ("_grid", "_block", "_dynamic_shared")}
         names.add(f"{macro}{suffix.upper()}_COOPERATIVE")
+        if target in mapped:
+            names |= {f"{name}{suffix}_encode_tensor_maps", f"{name}{suffix}_params_with_maps",
+                      f"{macro}{suffix.upper()}_NUM_TENSOR_MAPS"}
     return names
 
 
@@ -97,7 +107,52 @@ def _kernel(name: str, entry: dict) -> list[str]:
                   "    ptxgen_dim3 d = {" + ", ".join(f"{b}u" for b in geometry.block) + "};", "    return d;", "}",
                   f"static inline uint32_t {prefix}{suffix}_dynamic_shared({arguments}) {{{unused}",
                   f"    return (uint32_t){formula_c(geometry.dynamic_shared)};", "}"]
+        maps = [TensorMap.from_json(m) for m in variant.get("tensor_maps", ())]
+        if maps:
+            lines += _tensor_maps(prefix + suffix, prefix, params, maps, list(limits), target if suffix else "")
     return lines + [""]
+
+
+def _tensor_maps(block: str, prefix: str, params: list[Param], maps: list[TensorMap], scalars: list[str],
+                 target: str) -> list[str]:
+    """A launch block's tensor maps: a function that encodes them, and its kernelParams with them."""
+    arrays = {param.name: param for param in params}
+    of = f" of the {target} cubin" if target else ""
+    signature = f"const {prefix}_args* a, " + "".join(f"uint32_t {s}, " for s in scalars) + "CUtensorMap* maps"
+    lines = [f"/* Tensor maps{of} ({', '.join(f'{m.name} over {m.array}' for m in maps)}), passed by value after "
+             "its parameters: encode them into maps[] (64-byte aligned, as CUtensorMap is from C11 and C++11) with "
+             "cuTensorMapEncodeTiled before launching, and again whenever an array's address or a runtime scalar in "
+             "its shape changes. Returns the first failure. */",
+             f"#define {block.upper()}_NUM_TENSOR_MAPS {len(maps)}",
+             f"static inline CUresult {block}_encode_tensor_maps({signature}) {{"
+             + "".join(f" (void){s};" for s in scalars),
+             "    CUresult status;"]
+    for index, tensor_map in enumerate(maps):
+        param = arrays[tensor_map.array]
+        dims, strides = tensor_map.dim_formulas(param), tensor_map.stride_formulas(param)
+        rank = len(dims)
+        swizzle = "CU_TENSOR_MAP_SWIZZLE_128B" if tensor_map.swizzle else "CU_TENSOR_MAP_SWIZZLE_NONE"
+        lines += [f"    {{   /* {tensor_map.name}: {param.name}, {param.describe()}, in boxes of "
+                  f"{' x '.join(map(str, tensor_map.box))} (innermost first) */",
+                  f"        const cuuint64_t dims[{rank}] = {{{', '.join(formula_c(d) for d in dims)}}};",
+                  # A rank-1 map has no strides; C has no empty arrays.
+                  f"        const cuuint64_t strides[{max(rank - 1, 1)}] = "
+                  f"{{{', '.join(formula_c(s) for s in strides) or '0'}}};",
+                  f"        const cuuint32_t box[{rank}] = {{{', '.join(f'{b}u' for b in tensor_map.box)}}};",
+                  f"        const cuuint32_t steps[{rank}] = {{{', '.join('1u' for _ in dims)}}};",
+                  f"        status = cuTensorMapEncodeTiled(&maps[{index}], {C_TENSOR_MAP_TYPE[param.dtype]}, {rank}, "
+                  f"(void*)(uintptr_t)a->{param.name}, dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE, "
+                  f"{swizzle}, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);",
+                  "        if (status != CUDA_SUCCESS) return status;",
+                  "    }"]
+    count = len(params)
+    lines += ["    return CUDA_SUCCESS;", "}",
+              f"/* kernelParams{of}: {prefix}_params' {count} pointers into *a, then {len(maps)} into maps[]. */",
+              f"static inline void {block}_params_with_maps({prefix}_args* a, CUtensorMap* maps, void** params) {{",
+              f"    {prefix}_params(a, params);",
+              *[f"    params[{count + i}] = &maps[{i}];" for i in range(len(maps))],
+              "}"]
+    return lines
 
 
 def _cubin_pdl(entry: dict, cubin: dict) -> bool:
@@ -108,6 +163,11 @@ def _cubin_pdl(entry: dict, cubin: dict) -> bool:
 def _in_range(name: str, low: int, high: int) -> str:
     checks = ([f"{name} >= {low}u"] if low > 0 else []) + ([f"{name} <= {high}u"] if high < 2**32 - 1 else [])
     return "(" + " && ".join(checks) + ")" if checks else "1"
+
+
+def _has_tensor_maps(manifest: dict) -> bool:
+    return any(variant.get("tensor_maps") for entry in manifest["kernels"].values()
+               for variant in entry["variants"].values())
 
 
 def _config_text(config: dict) -> str:
@@ -133,7 +193,9 @@ def render_header(manifest: dict) -> str:
              " * Dynamic shared memory above 48 KiB needs cuFuncSetAttribute(function,",
              " * CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes) once after loading.",
              " */",
-             f"#ifndef {guard}", f"#define {guard}", "#include <stdint.h>", "",
+             f"#ifndef {guard}", f"#define {guard}", "#include <stdint.h>",
+             *(["#include <cuda.h>  /* CUtensorMap, cuTensorMapEncodeTiled */"] if _has_tensor_maps(manifest) else []),
+             "",
              "#ifndef PTXGEN_COMMON_DEFINED", "#define PTXGEN_COMMON_DEFINED",
              "typedef struct { uint32_t x, y, z; } ptxgen_dim3;",
              "static inline uint64_t ptxgen_min(uint64_t a, uint64_t b) { return a < b ? a : b; }",

@@ -59,7 +59,10 @@ the tail ("overlapped"); if they issue their loads together, wait together and c
 together (a CTA barrier, or few rounds per warp, keeps them in step), the terms add
 ("serialized"). Beside them, Little's law: the
 global-load bytes a thread has in flight when it waits x resident threads, against bandwidth x
-latency / SMs. Both estimates add the GPU's fixed cost of a launch (`launch_us`, what
+latency / SMs. Copies that complete on an mbarrier (an sm_90a producer's cp.asyncs handed over
+with cp.async.mbarrier.arrive, its bulk and tensor copies) are waited for by other threads (the
+consumers' mbarrier waits), which this does not follow: such a kernel's bytes in flight read low
+(the tma prefill's 0: one thread's copies, never waited by it). Both estimates add the GPU's fixed cost of a launch (`launch_us`, what
 back-to-back timing of the smallest kernels leaves beyond this model: 3.9 us on the H100, see
 LAUNCH_NOTE; omitted, and said so, where not measured). There is no term for L2 hits or
 tensor-core pipes.
@@ -411,12 +414,13 @@ class Count:
 
 def count_instructions(ptx: str, entry: str, launch: Launch, args: list,
                        max_threads: int = MAX_COUNTED_THREADS, min_ctas: int = 1,
-                       work: np.ndarray | None = None) -> Count:
+                       work: np.ndarray | None = None, tensor_maps: tuple = ()) -> Count:
     """Run the launch in the interpreter (sanitizer off; arrays in args are written) and count.
     A grid of more than `max_threads` threads runs only its first whole rows of CTAs (or first
     CTAs), at least `min_ctas` of them (a DependentTail's group), and scales the counts: by the
     CTAs' number, or where their `work` differs (Kind.cta_work) by all the work over what ran;
-    a cooperative or any-grid launch always runs whole, since its CTAs wait for each other."""
+    a cooperative or any-grid launch always runs whole, since its CTAs wait for each other.
+    `tensor_maps`: the variant's (abi.TensorMap), over arrays in args."""
     ctas = math.prod(launch.grid)
     threads = launch.threads_per_cta
     run = ctas
@@ -428,7 +432,7 @@ def count_instructions(ptx: str, entry: str, launch: Launch, args: list,
             run = min(run, enough)
         run = min(ctas, max(run, min_ctas))
     stats = interpret(ptx, entry, launch.grid, launch.block, args, dynamic_shared=launch.dynamic_shared,
-                      sanitize=False, max_ctas=run)
+                      sanitize=False, max_ctas=run, tensor_maps=tensor_maps)
     rounds = load_rounds(parse(ptx, entry))
     warps_run = run * -(-threads // 32)
     scale = ctas / run if work is None else float(work.sum() / work[:run].sum())
@@ -667,7 +671,8 @@ def launch_count(compiled: CompiledKernel, arch: str, scalars: dict[str, int], s
     variant = compiled.variant(arch)
     return count_instructions(variant.ptx, compiled.name, compiled.launch(scalars, arch),
                               compiled.args(arrays, scalars), max_threads, min_ctas=tail.group_ctas if tail else 1,
-                              work=compiled.definition_for(variant.target).cta_work(scalars))
+                              work=compiled.definition_for(variant.target).cta_work(scalars),
+                              tensor_maps=variant.tensor_maps)
 
 
 def scaled_count(scaling: ModelScaling, arch: str, scalars: dict[str, int], seed: int, max_threads: int) -> Count:

@@ -68,7 +68,7 @@ def stage_ptx(spec: Spec, units: list[Unit], options: BuildOptions) -> None:
             target = own or spec.ptx_target
             ptx = render(unit.config, version, target, own, compiled_templates=options.use_cache)
             unit.variants[target] = Variant(target, ptx, format_version(version), kind.geometry(), kind.launch_note(),
-                                            pdl=kind.pdl)
+                                            pdl=kind.pdl, tensor_maps=kind.tensor_maps())
 
 
 def stage_cubin(spec: Spec, units: list[Unit], options: BuildOptions) -> tuple[int, int]:

@@ -108,6 +108,7 @@ def render(kernel, ptx_version: tuple[int, int], ptx_target: str, own_target: st
             ptx_target=ptx_target,
             entry=kernel.name,
             params=kind.params(),
+            tensor_maps=kind.tensor_maps(),
             pdl=kind.pdl,
             pdl_wait_in_body=kind.pdl_wait_in_body,
             cta_threads=math.prod(kind.geometry().block),

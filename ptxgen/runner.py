@@ -126,9 +126,10 @@ def launch_arrays(compiled: CompiledKernel, arrays: dict[str, np.ndarray], scala
     if backend == "emulator":
         from .interp import launch as interpret
 
-        interpret(compiled.variant(arch).ptx, compiled.name, launch.grid, launch.block, args,
+        variant = compiled.variant(arch)
+        interpret(variant.ptx, compiled.name, launch.grid, launch.block, args,
                   dynamic_shared=launch.dynamic_shared, sanitize=sanitize, kernel_name=compiled.name,
-                  stable=compiled.stable)
+                  stable=compiled.stable, tensor_maps=variant.tensor_maps)
     else:
         from .device import run_on_device
 

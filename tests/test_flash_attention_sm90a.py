@@ -75,6 +75,12 @@ CASES = [
     (4, 2, 128, 300, True, "f16", "f16", {"persistent": True, "sm_count": 3}),
     (2, 1, 64, 257, False, "bf16", "f32", {"persistent": True, "sm_count": 2, "pingpong": True}),  # turns across blocks
     (4, 1, 64, 129, True, "f16", "f32", {"persistent": True, "sm_count": 5, "consumers": 1}),  # rounds of 5, 5, 2
+    # tma: tiles by cp.async.bulk.tensor, rows past seq_len zero-filled by the copy itself
+    (2, 1, 128, 17, True, "f16", "f32", {"tma": True}),        # one tile, mostly past seq_len
+    (4, 2, 64, 300, False, "bf16", "bf16", {"tma": True, "block_n": 64, "stages": 3}),  # 5 tiles, the ring wraps
+    (2, 1, 128, 200, True, "f16", "f16", {"tma": True, "producer_warps": 4, "overlap": True}),  # setmaxnreg
+    (4, 2, 64, 257, True, "bf16", "f32", {"tma": True, "persistent": True, "sm_count": 3, "pingpong": True}),
+    (2, 2, 64, 129, True, "f16", "f32", {"tma": True, "consumers": 1, "block_n": 32}),  # 64-row boxes, 32-key tiles
 ]
 
 
@@ -122,7 +128,10 @@ def test_every_score_takes_part_in_its_rows_maximum(block_n):
 
 
 @pytest.mark.parametrize("head_dim, knobs", [(128, {}), (128, {"overlap": True, "block_n": 64}),
-                                              (64, {}), (128, {"stages": 3}), (128, {"persistent": True})])
+                                              (64, {}), (128, {"stages": 3}), (128, {"persistent": True}),
+                                              (128, {"tma": True}),
+                                              (128, {"tma": True, "producer_warps": 4, "pingpong": True,
+                                                     "persistent": True})])
 def test_assembles_for_sm90a_without_spills(head_dim, knobs):
     kernel = attention_kernel(32, 8, head_dim, True, "bf16", "bf16", knobs, until="cubin")
     plan = kernel.definition.config.sm90a
@@ -264,6 +273,27 @@ def test_verify_catches_ring_bugs_of_the_shipped_sm90a_prefill(name, text, plant
     mutant = with_ptx(kernel, ptx.replace(text, planted, 1), "sm_90a")
     assert_caught(lambda: [check for checks in verify_sizes(mutant, kernel.definition.verify_scalars(), seed=11,
                                                             arch="sm_90a") for check in checks])
+
+
+# Bugs of the tma producer: each makes verify fail or the sanitizer object (GQA 2:1, head_dim
+# 128: two panels a tile; 300 keys: three 128-key tiles through the two-stage ring).
+TMA_BUGS = [
+    ("_, [%full], 32768;", "_, [%full], 16384;"),  # expects one panel of two: the tx count never balances
+    ("[%dst+16384], [%k_map", "[%dst+0], [%k_map"),       # K's second panel over its first
+    ("{%col, %tmp, %kv_head}], [%full];", "{%col, %tmp, %head}], [%full];"),  # K/V of the query head, not its group's
+    ("@!%ready bra FREE_K;", ""),                        # a K stage refilled while the consumers read it
+]
+
+
+@pytest.mark.parametrize("text, planted", TMA_BUGS)
+def test_verify_catches_bugs_of_the_tma_producer(text, planted):
+    from helpers import with_ptx
+
+    kernel = attention_kernel(4, 2, 128, causal=False, knobs={"tma": True})
+    ptx = kernel.variants["sm_90a"].ptx
+    assert text in ptx, text
+    mutant = with_ptx(kernel, ptx.replace(text, planted), "sm_90a")
+    assert_caught(lambda: verify_sm90a(mutant, 300, seed=5))
 
 
 def test_the_sm90a_variant_weighs_its_ctas_by_its_own_blocks():
@@ -413,3 +443,28 @@ def test_the_producers_copies_fill_whole_rows_of_banks(monkeypatch, knobs):
     inputs = kernel.definition.sample_inputs(np.random.default_rng(0), {"seq_len": 200})
     found = copy_wavefronts(monkeypatch, lambda: run(kernel, inputs, {"seq_len": 200}, arch="sm_90a"))
     assert found and set(found) == {4}, sorted(set(found))
+
+
+def test_a_built_folder_keeps_the_tma_variants_maps_and_its_header_encodes_them(tmp_path):
+    """`ptxgen build` of a tma kernel: the manifest lists the sm_90a variant's maps (the PTX entry takes
+    them after its parameters), a folder loaded back (ptxgen.load's path) has them and runs that
+    variant in the interpreter to float64, and the C header gives engines their encoding."""
+    from ptxgen.compiled import load_folder
+
+    from helpers import run_cli_in_process
+
+    spec = tmp_path / "tma.toml"
+    spec.write_text('[target]\narchs = ["sm_90a"]\n\n[[kernels]]\nname = "attn"\nkind = "flash_attention"\n'
+                    'num_heads = 4\nnum_kv_heads = 2\nhead_dim = 64\nsm90a = { tma = true }\n')
+    built = run_cli_in_process("build", str(spec), "-o", str(tmp_path / "out"))
+    assert built.returncode == 0, built.stdout + built.stderr
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    maps = manifest["kernels"]["attn"]["variants"]["sm_90a"]["tensor_maps"]
+    assert [(m["name"], m["array"], m["box"], m["swizzle"]) for m in maps] == [
+        ("q_map", "q", [64, 128, 1], 128), ("k_map", "k", [64, 128, 1], 128), ("v_map", "v", [64, 128, 1], 128)]
+    (kernel,) = load_folder(tmp_path / "out")
+    assert kernel.variant("sm_90a").tensor_maps == attention_kernel(4, 2, 64, knobs={"tma": True}).variants[
+        "sm_90a"].tensor_maps
+    assert_passes(verify_sm90a(kernel, 131, seed=3))
+    header = (tmp_path / "out" / "tma.h").read_text()
+    assert "#include <cuda.h>" in header and "attn_sm_90a_encode_tensor_maps" in header

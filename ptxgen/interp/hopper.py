@@ -34,6 +34,7 @@ fence.proxy.async by the writer or by the reading threads. Granules written by a
 are owned here (the epoch tracker's records of them are dropped); ordinary accesses to ordinary
 data remain the epoch tracker's, so ordinary stores read by other threads still need a bar.sync.
 """
+import re
 from collections import defaultdict
 from typing import NamedTuple
 
@@ -41,7 +42,7 @@ import numpy as np
 
 from ..errors import InterpError
 from .ops import COMPILERS, Exec, _halves_to_f64, opcode
-from .parser import SHARED_BASE, Imm, Pair, Reg, Vec
+from .parser import SHARED_BASE, TENSOR_MAP, Imm, Pair, Reg, TensorAddr, Vec, tensor_map_address
 from .sanitizer import NOBODY, W_THREAD, full_warps, warp_members
 from .findings import Finding
 
@@ -953,6 +954,8 @@ _PLAIN_CP = COMPILERS["cp"]
 
 @opcode("cp")
 def _cp(c):
+    if c.mods[:3] == ["async", "bulk", "tensor"]:
+        return _tensor_copy(c)
     if c.mods[:2] == ["async", "bulk"]:
         return _bulk_copy(c)
     if c.mods[:2] == ["async", "mbarrier"]:
@@ -994,6 +997,88 @@ def _bulk_copy(c):
                 np.put(view, offsets // 16, np.ascontiguousarray(data).view(view.dtype).ravel())
                 bar.flying[cta] += int(nbytes[i])          # complete_tx once a wait is retried: s.land
     return c.alu(run)
+
+
+class TensorMapRecord(NamedTuple):
+    """The interpreter's tensor map (abi.TensorMap at one launch): the array's global address and
+    element size, dims innermost first (the array's shape reversed, rows packed), the box, the
+    swizzle span in bytes (0 or 128)."""
+    address: int
+    itemsize: int
+    dims: tuple
+    box: tuple
+    swizzle: int
+
+
+def _tensor_copy(c):
+    """cp.async.bulk.tensor.Nd global -> shared, tile mode, on an mbarrier: the box at the
+    coordinates (innermost first, signed), elements past the array's edges zero-filled, stored
+    row-major in the box's order from dst on (128-byte aligned), with the map's 128-byte swizzle
+    applied to the shared address bits (chunk bits 4-6 ^= row bits 7-9); the whole box's bytes
+    complete_tx on the mbarrier, as for a bulk copy."""
+    _uses_async(c)
+    rank = next((int(m[0]) for m in c.mods if re.fullmatch(r"[1-5]d", m)), 0)
+    known = {"async", "bulk", "tensor", f"{rank}d", "global", "tile", "mbarrier::complete_tx::bytes",
+             *SHARED_SPACES}
+    if not rank or "global" not in c.mods or not any(m in SHARED_SPACES for m in c.mods) or set(c.mods) - known:
+        c.fail("only cp.async.bulk.tensor.Nd.shared::cluster.global{.tile}.mbarrier::complete_tx::bytes "
+               "[dst], [tensorMap, {coordinates}], [mbar] is supported (no im2col, multicast or cache hints)")
+    if len(c.ops) != 3 or not isinstance(c.ops[1], TensorAddr) or len(c.ops[1].coords.items) != rank:
+        c.fail(f"expected [dst], [tensorMap, {{{rank} coordinates}}], [mbar]")
+    dst, mbar, line = c.address(c.ops[0], "shared"), c.address(c.ops[2], "shared"), c.ins.line
+    where = c.read(c.ops[1].base, "u64")
+    coords = [c.read(item, "s32") for item in c.ops[1].coords.items]
+    maps = {tensor_map_address(i): name for i, (name, kind) in enumerate(c.prog.params) if kind == TENSOR_MAP}
+
+    def run(st, sel):
+        s = st.async_state
+        threads = st.indices(sel)
+        to, bars = dst(st, sel), mbar(st, sel)
+        at = np.broadcast_to(np.asarray(where(st, sel)).astype(np.int64), threads.shape)
+        at_coords = [np.broadcast_to(np.asarray(read(st, sel)).astype(np.int64), threads.shape) for read in coords]
+        for bar, pos in s.barriers_at(bars, threads, "cp.async.bulk.tensor"):
+            for i in pos:
+                thread, name = threads[i], maps.get(int(at[i]))
+                if name is None:
+                    raise Finding(f"cp.async.bulk.tensor: {int(at[i]):#x} is not the address of a tensor-map "
+                                  "parameter", thread)
+                record = st.params[name]
+                if len(record.dims) != rank:
+                    raise Finding(f"cp.async.bulk.tensor.{rank}d on tensor map {name} of rank "
+                                  f"{len(record.dims)}", thread)
+                if to[i] % 128:
+                    raise Finding(f"cp.async.bulk.tensor to shared byte {int(to[i])}: the destination must "
+                                  "be 128-byte aligned", thread)
+                box = _box_bytes(st, record, [int(a[i]) for a in at_coords], thread)
+                units = np.arange(box.size // 16)
+                slots = int(to[i]) + 16 * units
+                if record.swizzle:
+                    slots ^= ((slots >> 7) & 7) << 4
+                issuer = np.full(units.size, thread)
+                (_, offsets, _), = st.segments("shared", slots, 16, issuer)
+                cta = st.cta[thread]
+                s.track(bar, cta, offsets // 16, thread, line, generic=False)
+                view = st.view("shared", 16)
+                np.put(view, offsets // 16, box.view(view.dtype))
+                bar.flying[cta] += box.size
+    return c.alu(run)
+
+
+def _box_bytes(st, record, start, thread):
+    """The bytes of the box at `start` (innermost first), read from global memory where every
+    coordinate is within its dimension, zeros elsewhere."""
+    grids = np.meshgrid(*[np.arange(b) + s for b, s in zip(reversed(record.box), reversed(start))], indexing="ij")
+    index = [g.ravel() for g in reversed(grids)]            # innermost first, box order
+    inside = np.logical_and.reduce([(x >= 0) & (x < d) for x, d in zip(index, record.dims)])
+    flat = np.zeros(inside.size, np.int64)
+    for x, d in zip(reversed(index), reversed(record.dims)):
+        flat = flat * d + x
+    size = record.itemsize
+    out = np.zeros((inside.size, size), np.uint8)
+    if inside.any():
+        where = record.address + size * flat[inside]
+        out[inside] = st.load("global", where, 1, size, np.full(where.size, thread))
+    return out.reshape(-1)
 
 
 def _copies_arrive(c):

@@ -34,7 +34,8 @@ from ..errors import InterpError, LaunchError, SanitizerError
 from .approx import Approx
 from .ops import compile_program
 from .ordering import Ordering, synchronises
-from .parser import TYPES, parse
+from .hopper import TensorMapRecord
+from .parser import TENSOR_MAP, TYPES, parse
 from .sanitizer import FloatAtomics
 from .findings import Finding
 from .state import FULL, GlobalMemory, WaveState
@@ -92,11 +93,28 @@ def _param_value(name, type_, arg, memory):
     return np.array(int(arg) & ((1 << 8 * size) - 1), f"u{size}")[()]
 
 
+def _tensor_maps(entry, prog, maps, args, params):
+    """The interpreter's record of each tensor-map parameter (hopper.TensorMapRecord)."""
+    wanted = [name for name, t in prog.params if t == TENSOR_MAP]
+    given = {m.name: m for m in maps}
+    if sorted(wanted) != sorted(given):
+        raise LaunchError(f"{entry} takes tensor maps {wanted}, given {sorted(given)}")
+    records = {}
+    for name in wanted:
+        m = given[name]
+        array = args.get(m.array)
+        if not isinstance(array, np.ndarray) or array.ndim != len(m.box):
+            raise LaunchError(f"{entry}: tensor map {name} needs an array {m.array} of rank {len(m.box)}")
+        records[name] = TensorMapRecord(int(params[m.array]), array.itemsize, tuple(reversed(array.shape)),
+                                        m.box, m.swizzle)
+    return records
+
+
 def launch(ptx: str, entry: str, grid: tuple[int, int, int], block: tuple[int, int, int],
            args: list, *, dynamic_shared: int = 0, sanitize: bool = True,
            kernel_name: str | None = None, seed: int = 0, approx: str = "pessimistic",
            deterministic: bool = False, max_ctas: int | None = None,
-           stable: frozenset[str] = frozenset()) -> LaunchStats:
+           stable: frozenset[str] = frozenset(), tensor_maps: tuple = ()) -> LaunchStats:
     """Execute `entry` over grid x block threads; arrays in args are updated in place.
     With `max_ctas`, only CTAs 0 .. max_ctas-1 (in x, y, z order) run: for counting
     instructions of a large grid whose CTAs repeat each other's work.
@@ -109,7 +127,8 @@ def launch(ptx: str, entry: str, grid: tuple[int, int, int], block: tuple[int, i
     whose result depends on the order they land in. stable: the array parameters that are the
     same in every launch of a step (a model's weights): with the sanitizer on, a kernel that
     executes griddepcontrol.wait (programmatic dependent launch) may touch only these before it,
-    and every thread must execute it before it ends."""
+    and every thread must execute it before it ends. tensor_maps: an abi.TensorMap for each
+    tensor-map parameter of the entry (args hold the other parameters), over an array in args."""
     prog, code, sync_points, holds = _program(ptx, entry)
     grid, block = tuple(int(v) for v in grid), tuple(int(v) for v in block)
     if len(grid) != 3 or len(block) != 3 or min(grid + block) < 1:
@@ -121,12 +140,14 @@ def launch(ptx: str, entry: str, grid: tuple[int, int, int], block: tuple[int, i
         raise LaunchError(f"{entry} requires block {prog.reqntid} (.reqntid), got {block}")
     if prog.maxntid and cta_threads > np.prod(prog.maxntid):
         raise LaunchError(f"{entry} allows at most {prog.maxntid} threads (.maxntid), got {block}")
-    if len(args) != len(prog.params):
-        raise LaunchError(f"{entry} takes {len(prog.params)} arguments, got {len(args)}")
+    plain = [(name, t) for name, t in prog.params if t != TENSOR_MAP]
+    if len(args) != len(plain):
+        raise LaunchError(f"{entry} takes {len(plain)} arguments, got {len(args)}")
     if dynamic_shared and prog.dynamic_shared is None:
         raise LaunchError(f"{entry} declares no .extern .shared array for dynamic_shared")
     memory = GlobalMemory()
-    params = {name: _param_value(name, t, a, memory) for (name, t), a in zip(prog.params, args)}
+    params = {name: _param_value(name, t, a, memory) for (name, t), a in zip(plain, args)}
+    params.update(_tensor_maps(entry, prog, tensor_maps, dict(zip((name for name, _ in plain), args)), params))
     shared = prog.shared_size
     if prog.dynamic_shared is not None:
         shared = prog.dynamic_shared.offset + int(dynamic_shared)

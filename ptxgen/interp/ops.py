@@ -18,7 +18,8 @@ from ..errors import InterpError
 from . import numerics as nm
 from .approx import EXACT
 from .ordering import access_of, fence_of
-from .parser import TIMERS, TYPE_NAME, TYPES, Addr, Imm, Neg, Pair, Reg, Sink, Special, Sym, Vec
+from .parser import (TENSOR_MAP, TIMERS, TYPE_NAME, TYPES, Addr, Imm, Neg, Pair, Reg, Sink, Special, Sym, Vec,
+                     tensor_map_address)
 from .sanitizer import full_warps, warp_members
 from .findings import Finding
 from .state import SHARED_WINDOW, converter, dtype_of, storage_of, store_converter
@@ -196,6 +197,9 @@ class Ctx:
                 return table[name].offset
         if prog.dynamic_shared is not None and prog.dynamic_shared.name == name:
             return prog.dynamic_shared.offset
+        for index, (param, kind) in enumerate(prog.params):
+            if param == name and kind == TENSOR_MAP:
+                return tensor_map_address(index)
         self.fail(f"unknown symbol {name}")
 
     def write(self, op, t):
@@ -361,12 +365,12 @@ def _st(c):
 def _cvta(c):
     c.need(2)
     to = "to" in c.mods
-    space = c.pick(("global", "shared", "shared::cta", "local"))
+    space = c.pick(("global", "shared", "shared::cta", "local", "param"))
     if space is None or space == "local":
-        c.fail("only cvta to/from .global and .shared is supported")
+        c.fail("only cvta to/from .global, .shared and .param (a tensor map's address) is supported")
     t = c.type
     mask = (1 << 8 * TYPES[t][0]) - 1
-    shift = 0 if space == "global" else (-SHARED_WINDOW if to else SHARED_WINDOW)
+    shift = 0 if space in ("global", "param") else (-SHARED_WINDOW if to else SHARED_WINDOW)
     src, dst = c.read(1, "u64"), c.write(0, t)
     delta, dt = np.uint64(shift & (2**64 - 1)), dtype_of(t)
     return c.alu(lambda st, sel: dst(st, sel, ((np.asarray(src(st, sel)) + delta) & np.uint64(mask)).astype(dt)))

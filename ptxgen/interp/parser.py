@@ -67,6 +67,13 @@ class Vec:
 
 
 @dataclass(frozen=True)
+class TensorAddr:
+    """[tensorMap, {coordinates}] of cp.async.bulk.tensor."""
+    base: Reg | Sym
+    coords: Vec
+
+
+@dataclass(frozen=True)
 class Neg:
     reg: Reg
 
@@ -112,6 +119,15 @@ class Instruction:
 # it is not honoured by every toolchain (nvJitLink 13.0 put an `.align 1024` array at 0x450).
 SHARED_BASE = 0x400
 DYNAMIC_SHARED_ALIGN = 16
+# A tensor map's parameter, `.param .align 64 .b8 NAME[128]` (its value: launch's tensor_maps).
+TENSOR_MAP = "tensormap"
+PARAM_WINDOW = 1 << 36  # tensor-map parameters' addresses, between shared memory's window and the arrays
+
+
+def tensor_map_address(index):
+    """The param-space address of kernel parameter `index`, a tensor map; also its generic
+    address (cvta.param is the identity here)."""
+    return PARAM_WINDOW + 128 * index
 
 
 @dataclass
@@ -292,6 +308,9 @@ class _Parser:
                 words.append(self.next()[1])
             if self.peek()[1] == ",":
                 self.next()
+            if words[-3:] == ["[", "128", "]"] and words[:-4] == [".param", ".align", "64", ".b8"]:
+                prog.params.append((words[-4], TENSOR_MAP))
+                continue
             types = [w[1:] for w in words if w.startswith(".") and w[1:] in TYPES]
             if not types or "[" in words:
                 self.fail(line, f"unsupported kernel parameter {' '.join(words)}")
@@ -492,6 +511,11 @@ class _Parser:
             sign = 1
             while self.peek()[1] != "]":
                 tok = self.next()
+                if tok[1] == "," and isinstance(base, (Reg, Sym)) and offset == 0:
+                    coords = self.operand(line)
+                    if not isinstance(coords, Vec) or self.next()[1] != "]":
+                        self.fail(line, "expected [tensorMap, {coordinates}]")
+                    return TensorAddr(base, coords)
                 if tok[1] in "+-":
                     sign = -sign if tok[1] == "-" else sign
                 elif tok[0] == "number":

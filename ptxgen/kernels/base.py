@@ -10,7 +10,7 @@ from typing import Any, Callable, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..abi import Geometry, Launch, Param, ceil_div, round_up  # noqa: F401  (the kinds' vocabulary)
+from ..abi import Geometry, Launch, Param, TensorMap, ceil_div, round_up  # noqa: F401  (the kinds' vocabulary)
 
 # A kernel name becomes the PTX entry and file names, so it must be a plain identifier; PTX
 # takes a leading underscore only before at least one more character.
@@ -200,6 +200,10 @@ class Kind:
     def launch_note(self) -> str:
         """What the geometry means, for people (show, the manifest, the C header)."""
         return ""
+
+    def tensor_maps(self) -> tuple[TensorMap, ...]:
+        """The tensor maps the entry takes after params() (abi.TensorMap; the launchers encode them)."""
+        return ()
 
     def template_vars(self) -> dict[str, Any]:
         raise NotImplementedError

@@ -7,12 +7,16 @@ import functools
 import numpy as np
 import pytest
 
+import test_flash_attention_sm90a
 import test_hopper
+import test_tensor_copy
 from ptxgen import device
 from ptxgen.abi import Geometry, Launch, Param
 from ptxgen.assemble import assemble_nvjitlink
 from ptxgen.compiled import Binary, CompiledKernel, Variant
 from ptxgen.errors import DeviceUnavailable
+from ptxgen.interp.parser import TENSOR_MAP, parse
+from ptxgen.verify import verify_kernel
 
 pytestmark = pytest.mark.gpu
 
@@ -78,3 +82,38 @@ def test_wgmma_accumulates_across_groups_and_regions():
 @pytest.mark.parametrize("copies", ["bulk", "cp.async"])
 def test_pipeline_streams_tiles_through_mbarriers(copies):
     test_hopper.test_pipeline_streams_tiles_through_mbarriers(copies)
+
+
+# --- cp.async.bulk.tensor through tensor maps the launcher encodes (ptxgen.device) ------------------
+ARRAY_DTYPES = {np.dtype(np.float16): "f16", np.dtype(np.uint8): "u8"}
+
+
+def launch_with_maps(ptx, entry, grid, block, args, tensor_maps=(), **ignored):
+    """test_tensor_copy's `launch`, on the GPU: its arrays as parameters of their own dtype and
+    shape (what the tensor maps are encoded from), the PTX JIT-compiled by the driver."""
+    names = [name for name, kind in parse(ptx, entry).params if kind != TENSOR_MAP]
+    params = tuple(Param(name, ARRAY_DTYPES[arg.dtype], arg.shape) if isinstance(arg, np.ndarray)
+                   else Param(name, "u32", role="scalar") for name, arg in zip(names, args))
+    variant = Variant("sm_90a", ptx, "8.0", Geometry(tuple(grid), tuple(block)), tensor_maps=tuple(tensor_maps))
+    kernel = CompiledKernel(entry, "test", {}, params, {}, {"sm_90a": variant}, {})
+    device.run_on_device(kernel, Launch(tuple(grid), tuple(block)), list(args))
+
+
+@pytest.mark.parametrize("swizzle", [0, 128])
+@pytest.mark.parametrize("start", [(0, 0, 0), (64, 5, 1), (64, 10, 2), (0, -3, 0), (-8, 2, 1)])
+def test_a_tensor_copy_lands_as_the_interpreter_says(monkeypatch, start, swizzle):
+    monkeypatch.setattr(test_tensor_copy, "launch", launch_with_maps)
+    test_tensor_copy.test_a_box_lands_as_the_driver_describes(start, swizzle)
+
+
+def test_the_tensor_copys_swizzle_is_the_wgmma_layouts(monkeypatch):
+    monkeypatch.setattr(test_tensor_copy, "launch", launch_with_maps)
+    test_tensor_copy.test_the_swizzle_matches_the_wgmma_layout_of_a_panel()
+
+
+@pytest.mark.parametrize("case", [case for case in test_flash_attention_sm90a.CASES if case[-1].get("tma")])
+def test_the_tma_prefill_on_the_device_matches_float64(case):
+    *shape, seq_len, causal, dtype, out_dtype, knobs = case
+    kernel = test_flash_attention_sm90a.attention_kernel(*shape[:3], causal, dtype, out_dtype, knobs, until="cubin")
+    checks = verify_kernel(kernel, {"seq_len": seq_len}, seed=seq_len, backend="device")
+    assert checks and all(check.passed for check in checks), [check.failure for check in checks]
