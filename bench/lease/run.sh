@@ -18,7 +18,7 @@
 # with its grid barriers fenceless, with its polling warp's first GEMV task sent to L2, with a
 # 3-stage attention ring, and four of them together, each also as separate kernels; prefill
 # with mma.sync (against torch SDPA; 128- and 64-row CTAs, and 128-row CTAs splitting the
-# heaviest blocks' keys up to 1k tokens) at 1k/4k and wgmma (sm_90a; ping-pong, persistent) at
+# heaviest blocks' keys up to 1k tokens) at 1k/4k and wgmma (sm_90a; tensor-map copies, ping-pong, persistent) at
 # 1k/4k/8k; whole-model decode with and without the lm_head (whole_model.py); `pytest -m gpu` with
 # what is left. `make bench` (every kernel, peers, whole-model decode) needs a call of its own.
 # Afterwards: copy $OUT under bench/results/ and run bench/model_check.py on the JSON files
@@ -58,7 +58,7 @@ step "36-layer decoder" 240 "${BENCH[@]}" --spec bench/lease/decoder.toml --grap
 # too (never timed there since 2026-11-27's 208 TFLOP/s; its persistent variants, untimed at 1k,
 # deal the 1k blocks within 3% of an even spread: is the mma.sync target better met there?).
 step "prefill" 90 "${BENCH[@]}" --spec bench/lease/prefill.toml --set seq_len=1024,4096 --json "$OUT/prefill.json"
-step "prefill_sm90a" 120 "${BENCH[@]}" --spec bench/lease/prefill_sm90a.toml --set seq_len=1024,4096,8192 \
+step "prefill_sm90a" 150 "${BENCH[@]}" --spec bench/lease/prefill_sm90a.toml --set seq_len=1024,4096,8192 \
     --json "$OUT/prefill_sm90a.json"
 # Issue 12's step with the lm_head: whole-model decode (Qwen3-8B shapes, random Q4_K_M-like weights),
 # fused and as separate kernels, with the head and without.
