@@ -328,10 +328,6 @@ class TensorMap:
     def strides(self, param: Param, scalars: dict[str, int]) -> tuple[int, ...]:
         return tuple(evaluate(s, scalars) for s in self.stride_formulas(param))
 
-    def box_bytes(self, param: Param) -> int:
-        """What one copy delivers (and completes on its mbarrier), zero-filled elements included."""
-        return math.prod(self.box) * DTYPE_SIZES[param.dtype]
-
     def to_json(self) -> dict:
         return {"name": self.name, "array": self.array, "box": list(self.box), "swizzle": self.swizzle}
 

@@ -275,3 +275,16 @@ def test_the_header_encodes_the_maps_as_the_launcher_does_and_passes_them_after_
                 f"l2 {l2} fill 0" for call, (address, swizzle) in enumerate(zip((K_ADDR, V_ADDR), swizzles))]
     assert lines[:4] == [*expected, "status 0", "params 1 1 1 1"], "the same arguments as pack_params gives the driver"
     assert lines[4:] == [expected[0], "status 1 after 1"], "the first failure returns, encoding no further map"
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: TensorMap("k_map", "k", (64, 300, 1), 128), r"box \[64, 300, 1\] needs 1..5 sizes of 1..256"),
+    (lambda: TensorMap("k_map", "k", (64, 128, 1), 64), "swizzle 64 is not 0 or 128"),
+    (lambda: TensorMap("k_map", "k", (128, 128, 1), 128).check(PARAMS[1]), r"box \[128, 128, 1\] does not fit k"),
+    (lambda: TensorMap("k_map", "k", (64, 128), 128).check(PARAMS[1]), r"box \[64, 128\] does not fit k"),
+    (lambda: TensorMap("k_map", "k", (4, 2, 1)).check(PARAMS[1]), r"box \[4, 2, 1\] does not fit k"),
+])
+def test_a_map_its_array_cannot_have_is_refused(make, message):
+    # the swizzle's span holds the box's rows; the rows are whole 16-byte chunks; one box size a dimension
+    with pytest.raises(ValueError, match=message):
+        make()
