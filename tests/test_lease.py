@@ -230,3 +230,16 @@ def test_whole_model_writes_both_paths_fused_first(tmp_path, monkeypatch):
     rows = whole_model.measure({"name": "m"}, 3, out)
     assert calls == [("m", True, 3), ("m", False, 3)]
     assert json.loads(out.read_text()) == rows and [r["layers"] for r in rows] == ["persistent_decoder", "separate kernels"]
+
+
+def test_each_lease_call_writes_at_most_the_eight_files_a_call_brings_back():
+    """The device tool returns at most 8 files from $OUT a call: each script's log, its `"$OUT/..."`
+    outputs and one report per `profile`/`tune` line must fit, or the last ones are lost."""
+    for path in LEASE.glob("*.sh"):
+        text = path.read_text()
+        logs = re.findall(r"^lease (\S+) ", text, re.M)
+        if not logs:
+            continue
+        outputs = set(re.findall(r'"\$OUT/([\w.]+)"', text))
+        reports = re.findall(r"^(?:profile|tune) ", text, re.M)
+        assert len(logs) + len(outputs) + len(reports) <= 8, (path.name, logs, sorted(outputs), len(reports))

@@ -6,7 +6,8 @@
 # barrier_prefetch: on 2026-11-28 the attention phase ran 1621 GB/s and qkv 1933, against
 # gate_up's 3975, and the barriers before GEMV phases took 2.1-2.5 us each), decode attention
 # CTA by CTA (bench/lease/attention_timeline.py), then Nsight Compute on one launch each of the
-# prefill kernels issue 13 is about, at 4096 tokens, and on the 12288x4096 GEMV. Why: on
+# sm_90a prefill kernels issue 13 is about, at 4096 tokens (the default, tma, ping-pong), on the
+# 12288x4096 GEMV, and the tma prefill's SASS with its stall samples. Why: on
 # 2026-11-27 the sm_90a prefill ran 454 TFLOP/s at 4k and FlashAttention-3's register split with
 # overlap 453, and nothing measured says what the tensor cores wait on (pipe utilisation, warp
 # stalls and where they sit in the SASS).
@@ -17,9 +18,11 @@ set -uo pipefail
 source "$(dirname "$0")/common.sh"
 lease profile_log.txt 180
 installed || exit 1
-SECTIONS=(--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats
-          --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section InstructionStats
-          --section SourceCounters)
+# --clock-control none: the card's clocks as found (the device README: leave them alone; ncu's
+# default locks them to base, 1.31 GHz on the H200 of 2026-11-28).
+SECTIONS=(--clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats
+          --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis
+          --section InstructionStats --section SourceCounters)
 
 # profile SPEC KERNEL SCALAR=VALUE...: ncu on one launch of KERNEL, its report in $OUT/ncu_KERNEL.txt.
 profile() {
@@ -45,7 +48,15 @@ step "decoder timeline" 130 python3 bench/lease/decoder_timeline.py bench/lease/
 step "attention timeline" 40 python3 bench/lease/attention_timeline.py bench/lease/attention.toml decode_attention \
     decode_attention_no_pdl --seq-len 4096 8192 32768 --json "$OUT/attention_timeline.json"
 profile bench/lease/prefill_sm90a.toml prefill_sm90a seq_len=4096
+profile bench/lease/prefill_sm90a.toml prefill_sm90a_tma seq_len=4096
 profile bench/lease/prefill_sm90a.toml prefill_sm90a_pingpong seq_len=4096
-profile bench/lease/prefill.toml prefill_mma seq_len=4096
 profile bench/lease/decode.toml gemv_12288x4096
+# Where the tma prefill's warps stall, instruction by instruction (SASS with its warp-state samples,
+# CSV): whether the consumers wait on a full barrier (their tiles late), on wgmma.wait_group, or on
+# their softmax. Eight files come back from a call: this one, the three ncu reports above, the
+# gemv's, two timelines and the log (prefill_mma's report of 2026-11-28 stands for its unchanged PTX).
+step "ncu source prefill_sm90a_tma" "$BUDGET" bash -c 'report=$1; shift; "$@" > "$report" 2>&1' - \
+    "$OUT/ncu_source_prefill_sm90a_tma.csv" ncu --clock-control none --section SourceCounters --section WarpStateStats \
+    --page source --print-source sass --csv -k regex:'^prefill_sm90a_tma$' -c 1 \
+    python3 bench/lease/one_launch.py bench/lease/prefill_sm90a.toml prefill_sm90a_tma seq_len=4096
 echo "== done after $(( SECONDS - START )) s"
