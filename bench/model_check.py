@@ -8,8 +8,9 @@ and the measured median printed beside the model's range (overlapped .. serializ
 cost and tail included; the tail column is what comes after the rest of the grid, e.g. decode
 attention's count-in and merge, Kind.dependent_tail). A row whose measured time falls outside
 that range by more than 10% is marked; the code may have changed since the recording (its commit
-is printed), and the model has no term for tensor-core pipes (prefill attention is
-compute-bound: its rows are listed, not judged). Where a row recorded the driver's occupancy
+is printed). Prefill attention's rows are judged too since the model prices matrix work
+(perf's tensor term, session 19: on the H100 of 2026-11-27 the mma.sync prefill's 430.10 us at 4k
+sits inside 157.50..426.27 and 10%, its 51.26 us at 1k, one wave, above 14.44..37.91). Where a row recorded the driver's occupancy
 (`occupancy`, from 2026-11-27 on), the model's resident CTAs an SM are printed beside it. The
 model's launch cost is the card's: where the files hold kernels that move under TINY_BYTES (the
 lease's launch.toml), their median measured time less the model's own for them is taken as this
@@ -40,7 +41,6 @@ MARGIN = 0.10  # how far outside the model's range a measurement may sit before 
 # model's sub-microsecond own (the H100 of 2026-11-23: rope, kv_append, residual_add and swiglu,
 # 2-100 KB, at 4.26-4.74 us a launch, 0.6-0.65 us of it the model's).
 TINY_BYTES = 256 * 1024
-COMPUTE_BOUND = {"flash_attention"}  # the model has no tensor-core term
 
 
 def rows_of(path: Path) -> tuple[dict, list[dict]]:
@@ -61,7 +61,7 @@ def check_row(row: dict, gpu: perf.Gpu) -> dict:
     low, high = report["estimate_us"]["overlapped"] - launch, report["estimate_us"]["serialized"] - launch
     result = {"kernel": row["kernel"], "scalars": row["scalars"], "measured_us": row["median_us"],
               "batched_us": (row.get("batch") or {}).get("median_us"), "own_us": (low, high),
-              "tail_us": report["tail_time_us"], "bytes": row["bytes"], "judged": row["kind"] not in COMPUTE_BOUND}
+              "tail_us": report["tail_time_us"], "bytes": row["bytes"]}
     return judge(result, {"per_run": gpu.launch_us})
 
 
@@ -74,7 +74,7 @@ def judge(result: dict, launch: dict) -> dict:
     def verdict(measured: float, fixed: float) -> str:
         if (low + fixed) * (1 - MARGIN) <= measured <= (high + fixed) * (1 + MARGIN):
             return "inside"
-        return "outside" if result["judged"] else "not judged (tensor cores)"
+        return "outside"
 
     per_run = launch.get("per_run") or 0.0
     judged = {**result, "model_us": (low + per_run, high + per_run), "verdict": verdict(result["measured_us"], per_run)}

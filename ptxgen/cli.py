@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -230,8 +231,9 @@ def show(
     model: Annotated[bool, typer.Option("--model/--no-model", help="Run the performance model (it counts "
                                                                    "instructions in the interpreter).")] = True,
     as_json: JsonOption = False,
-    tensor_tflops: Annotated[float, typer.Option(min=1e-6, help="Tensor throughput for the roofline, "
-                                                                "TFLOP/s.")] = H100_TENSOR_TFLOPS,
+    tensor_tflops: Annotated[Optional[float], typer.Option(
+        min=1e-6, help="Dense f16 tensor throughput for the roofline and the model, TFLOP/s (default: the --gpu's "
+                       "datasheet rate, else 989).")] = None,
     assignments: Annotated[Optional[list[str]], typer.Option(
         "--set", help="Runtime scalar NAME=VALUE to report at (default: the kind's typical call).")] = None,
     tune_fields: Annotated[Optional[list[str]], typer.Option(
@@ -244,8 +246,11 @@ def show(
     from .perf import gpu_named
 
     chosen = gpu_named(gpu)
-    if not math.isfinite(tensor_tflops):
-        raise PtxgenError(f"--tensor-tflops: expected a finite number, got {tensor_tflops}")
+    if tensor_tflops is not None:
+        if not math.isfinite(tensor_tflops):
+            raise PtxgenError(f"--tensor-tflops: expected a finite number, got {tensor_tflops}")
+        chosen = dataclasses.replace(chosen, tensor_tflops=tensor_tflops)
+    tensor_tflops = chosen.tensor_tflops or H100_TENSOR_TFLOPS
     arch = known_arch(arch)
     chosen_scalars = single_sets(assignments, "show")
     spec = load_spec(spec_path)
@@ -356,6 +361,9 @@ def print_show(report: dict, gpu) -> None:
         out.print(f"performance model on {gpu.name} ({model['counted']}):", markup=False)
         out.print(f"  {model['thread_instructions']:,} thread-instructions = {model['thread_instructions_per_byte']} "
                   f"per byte; issue-bound {model['issue_time_us']:.2f} us at {gpu.clock_ghz} GHz", markup=False)
+        if model.get("tensor_flops"):
+            out.print(f"  {model['tensor_flops']:,} matrix FLOPs executed (f16-rate): {model['tensor_time_us']:.2f} us "
+                      f"at {model['gpu']['tensor_tflops']:.0f} TFLOP/s", markup=False)
         out.print(f"  bytes in flight per SM {flight['per_sm']:,} (Little's law needs {flight['needed_per_sm']:,} "
                   f"at {gpu.latency_ns:.0f} ns); {model['rounds_per_warp']} dependent load rounds a warp, "
                   f"{model['generations']} CTA generation(s)", markup=False)

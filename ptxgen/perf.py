@@ -6,9 +6,15 @@ reported per arch (the manifest's `cubins`), the bytes the kind's traffic model 
 `Gpu`. Instructions are PTX instructions executed by the CPU interpreter; the SASS ptxas makes
 of them differs (`sass_counts` counts it offline when the optional nvdisasm wheel is installed).
 
-The time model has three terms, all in microseconds:
+The time model has four terms, all in microseconds:
 - bandwidth: traffic bytes / the GPU's copy bandwidth (the floor);
 - issue: warp-instructions / (SMs x 4 schedulers x 1 instruction a cycle x clock);
+- tensor: the matrix FLOPs the executed mma.sync and wgmma instructions do (tensor_flops_of: the
+  work the kernel really does, masked tiles and a ones block for row sums included) / the GPU's
+  dense f16 rate (datasheet; 8-bit operands at twice it). mma.sync is priced at wgmma's rate, a
+  floor on sm_90. Without it a prefill at 4k tokens on an H100 was priced at 61-90 us, under its
+  139 us compute roofline; with it 151-238 us, where 303 us was measured (sm_90a, 2026-11-27):
+  what keeps the tensor cores waiting is not modelled;
 - latency: each warp waits `rounds` dependent DRAM round trips (a round: global loads, or
   atomics that return a value, issued together and waited for together; a memory fence waits
   for every one in flight, so loads issued ahead of it overlap nothing after it), and each SM runs
@@ -105,6 +111,8 @@ class Gpu:
     latency_ns: float  # DRAM latency under load, for Little's law and each dependent round trip
     launch_us: float | None  # fixed cost of a launch in back-to-back timing; None: not measured
     sources: str
+    # Dense f16/bf16 matrix rate with f32 accumulation, datasheet TFLOP/s; None: not stated here.
+    tensor_tflops: float | None = None
 
     @property
     def bandwidth_gbs(self) -> float:
@@ -130,6 +138,8 @@ LAUNCH_NOTE = ("the H100 bench of 2026-11-23 (bench/results/NVIDIA-H100-80GB-HBM
 # without, decode attention 11.84 / 16.02 / 41.21 us against 13.57 / 17.96 / 42.62 at 4k / 8k / 32k
 # keys; per run nothing again. launch_us is the per-run cost, so the model keeps pricing both alike.
 PDL_NOTE = "a PDL launch is costed as a plain one (measured: no gain back to back on the H100, 2026-11-27)"
+TENSOR_NOTE = ("989 TFLOP/s dense f16/bf16 matrix rate, datasheet (wgmma's; mma.sync is priced at it too, "
+               "a floor: not measured apart here)")
 LATENCY_NOTE = ("latency 600 ns: assumed (issue 12's 600-800 ns under load, the low end); not measured "
                 "on this GPU")
 GPUS = {
@@ -139,14 +149,15 @@ GPUS = {
             "H100 SXM5 80GB: 132 SMs; 1.98 GHz, NVIDIA's published maximum SM boost clock, which an "
             "unlocked bench may reach (its clock was not recorded), while Nsight Compute locks the base "
             "clock (1.56-1.58 GHz in shared/measurements/H100-2026-11-23); HBM3 3.35 TB/s datasheet; "
-            "copy 2991 GB/s measured there; " + LATENCY_NOTE + "; launch 3.9 us: " + LAUNCH_NOTE + "; " + PDL_NOTE),
+            "copy 2991 GB/s measured there; " + LATENCY_NOTE + "; launch 3.9 us: " + LAUNCH_NOTE + "; " + PDL_NOTE
+            + "; " + TENSOR_NOTE, tensor_tflops=989.0),
         Gpu("h200", "sm_90", 132, 1.98, 4800, 4226, 600, None,
             "H200 SXM 141GB: 132 SMs, 1.98 GHz published maximum boost; HBM3e 4.8 TB/s datasheet; copy "
             "4223-4229 GB/s measured there (bench/results/H200-2026-11-28-lease, 4226 the median); "
-            + LATENCY_NOTE + "; launch cost not measured"),
+            + LATENCY_NOTE + "; launch cost not measured; " + TENSOR_NOTE, tensor_tflops=989.0),
         Gpu("a100-80gb", "sm_80", 108, 1.41, 2039, None, 600, None,
-            "A100 SXM4 80GB: 108 SMs, 1.41 GHz boost, HBM2e 2039 GB/s datasheet; copy not measured; "
-            + LATENCY_NOTE + "; launch cost not measured"),
+            "A100 SXM4 80GB: 108 SMs, 1.41 GHz boost, HBM2e 2039 GB/s datasheet, 312 TFLOP/s dense f16 matrix "
+            "datasheet; copy not measured; " + LATENCY_NOTE + "; launch cost not measured", tensor_tflops=312.0),
         Gpu("l40s", "sm_89", 142, 2.52, 864, None, 600, None,
             "L40S: 142 SMs, 2.52 GHz boost, GDDR6 864 GB/s datasheet; copy not measured; " + LATENCY_NOTE
             + "; launch cost not measured"),
@@ -387,6 +398,8 @@ class Count:
     ctas: int
     scaled: str = ""  # how the counts were extrapolated from smaller configs (Kind.model_scaling)
     weighted: bool = False  # scaled by the CTAs' work (Kind.cta_work), not their number
+    # Matrix FLOPs the executed mma.sync / wgmma instructions do, in f16-rate units (tensor_flops_of).
+    tensor_flops: int = 0
 
     @property
     def counted(self) -> str:
@@ -407,7 +420,7 @@ class Count:
             return getattr(self, name) + sum(times * (getattr(count, name) - getattr(self, name)) for count, times in steps)
 
         summed = ("thread_instructions", "warp_instructions", "rounds_per_warp", "critical_rounds",
-                  "instructions_per_warp", "critical_instructions")
+                  "instructions_per_warp", "critical_instructions", "tensor_flops")
         return replace(self, **{name: total(name) for name in summed}, scaled=note,
                        outstanding_bytes=max([self.outstanding_bytes] + [count.outstanding_bytes for count, _ in steps]))
 
@@ -433,7 +446,8 @@ def count_instructions(ptx: str, entry: str, launch: Launch, args: list,
         run = min(ctas, max(run, min_ctas))
     stats = interpret(ptx, entry, launch.grid, launch.block, args, dynamic_shared=launch.dynamic_shared,
                       sanitize=False, max_ctas=run, tensor_maps=tensor_maps)
-    rounds = load_rounds(parse(ptx, entry))
+    program = parse(ptx, entry)
+    rounds = load_rounds(program)
     warps_run = run * -(-threads // 32)
     scale = ctas / run if work is None else float(work.sum() / work[:run].sum())
     busiest = max(rounds.waits, key=lambda i: (stats.warps_at[i], rounds.waits[i]), default=None)
@@ -448,7 +462,30 @@ def count_instructions(ptx: str, entry: str, launch: Launch, args: list,
         ctas_run=run,
         ctas=ctas,
         weighted=work is not None,
+        tensor_flops=round(scale * sum(int(stats.warps_at[ins.index]) * tensor_flops_of(ins)
+                                       for ins in program.instructions)),
     )
+
+
+# Matrix operand types that run at a multiple of the f16/bf16 rate (Hopper and Ampere datasheets:
+# 8-bit types twice it, tf32 half); f16 and bf16 run at 1.
+TENSOR_RATE = {"s8": 2, "u8": 2, "e4m3": 2, "e5m2": 2, "tf32": 0.5}
+
+
+def tensor_flops_of(ins) -> float:
+    """The matrix FLOPs one warp's execution of `ins` does, in f16-rate units: 2 m n k for an
+    mma.sync of one warp, a quarter of it for a wgmma (its warpgroup's four warps each execute
+    it); 0 for anything else."""
+    if ins.base not in ("mma", "wgmma") or (ins.base == "wgmma" and "mma_async" not in ins.mods):
+        return 0
+    shape = next((re.fullmatch(r"m(\d+)n(\d+)k(\d+)", m) for m in ins.mods if re.fullmatch(r"m\d+n\d+k\d+", m)), None)
+    if shape is None:
+        return 0
+    m, n, k = (int(v) for v in shape.groups())
+    types = [t for t in ins.mods if t in TYPES or t in TENSOR_RATE]  # D, A, B(, C): A's sets the rate
+    operand = types[1] if len(types) > 1 else "f16"
+    per_warp = 2 * m * n * k / (4 if ins.base == "wgmma" else 1)
+    return per_warp / TENSOR_RATE.get(operand, 1)
 
 
 @dataclass(frozen=True)
@@ -594,6 +631,7 @@ def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str,
         "bandwidth": floor - streamed_us,
         "issue": issue_time_us(count.warp_instructions, gpu),
         "latency": generations * rounds * gpu.latency_ns * 1e-3,
+        "tensor": count.tensor_flops / (gpu.tensor_tflops * 1e6) if gpu.tensor_tflops else 0.0,
     }
     overlapped, serialized = estimates(times, tail_us, gpu)
     report.update({
@@ -601,6 +639,8 @@ def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str,
         "bandwidth_floor_us": round(floor, 3),
         "issue_time_us": round(times["issue"], 3),
         "latency_time_us": round(times["latency"], 3),
+        "tensor_time_us": round(times["tensor"], 3),
+        "tensor_flops": count.tensor_flops,
         "tail_time_us": round(tail_us, 3),
         "rounds_per_warp": round(rounds, 3),
         "critical_rounds": count.critical_rounds,
@@ -724,11 +764,15 @@ def verdict(times: dict, floor: float, tail: float, tail_note: str, rounds: floa
     overlapped, serialized = estimates(times, tail, gpu)
     needed = gpu.bytes_in_flight_needed
     tail_note = f" + tail {tail:.1f} us ({tail_note})" if tail else ""
+    tensor_note = f" + tensor {times['tensor']:.1f} us" if times["tensor"] else ""
     launch_note = f"launch {launch:.1f} us + " if gpu.launch_us is not None else "(launch cost not measured) "
     detail = (f"{100 * floor / serialized:.0f}-{100 * floor / overlapped:.0f}% of "
               f"{gpu.bandwidth_gbs:.0f} GB/s expected; {launch_note}bytes {times['bandwidth']:.1f} us + issue "
               f"{times['issue']:.1f} us + latency {times['latency']:.1f} us ({rounds:.1f} rounds a "
-              f"warp){tail_note}; {in_flight / 1024:.1f} KB in flight per SM vs {needed / 1024:.1f} KB needed")
+              f"warp){tail_note}{tensor_note}; {in_flight / 1024:.1f} KB in flight per SM vs {needed / 1024:.1f} KB "
+              "needed")
+    if times["tensor"] and times["tensor"] >= max(times.values()):
+        return f"tensor-bound, its matrix work at {gpu.tensor_tflops:.0f} TFLOP/s: {detail}"
     if times["bandwidth"] >= 0.75 * serialized:
         return f"bandwidth-bound: {detail}"
     if launch >= sum(times.values()) + tail:

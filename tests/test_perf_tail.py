@@ -76,7 +76,7 @@ def test_evaluate_puts_the_tail_after_the_stream(monkeypatch):
     assert detail["serial_instructions"] > 0  # the last CTA's merge
     assert report["tail_time_us"] == pytest.approx(
         perf.dependent_tail_us(3, detail["serial_instructions"], 4, H100), abs=2e-3)
-    terms = (report["bandwidth_floor_us"], report["issue_time_us"], report["latency_time_us"])
+    terms = (report["bandwidth_floor_us"], report["issue_time_us"], report["latency_time_us"], report["tensor_time_us"])
     fixed = H100.launch_us + report["tail_time_us"]
     assert report["estimate_us"]["overlapped"] == pytest.approx(max(terms) + fixed, abs=3e-3)
     assert report["estimate_us"]["serialized"] == pytest.approx(sum(terms) + fixed, abs=3e-3)
