@@ -6,15 +6,20 @@ reported per arch (the manifest's `cubins`), the bytes the kind's traffic model 
 `Gpu`. Instructions are PTX instructions executed by the CPU interpreter; the SASS ptxas makes
 of them differs (`sass_counts` counts it offline when the optional nvdisasm wheel is installed).
 
-The time model has four terms, all in microseconds:
+The time model has five terms, all in microseconds:
 - bandwidth: traffic bytes / the GPU's copy bandwidth (the floor);
 - issue: warp-instructions / (SMs x 4 schedulers x 1 instruction a cycle x clock);
+- special functions: the executed ex2, lg2, rcp, rsqrt, sin, cos ... .approx warp-instructions x 32
+  / (16 results a clock an SM x SMs x clock) (SFU_RESULTS_PER_CYCLE): a softmax's exponentials, 1/512
+  of a d128 attention tile's matrix FLOPs, take about half its matrix time at these rates;
 - tensor: the matrix FLOPs the executed mma.sync and wgmma instructions do (tensor_flops_of: the
   work the kernel really does, masked tiles and a ones block for row sums included) / the GPU's
   dense f16 rate (datasheet; 8-bit operands at twice it). mma.sync is priced at wgmma's rate, a
-  floor on sm_90. Without it a prefill at 4k tokens on an H100 was priced at 61-90 us, under its
-  139 us compute roofline; with it 151-238 us, where 303 us was measured (sm_90a, 2026-11-27):
-  what keeps the tensor cores waiting is not modelled;
+  floor on sm_90. Without these two terms the sm_90a prefill at 4k tokens on an H100 was priced
+  at 61-90 us, under its 139 us compute roofline; with them 152-308 us, where 303 us was measured
+  (2026-11-27). On the H200 of 2026-11-28 every sm_90a prefill row, ping-pong and persistent
+  included, sat near the serialized end (274.59 us at 4k against 147.92..295.75): its exponentials,
+  matrix work and issue did not overlap (bench/results/H200-2026-11-28-lease/model_check_prefill.txt);
 - latency: each warp waits `rounds` dependent DRAM round trips (a round: global loads, or
   atomics that return a value, issued together and waited for together; a memory fence waits
   for every one in flight, so loads issued ahead of it overlap nothing after it), and each SM runs
@@ -400,6 +405,8 @@ class Count:
     weighted: bool = False  # scaled by the CTAs' work (Kind.cta_work), not their number
     # Matrix FLOPs the executed mma.sync / wgmma instructions do, in f16-rate units (tensor_flops_of).
     tensor_flops: int = 0
+    # Warp-instructions of the special-function unit (SFU_OPS: ex2, lg2, rcp, rsqrt, sin, cos ...).
+    sfu_instructions: int = 0
 
     @property
     def counted(self) -> str:
@@ -420,7 +427,7 @@ class Count:
             return getattr(self, name) + sum(times * (getattr(count, name) - getattr(self, name)) for count, times in steps)
 
         summed = ("thread_instructions", "warp_instructions", "rounds_per_warp", "critical_rounds",
-                  "instructions_per_warp", "critical_instructions", "tensor_flops")
+                  "instructions_per_warp", "critical_instructions", "tensor_flops", "sfu_instructions")
         return replace(self, **{name: total(name) for name in summed}, scaled=note,
                        outstanding_bytes=max([self.outstanding_bytes] + [count.outstanding_bytes for count, _ in steps]))
 
@@ -464,7 +471,18 @@ def count_instructions(ptx: str, entry: str, launch: Launch, args: list,
         weighted=work is not None,
         tensor_flops=round(scale * sum(int(stats.warps_at[ins.index]) * tensor_flops_of(ins)
                                        for ins in program.instructions)),
+        sfu_instructions=round(scale * sum(int(stats.warps_at[ins.index]) for ins in program.instructions
+                                           if ins.base in SFU_OPS and "approx" in ins.mods)),
     )
+
+
+# The approximate functions the special-function unit (MUFU) computes, at SFU_RESULTS_PER_CYCLE
+# lane results a clock an SM: the CUDA C++ Programming Guide's throughput table for compute
+# capability 8.x and 9.0 (reciprocal, reciprocal square root, base-2 logarithm and exponential,
+# sine, cosine); FlashAttention-3's paper gives the H100 SXM5 3.9 TFLOPS of special functions,
+# the same at 132 SMs and 1.83 GHz. A warp-instruction takes the unit for 32 results.
+SFU_OPS = {"ex2", "lg2", "rcp", "rsqrt", "sin", "cos", "tanh", "sqrt"}
+SFU_RESULTS_PER_CYCLE = 16
 
 
 # Matrix operand types that run at a multiple of the f16/bf16 rate (Hopper and Ampere datasheets:
@@ -632,6 +650,7 @@ def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str,
         "issue": issue_time_us(count.warp_instructions, gpu),
         "latency": generations * rounds * gpu.latency_ns * 1e-3,
         "tensor": count.tensor_flops / (gpu.tensor_tflops * 1e6) if gpu.tensor_tflops else 0.0,
+        "sfu": count.sfu_instructions * 32 / (SFU_RESULTS_PER_CYCLE * gpu.sms * gpu.clock_ghz * 1e3),
     }
     overlapped, serialized = estimates(times, tail_us, gpu)
     report.update({
@@ -641,6 +660,8 @@ def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str,
         "latency_time_us": round(times["latency"], 3),
         "tensor_time_us": round(times["tensor"], 3),
         "tensor_flops": count.tensor_flops,
+        "sfu_time_us": round(times["sfu"], 3),
+        "sfu_instructions": count.sfu_instructions,
         "tail_time_us": round(tail_us, 3),
         "rounds_per_warp": round(rounds, 3),
         "critical_rounds": count.critical_rounds,
@@ -764,7 +785,8 @@ def verdict(times: dict, floor: float, tail: float, tail_note: str, rounds: floa
     overlapped, serialized = estimates(times, tail, gpu)
     needed = gpu.bytes_in_flight_needed
     tail_note = f" + tail {tail:.1f} us ({tail_note})" if tail else ""
-    tensor_note = f" + tensor {times['tensor']:.1f} us" if times["tensor"] else ""
+    tensor_note = (f" + tensor {times['tensor']:.1f} us" if times["tensor"] else "") + (
+        f" + special functions {times['sfu']:.1f} us" if times["sfu"] >= 0.05 else "")
     launch_note = f"launch {launch:.1f} us + " if gpu.launch_us is not None else "(launch cost not measured) "
     detail = (f"{100 * floor / serialized:.0f}-{100 * floor / overlapped:.0f}% of "
               f"{gpu.bandwidth_gbs:.0f} GB/s expected; {launch_note}bytes {times['bandwidth']:.1f} us + issue "
@@ -773,6 +795,8 @@ def verdict(times: dict, floor: float, tail: float, tail_note: str, rounds: floa
               "needed")
     if times["tensor"] and times["tensor"] >= max(times.values()):
         return f"tensor-bound, its matrix work at {gpu.tensor_tflops:.0f} TFLOP/s: {detail}"
+    if times["sfu"] >= max(times.values()):
+        return f"special-function-bound, {SFU_RESULTS_PER_CYCLE} results a clock an SM: {detail}"
     if times["bandwidth"] >= 0.75 * serialized:
         return f"bandwidth-bound: {detail}"
     if launch >= sum(times.values()) + tail:

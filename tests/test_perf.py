@@ -683,7 +683,7 @@ def test_tensor_flops_of_an_instruction(text, flops):
 
 
 @pytest.mark.parametrize("arch", [None, "sm_90a"])
-def test_the_model_counts_a_prefills_matrix_work_and_prices_it_at_the_tensor_rate(arch):
+def test_the_model_counts_a_prefills_matrix_work_and_exponentials_and_prices_them(arch):
     """Every key tile of a non-causal prefill whose length is whole tiles is computed whole: the
     executed mma.sync / wgmma FLOPs are the kind's (4 heads x head_dim x seq_len^2) on the sm_90a
     kernel, and 17/16 of them on the portable one, whose row sums are an mma of P with a ones
@@ -706,6 +706,10 @@ def test_the_model_counts_a_prefills_matrix_work_and_prices_it_at_the_tensor_rat
     report = perf.evaluate(variant.ptx, kernel.name, kernel.launch(scalars, arch), [], {"sm_90": {"registers": 128,
                            "shared_bytes": 0}}, 1 << 20, perf.GPUS["h100-sxm"], count=count, arch="sm_90")
     assert report["tensor_time_us"] == pytest.approx(count.tensor_flops / 989e6, abs=1e-3)
+    # every score's exponential is one lane of an ex2 (2 x 256^2 / 32 warp-instructions), beside a
+    # few for the rows' rescale factors and reciprocals; the unit makes 16 results a clock an SM
+    assert 2 * 256 * 256 // 32 <= count.sfu_instructions <= 1.1 * 2 * 256 * 256 // 32
+    assert report["sfu_time_us"] == pytest.approx(count.sfu_instructions * 32 / (16 * 132 * 1.98e3), abs=1e-3)
     # as much matrix work as 4k tokens' (x 1e4 here): the term is the estimate's largest, and named
     heavy = dataclasses.replace(count, tensor_flops=count.tensor_flops * 10**4)
     report = perf.evaluate(variant.ptx, kernel.name, kernel.launch(scalars, arch), [], {"sm_90": {"registers": 128,
@@ -713,3 +717,9 @@ def test_the_model_counts_a_prefills_matrix_work_and_prices_it_at_the_tensor_rat
     fixed = perf.GPUS["h100-sxm"].launch_us + report["tail_time_us"]
     assert report["estimate_us"]["overlapped"] == pytest.approx(report["tensor_time_us"] + fixed, abs=2e-3)
     assert report["verdict"].startswith("tensor-bound")
+    heavy = dataclasses.replace(count, sfu_instructions=count.sfu_instructions * 10**5)
+    report = perf.evaluate(variant.ptx, kernel.name, kernel.launch(scalars, arch), [], {"sm_90": {"registers": 128,
+                           "shared_bytes": 0}}, 1 << 20, perf.GPUS["h100-sxm"], count=heavy, arch="sm_90")
+    assert report["verdict"].startswith("special-function-bound")
+    assert report["estimate_us"]["serialized"] == pytest.approx(sum(report[f"{term}_time_us"] for term in (
+        "tensor", "sfu", "issue", "latency")) + report["bandwidth_floor_us"] + fixed, abs=5e-3)
