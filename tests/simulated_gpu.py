@@ -2,7 +2,10 @@
 
 Every call first goes to the real cuda.bindings function, which converts and type-checks the
 arguments exactly as on a GPU machine and then fails to find libcuda; the simulation then plays
-the driver: device memory is host memory, and a "kernel" computes its kind's float64 reference.
+the driver: device memory is host memory, and a "kernel" computes its kind's float64 reference
+(the kind of the variant whose launch geometry it was given: an sm_90a prefill's is its own). A
+tensor map is encoded by `encode_tensor_map` (what ptxgen.device.tensor_map_encoder gives) as
+plain words, which a launch checks against the arrays its variant maps.
 Time is simulated too: the host spends HOST_SECONDS on each driver call, the GPU KERNEL_SECONDS on
 each kernel (or its entry's `kernel_seconds`) and EVENT_SECONDS on each event, and a stream holds
 at most `queue_depth` pending operations (the host blocks until the oldest completes, as an H100
@@ -25,7 +28,7 @@ from cuda.pathfinder import DynamicLibNotFoundError
 
 from ptxgen import device
 from ptxgen.dtypes import DTYPES, from_float
-from ptxgen.kernels import kind_of
+from ptxgen.kernels import kind_of, own_targets
 from ptxgen.spec import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -240,19 +243,29 @@ class SimulatedDriver:
         if entry in self.faulty:
             self.lost = True
             return
-        kind = kind_of(self.kernels[entry])
-        params = kind.params()
-        assert len(values) == len(params), f"{entry}: {len(values)} arguments for {len(params)} parameters"
+        config = self.kernels[entry]
+        params = kind_of(config).params()
         scalars = {}
         for param, value, ctype in zip(params, values, types):
             assert ctype is (ctypes.c_void_p if param.is_array else ctypes.c_uint32), (param.name, ctype)
             if not param.is_array:
                 scalars[param.name] = value
-        if "seq_len" in kind.scalar_limits() and "seq_len" not in scalars:
+        if "seq_len" in kind_of(config).scalar_limits() and "seq_len" not in scalars:
             scalars["seq_len"] = 0  # indirect length: only the device copy counts
+        variants = [kind_of(config)] + [kind_of(config, target) for target in own_targets(config)]
+        kind = next((k for k in variants if k.launch(scalars).block == block), None)
+        assert kind is not None, f"{entry}: no variant of it launches {block}-thread CTAs"
+        maps = kind.tensor_maps()
+        assert len(values) == len(params) + len(maps), f"{entry}: {len(values)} arguments for {len(params)} parameters"
         expected = kind.launch(scalars)
-        assert expected.block == block, entry
         assert expected.grid == grid or (expected.any_grid and cooperative and grid[0] < expected.grid[0]), entry
+        named = dict(zip((param.name for param in params), values))
+        for tensor_map, value, ctype in zip(maps, values[len(params):], types[len(params):]):
+            param = next(param for param in params if param.name == tensor_map.array)
+            assert ctype is None and list(value.opaque) == self.map_words(
+                named[param.name], tensor_map.dims(param, scalars), tensor_map.strides(param, scalars),
+                tensor_map.box, int(real.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B) if tensor_map.swizzle else 0), \
+                f"{entry}: tensor map {tensor_map.name} does not describe {param.name} at this launch"
         arrays = {}
         for param, address in zip(params, values):
             if param.is_array:
@@ -264,6 +277,24 @@ class SimulatedDriver:
             if param.written:
                 result = reference[param.name] * (1.5 if entry in self.wrong else 1.0)
                 arrays[param.name][...] = from_float(result, param.dtype)
+
+    # --- tensor maps -----------------------------------------------------------------------------
+    @staticmethod
+    def map_words(address, dims, strides, box, swizzle) -> list[int]:
+        """The 16 words the simulation's CUtensorMap holds: what it was encoded from."""
+        words = [address, len(dims), *dims, *strides, *box, swizzle]
+        return words + [0] * (16 - len(words))
+
+    def encode_tensor_map(self, at, kind, rank, address, dims, strides, box, steps, interleave, swizzle, l2, fill):
+        """cuTensorMapEncodeTiled with its C signature (ptxgen.device.tensor_map_encoder's): the
+        tensor must lie inside one allocation; writes map_words at `at` (64-byte aligned)."""
+        self.calls.append(("cuTensorMapEncodeTiled", (kind, rank, address)))
+        assert at % 64 == 0
+        dims, strides = list(dims[:rank]), list(strides[:rank - 1])
+        self.owner(address, strides[-1] * dims[-1] if strides else dims[0])
+        words = self.map_words(address, dims, strides, list(box[:rank]), swizzle)
+        ctypes.memmove(at, (ctypes.c_uint64 * 16)(*words), 128)
+        return 0
 
     # --- memory ----------------------------------------------------------------------------------
     def sim_cuMemAlloc(self, size):
@@ -354,5 +385,6 @@ def install(**options) -> SimulatedDriver:
     """Put a simulated GPU (SimulatedDriver.for_spec(**options)) behind ptxgen.device in this process."""
     simulated = SimulatedDriver.for_spec(**options)
     device.driver = lambda instead="": simulated
+    device.tensor_map_encoder = lambda: simulated.encode_tensor_map
     device.host_clock = lambda: simulated.host_now
     return simulated

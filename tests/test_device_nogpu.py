@@ -125,6 +125,7 @@ def sim(monkeypatch):
     can run on it."""
     simulated = SimulatedDriver.for_spec(SPEC)
     monkeypatch.setattr(device, "driver", lambda instead="": simulated)
+    monkeypatch.setattr(device, "tensor_map_encoder", lambda: simulated.encode_tensor_map)
     monkeypatch.setattr(device, "host_clock", lambda: simulated.host_now)
     monkeypatch.setattr(device, "_SESSIONS", {})
     monkeypatch.setattr(device, "lost_context", None)
@@ -414,6 +415,25 @@ def test_a_bench_run_cut_short_keeps_the_rows_it_made(tmp_path):
                         worker=Worker(), row_done=lambda results: bench.write_json(path, results))
     written = json.loads(path.read_text())
     assert written["planned_rows"] == 2 and [row["scalars"] for row in written["rows"]] == [{"rows": 1}]
+
+
+def test_bench_checks_and_times_the_tma_prefill_each_buffer_set_with_its_own_maps(sim, worker_gpu, bench_app,
+                                                                                  tmp_path):
+    """The lease's prefill_sm90a_tma on the simulated H100: it loads the sm_90a cubin, whose entry
+    takes q, k and v's tensor maps after its parameters; every launch (checks, and timing over
+    rotated buffer sets) passes maps encoded from that launch's own arrays, which the simulated
+    driver checks against the addresses and shapes it launches with."""
+    lease = ROOT / "bench" / "lease" / "prefill_sm90a.toml"
+    log = worker_gpu(path=lease)
+    path = tmp_path / "bench.json"
+    result = CliRunner().invoke(bench_app, ["bench", "prefill_sm90a_tma", "--spec", str(lease), "--set",
+                                            "seq_len=256", "--peers", "none", "--json", str(path)],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    row = json.loads(path.read_text())["rows"][0]
+    assert row["passed"] and row["checks"] and row["median_us"] == pytest.approx(4.0, rel=1e-6)
+    assert row["sets"] > 1, "several buffer sets, each launched with its own maps"
+    assert set(log.read_text().split()) == {"prefill_sm90a_tma"}
 
 
 def test_bench_does_not_time_a_kernel_that_fails_its_check(sim, worker_gpu, bench_app, tmp_path):
