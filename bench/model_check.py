@@ -9,9 +9,10 @@ cost and tail included; the tail column is what comes after the rest of the grid
 attention's count-in and merge, Kind.dependent_tail). A row whose measured time falls outside
 that range by more than 10% is marked; the code may have changed since the recording (its commit
 is printed). Prefill attention's rows are judged too since the model prices matrix work and
-exponentials (perf's tensor and special-function terms, session 19: on the H100 of 2026-11-27 the
-mma.sync prefill's 430.10 us at 4k sits inside 157.50..497.62, its 51.26 us at 1k, one wave, above
-14.44..42.93). Where a row recorded the driver's occupancy
+exponentials and scales them by how unevenly causal CTAs are dealt (perf's tensor and
+special-function terms and compute_factor, session 19: on the H100 of 2026-11-27 the mma.sync
+prefill's 430.10 us at 4k sits inside 157.50..502.61, its 51.26 us at 1k, one wave, inside
+22.37..59.80). Where a row recorded the driver's occupancy
 (`occupancy`, from 2026-11-27 on), the model's resident CTAs an SM are printed beside it. The
 model's launch cost is the card's: where the files hold kernels that move under TINY_BYTES (the
 lease's launch.toml), their median measured time less the model's own for them is taken as this

@@ -16,10 +16,11 @@ The time model has five terms, all in microseconds:
   work the kernel really does, masked tiles and a ones block for row sums included) / the GPU's
   dense f16 rate (datasheet; 8-bit operands at twice it). mma.sync is priced at wgmma's rate, a
   floor on sm_90. Without these two terms the sm_90a prefill at 4k tokens on an H100 was priced
-  at 61-90 us, under its 139 us compute roofline; with them 152-308 us, where 303 us was measured
+  at 61-90 us, under its 139 us compute roofline; with them 153-310 us, where 303 us was measured
   (2026-11-27). On the H200 of 2026-11-28 every sm_90a prefill row, ping-pong and persistent
-  included, sat near the serialized end (274.59 us at 4k against 147.92..295.75): its exponentials,
-  matrix work and issue did not overlap (bench/results/H200-2026-11-28-lease/model_check_prefill.txt);
+  included, sat within 10% of the serialized end (274.59 us at 4k against 149.25..298.23): its
+  exponentials, matrix work and issue did not overlap
+  (bench/results/H200-2026-11-28-lease/model_check_prefill.txt);
 - latency: each warp waits `rounds` dependent DRAM round trips (a round: global loads, or
   atomics that return a value, issued together and waited for together; a memory fence waits
   for every one in flight, so loads issued ahead of it overlap nothing after it), and each SM runs
@@ -64,7 +65,11 @@ the report then adds how evenly that work is dealt: the CTAs list-scheduled in d
 the resident CTA slots, the makespan over the larger of an even spread and the longest CTA
 (dispatch_balance: what the order costs), and the longest CTA over an even spread (what no order
 can win back: one CTA's chain of dependent tiles; a causal prefill at 1k tokens, whose grid is one
-wave). Neither is in the time terms, which take every CTA as alike.
+wave). Their product (`compute_factor`: the busiest slot's makespan over an even spread) scales the
+terms of the SM's own throughputs (issue, tensor, special functions), which spread the work
+evenly; the bytes' and latency terms stay as they are. On the H200 of 2026-11-28 it took the
+mma.sync prefill at 1k tokens (45.34 us measured; longest CTA 1.75x an even share) from
+10.54..36.98 to 18.47..53.85 us.
 If the warps of an SM overlap perfectly, the time is the largest of the first three terms plus
 the tail ("overlapped"); if they issue their loads together, wait together and compute
 together (a CTA barrier, or few rounds per warp, keeps them in step), the terms add
@@ -652,6 +657,14 @@ def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str,
         "tensor": count.tensor_flops / (gpu.tensor_tflops * 1e6) if gpu.tensor_tflops else 0.0,
         "sfu": count.sfu_instructions * 32 / (SFU_RESULTS_PER_CYCLE * gpu.sms * gpu.clock_ghz * 1e3),
     }
+    dispatch = (dispatch_report(work, here.ctas_per_sm * gpu.sms) if work is not None
+                and len(work) <= MAX_DISPATCHED_CTAS else None)
+    if dispatch:
+        # The SM's own throughputs (issue, matrix, special functions) spread the work evenly; CTAs of
+        # unequal work end when the busiest resident slot does: its makespan over an even spread.
+        spread = dispatch["makespan_over_even"] * max(1.0, dispatch["longest_over_even"])
+        dispatch["compute_factor"] = round(spread, 3)
+        times.update({term: times[term] * spread for term in ("issue", "tensor", "sfu")})
     overlapped, serialized = estimates(times, tail_us, gpu)
     report.update({
         "launch_us": gpu.launch_us,
@@ -677,8 +690,8 @@ def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str,
                                  "serialized": round(100 * floor / serialized, 1)},
         "verdict": verdict(times, floor, tail_us, tail_note, rounds, in_flight, gpu, declared_tail=tail is not None),
     })
-    if work is not None and len(work) <= MAX_DISPATCHED_CTAS:
-        report["dispatch"] = dispatch_report(work, here.ctas_per_sm * gpu.sms)
+    if dispatch:
+        report["dispatch"] = dispatch
     return report
 
 

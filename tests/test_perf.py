@@ -723,3 +723,31 @@ def test_the_model_counts_a_prefills_matrix_work_and_exponentials_and_prices_the
     assert report["verdict"].startswith("special-function-bound")
     assert report["estimate_us"]["serialized"] == pytest.approx(sum(report[f"{term}_time_us"] for term in (
         "tensor", "sfu", "issue", "latency")) + report["bandwidth_floor_us"] + fixed, abs=5e-3)
+
+
+def test_ctas_of_unequal_work_scale_the_sm_throughput_terms_by_the_busiest_slot():
+    """A causal prefill's CTAs carry 1..blocks query blocks' key tiles: its issue, matrix and
+    special-function times, which spread the work evenly, grow by the busiest resident slot's
+    makespan over an even spread (the order's cost x the longest CTA's share). On the H200 of
+    2026-11-28 the mma.sync prefill at 1k tokens, one wave whose longest CTA is 1.75x an even share,
+    measured 45.34 us, above the unscaled range (10.54..36.98) and inside the scaled one."""
+    from ptxgen.pipeline import compile_kernel
+
+    from helpers import make_config
+
+    kernel = compile_kernel(make_config("flash_attention", name="attn", num_heads=2, num_kv_heads=1, head_dim=64,
+                                        causal=True), ("sm_80",), until="ptx")
+    scalars = {"seq_len": 512}
+    count = perf.launch_count(kernel, "sm_80", scalars, seed=1, max_threads=1 << 20)
+    work = kernel.definition.cta_work(scalars)
+    assert work is not None and work.max() > work.min()
+    gpu, launch_ = perf.GPUS["a100-80gb"], kernel.launch(scalars)
+    cubins = {"sm_80": {"registers": 128, "shared_bytes": 0}}
+    even = perf.evaluate(kernel.ptx, kernel.name, launch_, [], cubins, 1 << 20, gpu, count=count)
+    dealt = perf.evaluate(kernel.ptx, kernel.name, launch_, [], cubins, 1 << 20, gpu, count=count, work=work)
+    dispatch = dealt["dispatch"]
+    factor = dispatch["makespan_over_even"] * max(1.0, dispatch["longest_over_even"])
+    assert dispatch["compute_factor"] == pytest.approx(factor, abs=1e-3) and factor > 1
+    for term in ("issue", "tensor", "sfu"):
+        assert dealt[f"{term}_time_us"] == pytest.approx(even[f"{term}_time_us"] * factor, rel=5e-3, abs=2e-3)  # rounded
+    assert dealt["bandwidth_floor_us"] == even["bandwidth_floor_us"]
