@@ -328,6 +328,13 @@ class TensorMap:
     def strides(self, param: Param, scalars: dict[str, int]) -> tuple[int, ...]:
         return tuple(evaluate(s, scalars) for s in self.stride_formulas(param))
 
+    def encoding(self, param: Param) -> tuple[str, str, str, str, str]:
+        """cuTensorMapEncodeTiled's enum arguments, by their cuda.h names: the element type, no
+        interleave, the swizzle, 256-byte L2 promotion, zeros past the edges (no NaN fill)."""
+        return (TENSOR_MAP_DTYPES[param.dtype], "CU_TENSOR_MAP_INTERLEAVE_NONE",
+                "CU_TENSOR_MAP_SWIZZLE_128B" if self.swizzle else "CU_TENSOR_MAP_SWIZZLE_NONE",
+                "CU_TENSOR_MAP_L2_PROMOTION_L2_256B", "CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE")
+
     def to_json(self) -> dict:
         return {"name": self.name, "array": self.array, "box": list(self.box), "swizzle": self.swizzle}
 
@@ -337,3 +344,7 @@ class TensorMap:
 
 
 TENSOR_MAP_BYTES = 128
+# cuTensorMapEncodeTiled's element type (CUtensorMapDataType) of each array dtype (DTYPE_SIZES).
+TENSOR_MAP_DTYPES = {"f16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16", "bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16",
+                     "f32": "CU_TENSOR_MAP_DATA_TYPE_FLOAT32", "u8": "CU_TENSOR_MAP_DATA_TYPE_UINT8",
+                     "u32": "CU_TENSOR_MAP_DATA_TYPE_UINT32"}

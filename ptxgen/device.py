@@ -152,10 +152,6 @@ lost_context: str | None = None
 
 _INTEGER_PARAMS = {"u64": (64, False), "b64": (64, False), "s64": (64, True), "u32": (32, False),
                    "b32": (32, False), "s32": (32, True)}
-# cuTensorMapEncodeTiled's element type (CUtensorMapDataType) of each array dtype (abi.DTYPE_SIZES).
-_TENSOR_MAP_TYPES = {"f16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16", "bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16",
-                     "f32": "CU_TENSOR_MAP_DATA_TYPE_FLOAT32", "u8": "CU_TENSOR_MAP_DATA_TYPE_UINT8",
-                     "u32": "CU_TENSOR_MAP_DATA_TYPE_UINT32"}
 
 
 def pack_params(kernel: DeviceKernel, args: list, encode=None):
@@ -237,14 +233,13 @@ def encode_tensor_map(encode, kernel: DeviceKernel, tensor_map: TensorMap, named
     rank = len(tensor_map.box)
     buffer = ctypes.create_string_buffer(TENSOR_MAP_BYTES + 63)
     at = ctypes.addressof(buffer) + -ctypes.addressof(buffer) % 64
-    swizzle = cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B if tensor_map.swizzle else \
-        cu.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE
-    status = encode(at, int(getattr(cu.CUtensorMapDataType, _TENSOR_MAP_TYPES[param.dtype])), rank, address,
-                    (ctypes.c_uint64 * rank)(*dims), (ctypes.c_uint64 * rank)(*strides),
+    kind, interleave, swizzle, l2, fill = (
+        int(getattr(enum, name)) for enum, name in zip(
+            (cu.CUtensorMapDataType, cu.CUtensorMapInterleave, cu.CUtensorMapSwizzle, cu.CUtensorMapL2promotion,
+             cu.CUtensorMapFloatOOBfill), tensor_map.encoding(param)))
+    status = encode(at, kind, rank, address, (ctypes.c_uint64 * rank)(*dims), (ctypes.c_uint64 * rank)(*strides),
                     (ctypes.c_uint32 * rank)(*tensor_map.box), (ctypes.c_uint32 * rank)(*[1] * rank),
-                    int(cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE), int(swizzle),
-                    int(cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B),
-                    int(cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE))  # zeros past the edges
+                    interleave, swizzle, l2, fill)
     if status:
         try:
             name = cu.CUresult(status).name

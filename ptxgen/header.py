@@ -15,10 +15,6 @@ from . import __version__
 from .abi import DTYPE_SIZES, Geometry, Param, TensorMap, formula_c
 
 C_SCALAR = {"u32": "uint32_t", "u64": "uint64_t"}
-# cuTensorMapEncodeTiled's element type (CUtensorMapDataType) of each array dtype (abi.DTYPE_SIZES).
-C_TENSOR_MAP_TYPE = {"f16": "CU_TENSOR_MAP_DATA_TYPE_FLOAT16", "bf16": "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16",
-                     "f32": "CU_TENSOR_MAP_DATA_TYPE_FLOAT32", "u8": "CU_TENSOR_MAP_DATA_TYPE_UINT8",
-                     "u32": "CU_TENSOR_MAP_DATA_TYPE_UINT32"}
 
 
 def header_name(spec_path: str) -> str:
@@ -131,7 +127,7 @@ def _tensor_maps(block: str, prefix: str, params: list[Param], maps: list[Tensor
         param = arrays[tensor_map.array]
         dims, strides = tensor_map.dim_formulas(param), tensor_map.stride_formulas(param)
         rank = len(dims)
-        swizzle = "CU_TENSOR_MAP_SWIZZLE_128B" if tensor_map.swizzle else "CU_TENSOR_MAP_SWIZZLE_NONE"
+        kind, interleave, swizzle, l2, fill = tensor_map.encoding(param)
         lines += [f"    {{   /* {tensor_map.name}: {param.name}, {param.describe()}, in boxes of "
                   f"{' x '.join(map(str, tensor_map.box))} (innermost first) */",
                   f"        const cuuint64_t dims[{rank}] = {{{', '.join(formula_c(d) for d in dims)}}};",
@@ -140,9 +136,9 @@ def _tensor_maps(block: str, prefix: str, params: list[Param], maps: list[Tensor
                   f"{{{', '.join(formula_c(s) for s in strides) or '0'}}};",
                   f"        const cuuint32_t box[{rank}] = {{{', '.join(f'{b}u' for b in tensor_map.box)}}};",
                   f"        const cuuint32_t steps[{rank}] = {{{', '.join('1u' for _ in dims)}}};",
-                  f"        status = cuTensorMapEncodeTiled(&maps[{index}], {C_TENSOR_MAP_TYPE[param.dtype]}, {rank}, "
-                  f"(void*)(uintptr_t)a->{param.name}, dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE, "
-                  f"{swizzle}, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);",
+                  f"        status = cuTensorMapEncodeTiled(&maps[{index}], {kind}, {rank}, "
+                  f"(void*)(uintptr_t)a->{param.name}, dims, strides, box, steps, {interleave}, "
+                  f"{swizzle}, {l2}, {fill});",
                   "        if (status != CUDA_SUCCESS) return status;",
                   "    }"]
     count = len(params)

@@ -70,7 +70,7 @@ terms of the SM's own throughputs (issue, tensor, special functions), which spre
 evenly; the bytes' and latency terms stay as they are. On the H200 of 2026-11-28 it took the
 mma.sync prefill at 1k tokens (45.34 us measured; longest CTA 1.75x an even share) from
 10.54..36.98 to 18.47..53.85 us.
-If the warps of an SM overlap perfectly, the time is the largest of the first three terms plus
+If the warps of an SM overlap perfectly, the time is the largest of the terms before the tail plus
 the tail ("overlapped"); if they issue their loads together, wait together and compute
 together (a CTA barrier, or few rounds per warp, keeps them in step), the terms add
 ("serialized"). Beside them, Little's law: the
@@ -80,8 +80,7 @@ with cp.async.mbarrier.arrive, its bulk and tensor copies) are waited for by oth
 consumers' mbarrier waits), which this does not follow: such a kernel's bytes in flight read low
 (the tma prefill's 0: one thread's copies, never waited by it). Both estimates add the GPU's fixed cost of a launch (`launch_us`, what
 back-to-back timing of the smallest kernels leaves beyond this model: 3.9 us on the H100, see
-LAUNCH_NOTE; omitted, and said so, where not measured). There is no term for L2 hits or
-tensor-core pipes.
+LAUNCH_NOTE; omitted, and said so, where not measured). There is no term for L2 hits.
 """
 
 from __future__ import annotations
@@ -808,7 +807,7 @@ def verdict(times: dict, floor: float, tail: float, tail_note: str, rounds: floa
               "needed")
     if times["tensor"] and times["tensor"] >= max(times.values()):
         return f"tensor-bound, its matrix work at {gpu.tensor_tflops:.0f} TFLOP/s: {detail}"
-    if times["sfu"] >= max(times.values()):
+    if times["sfu"] and times["sfu"] >= max(times.values()):
         return f"special-function-bound, {SFU_RESULTS_PER_CYCLE} results a clock an SM: {detail}"
     if times["bandwidth"] >= 0.75 * serialized:
         return f"bandwidth-bound: {detail}"

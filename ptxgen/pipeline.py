@@ -67,11 +67,11 @@ def stage_ptx(spec: Spec, units: list[Unit], options: BuildOptions) -> None:
             version = spec.ptx_version(unit.config, own)
             target = own or spec.ptx_target
             ptx = render(unit.config, version, target, own, compiled_templates=options.use_cache)
-            params = {param.name: param for param in kind.params()}
-            for tensor_map in kind.tensor_maps():
+            params, maps = {param.name: param for param in kind.params()}, kind.tensor_maps()
+            for tensor_map in maps:
                 tensor_map.check(params[tensor_map.array])
             unit.variants[target] = Variant(target, ptx, format_version(version), kind.geometry(), kind.launch_note(),
-                                            pdl=kind.pdl, tensor_maps=kind.tensor_maps())
+                                            pdl=kind.pdl, tensor_maps=maps)
 
 
 def stage_cubin(spec: Spec, units: list[Unit], options: BuildOptions) -> tuple[int, int]:
