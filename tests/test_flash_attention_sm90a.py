@@ -16,6 +16,7 @@ import re
 import numpy as np
 import pytest
 
+from ptxgen import perf
 from ptxgen.dtypes import from_float
 from ptxgen.kernels.flash_attention_sm90a import sm90a_plan
 from ptxgen.pipeline import compile_kernel
@@ -142,6 +143,26 @@ def test_assembles_for_sm90a_without_spills(head_dim, knobs):
     assert resources["registers"] <= sm90a_plan(attention_config(32, 8, head_dim), **plan.model_dump()).registers
     # ptxas serialises wgmmas it cannot keep asynchronous (C7509, C7510, C7519, ...): none here
     assert "wgmma.mma_async instructions are serialized" not in assembled.info_log, assembled.info_log
+
+
+@pytest.mark.parametrize("knobs", [{}, {"tma": True}, {"producer_warps": 4, "pingpong": True},
+                                   {"tma": True, "producer_warps": 4, "pingpong": True, "persistent": True}],
+                         ids=("default", "tma", "pingpong", "fa3-tma"))
+def test_the_tile_loop_keeps_its_wgmma_descriptors_in_uniform_registers(knobs):
+    """The warpgroup index comes from lane 0 (shfl.sync.idx), so ptxas knows Q's descriptors are
+    the same across a warp: the SASS loop that issues a tile's wgmmas copies none in from vector
+    registers (R2UR), where it copied 48 (default, tma) or 16 (ping-pong) a tile when the index was
+    %tid / 128. (The persistent schedule without ping-pong still copies them: ptxas keeps its
+    stage counter, carried across blocks, in vector registers.)"""
+    if perf.nvdisasm() is None:
+        pytest.skip("nvidia-cuda-nvdisasm is not installed (pip install '.[sass]')")
+    kernel = attention_kernel(32, 8, 128, True, "f16", "f16", knobs, until="cubin")
+    tile = 128 // 16 + kernel.definition.config.sm90a.block_n // 16  # S's k-steps and P V's
+    sass = perf.sass_counts(kernel.binaries["sm_90a"].cubin)
+    loops = [(body, copies) for body, wgmmas, copies in
+             zip(sass["loop_bodies"], sass["loop_wgmmas"], sass["loop_uniform_copies"]) if wgmmas >= tile]
+    assert loops, sass
+    assert min(loops)[1] == 0, sass
 
 
 @pytest.mark.parametrize("knobs, message", [
