@@ -152,8 +152,8 @@ def test_the_tile_loop_keeps_its_wgmma_descriptors_in_uniform_registers(knobs):
     """The warpgroup index comes from lane 0 (shfl.sync.idx), so ptxas knows Q's descriptors are
     the same across a warp: the SASS loop that issues a tile's wgmmas copies none in from vector
     registers (R2UR), where it copied 48 (default, tma) or 16 (ping-pong) a tile when the index was
-    %tid / 128. (The persistent schedule without ping-pong still copies them: ptxas keeps its
-    stage counter, carried across blocks, in vector registers.)"""
+    %tid / 128. (The persistent schedule without ping-pong still copies them: there ptxas needs
+    the branch between the roles uniform too, which costs the default its asynchronous wgmmas.)"""
     if perf.nvdisasm() is None:
         pytest.skip("nvidia-cuda-nvdisasm is not installed (pip install '.[sass]')")
     kernel = attention_kernel(32, 8, 128, True, "f16", "f16", knobs, until="cubin")
