@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import multiprocessing
+import re
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -95,7 +96,7 @@ def stage_cubin(spec: Spec, units: list[Unit], options: BuildOptions) -> tuple[i
             hit = cache.get(key)
             if hit:
                 unit.binaries[arch] = Binary(arch, variant.target, hit[0], hit[1], parse_resources(hit[1], hit[0]))
-                note_dropped_setmaxnreg(unit, arch, options)
+                note_assembler_losses(unit, arch, options)
                 options.progress(f"{unit.config.name} {arch} (cached)")
             else:
                 misses.append((unit, arch, variant, key, assembler))
@@ -136,16 +137,29 @@ def record(cache: Cache, unit: Unit, arch: str, variant: Variant, key: str, asse
     cache.put(key, assembled.cubin, assembled.info_log)
     unit.binaries[arch] = Binary(arch, variant.target, assembled.cubin, assembled.info_log,
                                  parse_resources(assembled.info_log, assembled.cubin))
-    note_dropped_setmaxnreg(unit, arch, options)
+    note_assembler_losses(unit, arch, options)
     options.progress(f"{unit.config.name} {arch}")
 
 
-def note_dropped_setmaxnreg(unit: Unit, arch: str, options: BuildOptions) -> None:
-    """A note where the assembler ignored setmaxnreg (nvJitLink: ptxas info C7504): that cubin
-    runs with one register budget for every warp, and may spill."""
-    if "C7504" in unit.binaries[arch].info_log:
-        options.report(f"{unit.config.name} {arch}: {unit.assembler[arch]} ignored setmaxnreg (C7504); "
-                       "install ptxgen[ptxas] to assemble it as a whole program, which keeps it")
+# ptxas's info line when it makes every wgmma wait for the one before (C7509: a call, C7512: too
+# few registers, ...): the matrix work then overlaps nothing, the softmax included.
+SERIALISED_WGMMA = re.compile(r"\((C75\d\d)\) Potential Performance Loss: wgmma\.mma_async instructions are "
+                              r"serialized due to (.+?)(?: (?:for|in) the function|$)", re.M)
+
+
+def note_assembler_losses(unit: Unit, arch: str, options: BuildOptions) -> None:
+    """Notes where the assembler gave up what the PTX asked for: setmaxnreg ignored (nvJitLink:
+    ptxas info C7504; one register budget for every warp, which may spill), or the wgmmas
+    serialised."""
+    log = unit.binaries[arch].info_log
+    where = f"{unit.config.name} {arch}: {unit.assembler[arch]}"
+    if "C7504" in log:
+        options.report(f"{where} ignored setmaxnreg (C7504); install ptxgen[ptxas] to assemble it as a whole "
+                       "program, which keeps it")
+    serialised = SERIALISED_WGMMA.search(log)
+    if serialised:
+        options.report(f"{where} serialised its wgmmas ({serialised[1]}: {serialised[2]}): each waits for the one "
+                       "before it, and no matrix work overlaps anything else")
 
 
 STAGES = {"ptx": stage_ptx, "cubin": stage_cubin}

@@ -242,6 +242,31 @@ def test_a_build_that_drops_setmaxnreg_says_so(tmp_path):
     assert list(manifest["kernels"]["fa3"]["assembler"]) == ["sm_90a"]
 
 
+def test_a_build_whose_wgmmas_ptxas_serialises_says_so(monkeypatch):
+    """ptxas makes every wgmma wait for the one before where it cannot keep them asynchronous
+    (here: rcp.rn, a subroutine call, in the epilogue: C7509); the build reports it, with the
+    reason, and the shipped kernel has no such note."""
+    from ptxgen import pipeline
+    from ptxgen.pipeline import BuildOptions
+
+    exact = "rcp.approx.ftz.f32 %l0, %l0;"
+
+    def with_call(*args, **kwargs):
+        ptx = render(*args, **kwargs)
+        return ptx.replace(exact, "rcp.rn.f32 %l0, %l0;") if ".target sm_90a" in ptx else ptx
+
+    notes = []
+    options = BuildOptions(assembler="nvjitlink", report=notes.append)
+    config = attention_config(2, 1, 64, out_dtype="f16")
+    shipped = compile_kernel(config, ("sm_90a",), options=options)
+    assert exact in shipped.variants["sm_90a"].ptx and notes == []
+    render = pipeline.render
+    monkeypatch.setattr(pipeline, "render", with_call)
+    compile_kernel(config, ("sm_90a",), options=options)
+    assert notes == [f"attn sm_90a: {shipped.assembler['sm_90a']} serialised its wgmmas (C7509: the presence of "
+                     "Extern calls): each waits for the one before it, and no matrix work overlaps anything else"]
+
+
 # A ring phase set instead of flipped is right for the first two rounds of a two-stage ring and
 # wrong from the third: verify's sizes (70, 257: three 128-key tiles) wrap the ring once and pass
 # it (mutation testing, session 12), five tiles (641 keys) catch it; causal work grows as the
