@@ -145,15 +145,14 @@ def test_assembles_for_sm90a_without_spills(head_dim, knobs):
     assert "wgmma.mma_async instructions are serialized" not in assembled.info_log, assembled.info_log
 
 
-@pytest.mark.parametrize("knobs", [{}, {"tma": True}, {"producer_warps": 4, "pingpong": True},
+@pytest.mark.parametrize("knobs", [{}, {"tma": True}, {"producer_warps": 4, "pingpong": True}, {"persistent": True},
                                    {"tma": True, "producer_warps": 4, "pingpong": True, "persistent": True}],
-                         ids=("default", "tma", "pingpong", "fa3-tma"))
+                         ids=("default", "tma", "pingpong", "persistent", "fa3-tma"))
 def test_the_tile_loop_keeps_its_wgmma_descriptors_in_uniform_registers(knobs):
-    """The warpgroup index comes from lane 0 (shfl.sync.idx), so ptxas knows Q's descriptors are
+    """The warpgroup index comes from lane 0 (shfl.sync.idx), so ptxas knows the descriptors are
     the same across a warp: the SASS loop that issues a tile's wgmmas copies none in from vector
-    registers (R2UR), where it copied 48 (default, tma) or 16 (ping-pong) a tile when the index was
-    %tid / 128. (The persistent schedule without ping-pong still copies them: there ptxas needs
-    the branch between the roles uniform too, which costs the default its asynchronous wgmmas.)"""
+    registers (R2UR), where it copied 48 (default, tma, persistent) or 16 (ping-pong) a tile when
+    the index was %tid / 128."""
     if perf.nvdisasm() is None:
         pytest.skip("nvidia-cuda-nvdisasm is not installed (pip install '.[sass]')")
     kernel = attention_kernel(32, 8, 128, True, "f16", "f16", knobs, until="cubin")
