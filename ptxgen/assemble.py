@@ -177,6 +177,17 @@ def assemble(assembler: str, ptx: str, arch: str, options: dict) -> Assembled:
     return ASSEMBLERS[assembler](ptx, arch, options)
 
 
+# ptxas's advisories where it gives up something the PTX asked for: "(C7504) Potential Performance
+# Loss: 'setmaxnreg' ignored ..." (nvJitLink), "(C7509) ...: wgmma.mma_async instructions are
+# serialized due to the presence of Extern calls ..." (each wgmma then waits for the one before).
+_PERFORMANCE_LOSS = re.compile(r"\((C\d{4})\) Potential Performance Loss: (.+?)\.?$", re.M)
+
+
+def performance_losses(info_log: str) -> list[str]:
+    """ptxas's performance-loss advisories in an info log, each as "(code) what"."""
+    return [f"({code}) {what}" for code, what in _PERFORMANCE_LOSS.findall(info_log)]
+
+
 _RESOURCES = {
     "registers": r"used (\d+) registers",
     "shared_bytes": r"(\d+) bytes smem",

@@ -283,6 +283,7 @@ def show(
 def show_report(compiled, spec: LoadedSpec, chosen, arch: str | None, chosen_scalars: dict, model: bool,
                 tensor_tflops: float) -> dict:
     """show's report of one compiled kernel (as --json prints it)."""
+    from .assemble import performance_losses
     from .perf import arch_launches, evaluate_kernel, occupancy_per_arch
 
     # Without --arch, the launch the model prices: that of the cubin the chosen GPU runs.
@@ -303,6 +304,7 @@ def show_report(compiled, spec: LoadedSpec, chosen, arch: str | None, chosen_sca
                    "scalars": scalars, "grid": list(launch.grid), "block": list(launch.block),
                    "dynamic_shared": launch.dynamic_shared},
         "resources": {a: {"ptx": b.target, **b.resources} for a, b in compiled.binaries.items()},
+        "performance_losses": {a: losses for a, b in compiled.binaries.items() if (losses := performance_losses(b.info_log))},
         "gpu_cubin": running.arch if running is not None else None,  # the cubin the chosen GPU runs
         "pdl": [target for target, v in compiled.variants.items() if v.pdl],
         "traffic": {"bytes": traffic.bytes, "flops": traffic.flops},
@@ -349,6 +351,9 @@ def print_show(report: dict, gpu) -> None:
                      f"{fit['ctas_per_sm']} CTAs, {fit['warps_per_sm']} warps ({100 * fit['fraction']:.0f}%, "
                      f"{fit['limiter']})" if fit else "-"])
     print_table("", ["arch", "PTX", "registers", "shared B", "local B", "spill st/ld B", "occupancy"], rows)
+    for arch, losses in report["performance_losses"].items():
+        for loss in losses:
+            out.print(f"  {arch}: the assembler reports {loss}", markup=False)
     traffic, roof = report["traffic"], report["roofline_us"]
     out.print(f"per call at {example}: {traffic['bytes']:,} bytes, {traffic['flops']:,} flops", markup=False)
     out.print(f"roofline floor on {gpu.name}: {roof['floor']:.2f} us (memory {roof['memory']:.2f} us at "
@@ -367,6 +372,12 @@ def print_show(report: dict, gpu) -> None:
         out.print(f"  bytes in flight per SM {flight['per_sm']:,} (Little's law needs {flight['needed_per_sm']:,} "
                   f"at {gpu.latency_ns:.0f} ns); {model['rounds_per_warp']} dependent load rounds a warp, "
                   f"{model['generations']} CTA generation(s)", markup=False)
+        if "sass" in model:
+            sass = model["sass"]
+            out.print(f"  SASS of the {report['gpu_cubin']} cubin: {sass['instructions']:,} instructions, loops of "
+                      f"{', '.join(map(str, sass['loop_bodies'])) or 'none'} (PTX loops of "
+                      f"{', '.join(map(str, sass['ptx_loop_bodies'])) or 'none'}); in loops {sass['loop_spills']} "
+                      f"spill accesses, {sass['loop_r2ur']} copies to uniform registers (R2UR)", markup=False)
         if "dispatch" in model:
             dispatch = model["dispatch"]
             out.print(f"  CTAs of unequal work dealt over {dispatch['slots']} resident slots in dispatch order: "

@@ -834,9 +834,9 @@ def nvdisasm() -> Path | None:
 def sass_counts(cubin: bytes) -> dict | None:
     """Static SASS instructions of a cubin (padding NOPs left out), the body sizes of its loops
     (a branch back to an earlier label), the local-memory accesses (spills and refills, LDL / STL)
-    inside any of them, and per loop (as loop_bodies) its wgmmas (HGMMA) and its copies from vector
-    to uniform registers (R2UR: a value, such as a wgmma's descriptor, that ptxas could not keep
-    uniform and copies over each iteration), or None without nvdisasm."""
+    and the copies from vector to uniform registers (R2UR: a value, such as a wgmma's descriptor,
+    that ptxas could not keep uniform and copies over each iteration) inside any of them, and per
+    loop (as loop_bodies) its wgmmas (HGMMA) and R2URs, or None without nvdisasm."""
     tool = nvdisasm()
     if tool is None:
         return None
@@ -853,15 +853,18 @@ def sass_counts(cubin: bytes) -> dict | None:
         if body > 1:  # a branch to itself is the trap ptxas puts after the last EXIT
             loops.append(body)
             spans.append((labels[target.group(1)], at))
-    local = [at for at, opcode, _ in instructions if opcode.startswith(("LDL", "STL"))]
-    in_loops = sum(any(start < at <= end for start, end in spans) for at in local)
+
+    def in_loops(prefixes: tuple[str, ...]) -> int:
+        return sum(opcode.startswith(prefixes) and any(start < at <= end for start, end in spans)
+                   for at, opcode, _ in instructions)
 
     def per_loop(prefix: str) -> list[int]:
         return [sum(start < at <= end and opcode.startswith(prefix) for at, opcode, _ in instructions)
                 for start, end in spans]
 
-    return {"instructions": len(instructions), "loop_bodies": loops, "loop_spills": in_loops,
-            "loop_wgmmas": per_loop("HGMMA"), "loop_uniform_copies": per_loop("R2UR")}
+    return {"instructions": len(instructions), "loop_bodies": loops, "loop_spills": in_loops(("LDL", "STL")),
+            "loop_r2ur": in_loops(("R2UR",)), "loop_wgmmas": per_loop("HGMMA"),
+            "loop_uniform_copies": per_loop("R2UR")}
 
 
 def ptx_loop_bodies(ptx: str, entry: str) -> list[int]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import multiprocessing
-import re
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -21,7 +20,8 @@ from pydantic import ValidationError
 
 from . import __version__
 from .archs import ARCHS, format_version
-from .assemble import OPTIONS, assemble, assembler_for, assembler_version, parse_resources, resolve_assembler
+from .assemble import (OPTIONS, assemble, assembler_for, assembler_version, parse_resources, performance_losses,
+                       resolve_assembler)
 from .cache import Cache, cache_key
 from .compiled import Binary, CompiledKernel, Variant, serving_variant
 from .errors import AssemblerError, PtxgenError, SpecError
@@ -141,25 +141,13 @@ def record(cache: Cache, unit: Unit, arch: str, variant: Variant, key: str, asse
     options.progress(f"{unit.config.name} {arch}")
 
 
-# ptxas's info line when it makes every wgmma wait for the one before (C7509: a call, C7512: too
-# few registers, ...): the matrix work then overlaps nothing, the softmax included.
-SERIALISED_WGMMA = re.compile(r"\((C75\d\d)\) Potential Performance Loss: wgmma\.mma_async instructions are "
-                              r"serialized due to (.+?)(?: (?:for|in) the function|$)", re.M)
-
-
 def note_assembler_losses(unit: Unit, arch: str, options: BuildOptions) -> None:
-    """Notes where the assembler gave up what the PTX asked for: setmaxnreg ignored (nvJitLink:
-    ptxas info C7504; one register budget for every warp, which may spill), or the wgmmas
-    serialised."""
-    log = unit.binaries[arch].info_log
-    where = f"{unit.config.name} {arch}: {unit.assembler[arch]}"
-    if "C7504" in log:
-        options.report(f"{where} ignored setmaxnreg (C7504); install ptxgen[ptxas] to assemble it as a whole "
-                       "program, which keeps it")
-    serialised = SERIALISED_WGMMA.search(log)
-    if serialised:
-        options.report(f"{where} serialised its wgmmas ({serialised[1]}: {serialised[2]}): each waits for the one "
-                       "before it, and no matrix work overlaps anything else")
+    """A note for each performance loss the assembler reports (assemble.performance_losses): a
+    setmaxnreg ignored (nvJitLink, C7504: one register budget for every warp, which may spill),
+    wgmmas serialised (C7509, C7512, ...: each waits for the one before), ..."""
+    for loss in performance_losses(unit.binaries[arch].info_log):
+        hint = "; install ptxgen[ptxas] to assemble it as a whole program, which keeps it" if "(C7504)" in loss else ""
+        options.report(f"{unit.config.name} {arch}: {unit.assembler[arch]}: {loss}{hint}")
 
 
 STAGES = {"ptx": stage_ptx, "cubin": stage_cubin}

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from ptxgen import perf
+from ptxgen.assemble import ptxas_binary
 from ptxgen.dtypes import from_float
 from ptxgen.kernels.flash_attention_sm90a import sm90a_plan
 from ptxgen.pipeline import compile_kernel
@@ -236,7 +237,9 @@ def test_a_build_that_drops_setmaxnreg_says_so(tmp_path):
                     'num_heads = 2\nnum_kv_heads = 1\nhead_dim = 128\nsm90a = { producer_warps = 4 }\n')
     result = run_cli("build", str(spec), "-o", str(tmp_path / "out"), "--assembler", "nvjitlink", "-q")
     assert result.returncode == 0, result.stderr
-    assert "note: fa3 sm_90a: nvjitlink " in result.stderr and "ignored setmaxnreg (C7504)" in result.stderr
+    assert "note: fa3 sm_90a: nvjitlink " in result.stderr
+    assert ": (C7504) 'setmaxnreg' ignored to maintain compatibility across compilation units; install " \
+           "ptxgen[ptxas]" in result.stderr
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert list(manifest["kernels"]["fa3"]["assembler"]) == ["sm_90a"]
 
@@ -262,8 +265,32 @@ def test_a_build_whose_wgmmas_ptxas_serialises_says_so(monkeypatch):
     render = pipeline.render
     monkeypatch.setattr(pipeline, "render", with_call)
     compile_kernel(config, ("sm_90a",), options=options)
-    assert notes == [f"attn sm_90a: {shipped.assembler['sm_90a']} serialised its wgmmas (C7509: the presence of "
-                     "Extern calls): each waits for the one before it, and no matrix work overlaps anything else"]
+    assert len(notes) == 1 and notes[0].startswith(
+        f"attn sm_90a: {shipped.assembler['sm_90a']}: (C7509) wgmma.mma_async instructions are serialized due to "
+        "the presence of Extern calls"), notes
+
+
+def test_show_reports_the_assemblers_performance_losses(capsys):
+    """`show` lists what ptxas says it gave up (here nvJitLink: setmaxnreg ignored, and so the
+    wgmmas serialised for want of registers), in the table and the JSON; the shipped build has
+    none."""
+    from ptxgen.cli import print_show, show_report
+    from ptxgen.perf import GPUS
+    from ptxgen.pipeline import BuildOptions
+
+    gpu = GPUS["h100-sxm"]
+    config = attention_config(2, 1, 128, out_dtype="f16", knobs={"producer_warps": 4})
+    linked = compile_kernel(config, ("sm_90a",), options=BuildOptions(assembler="nvjitlink"))
+    report = show_report(linked, None, gpu, None, {"seq_len": 128}, False, gpu.tensor_tflops)
+    losses = report["performance_losses"]["sm_90a"]
+    assert [loss[:7] for loss in losses] == ["(C7504)", "(C7512)"], losses
+    print_show(report, gpu)
+    shown = capsys.readouterr().out
+    assert f"sm_90a: the assembler reports {losses[1]}" in shown, shown
+    if ptxas_binary() is not None:
+        whole = compile_kernel(config, ("sm_90a",))
+        assert show_report(whole, None, gpu, None, {"seq_len": 128}, False, gpu.tensor_tflops)[
+            "performance_losses"] == {}
 
 
 # A ring phase set instead of flipped is right for the first two rounds of a two-stage ring and
