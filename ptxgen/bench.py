@@ -484,6 +484,8 @@ def bench_row(compiled: CompiledKernel, scalars: dict, iters: int, graph: bool, 
     if row["occupancy"]["ctas_per_sm"] != row["occupancy"]["model_ctas_per_sm"]:
         row["notes"].append(f"{compiled.name}: the driver fits {row['occupancy']['ctas_per_sm']} CTAs an SM, the model "
                             f"(ptxgen show) {row['occupancy']['model_ctas_per_sm']}")
+    row["notes"] += [f"{compiled.name}: {row['occupancy']['assembler']} reports {loss}"
+                     for loss in row["occupancy"]["performance_losses"]]
     timed = time_kernel(gpu, compiled, arrays, scalars, iters, graph, traffic.bytes)
     row["sets"], row["set_bytes"] = timed["sets"], timed["set_bytes"]
     if timed["sets"] * min(timed["set_bytes"], traffic.bytes) < L2_MULTIPLE * gpu.l2_bytes:
@@ -507,10 +509,12 @@ def bench_row(compiled: CompiledKernel, scalars: dict, iters: int, graph: bool, 
 
 def occupancy_row(gpu, compiled: CompiledKernel, scalars: dict) -> dict:
     """Which cubin the GPU loaded (its arch; the GPU's own where the driver JIT-compiled the PTX)
-    and from which PTX, and the driver's resident CTAs an SM for this launch (its occupancy
-    calculator) beside the model's (perf.occupancy_per_arch over arch_launches, as `ptxgen show`
-    computes it), with the registers and static shared bytes each side started from: the
-    assembler's report, or the driver's where the GPU's arch was JIT-compiled from PTX."""
+    from which PTX, by which assembler and with which performance losses it reported
+    (assemble.performance_losses), and the driver's resident CTAs an SM for this launch (its
+    occupancy calculator) beside the model's (perf.occupancy_per_arch over arch_launches, as
+    `ptxgen show` computes it), with the registers and static shared bytes each side started from:
+    the assembler's report, or the driver's where the GPU's arch was JIT-compiled from PTX."""
+    from .assemble import performance_losses
     from .perf import arch_launches, occupancy_per_arch
 
     kernel = gpu.kernel(compiled)
@@ -522,6 +526,8 @@ def occupancy_row(gpu, compiled: CompiledKernel, scalars: dict) -> dict:
     model = occupancy_per_arch(arch_launches(compiled, scalars, [arch]),
                                {arch: {"registers": registers, "shared_bytes": static}})[arch]
     return {"cubin_arch": arch, "ptx_target": compiled.variant(gpu.arch).target,
+            "assembler": compiled.assembler.get(arch, "the driver's JIT"),
+            "performance_losses": performance_losses(binary.info_log) if binary is not None else [],
             "ctas_per_sm": gpu.resident_ctas(kernel, launch), "registers": kernel.registers,
             "static_shared": kernel.static_shared, "dynamic_shared": launch.dynamic_shared,
             "model_ctas_per_sm": model.ctas_per_sm, "model_limiter": model.limiter, "model_registers": registers,

@@ -562,7 +562,9 @@ def test_bench_records_the_drivers_occupancy_beside_the_models(sim, monkeypatch)
         sim.resident_ctas = driver
         row = quick_bench(sim, monkeypatch, [("qwen3_8b_rmsnorm", {"rows": 3})])["rows"][0]
         ptx_target = kernel.variant("sm_90").target      # the sm_90 PDL variant where the spec has one
-        assert row["occupancy"] == {"cubin_arch": "sm_90", "ptx_target": ptx_target, "ctas_per_sm": driver,
+        assert row["occupancy"] == {"cubin_arch": "sm_90", "ptx_target": ptx_target,
+                                    "assembler": kernel.assembler["sm_90"], "performance_losses": [],
+                                    "ctas_per_sm": driver,
                                     "registers": sim.REGISTERS, "static_shared": 0,
                                     "dynamic_shared": launch.dynamic_shared, "model_ctas_per_sm": expected.ctas_per_sm,
                                     "model_limiter": expected.limiter, "model_registers": resources["registers"],
@@ -571,6 +573,10 @@ def test_bench_records_the_drivers_occupancy_beside_the_models(sim, monkeypatch)
         assert noted == ([] if driver == expected.ctas_per_sm else
                          [f"qwen3_8b_rmsnorm: the driver fits {driver} CTAs an SM, the model (ptxgen show) "
                           f"{expected.ctas_per_sm}"]), row["notes"]
+    # What the assembler reports it gave up is a note of the row too.
+    monkeypatch.setattr("ptxgen.assemble.performance_losses", lambda log: ["(C7512) planted"])
+    row = quick_bench(sim, monkeypatch, [("qwen3_8b_rmsnorm", {"rows": 3})])["rows"][0]
+    assert f"qwen3_8b_rmsnorm: {kernel.assembler['sm_90']} reports (C7512) planted" in row["notes"], row["notes"]
 
 
 def test_the_occupancy_row_names_the_cubin_an_sm90_gpu_runs():
@@ -590,6 +596,27 @@ def test_the_occupancy_row_names_the_cubin_an_sm90_gpu_runs():
     row = occupancy_row(gpu, kernel, {"seq_len": 300})
     assert (row["cubin_arch"], row["ptx_target"], row["model_ctas_per_sm"]) == ("sm_90a", "sm_90a", 1), row
     assert row["model_registers"] == loaded["registers"] != kernel.binaries["sm_90"].resources["registers"]
+    assert row["assembler"] == kernel.assembler["sm_90a"] and row["performance_losses"] == []
+
+
+def test_the_occupancy_row_names_the_assembler_and_what_it_gave_up():
+    """nvJitLink ignores the FA3-style prefill's setmaxnreg and then serialises its wgmmas: the row
+    of a GPU that loads that cubin says which assembler built it and what ptxas reported."""
+    from types import SimpleNamespace
+
+    from ptxgen.bench import occupancy_row
+    from ptxgen.pipeline import BuildOptions
+
+    kernel = compile_kernel(make_config("flash_attention", name="attn", num_heads=2, num_kv_heads=1, head_dim=128,
+                                        sm90a={"producer_warps": 4}), ("sm_90a",),
+                            options=BuildOptions(assembler="nvjitlink"))
+    loaded = kernel.binaries["sm_90a"].resources
+    gpu = SimpleNamespace(arch="sm_90", kernel=lambda compiled: SimpleNamespace(
+        registers=loaded["registers"], static_shared=loaded["shared_bytes"]),
+        prepare=lambda kernel, launch: launch, resident_ctas=lambda kernel, launch: 1)
+    row = occupancy_row(gpu, kernel, {"seq_len": 300})
+    assert row["assembler"].startswith("nvjitlink "), row
+    assert [loss[:7] for loss in row["performance_losses"]] == ["(C7504)", "(C7512)"], row
 
 
 def test_bench_checks_a_fused_kernel_against_its_separate_kernels_then_times_both(sim, monkeypatch, capsys):
