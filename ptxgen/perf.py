@@ -831,19 +831,26 @@ def nvdisasm() -> Path | None:
     return wheel_binary("nvidia-cuda-nvdisasm", "nvdisasm")
 
 
-def sass_counts(cubin: bytes) -> dict | None:
-    """Static SASS instructions of a cubin (padding NOPs left out), the body sizes of its loops
-    (a branch back to an earlier label), the local-memory accesses (spills and refills, LDL / STL)
-    and the copies from vector to uniform registers (R2UR: a value, such as a wgmma's descriptor,
-    that ptxas could not keep uniform and copies over each iteration) inside any of them, and per
-    loop (as loop_bodies) its wgmmas (HGMMA) and R2URs, or None without nvdisasm."""
+def disassemble(cubin: bytes) -> str | None:
+    """nvdisasm's listing of a cubin's SASS, or None where nvdisasm is not installed."""
     tool = nvdisasm()
     if tool is None:
         return None
     with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
         handle.write(cubin)
         handle.flush()
-        text = subprocess.run([str(tool), "-c", handle.name], capture_output=True, text=True, check=True).stdout
+        return subprocess.run([str(tool), "-c", handle.name], capture_output=True, text=True, check=True).stdout
+
+
+def sass_counts(cubin: bytes) -> dict | None:
+    """Static SASS instructions of a cubin (padding NOPs left out), the body sizes of its loops
+    (a branch back to an earlier label), the local-memory accesses (spills and refills, LDL / STL)
+    and the copies from vector to uniform registers (R2UR: a value, such as a wgmma's descriptor,
+    that ptxas could not keep uniform and copies over each iteration) inside any of them, and per
+    loop (as loop_bodies) its wgmmas (HGMMA) and R2URs, or None without nvdisasm."""
+    text = disassemble(cubin)
+    if text is None:
+        return None
     instructions = [(m.start(), m.group(1), m.group(2)) for m in _SASS_LINE.finditer(text) if m.group(1) != "NOP"]
     labels = {m.group(1): m.start() for m in _LABEL.finditer(text)}
     loops, spans = [], []

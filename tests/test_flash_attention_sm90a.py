@@ -244,6 +244,32 @@ def test_a_build_that_drops_setmaxnreg_says_so(tmp_path):
     assert list(manifest["kernels"]["fa3"]["assembler"]) == ["sm_90a"]
 
 
+@pytest.mark.parametrize("knobs", [{"producer_warps": 4, "pingpong": True},
+                                   {"tma": True, "producer_warps": 4, "pingpong": True, "persistent": True}],
+                         ids=("pingpong", "fa3-tma"))
+def test_the_softmax_runs_while_the_previous_tiles_p_v_does(knobs):
+    """With overlap, a tile's exponentials are computed between the wait for its S (wgmma
+    wait_group 1: DEPBAR.LE gsb0, 0x1) and the wait for the previous tile's P V (0x0), in the
+    SASS ptxas makes, not after the second: ptxas hoists a wait to the top of its basic block,
+    and the template gives it a block of its own. Without that block the wait came first: no
+    exponential between them."""
+    text = perf.disassemble(attention_kernel(32, 8, 128, True, "f16", "f16", knobs, until="cubin")
+                            .binaries["sm_90a"].cubin)
+    if text is None:
+        pytest.skip("nvidia-cuda-nvdisasm is not installed (pip install '.[sass]')")
+    assert sm90a_plan(attention_config(32, 8, 128), **knobs).overlap
+    between, counts = None, []
+    for line in text.splitlines():
+        if "WARPGROUP.DEPBAR.LE gsb0, 0x1" in line:
+            between = 0
+        elif "WARPGROUP.DEPBAR.LE gsb0, 0x0" in line and between is not None:
+            counts.append(between)
+            between = None
+        elif "MUFU.EX2" in line and between is not None:
+            between += 1
+    assert counts and min(counts) >= 128 // 2, counts  # a thread's 64 exponentials of a 128-key tile
+
+
 def test_a_build_whose_wgmmas_ptxas_serialises_says_so(monkeypatch):
     """ptxas makes every wgmma wait for the one before where it cannot keep them asynchronous
     (here: rcp.rn, a subroutine call, in the epilogue: C7509); the build reports it, with the
