@@ -304,7 +304,8 @@ def show_report(compiled, spec: LoadedSpec, chosen, arch: str | None, chosen_sca
                    "scalars": scalars, "grid": list(launch.grid), "block": list(launch.block),
                    "dynamic_shared": launch.dynamic_shared},
         "resources": {a: {"ptx": b.target, **b.resources} for a, b in compiled.binaries.items()},
-        "performance_losses": {a: losses for a, b in compiled.binaries.items() if (losses := performance_losses(b.info_log))},
+        "performance_losses": {a: losses for a, b in compiled.binaries.items()
+                               if (losses := performance_losses(b.info_log))},
         "gpu_cubin": running.arch if running is not None else None,  # the cubin the chosen GPU runs
         "pdl": [target for target, v in compiled.variants.items() if v.pdl],
         "traffic": {"bytes": traffic.bytes, "flops": traffic.flops},
