@@ -225,6 +225,8 @@ def show(
     name: Annotated[str, typer.Argument(help="Kernel name in the spec, or a kind (its first instance).")],
     spec_path: SpecOption = DEFAULT_SPEC,
     ptx: Annotated[bool, typer.Option("--ptx", help="Print the PTX text.")] = False,
+    sass: Annotated[bool, typer.Option("--sass", help="Print the SASS of the cubin --arch names, else of the one "
+                                                      "--gpu runs (nvdisasm, the 'sass' extra).")] = False,
     arch: ShowArchOption = None,
     gpu: Annotated[str, typer.Option(help="GPU of the performance model (h100-sxm, h200, a100-80gb, l40s, "
                                           "rtx4090).")] = "h100-sxm",
@@ -255,8 +257,11 @@ def show(
     chosen_scalars = single_sets(assignments, "show")
     spec = load_spec(spec_path)
     fields = tune.parse_tune(tune_fields or [])
-    if fields and ptx:
-        raise LaunchError("--tune: compares the variants' models; --ptx prints one kernel's PTX (give one or the other)")
+    if ptx and sass:
+        raise LaunchError("--ptx prints the PTX, --sass the SASS: give one or the other")
+    if fields and (ptx or sass):
+        raise LaunchError(f"--tune: compares the variants' models; {'--ptx' if ptx else '--sass'} prints one "
+                          "kernel's code (give one or the other)")
     if fields:
         tuned = spec.spec.find(name)
         made, skipped = tune.variants(spec, tuned, fields)
@@ -273,11 +278,30 @@ def show(
     if ptx:
         sys.stdout.write(compiled.variant(arch).ptx)
         return
+    if sass:
+        sys.stdout.write(sass_listing(compiled, arch, chosen))
+        return
     report = show_report(compiled, spec, chosen, arch, chosen_scalars, model, tensor_tflops)
     if as_json:
         sys.stdout.write(json.dumps(report, indent=2, default=str) + "\n")
         return
     print_show(report, chosen)
+
+
+def sass_listing(compiled, arch: str | None, chosen) -> str:
+    """nvdisasm's listing of the cubin of `arch`, else of the one the GPU `chosen` runs."""
+    from .perf import disassemble
+
+    binary = compiled.binaries.get(arch) if arch else compiled.binary_for(chosen.arch)
+    if binary is None:
+        wanted = f"--arch {arch}" if arch else f"the {chosen.arch} of --gpu {chosen.name}"
+        raise LaunchError(f"--sass: {compiled.name} has no cubin for {wanted}; the spec builds "
+                          f"{', '.join(compiled.binaries) or 'none'}")
+    listing = disassemble(binary.cubin)
+    if listing is None:
+        raise LaunchError("--sass: nvdisasm comes from the nvidia-cuda-nvdisasm wheel, which is not installed "
+                          "(pip install 'ptxgen[sass]')")
+    return listing
 
 
 def show_report(compiled, spec: LoadedSpec, chosen, arch: str | None, chosen_scalars: dict, model: bool,
