@@ -402,7 +402,7 @@ def print_show(report: dict, gpu) -> None:
             out.print(f"  SASS of the {report['gpu_cubin']} cubin: {sass['instructions']:,} instructions, loops of "
                       f"{', '.join(map(str, sass['loop_bodies'])) or 'none'} (PTX loops of "
                       f"{', '.join(map(str, sass['ptx_loop_bodies'])) or 'none'}); in loops {sass['loop_spills']} "
-                      f"spill accesses, {sass['loop_r2ur']} copies to uniform registers (R2UR)", markup=False)
+                      f"spill accesses, {sass['loop_uniform_copies']} copies to uniform registers (R2UR)", markup=False)
         if "dispatch" in model:
             dispatch = model["dispatch"]
             out.print(f"  CTAs of unequal work dealt over {dispatch['slots']} resident slots in dispatch order: "

@@ -853,25 +853,23 @@ def sass_counts(cubin: bytes) -> dict | None:
         return None
     instructions = [(m.start(), m.group(1), m.group(2)) for m in _SASS_LINE.finditer(text) if m.group(1) != "NOP"]
     labels = {m.group(1): m.start() for m in _LABEL.finditer(text)}
-    loops, spans = [], []
-    for at, opcode, rest in instructions:
-        target = re.search(r"\(\s*(\.L_x_\d+)\s*\)", rest) if opcode.startswith("BRA") else None
-        body = sum(labels[target.group(1)] < other <= at for other, _, _ in instructions) if target else 0
-        if body > 1:  # a branch to itself is the trap ptxas puts after the last EXIT
-            loops.append(body)
-            spans.append((labels[target.group(1)], at))
+
+    def within(start: int, end: int, prefix: str = "") -> int:
+        return sum(start < at <= end and opcode.startswith(prefix) for at, opcode, _ in instructions)
+
+    branches = [(labels[target.group(1)], at) for at, opcode, rest in instructions
+                if opcode.startswith("BRA") and (target := re.search(r"\(\s*(\.L_x_\d+)\s*\)", rest))]
+    # a branch back to an earlier label; one to itself is the trap ptxas puts after the last EXIT
+    spans = [(start, end) for start, end in branches if within(start, end) > 1]
 
     def in_loops(prefixes: tuple[str, ...]) -> int:
         return sum(opcode.startswith(prefixes) and any(start < at <= end for start, end in spans)
                    for at, opcode, _ in instructions)
 
-    def per_loop(prefix: str) -> list[int]:
-        return [sum(start < at <= end and opcode.startswith(prefix) for at, opcode, _ in instructions)
-                for start, end in spans]
-
-    return {"instructions": len(instructions), "loop_bodies": loops, "loop_spills": in_loops(("LDL", "STL")),
-            "loop_r2ur": in_loops(("R2UR",)), "loop_wgmmas": per_loop("HGMMA"),
-            "loop_uniform_copies": per_loop("R2UR")}
+    return {"instructions": len(instructions), "loop_bodies": [within(*span) for span in spans],
+            "loop_spills": in_loops(("LDL", "STL")), "loop_uniform_copies": in_loops(("R2UR",)),
+            "wgmmas_per_loop": [within(*span, "HGMMA") for span in spans],
+            "uniform_copies_per_loop": [within(*span, "R2UR") for span in spans]}
 
 
 def ptx_loop_bodies(ptx: str, entry: str) -> list[int]:

@@ -579,21 +579,25 @@ def test_bench_records_the_drivers_occupancy_beside_the_models(sim, monkeypatch)
     assert f"qwen3_8b_rmsnorm: {kernel.assembler['sm_90']} reports (C7512) planted" in row["notes"], row["notes"]
 
 
+def h100_loading(resources: dict):
+    """A stand-in sm_90 GPU for occupancy_row: it loads a cubin of these resources and fits one CTA an SM."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(arch="sm_90", kernel=lambda compiled: SimpleNamespace(
+        registers=resources["registers"], static_shared=resources["shared_bytes"]),
+        prepare=lambda kernel, launch: launch, resident_ctas=lambda kernel, launch: 1)
+
+
 def test_the_occupancy_row_names_the_cubin_an_sm90_gpu_runs():
     """A kernel built for sm_90 and sm_90a: an H100 loads the sm_90a cubin (binary_for), so the row
     says so and the model's CTAs an SM come from that cubin's registers and launch (one 288-thread
     CTA), not the mma.sync cubin's (two of 128 threads)."""
-    from types import SimpleNamespace
-
     from ptxgen.bench import occupancy_row
 
     kernel = compile_kernel(make_config("flash_attention", name="attn", num_heads=2, num_kv_heads=1, head_dim=128,
                                         block_m=128, warp_rows=32), ("sm_90", "sm_90a"))
     loaded = kernel.binaries["sm_90a"].resources
-    gpu = SimpleNamespace(arch="sm_90", kernel=lambda compiled: SimpleNamespace(
-        registers=loaded["registers"], static_shared=loaded["shared_bytes"]),
-        prepare=lambda kernel, launch: launch, resident_ctas=lambda kernel, launch: 1)
-    row = occupancy_row(gpu, kernel, {"seq_len": 300})
+    row = occupancy_row(h100_loading(loaded), kernel, {"seq_len": 300})
     assert (row["cubin_arch"], row["ptx_target"], row["model_ctas_per_sm"]) == ("sm_90a", "sm_90a", 1), row
     assert row["model_registers"] == loaded["registers"] != kernel.binaries["sm_90"].resources["registers"]
     assert row["assembler"] == kernel.assembler["sm_90a"] and row["performance_losses"] == []
@@ -602,19 +606,13 @@ def test_the_occupancy_row_names_the_cubin_an_sm90_gpu_runs():
 def test_the_occupancy_row_names_the_assembler_and_what_it_gave_up():
     """nvJitLink ignores the FA3-style prefill's setmaxnreg and then serialises its wgmmas: the row
     of a GPU that loads that cubin says which assembler built it and what ptxas reported."""
-    from types import SimpleNamespace
-
     from ptxgen.bench import occupancy_row
     from ptxgen.pipeline import BuildOptions
 
     kernel = compile_kernel(make_config("flash_attention", name="attn", num_heads=2, num_kv_heads=1, head_dim=128,
                                         sm90a={"producer_warps": 4}), ("sm_90a",),
                             options=BuildOptions(assembler="nvjitlink"))
-    loaded = kernel.binaries["sm_90a"].resources
-    gpu = SimpleNamespace(arch="sm_90", kernel=lambda compiled: SimpleNamespace(
-        registers=loaded["registers"], static_shared=loaded["shared_bytes"]),
-        prepare=lambda kernel, launch: launch, resident_ctas=lambda kernel, launch: 1)
-    row = occupancy_row(gpu, kernel, {"seq_len": 300})
+    row = occupancy_row(h100_loading(kernel.binaries["sm_90a"].resources), kernel, {"seq_len": 300})
     assert row["assembler"].startswith("nvjitlink "), row
     assert [loss[:7] for loss in row["performance_losses"]] == ["(C7504)", "(C7512)"], row
 

@@ -160,7 +160,7 @@ def test_the_tile_loop_keeps_its_wgmma_descriptors_in_uniform_registers(knobs):
     tile = 128 // 16 + kernel.definition.config.sm90a.block_n // 16  # S's k-steps and P V's
     sass = perf.sass_counts(kernel.binaries["sm_90a"].cubin)
     loops = [(body, copies) for body, wgmmas, copies in
-             zip(sass["loop_bodies"], sass["loop_wgmmas"], sass["loop_uniform_copies"]) if wgmmas >= tile]
+             zip(sass["loop_bodies"], sass["wgmmas_per_loop"], sass["uniform_copies_per_loop"]) if wgmmas >= tile]
     assert loops, sass
     assert min(loops)[1] == 0, sass
 
