@@ -847,7 +847,9 @@ def sass_counts(cubin: bytes) -> dict | None:
     (a branch back to an earlier label), the local-memory accesses (spills and refills, LDL / STL)
     and the copies from vector to uniform registers (R2UR: a value, such as a wgmma's descriptor,
     that ptxas could not keep uniform and copies over each iteration) inside any of them, and per
-    loop (as loop_bodies) its wgmmas (HGMMA) and R2URs, or None without nvdisasm."""
+    loop (as loop_bodies) its wgmmas (HGMMA), R2URs and memory barriers (MEMBAR: a fence, a
+    fence.proxy.async among them, waits for the warp's memory operations), or None without
+    nvdisasm."""
     text = disassemble(cubin)
     if text is None:
         return None
@@ -869,7 +871,8 @@ def sass_counts(cubin: bytes) -> dict | None:
     return {"instructions": len(instructions), "loop_bodies": [within(*span) for span in spans],
             "loop_spills": in_loops(("LDL", "STL")), "loop_uniform_copies": in_loops(("R2UR",)),
             "wgmmas_per_loop": [within(*span, "HGMMA") for span in spans],
-            "uniform_copies_per_loop": [within(*span, "R2UR") for span in spans]}
+            "uniform_copies_per_loop": [within(*span, "R2UR") for span in spans],
+            "membars_per_loop": [within(*span, "MEMBAR") for span in spans]}
 
 
 def ptx_loop_bodies(ptx: str, entry: str) -> list[int]:

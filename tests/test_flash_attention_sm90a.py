@@ -165,6 +165,26 @@ def test_the_tile_loop_keeps_its_wgmma_descriptors_in_uniform_registers(knobs):
     assert min(loops)[1] == 0, sass
 
 
+@pytest.mark.parametrize("knobs", [{"producer_warps": 4, "pingpong": True},
+                                   {"producer_warps": 4, "pingpong": True, "persistent": True},
+                                   {"block_n": 64, "overlap": True}])
+def test_an_overlapped_tile_makes_its_two_stages_visible_with_one_proxy_fence(knobs):
+    """With overlap a tile waits for its K stage and the previous tile's V stage back to back;
+    one fence.proxy.async after both makes both visible to the wgmmas (in SASS a MEMBAR.ALL.CTA
+    and a FENCE.VIEW.ASYNC.S), where each wait had its own: one MEMBAR in the tile loop, not two."""
+    if perf.nvdisasm() is None:
+        pytest.skip("nvidia-cuda-nvdisasm is not installed (pip install '.[sass]')")
+    plan = sm90a_plan(attention_config(32, 8, 128), **knobs)
+    assert plan.overlap and not plan.tma
+    kernel = attention_kernel(32, 8, 128, True, "f16", "f16", knobs, until="cubin")
+    sass = perf.sass_counts(kernel.binaries["sm_90a"].cubin)
+    tile = 128 // 16 + plan.block_n // 16  # S's k-steps and P V's
+    loops = [(body, membars) for body, wgmmas, membars in
+             zip(sass["loop_bodies"], sass["wgmmas_per_loop"], sass["membars_per_loop"]) if wgmmas >= tile]
+    assert loops, sass
+    assert min(loops)[1] == 1, sass
+
+
 @pytest.mark.parametrize("knobs, message", [
     ({"block_n": 96}, "block_n=96: 32, 64, 128 or 256"),
     ({"consumers": 3}, "consumers would hold 96 accumulator registers of 128"),
