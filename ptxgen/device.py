@@ -676,8 +676,9 @@ def pointer_device(address: int) -> int | None:
     return int(ordinal) if status == cu.CUresult.CUDA_SUCCESS else None
 
 
-def run_on_device(compiled: CompiledKernel, launch, args: list) -> None:
-    """Launch `compiled` once on device 0: numpy arrays are copied in, and back in place afterwards.
+def run_on_device(compiled: CompiledKernel, launch, args: list, launches: int = 1) -> None:
+    """Launch `compiled` once (or `launches` times back to back in one stream) on device 0: numpy
+    arrays are copied in, and back in place afterwards.
 
     args are in PTX order: numpy arrays for pointer parameters, Python ints for scalars.
     """
@@ -695,7 +696,8 @@ def run_on_device(compiled: CompiledKernel, launch, args: list) -> None:
                 device_args.append(buffer)
             else:
                 device_args.append(arg)
-        gpu.launch(kernel, launch, device_args)
+        for _ in range(launches):
+            gpu.launch(kernel, launch, device_args)
         gpu.synchronize(f"running {entry}")
         for arg, device_arg in zip(args, device_args):
             if isinstance(arg, np.ndarray):

@@ -172,9 +172,10 @@ def test_decoder_phases_models_each_phase_and_sees_what_head_prep_takes_off_qkv(
 @pytest.mark.parametrize("seq_len", (555, 20))
 def test_attention_timeline_locates_a_launchs_ramp_stream_and_merge(seq_len):
     """bench/lease/attention_timeline.py on a timeline decode attention in the interpreter (its
-    timers count instructions): one row a launched CTA (4 splits x 2 KV heads at 555 keys), every
-    stamp in order, the last split done before the launch ends and a count-in and merge after it;
-    a lone split (20 keys) has no count-in, so no split figures."""
+    timers count instructions), the second of two launches queued back to back: one row a
+    launched CTA (4 splits x 2 KV heads at 555 keys), every stamp in order, the last split done
+    before the launch ends and a count-in and merge after it; a lone split (20 keys) has no
+    count-in, so no split figures."""
     sys.path.insert(0, str(LEASE))
     import attention_timeline
 
@@ -182,7 +183,7 @@ def test_attention_timeline_locates_a_launchs_ramp_stream_and_merge(seq_len):
 
     kernel = make_kernel("incremental_attention", name="a", num_heads=8, num_kv_heads=2, head_dim=128,
                          max_seq_len=600, sm_count=4, pdl=True, timeline=True)
-    summary = attention_timeline.measure(kernel, seq_len, backend="emulator", launches=1)
+    summary = attention_timeline.measure(kernel, seq_len, backend="emulator", launches=1, back_to_back=2)
     splits = kernel.definition.splits(seq_len)
     assert summary["ctas"] == 2 * splits and summary["start_spread_ns"] >= 0 and summary["wait_ns"] >= 0
     if splits == 1:
@@ -190,7 +191,26 @@ def test_attention_timeline_locates_a_launchs_ramp_stream_and_merge(seq_len):
     else:
         assert 0 < summary["split_mean_ns"] <= summary["split_max_ns"] < summary["last_split_ns"] < summary["kernel_ns"]
         assert summary["after_last_split_ns"] > 0
-        assert "of count-in and merge" in attention_timeline.report(seq_len, summary)
+        assert "of count-in and merge" in attention_timeline.report(seq_len, summary, "last of 2 back to back")
+
+
+def test_gemv_timeline_locates_a_launchs_ramp_staging_rows_and_tail():
+    """bench/lease/gemv_timeline.py on a timeline GEMV in the interpreter (its timers count
+    instructions), alone and as the second of two queued back to back: a row a CTA, the staging
+    and rows under the launch's span, no tail beyond it."""
+    sys.path.insert(0, str(LEASE))
+    import gemv_timeline
+
+    from helpers import make_kernel
+
+    kernel = make_kernel("q4k_gemv", name="g", n=300, k=1024, pdl=True, warps=4, timeline=True)
+    for queued in (1, 2):
+        summary = gemv_timeline.measure(kernel, backend="emulator", launches=1, back_to_back=queued)
+        assert summary["ctas"] == kernel.definition.plan.ctas, summary
+        assert 0 < summary["staging_mean_ns"] <= summary["staging_max_ns"], summary
+        assert 0 < summary["rows_mean_ns"] <= summary["rows_max_ns"] < summary["kernel_ns"], summary
+        assert 0 <= summary["tail_ns"] < summary["kernel_ns"] and summary["warp_spread_ns"] >= 0, summary
+        assert "the last CTA" in gemv_timeline.report("alone", summary)
 
 
 def test_whole_model_exits_2_without_a_gpu_before_any_weights():

@@ -220,6 +220,23 @@ def test_queue_is_right_on_any_grid_and_leaves_its_counter_at_zero(kind):
         np.testing.assert_array_equal(arrays["y"].view(np.uint32), first.view(np.uint32), err_msg=f"grid {grid}")
 
 
+@pytest.mark.parametrize("kind, fields", [("q4k_gemv", dict(n=200, k=1280, pdl=True, warps=4)),
+                                          ("q4k_gemv", dict(n=150, k=1280, schedule="queue", warps=4, sm_count=1)),
+                                          ("fused_rmsnorm_q4k_gemv", dict(n=96, k=512, warps=4, split_k=1))])
+def test_timeline_stamps_each_cta_in_order_and_changes_no_bits(kind, fields):
+    """timeline = true: thread 0 of every CTA stamps its start, its PDL wait and the staged x, and
+    lane 0 of each warp its end, in that order; y keeps the bits of the kernel without it. Two
+    launches back to back (bench/lease/gemv_timeline.py's figures) leave the queue at rest."""
+    ours, plain = (make_kernel(kind, timeline=on, **fields) for on in (True, False))
+    inputs = inputs_for(kind, {"": fields["n"]}, fields["k"], seed=1)
+    mine, theirs = run(ours, inputs, {}, launches=2), run(plain, inputs, {})
+    np.testing.assert_array_equal(mine["y"].view(np.uint32), theirs["y"].view(np.uint32))
+    rows = mine["timeline"].astype(np.int64)
+    assert rows.shape == (ours.definition.plan.ctas, 4 + ours.definition.plan.warps)
+    assert (np.diff(rows[:, [0, 2, 3]], axis=1) > 0).all() and (rows[:, 4:] > rows[:, 3:4]).all(), rows
+    assert "queue" not in mine or not mine["queue"].any()
+
+
 def test_queue_defaults_and_units():
     """The default schedule queues where the grid gets at least 4 units a CTA (Q4_K's min_queue_rounds): a
     unit is 2 row-steps a warp (split-K to make them), one round of x staging a CTA."""

@@ -1,10 +1,11 @@
-"""Where a decode attention launch's time goes: one launch (after one to warm up) of a spec's
-`incremental_attention` with `timeline = true`, each CTA's thread 0 stamping %globaltimer as it
-starts, after its PDL wait, before its count-in and at its end (incremental_attention's
-TIMELINE); prints, per length, the launch's span over its CTAs, how far apart they started (the
-launch ramp), the longest PDL wait, each CTA's split (its keys, from the wait to its count-in:
-mean and longest), when the last split was done, and what came after it (the count-in and the
-merge of the last KV head to finish). Why: the H200's decode attention costs 7.62 us a launch
+"""Where a decode attention launch's time goes: a spec's `incremental_attention` with `timeline =
+true`, each CTA's thread 0 stamping %globaltimer as it starts, after its PDL wait, before its
+count-in and at its end (incremental_attention's TIMELINE), launched alone (after one to warm up)
+and as the last of ten queued back to back (as bench's batched figures run them: a PDL launch
+overlaps the one before); prints, per length, the launch's span over its CTAs, how far apart
+they started (the launch ramp), the longest PDL wait, each CTA's split (its keys, from the wait
+to its count-in: mean and longest), when the last split was done, and what came after it (the
+count-in and the merge of the last KV head to finish). Why: the H200's decode attention costs 7.62 us a launch
 beyond its bytes (ten launches between two events), and the model 3-5 us less than that.
 
     python3 bench/lease/attention_timeline.py bench/lease/attention.toml decode_attention \\
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from decoder_timeline import save, stamps, timeline_kernel
+from decoder_timeline import QUEUED, save, stamps, timeline_kernel
 from ptxgen.device import driver
 from ptxgen.errors import exit_from
 from ptxgen.runner import run
@@ -47,20 +48,21 @@ def summarize(timeline: np.ndarray) -> dict:
     return summary
 
 
-def measure(kernel, seq_len: int, backend: str = "device", launches: int = 2, inputs: dict | None = None) -> dict:
-    """summarize() of the last of `launches` launches at seq_len on `inputs` (default: the kind's
-    sample inputs)."""
+def measure(kernel, seq_len: int, backend: str = "device", launches: int = 2, inputs: dict | None = None,
+            back_to_back: int = 1) -> dict:
+    """summarize() of the last launch of `launches` runs at seq_len, each of `back_to_back` launches
+    queued together, on `inputs` (default: the kind's sample inputs)."""
     kind = kernel.definition
     scalars = {"seq_len": seq_len}
     if inputs is None:
         inputs = kind.sample_inputs(np.random.default_rng(0), scalars)
     for _ in range(launches):
-        out = run(kernel, dict(inputs), scalars, backend=backend)
+        out = run(kernel, dict(inputs), scalars, backend=backend, launches=back_to_back)
     return summarize(out["timeline"][launched_rows(kind, seq_len)])
 
 
-def report(seq_len: int, summary: dict) -> str:
-    line = (f"seq_len {seq_len}: {summary['ctas']} CTAs over {summary['kernel_ns'] / 1e3:.2f} us, started "
+def report(seq_len: int, summary: dict, how: str = "alone") -> str:
+    line = (f"seq_len {seq_len}, {how}: {summary['ctas']} CTAs over {summary['kernel_ns'] / 1e3:.2f} us, started "
             f"{summary['start_spread_ns'] / 1e3:.2f} us apart, PDL wait at most {summary['wait_ns'] / 1e3:.2f} us")
     if "split_mean_ns" in summary:
         line += (f"; a split {summary['split_mean_ns'] / 1e3:.2f} us (longest {summary['split_max_ns'] / 1e3:.2f}), "
@@ -83,9 +85,10 @@ def main(argv: list[str]) -> int:
         figures = summaries.setdefault(kernel.name, {})
         print(f"{kernel.name}:")
         for seq_len in args.seq_len:
-            figures[str(seq_len)] = measure(kernel, seq_len)
-            print(f"  {report(seq_len, figures[str(seq_len)])}")
-            save(args.json, summaries)
+            for how, queued in QUEUED:
+                figures.setdefault(str(seq_len), {})[how] = summary = measure(kernel, seq_len, back_to_back=queued)
+                print(f"  {report(seq_len, summary, how)}")
+                save(args.json, summaries)
     return 0
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ptxgen.bench import CALLS_PER_EVENT
 from ptxgen.cli import compile_one
 from ptxgen.device import driver
 from ptxgen.dtypes import DTYPES
@@ -32,6 +33,9 @@ from ptxgen.runner import run
 from ptxgen.spec import load_spec
 
 LAYER_PHASES = ("qkv", "attention", "o", "gate_up", "down")  # phase i runs between barriers i - 1 and i
+# How the single-launch timelines (attention_timeline.py, gemv_timeline.py) run a kernel: alone,
+# and as the last of bench's batch queued back to back (a PDL launch overlaps the one before).
+QUEUED = (("alone", 1), (f"last of {CALLS_PER_EVENT} back to back", CALLS_PER_EVENT))
 BARRIERS = "ACDEF"                                           # a layer's grid barriers, in order
 
 

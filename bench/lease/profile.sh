@@ -4,8 +4,9 @@
 # (bench/lease/decoder_timeline.py: the default, then with head_prep "attention", barrier_acquire,
 # kv_prefetch_keys and attention_stages = 3, together and alone, poller_prefetch and
 # barrier_prefetch: on 2026-11-28 the attention phase ran 1621 GB/s and qkv 1933, against
-# gate_up's 3975, and the barriers before GEMV phases took 2.1-2.5 us each), decode attention
-# CTA by CTA (bench/lease/attention_timeline.py), then Nsight Compute on one launch each of the
+# gate_up's 3975, and the barriers before GEMV phases took 2.1-2.5 us each), decode attention and
+# the Q4_K GEMVs CTA by CTA, alone and back to back (bench/lease/attention_timeline.py,
+# gemv_timeline.py), then Nsight Compute on one launch each of the
 # sm_90a prefill kernels issue 13 is about, at 4096 tokens (the default, tma, ping-pong), on the
 # 12288x4096 GEMV, and the tma prefill's SASS with its stall samples. Why: on
 # 2026-11-27 the sm_90a prefill ran 454 TFLOP/s at 4k and FlashAttention-3's register split with
@@ -47,6 +48,11 @@ step "decoder timeline" 130 python3 bench/lease/decoder_timeline.py bench/lease/
 # wait, the splits, the count-in and merge after the last one), with and without PDL.
 step "attention timeline" 40 python3 bench/lease/attention_timeline.py bench/lease/attention.toml decode_attention \
     decode_attention_no_pdl --seq-len 4096 8192 32768 --json "$OUT/attention_timeline.json"
+# The Q4_K GEMVs the same way, alone and back to back: where their ~3 us a launch beyond the bytes
+# goes (the PDL wait, x's staging, the rows, the CTAs' and warps' tails), at the issue's shapes.
+# Its figures go to the log only: a call brings back eight files, and the list below has them.
+step "gemv timeline" 30 python3 bench/lease/gemv_timeline.py bench/lease/decode.toml gemv_12288x4096 \
+    gemv_4096x4096 gemv_4096x4096_warps8 ffn_norm_gate_up_group
 profile bench/lease/prefill_sm90a.toml prefill_sm90a seq_len=4096
 profile bench/lease/prefill_sm90a.toml prefill_sm90a_tma seq_len=4096
 profile bench/lease/prefill_sm90a.toml prefill_sm90a_pingpong seq_len=4096

@@ -73,6 +73,14 @@ def check_k(k: int, quant: str) -> int:
 # 12288 x 4096's 96-row CTAs of 32 warps), so its weights stream while the previous kernel drains
 # and the row loop finds them in L2. The performance model does not count it. Not timed yet: off
 # by default.
+# TIMELINE: nothing measured says where that fixed cost goes. With `timeline` thread 0 of each CTA
+# stamps %globaltimer at its start (words 0 and 1: low and high; read as it begins, kept in shared
+# memory and stored after the PDL wait, before which nothing of the timeline is written: the
+# previous launch of the stream may still be writing its own), after the PDL wait (2) and once x
+# is staged (3, after the CTA barrier), and lane 0 of warp w once the warp is done (4 + w): the
+# launch ramp, the wait for the previous kernel, the staging, the rows and the CTA's and grid's
+# tails, one by one (bench/lease/gemv_timeline.py).
+TIMELINE_STAMPS = 4  # the words before the warps' ends
 
 
 def gamma(m: int) -> float:
@@ -106,6 +114,9 @@ class QuantGemvTuning(PdlConfig):
     # The queue takes a CTA's next unit at the end of each round (True) or at its start: later
     # binds fewer units ahead, so the last ones go to the CTAs that finish first.
     late_grab: bool = True
+    # Where a launch's time goes: stamps of %globaltimer in the workspace `timeline` (TIMELINE).
+    # Off: no stamps, no parameter.
+    timeline: bool = False
 
     @field_validator("k")
     @classmethod
@@ -181,7 +192,14 @@ class Q4kGemv(Kind):
         extra = [Param("gamma", "f32", (k,))] if self.fused else []
         # The queue's work counter and the count of CTAs done (the last CTA puts both back to 0).
         queue = [Param("queue", "u32", (2,), "workspace")] if self.plan.queue else []
-        return [*outputs, *weights, Param("x", "f32", (k,)), *extra, *queue]
+        timeline = ([Param("timeline", "u32", (self.plan.ctas, self.timeline_words), "workspace")]
+                    if self.config.timeline else [])
+        return [*outputs, *weights, Param("x", "f32", (k,)), *extra, *queue, *timeline]
+
+    @property
+    def timeline_words(self) -> int:
+        """Words of a CTA's timeline row (TIMELINE): start (2), waited, staged, each warp's end."""
+        return TIMELINE_STAMPS + self.plan.warps
 
     # --- geometry --------------------------------------------------------------------------
     def geometry(self) -> Geometry:
@@ -203,7 +221,8 @@ class Q4kGemv(Kind):
 
     def static_shared(self) -> int:
         tickets = 8 if self.plan.queue else 0  # the next two units
-        return (8 * self.plan.warps + 4 if self.fused else 4) + tickets  # warp sums and RMS factors; a zero word
+        start = 16 if self.config.timeline else 0  # the CTA's start (8-byte aligned: with its padding)
+        return (8 * self.plan.warps + 4 if self.fused else 4) + tickets + start  # warp sums and RMS factors; a zero word
 
     def template_vars(self) -> dict:
         plan = self.plan
@@ -214,7 +233,8 @@ class Q4kGemv(Kind):
         weight_rows = [("%wq", "%wh", r * plan.row_bytes) for r in range(plan.rows_per_trip)]
         return {"plan": plan, "matrices": matrices, "weight_rows": weight_rows, "max_registers": MAX_REGISTERS,
                 "fused": self.fused, "eps": getattr(self.config, "eps", 0.0), "early_loads": self.early_loads,
-                "prefetch_rows": self.config.prefetch_rows}
+                "prefetch_rows": self.config.prefetch_rows, "timeline": self.config.timeline,
+                "timeline_words": self.timeline_words, "timeline_stamps": TIMELINE_STAMPS}
 
     @property
     def early_loads(self) -> bool:
