@@ -77,8 +77,12 @@ together (a CTA barrier, or few rounds per warp, keeps them in step), the terms 
 global-load bytes a thread has in flight when it waits x resident threads, against bandwidth x
 latency / SMs. Copies that complete on an mbarrier (an sm_90a producer's cp.asyncs handed over
 with cp.async.mbarrier.arrive, its bulk and tensor copies) are waited for by other threads (the
-consumers' mbarrier waits), which this does not follow: such a kernel's bytes in flight read low
-(the tma prefill's 0: one thread's copies, never waited by it). Both estimates add the GPU's fixed cost of a launch (`launch_us`, what
+consumers' mbarrier waits), which a thread's data flow does not follow: they leave the thread's
+count where it hands them over, and the kind states what a CTA keeps in flight that way
+(Kind.ring_bytes: the sm_90a prefill's K and V stages, at most all of them being filled; the
+consumers' wait for the first stages, a round trip a CTA generation, is not counted). Before
+that, the cp.async prefill's count kept every copy in flight for good (1440 KB an SM at 4k tokens
+on the H200, more than its shared memory) and the tma prefill's read 0. Both estimates add the GPU's fixed cost of a launch (`launch_us`, what
 back-to-back timing of the smallest kernels leaves beyond this model: 3.9 us on the H100, see
 LAUNCH_NOTE; omitted, and said so, where not measured). There is no term for L2 hits.
 """
@@ -263,7 +267,8 @@ def _reads_writes(ins) -> tuple[set, set]:
 
 def _loaded(ins) -> dict:
     """Global-load bytes this instruction puts in flight, by what a later wait is on: each
-    destination register, or for cp.async (global to shared) a key of its own. An atomic that
+    destination register, or for cp.async (global to shared) a key of its own; none for a bulk
+    copy, which completes on an mbarrier (Kind.ring_bytes). An atomic that
     returns a value is a round trip too (its bytes: the value). A relaxed, acquire or volatile
     load is a poll of a synchronisation word (a grid barrier's generation), whose repetitions
     follow the schedule rather than the work: not counted (a kind's DependentTail holds it)."""
@@ -272,7 +277,7 @@ def _loaded(ins) -> dict:
     if ins.base in ("ld", "atom") and "global" in ins.mods:
         size = next(TYPES[m][0] for m in reversed(ins.mods) if m in TYPES)
         return {reg: size for reg in _registers(ins.operands[0])}
-    if ins.base == "cp" and ins.mods[:1] == ["async"] and "global" in ins.mods:
+    if ins.base == "cp" and ins.mods[:1] == ["async"] and "global" in ins.mods and "bulk" not in ins.mods:
         size = next((op.value for op in ins.operands[2:] if isinstance(op, Imm)), 16)
         return {("cp.async", ins.index, 0): size}
     return {}
@@ -326,6 +331,10 @@ def load_rounds(program) -> LoadRounds:
             sizes.update({reg: sizes.get(reg, 0) for reg in writes})
         elif code[index].base == "cp" and code[index].mods == ["async", "commit_group"]:
             state = _committed(state)
+        elif code[index].base == "cp" and code[index].mods[:2] == ["async", "mbarrier"]:
+            # cp.async.mbarrier.arrive: the thread's copies are the mbarrier's now, whose waiters
+            # are other threads (Kind.ring_bytes counts them), not its own
+            state = frozenset(k for k in state if not isinstance(k, tuple))
         else:
             state = (_after_wait(code[index], reads, state) - writes) | loaded.keys()
         sizes.update({_size_key(key): size for key, size in loaded.items()})
@@ -336,8 +345,11 @@ def load_rounds(program) -> LoadRounds:
                 work.append(successor)
     waits = {i: sum(sizes[_size_key(k)] for k in pending[i]) for i, ins in enumerate(code)
              if pending[i] and _waits(ins, effects[i][0], pending[i])}
+    # A round is a thread's: loads it waits for somewhere (not copies it hands to an mbarrier).
+    waited = {_size_key(k) for i in waits for k in pending[i]}
     starts = tuple(i for i, (reads, _, loaded) in enumerate(effects)
-                   if loaded and pending[i] is not None and not _after_wait(code[i], reads, pending[i]))
+                   if loaded and pending[i] is not None and not _after_wait(code[i], reads, pending[i])
+                   and any(_size_key(k) in waited for k in loaded))
     return LoadRounds(starts, waits)
 
 
@@ -591,7 +603,7 @@ def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str,
              gpu: Gpu, *, cubin: bytes | None = None, max_threads: int = MAX_COUNTED_THREADS,
              tail: DependentTail | None = None, count: Count | None = None,
              launches: Mapping[str, Launch] | None = None, work: np.ndarray | None = None,
-             arch: str | None = None) -> dict:
+             arch: str | None = None, ring_bytes: int = 0) -> dict:
     """The model's report for one launch. `cubins`: arch -> resources as in the manifest
     (`registers`, `shared_bytes` = static shared); it must include `arch`, the cubin's that runs
     on the GPU (default the GPU's own; an sm_90 GPU runs an sm_90a cubin where the spec builds
@@ -600,7 +612,8 @@ def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str,
     kind's DependentTail at this launch, if it has one. `count`: the launch's counts, made
     elsewhere (scaled_count); else the interpreter runs it here. `launches`: each arch's launch
     for its occupancy, where they differ (default: `launch`, the GPU arch's). `work`: the CTAs'
-    relative work where it differs (Kind.cta_work): the report adds how evenly they are dealt."""
+    relative work where it differs (Kind.cta_work): the report adds how evenly they are dealt.
+    `ring_bytes`: what a CTA keeps in flight in mbarrier-completed copies (Kind.ring_bytes)."""
     arch = arch or gpu.arch
     if arch not in cubins:
         raise PtxgenError(f"--gpu {gpu.name} is {gpu.arch}, which the spec does not build "
@@ -628,7 +641,7 @@ def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str,
         return {**report, "verdict": f"cannot launch on {gpu.arch}: a CTA needs more {here.limiter} than an SM has"}
     # An SM holds at most its resident CTAs; a grid smaller than one wave spreads thinner.
     resident_ctas = min(here.ctas_per_sm, ctas / gpu.sms)
-    in_flight = count.outstanding_bytes * threads * resident_ctas
+    in_flight = (count.outstanding_bytes * threads + ring_bytes) * resident_ctas
     generations = math.ceil(ctas / (gpu.sms * here.ctas_per_sm))
     if tail is None:
         rounds = count.rounds_per_warp
@@ -680,6 +693,7 @@ def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str,
         "generations": generations,
         "bytes_in_flight": {
             "per_thread": count.outstanding_bytes,
+            "ring_per_cta": ring_bytes,
             "resident_threads_per_sm": round(threads * resident_ctas, 1),
             "per_sm": round(in_flight),
             "needed_per_sm": round(gpu.bytes_in_flight_needed),
@@ -724,7 +738,8 @@ def evaluate_kernel(compiled: CompiledKernel, gpu: Gpu, *, resources: dict[str, 
                                            max_threads=max_threads, tail=kind.dependent_tail(scalars), count=count,
                                            launches=arch_launches(compiled, scalars, resources),
                                            work=compiled.definition_for(variant.target).cta_work(scalars),
-                                           arch=binary.arch if binary is not None else None)}
+                                           arch=binary.arch if binary is not None else None,
+                                           ring_bytes=compiled.definition_for(variant.target).ring_bytes())}
 
 
 def arch_launches(compiled: CompiledKernel, scalars: Mapping[str, int], archs) -> dict[str, Launch]:

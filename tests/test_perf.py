@@ -291,6 +291,47 @@ def test_a_wait_group_leaves_the_newer_groups_in_flight(depth, rounds):
 
 
 
+@pytest.mark.parametrize("hand_over, rounds, waits", [
+    ("", 1, [32]),
+    ("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%b];", 0, []),
+])
+def test_copies_handed_to_an_mbarrier_leave_the_threads_count(hand_over, rounds, waits):
+    """A producer's cp.asyncs handed over with cp.async.mbarrier.arrive are waited for by the
+    mbarrier's other threads, not this one: they open no round of its own and are not in flight
+    at its later waits (Kind.ring_bytes counts them), where before they stayed in flight for
+    good. Without the handover the thread's wait_all waits for both."""
+    ptx = out_x_kernel("producer", f"""
+  .shared .align 16 .b8 tiles[32];
+  .shared .align 8 .b64 bar;
+  .reg .b32 %s, %b;
+  mov.u32 %s, tiles;
+  mov.u32 %b, bar;
+  cp.async.cg.shared.global [%s], [%p], 16;
+  cp.async.cg.shared.global [%s+16], [%p+16], 16;
+  {hand_over}
+  cp.async.wait_all;
+  st.global.u32 [%o], %s;
+  ret;""", target="sm_90")
+    found = perf.load_rounds(parse(ptx, "producer"))
+    assert (len(found.starts), list(found.waits.values())) == (rounds, waits)
+
+
+def test_a_bulk_copy_is_no_load_of_the_thread():
+    """cp.async.bulk completes on its mbarrier (complete_tx): no round, nothing in flight for the
+    issuing thread."""
+    ptx = out_x_kernel("bulk", """
+  .shared .align 128 .b8 tile[128];
+  .shared .align 8 .b64 bar;
+  .reg .b32 %s, %b;
+  mov.u32 %s, tile;
+  mov.u32 %b, bar;
+  cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%s], [%p], 128, [%b];
+  st.global.u32 [%o], %s;
+  ret;""", target="sm_90")
+    found = perf.load_rounds(parse(ptx, "bulk"))
+    assert (found.starts, found.waits) == ((), {})
+
+
 def test_segment_counts_split_rounds_and_instructions_at_labels():
     """perf.segment_counts: one load round before the label FIRST_DONE, two dependent ones after
     it; the instructions of the two stretches add up to the launch's."""
@@ -337,8 +378,8 @@ def test_evaluate_reports_the_model_of_the_stream_kernel():
     # 3 CTAs on 2 SMs fit in one generation: 5 rounds of 500 ns.
     assert (report["generations"], report["latency_time_us"]) == (1, 2.5)
     # 64 B a thread x 48 threads x 1.5 CTAs an SM = 4608 B, short of 100 GB/s x 500 ns / 2 SMs.
-    assert report["bytes_in_flight"] == {"per_thread": 64, "resident_threads_per_sm": 72.0, "per_sm": 4608,
-                                         "needed_per_sm": 25000}
+    assert report["bytes_in_flight"] == {"per_thread": 64, "ring_per_cta": 0, "resident_threads_per_sm": 72.0,
+                                         "per_sm": 4608, "needed_per_sm": 25000}
     serialized = traffic / 100e3 + 3 * 2 * PER_THREAD / 8e3 + 2.5
     assert report["estimate_us"] == {"overlapped": 2.5, "serialized": pytest.approx(serialized, abs=1e-3)}
     assert report["verdict"].startswith("latency-bound, too few bytes in flight")
@@ -683,6 +724,11 @@ def test_an_sm90_gpu_is_modelled_on_the_sm90a_cubin_it_runs(tmp_path):
     report = perf.evaluate_kernel(kernel, H100, scalars={"seq_len": 300})
     assert report["dispatch"]["slots"] == 132
     assert report["bytes_in_flight"]["resident_threads_per_sm"] == pytest.approx(288 * 6 / 132, abs=0.1)
+    # Its producer hands each tile's cp.asyncs to an mbarrier: in flight, the K and V rings of the
+    # CTAs (2 x 2 stages of 128 keys x 256 bytes), none of them a thread's own round.
+    ring = 2 * 2 * 128 * 256
+    assert report["bytes_in_flight"]["ring_per_cta"] == ring and report["bytes_in_flight"]["per_thread"] == 0
+    assert report["bytes_in_flight"]["per_sm"] == round(ring * 6 / 132) and report["rounds_per_warp"] == 0
     spec = tmp_path / "prefill.toml"
     spec.write_text('[target]\narchs = ["sm_90", "sm_90a"]\n\n[[kernels]]\nname = "attn"\nkind = "flash_attention"\n'
                     'num_heads = 2\nnum_kv_heads = 1\nhead_dim = 128\n')

@@ -256,6 +256,13 @@ class Kind:
         list-schedules it over the resident CTA slots (perf.dispatch_balance)."""
         return None
 
+    def ring_bytes(self) -> int:
+        """Bytes a CTA keeps in flight in copies that complete on an mbarrier (an sm_90a
+        producer's ring of shared-memory stages), which no thread of it waits for: at most the
+        ring, all of its stages being filled. The performance model adds them to the bytes its
+        threads' own loads keep in flight. Default: none."""
+        return 0
+
     def model_scaling(self) -> ModelScaling | None:
         """For a config the interpreter cannot run whole (its weights too many): the smaller
         configs the performance model counts instead (ModelScaling); None: count this one."""

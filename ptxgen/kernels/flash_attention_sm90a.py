@@ -309,6 +309,10 @@ class FlashAttentionSm90a(FlashAttention):
     def static_shared(self) -> int:
         return self.plan.static_shared
 
+    def ring_bytes(self) -> int:
+        """The K and V rings: every stage of each (Q, once a block, left out)."""
+        return 2 * self.plan.stages * self.plan.tile_bytes
+
     def error_bound(self, param, arrays, reference, scalars):
         """attention_error_bound of this kernel's arithmetic: l adds the f32 P, P V the rounded P."""
         c = self.config
