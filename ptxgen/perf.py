@@ -82,9 +82,10 @@ count where it hands them over, and the kind states what a CTA keeps in flight t
 (Kind.ring_bytes: the sm_90a prefill's K and V stages, at most all of them being filled; the
 consumers' wait for the first stages, a round trip a CTA generation, is not counted). Before
 that, the cp.async prefill's count kept every copy in flight for good (1440 KB an SM at 4k tokens
-on the H200, more than its shared memory) and the tma prefill's read 0. Both estimates add the GPU's fixed cost of a launch (`launch_us`, what
-back-to-back timing of the smallest kernels leaves beyond this model: 3.9 us on the H100, see
-LAUNCH_NOTE; omitted, and said so, where not measured). There is no term for L2 hits.
+on the H200, more than its shared memory) and the tma prefill's read 0. Both estimates add the
+GPU's fixed cost of a launch (`launch_us`, what back-to-back timing of the smallest kernels leaves
+beyond this model: 3.9 us on the H100, see LAUNCH_NOTE; omitted, and said so, where not
+measured). There is no term for L2 hits.
 """
 
 from __future__ import annotations
