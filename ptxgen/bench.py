@@ -433,10 +433,11 @@ def row_inputs(compiled: CompiledKernel, scalars: dict) -> dict[str, np.ndarray]
 
 
 def bench_row(compiled: CompiledKernel, scalars: dict, iters: int, graph: bool, copy_gbs: float,
-              verified: list | None, with_peers: bool = True) -> tuple[dict, list]:
+              verified: list | None, with_peers: bool = True, time_separate: bool = True) -> tuple[dict, list]:
     """Check one (kernel, scalars) on the device, then time it and (`with_peers`) its peers (in a
-    device worker). `verified`: the kernel's checks at its kind's verify sizes, if an earlier row
-    made them. Returns the row and those checks."""
+    device worker); a fused kind is checked against its separate kernels, which are timed too
+    where `time_separate`. `verified`: the kernel's checks at its kind's verify sizes, if an
+    earlier row made them. Returns the row and those checks."""
     from .device import session
     from .runner import prepare_arrays, run
     from .verify import compare, ran_target, verify_plan, verify_sizes
@@ -474,7 +475,7 @@ def bench_row(compiled: CompiledKernel, scalars: dict, iters: int, graph: bool, 
         if empty:
             row["notes"].append("empty launch: nothing to time")
             return row, verified
-        if step is not None:
+        if step is not None and time_separate:
             row["step"] = step.time(iters, traffic, copy_gbs)
     finally:
         if step is not None:
@@ -563,8 +564,10 @@ def run_bench(spec_file: dict, plan: list[tuple[CompiledKernel, dict]], iters: i
     `planned_rows` says how many the run meant to make); `worker` runs the device work (default: a
     DeviceWorker of its own); `peers`: "all" times each row's peers, "none" none, "once" those of
     each peer_key on its first row, later rows of that key sharing its figures (variants of one
-    kernel, as `bench --tune` makes). A row whose kernel faults (or whose device work fails) is a
-    failed row naming the error; the rest go on."""
+    kernel, as `bench --tune` makes), and likewise a fused kind's separate kernels (each row is
+    still checked against them: 30-45 s of a lease's 36-layer decoder rows went to timing the same
+    separate kernels again). A row whose kernel faults (or whose device work fails) is a failed
+    row naming the error; the rest go on."""
     if iters < MIN_ITERS:
         raise LaunchError(f"--iters: expected at least {MIN_ITERS} timed runs, got {iters}")
     owned = worker is None
@@ -577,14 +580,16 @@ def run_bench(spec_file: dict, plan: list[tuple[CompiledKernel, dict]], iters: i
                    "copy_bandwidth": measured["copy_bandwidth"], "planned_rows": len(plan), "rows": []}
         verified: dict = {}
         timed_peers: dict = {}  # peer_key -> the row that timed them
+        timed_steps: dict = {}  # peer_key -> the row that timed its separate kernels
         for compiled, scalars in plan:
             progress(f"{compiled.name} {describe_scalars(scalars)}")
             key = peer_key(compiled, scalars)
             first = timed_peers.get(key) if peers == "once" else None
+            stepped = timed_steps.get(key) if peers == "once" else None
             try:
                 row, verified[compiled.name] = worker.call(bench_row, compiled, scalars, iters, graph,
                                                            measured["copy_bandwidth"]["gbs"], verified.get(compiled.name),
-                                                           peers != "none" and first is None)
+                                                           peers != "none" and first is None, stepped is None)
             except LaunchError as error:  # a fault (the worker is replaced) or a launch the GPU refused
                 row = new_row(compiled, scalars)
                 row.update(passed=False, failure=str(error))
@@ -594,6 +599,12 @@ def run_bench(spec_file: dict, plan: list[tuple[CompiledKernel, dict]], iters: i
                                     "same kind, shapes and scalars)")
             elif row["peers"]:
                 timed_peers[key] = row
+            if stepped is not None and row["passed"] and row["median_us"] is not None:
+                row["step"] = stepped["step"]
+                row["notes"].append(f"{compiled.name}: separate kernels timed with {stepped['kernel']} (the same "
+                                    "kind, shapes and scalars; this row checked against them)")
+            elif row["step"]:
+                timed_steps[key] = row
             results["rows"].append(row)
             row_done(results)
         results["fits"] = size_fits(results)

@@ -649,7 +649,8 @@ def bench(
         = TuneRank.median,
     peers: Annotated[PeerTiming, typer.Option(
         "--peers", help="Time the peers of every row (all), none, or once for rows of one kind with the same "
-                        "shapes and scalars (once: variants of a kernel's schedule; --tune always does)."
+                        "shapes and scalars, and a fused kind's separate kernels likewise (once: variants of a "
+                        "kernel's schedule; --tune always does)."
     )] = PeerTiming.all,
 ):
     """Check kernels on the GPU, then time them: median/p10/p90, GB/s, TFLOP/s, % of copy bandwidth, peers."""

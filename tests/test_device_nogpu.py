@@ -468,7 +468,7 @@ class InProcess:
         return function(*args, **kwargs)
 
 
-def quick_bench(sim, monkeypatch, rows, graph=False) -> dict:
+def quick_bench(sim, monkeypatch, rows, graph=False, peers="all") -> dict:
     """run_bench on (spec kernel name, scalars) rows with few timed runs (the simulation computes
     every launch in float64); the simulation also plays the separate kernels of fused kinds."""
     from ptxgen import bench
@@ -482,7 +482,8 @@ def quick_bench(sim, monkeypatch, rows, graph=False) -> dict:
         plan.append((kernel, scalars))
     monkeypatch.setattr(bench, "MIN_ITERS", 3)
     monkeypatch.setattr(bench, "WARMUP", 1)
-    return bench.run_bench({"file": str(SPEC), "sha256": "0"}, plan, iters=3, graph=graph, worker=InProcess())
+    return bench.run_bench({"file": str(SPEC), "sha256": "0"}, plan, iters=3, graph=graph, worker=InProcess(),
+                           peers=peers)
 
 
 def test_consecutive_rows_of_one_kernels_shapes_share_their_sample_inputs(sim, monkeypatch):
@@ -640,6 +641,31 @@ def test_bench_checks_a_fused_kernel_against_its_separate_kernels_then_times_bot
     assert len(sim.pdl_launches) == 12, "every separate kernel is launched for programmatic dependent launch"
     print_results(results, Console(), Console(stderr=True))
     assert "26 (12 kernels)" in one_line(capsys.readouterr().out)
+
+
+def test_with_peers_once_a_fused_kernels_separate_kernels_are_timed_once_and_every_row_checked(sim, monkeypatch):
+    """--peers once: rows of one fused kernel's shapes and scalars (a lease's decoder variants) are
+    each checked against the separate kernels, which only the first times; the others take its
+    figures, with a note. Other scalars time their own."""
+    from ptxgen import bench
+
+    timed = []
+    original = bench.DeviceStep.time
+
+    def counted(self, *args):
+        timed.append(dict(self.scalars))
+        return original(self, *args)
+
+    monkeypatch.setattr(bench.DeviceStep, "time", counted)
+    rows = [("qwen3_tiny_decoder", {"pos": 63}), ("qwen3_tiny_decoder", {"pos": 63}), ("qwen3_tiny_decoder", {"pos": 9})]
+    _, calls = spec_kernel("qwen3_tiny_decoder").definition.separate_step({"pos": 63})
+    results = quick_bench(sim, monkeypatch, rows, peers="once")["rows"]
+    assert timed == [{"pos": 63}, {"pos": 9}]
+    for row in results:
+        assert row["passed"] and [c["passed"] for c in row["checks"] if c["param"] == "x vs the separate kernels"] == [True]
+        assert row["step"]["launches"] == len(calls)
+    assert results[1]["step"] is results[0]["step"] and results[2]["step"] is not results[0]["step"]
+    assert "separate kernels timed with qwen3_tiny_decoder" in results[1]["notes"][-1]
 
 
 def test_a_launch_the_driver_cannot_capture_is_timed_without_a_graph_and_noted(sim, monkeypatch):
