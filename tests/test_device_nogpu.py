@@ -179,6 +179,21 @@ def test_arguments_are_checked_against_the_kernel_parameters(sim):
     assert "cuLaunchKernel" not in sim.names()
 
 
+def test_launches_back_to_back_are_queued_behind_a_spin_and_run_in_order(sim):
+    """runner.run(..., launches=3) on a device: the launches (of a PDL kernel: cuLaunchKernelEx)
+    queued behind one spin kernel, so they run back to back as an engine's would, then one
+    synchronisation; the arrays as after one launch (the kernel recomputes the same y)."""
+    kernel = spec_kernel("qwen3_8b_attn_norm_q_proj")
+    inputs = kernel.definition.sample_inputs(np.random.default_rng(0), {})
+    once = run(kernel, inputs, {}, backend="device")
+    sim.calls.clear()
+    thrice = run(kernel, inputs, {}, backend="device", launches=3)
+    names = [name for name in sim.names() if name.startswith("cuLaunch")]
+    assert names == ["cuLaunchKernel"] + ["cuLaunchKernelEx"] * 3, names
+    assert sim.pdl_launches[kernel.name] >= 3
+    np.testing.assert_array_equal(thrice["y"], once["y"])
+
+
 def test_large_dynamic_shared_memory_is_opted_in_and_cooperative_launches_are_used(sim):
     kernel = spec_kernel("qwen3_8b_rmsnorm")
     kind = kernel.definition
