@@ -394,7 +394,8 @@ def print_show(report: dict, gpu) -> None:
         if model.get("tensor_flops"):
             out.print(f"  {model['tensor_flops']:,} matrix FLOPs executed (f16-rate): {model['tensor_time_us']:.2f} us "
                       f"at {model['gpu']['tensor_tflops']:.0f} TFLOP/s", markup=False)
-        out.print(f"  bytes in flight per SM {flight['per_sm']:,} (Little's law needs {flight['needed_per_sm']:,} "
+        ring = f", {flight['ring_per_cta']:,} a CTA of them in its mbarrier-fed ring" if flight["ring_per_cta"] else ""
+        out.print(f"  bytes in flight per SM {flight['per_sm']:,}{ring} (Little's law needs {flight['needed_per_sm']:,} "
                   f"at {gpu.latency_ns:.0f} ns); {model['rounds_per_warp']} dependent load rounds a warp, "
                   f"{model['generations']} CTA generation(s)", markup=False)
         if "sass" in model:
