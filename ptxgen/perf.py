@@ -733,14 +733,15 @@ def evaluate_kernel(compiled: CompiledKernel, gpu: Gpu, *, resources: dict[str, 
     count = (launch_count(compiled, gpu.arch, scalars, seed, max_threads) if scaling is None
              else scaled_count(scaling, gpu.arch, scalars, seed, max_threads))
     variant = compiled.variant(gpu.arch)
+    running = compiled.definition_for(variant.target)  # the kind of the PTX the GPU runs
     return {"scalars": scalars, **evaluate(variant.ptx, compiled.name, launch, [], resources,
                                            kind.traffic(scalars).bytes, gpu,
                                            cubin=binary.cubin if binary is not None else None,
                                            max_threads=max_threads, tail=kind.dependent_tail(scalars), count=count,
                                            launches=arch_launches(compiled, scalars, resources),
-                                           work=compiled.definition_for(variant.target).cta_work(scalars),
+                                           work=running.cta_work(scalars),
                                            arch=binary.arch if binary is not None else None,
-                                           ring_bytes=compiled.definition_for(variant.target).ring_bytes())}
+                                           ring_bytes=running.ring_bytes())}
 
 
 def arch_launches(compiled: CompiledKernel, scalars: Mapping[str, int], archs) -> dict[str, Launch]:

@@ -20,10 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from decoder_timeline import QUEUED, save, stamps, timeline_kernel
+from decoder_timeline import QUEUED, last_timeline, save, stamps, timeline_kernel
 from ptxgen.device import driver
 from ptxgen.errors import exit_from
-from ptxgen.runner import run
 
 
 def launched_rows(kind, seq_len: int) -> np.ndarray:
@@ -52,13 +51,8 @@ def measure(kernel, seq_len: int, backend: str = "device", launches: int = 2, in
             back_to_back: int = 1) -> dict:
     """summarize() of the last launch of `launches` runs at seq_len, each of `back_to_back` launches
     queued together, on `inputs` (default: the kind's sample inputs)."""
-    kind = kernel.definition
-    scalars = {"seq_len": seq_len}
-    if inputs is None:
-        inputs = kind.sample_inputs(np.random.default_rng(0), scalars)
-    for _ in range(launches):
-        out = run(kernel, dict(inputs), scalars, backend=backend, launches=back_to_back)
-    return summarize(out["timeline"][launched_rows(kind, seq_len)])
+    timeline = last_timeline(kernel, {"seq_len": seq_len}, backend, launches, inputs, back_to_back)
+    return summarize(timeline[launched_rows(kernel.definition, seq_len)])
 
 
 def report(seq_len: int, summary: dict, how: str = "alone") -> str:

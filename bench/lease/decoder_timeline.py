@@ -99,13 +99,21 @@ def timeline_kernel(spec_path: Path, name: str):
     return compile_one(spec, spec.spec.kernel(name).model_copy(update={"timeline": True}))
 
 
+def last_timeline(kernel, scalars: dict, backend: str, launches: int, inputs: dict | None,
+                  back_to_back: int = 1) -> np.ndarray:
+    """The `timeline` workspace after `launches` runs at `scalars`, each of `back_to_back` launches
+    queued together, on `inputs` (default: the kind's sample inputs): the last launch's stamps."""
+    if inputs is None:
+        inputs = kernel.definition.sample_inputs(np.random.default_rng(0), scalars)
+    for _ in range(launches):
+        out = run(kernel, dict(inputs), scalars, backend=backend, launches=back_to_back)
+    return out["timeline"]
+
+
 def measure(kernel, pos: int, backend: str = "device", launches: int = 2, inputs: dict | None = None) -> dict:
     """summarize() of the last of `launches` launches on `inputs` (default: the kind's sample inputs)."""
-    if inputs is None:
-        inputs = kernel.definition.sample_inputs(np.random.default_rng(0), {"pos": pos})
-    for _ in range(launches):
-        out = run(kernel, dict(inputs), {"pos": pos}, backend=backend)
-    return summarize(out["timeline"], kernel.definition.config.num_layers, phase_bytes(kernel, pos))
+    timeline = last_timeline(kernel, {"pos": pos}, backend, launches, inputs)
+    return summarize(timeline, kernel.definition.config.num_layers, phase_bytes(kernel, pos))
 
 
 def report(summary: dict) -> str:

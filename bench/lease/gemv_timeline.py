@@ -21,11 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from decoder_timeline import QUEUED, save, stamps, timeline_kernel
+from decoder_timeline import QUEUED, last_timeline, save, stamps, timeline_kernel
 from ptxgen.device import driver
 from ptxgen.errors import exit_from
 from ptxgen.kernels.q4k_gemv import TIMELINE_STAMPS
-from ptxgen.runner import run
 
 
 def summarize(timeline: np.ndarray) -> dict:
@@ -47,11 +46,7 @@ def measure(kernel, backend: str = "device", launches: int = 2, back_to_back: in
             inputs: dict | None = None) -> dict:
     """summarize() of the last launch of `launches` runs, each of `back_to_back` launches queued
     together, on `inputs` (default: the kind's sample inputs)."""
-    if inputs is None:
-        inputs = kernel.definition.sample_inputs(np.random.default_rng(0), {})
-    for _ in range(launches):
-        out = run(kernel, dict(inputs), {}, backend=backend, launches=back_to_back)
-    return summarize(out["timeline"])
+    return summarize(last_timeline(kernel, {}, backend, launches, inputs, back_to_back))
 
 
 def report(how: str, summary: dict) -> str:
