@@ -75,6 +75,9 @@ SPREAD_MULTIPLE = 2.0
 # size_fits: a kernel's rows are fitted when their flop-per-byte ratios agree within this factor
 # (time then scales with bytes and flops alike; a causal prefill's grows with seq_len: no line).
 FIT_INTENSITY_SPREAD = 1.1
+# variant_comparisons: a variant is called faster or slower than its baseline when every figure
+# both have moved by more than this fraction (run-to-run spread of a lease's medians: ~1-2%).
+VARIANT_MARGIN = 0.05
 
 
 # --- figures -----------------------------------------------------------------------------------------
@@ -608,6 +611,7 @@ def run_bench(spec_file: dict, plan: list[tuple[CompiledKernel, dict]], iters: i
             results["rows"].append(row)
             row_done(results)
         results["fits"] = size_fits(results)
+        results["variants"] = variant_comparisons(results)
         return results
     finally:
         if owned:
@@ -677,6 +681,68 @@ def size_fits(results: dict) -> list[dict]:
             fits.append({"kernel": " + ".join(kernels), "kernels": [row["kernel"] for row in rows],
                          "scalars": [row["scalars"] for row in rows], **lines, "peers": peers})
     return fits
+
+
+def flat_fields(config: dict, prefix: str = "") -> dict:
+    """A config's fields with nested tables' as dotted names (`sm90a.pingpong`)."""
+    flat = {}
+    for name, value in config.items():
+        if isinstance(value, dict) and value:
+            flat.update(flat_fields(value, f"{prefix}{name}."))
+        else:
+            flat[f"{prefix}{name}"] = value
+    return flat
+
+
+def variant_key(row: dict) -> str | None:
+    """What variants of one kernel share: the kind, the runtime scalars and the config fields that
+    have no default (the shapes and heads a spec must name), with the kind's shape fields."""
+    from .kernels import KINDS
+
+    if row["kind"] not in KINDS:
+        return None
+    fields = KINDS[row["kind"]].Config.model_fields
+    required = {name for name, field in fields.items() if field.is_required()} - {"name", "kind"}
+    required |= set(KINDS[row["kind"]].shape_fields)
+    return json.dumps([row["kind"], row["scalars"], {k: v for k, v in row["config"].items() if k in required}],
+                      sort_keys=True)
+
+
+def variant_comparisons(results: dict) -> list[dict]:
+    """Each timed row against the row it is a variant of: of the timed rows of its kind, scalars
+    and required fields (variant_key), the one whose name is the longest prefix of its own before
+    a `_` (a lease names a variant after the kernel it changes: gemv_4096x4096_warps8_prefetch
+    after gemv_4096x4096_warps8), else the first of those that have no such row. Its per-run and batched medians as
+    ratios to that baseline's, the fields they differ in, and a verdict (faster, slower or within
+    VARIANT_MARGIN, per figure where they disagree): which change to make a default."""
+    groups: dict[str, list[dict]] = {}
+    for row in results["rows"]:
+        key = variant_key(row)
+        if key is not None and row["passed"] and row["median_us"] is not None:
+            groups.setdefault(key, []).append(row)
+    found = []
+    for rows in groups.values():
+        prefixes = {row["kernel"]: [other for other in rows if row["kernel"].startswith(other["kernel"] + "_")]
+                    for row in rows}
+        root = next(row for row in rows if not prefixes[row["kernel"]])
+        for row in rows:
+            base = max(prefixes[row["kernel"]], key=lambda other: len(other["kernel"]), default=root)
+            if base is row:
+                continue
+            base_fields = flat_fields(base["config"])
+            fields = flat_fields(row["config"])
+            differs = {name: fields.get(name) for name in sorted(set(fields) | set(base_fields))
+                       if fields.get(name) != base_fields.get(name)}
+            ratios = {"per_run": row["median_us"] / base["median_us"]}
+            if (row.get("batch") or {}).get("median_us") and (base.get("batch") or {}).get("median_us"):
+                ratios["batched"] = row["batch"]["median_us"] / base["batch"]["median_us"]
+            words = {figure: "faster" if ratio < 1 - VARIANT_MARGIN else "slower" if ratio > 1 + VARIANT_MARGIN
+                     else f"within {VARIANT_MARGIN:.0%}" for figure, ratio in ratios.items()}
+            verdict = (next(iter(words.values())) if len(set(words.values())) == 1 else
+                       ", ".join(f"{word} {figure.replace('_', ' ')}" for figure, word in words.items()))
+            found.append({"kernel": row["kernel"], "baseline": base["kernel"], "scalars": row["scalars"],
+                          "changes": differs, **ratios, "verdict": verdict})
+    return found
 
 
 def peer_key(compiled: CompiledKernel, scalars: dict) -> tuple:
@@ -787,11 +853,28 @@ def print_results(results: dict, out: Console, err: Console) -> None:
                 worst = max(f["worst_residual"] for f in (line["per_run"], line["batched"]) if f)
                 table.add_row(escape(name), sizes if line is fit else "", *cells, f"{worst:.1%}")
         console.print(table)
+    if "tune" not in results:  # --tune ranks its variants against the spec's config itself (tune.print_tune)
+        print_variants(results.get("variants", []), console)
     notes = sorted({note for row in results["rows"] for note in row["notes"]})
     if any(figure.get("host_bound") for figure in timed_figures(results)):
         notes.append(HOST_BOUND_NOTE)
     for note in notes:
         err.print(f"note: {note}", markup=False, highlight=False)
+
+
+def print_variants(variants: list[dict], console: Console) -> None:
+    """variant_comparisons' rows as a table (nothing where no row has a variant)."""
+    if not variants:
+        return
+    table = Table("kernel", "scalars", "against", "changes", "per run", "batched", "verdict",
+                  title="variants: time as a ratio to the row each varies (of the same kind, scalars and shapes, "
+                        "the longest prefix of its name; below 1: faster)")
+    for variant in variants:
+        changes = " ".join(f"{name}={json.dumps(value)}" for name, value in variant["changes"].items())
+        table.add_row(variant["kernel"], describe_scalars(variant["scalars"]), variant["baseline"], escape(changes),
+                      f"{variant['per_run']:.3f}", f"{variant['batched']:.3f}" if "batched" in variant else "",
+                      variant["verdict"])
+    console.print(table)
 
 
 def write_json(path: Path, results: dict) -> None:

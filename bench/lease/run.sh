@@ -21,7 +21,8 @@
 # heaviest blocks' keys up to 1k tokens) at 1k/4k and wgmma (sm_90a; tensor-map copies, ping-pong, persistent) at
 # 1k/4k/8k; whole-model decode with and without the lm_head (whole_model.py); `pytest -m gpu` with
 # what is left. `make bench` (every kernel, peers, whole-model decode) needs a call of its own.
-# Afterwards: copy $OUT under bench/results/ and run bench/model_check.py on the JSON files
+# Afterwards: the log has each spec's variants against the rows they vary (bench.variant_comparisons; a
+# verdict where a figure moved by more than 5%); copy $OUT under bench/results/ and run bench/model_check.py on the JSON files
 # (launch.json with the others: it gives the card's launch cost).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
