@@ -246,8 +246,8 @@ def _registers(operand) -> set[int]:
         return {operand.id}
     if isinstance(operand, Neg):
         return {operand.reg.id}
-    if isinstance(operand, Pair):
-        return {operand.first.id, operand.second.id}
+    if isinstance(operand, Pair):  # `a|p`, either half may be a sink `_`
+        return _registers(operand.first) | _registers(operand.second)
     if isinstance(operand, Vec):
         return set().union(*(_registers(item) for item in operand.items))
     if isinstance(operand, Addr) and isinstance(operand.base, Reg):

@@ -332,6 +332,23 @@ def test_a_bulk_copy_is_no_load_of_the_thread():
     assert (found.starts, found.waits) == ((), {})
 
 
+def test_an_elected_lane_is_a_predicate_the_data_flow_knows():
+    """elect.sync writes `lane|pred` with either half a sink `_` (the tma producer's `_|%issuer`):
+    the predicate is written, the sink is none (it failed with an AttributeError in `show`)."""
+    ptx = out_x_kernel("elect", """
+  .reg .b32 %v;
+  .reg .pred %issuer;
+  elect.sync _|%issuer, 0xffffffff;
+  @%issuer ld.global.u32 %v, [%p];
+  st.global.u32 [%o], %v;
+  ret;""", target="sm_90")
+    program = parse(ptx, "elect")
+    elect = next(ins for ins in program.instructions if ins.base == "elect")
+    reads, writes = perf._reads_writes(elect)
+    assert writes and not reads
+    assert len(perf.load_rounds(program).starts) == 1
+
+
 def test_segment_counts_split_rounds_and_instructions_at_labels():
     """perf.segment_counts: one load round before the label FIRST_DONE, two dependent ones after
     it; the instructions of the two stretches add up to the launch's."""

@@ -116,7 +116,7 @@ class Sm90aTuning(BaseModel):
     overlap: bool | None = None  # None: wherever the registers allow it
     pingpong: bool = False       # two consumer warpgroups take turns issuing their MMAs (overlap only)
     persistent: bool = False     # sm_count CTAs walk the query blocks (the next one's loads overlap this epilogue)
-    tma: bool = False            # one producer thread copies each tile with cp.async.bulk.tensor (tensor maps)
+    tma: bool = False            # one producer lane copies each tile with cp.async.bulk.tensor (tensor maps)
     sm_count: int = SmCount      # the persistent grid
 
 

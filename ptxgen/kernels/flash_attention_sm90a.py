@@ -12,9 +12,10 @@ warps; block_m = 64 * consumers rows of one head; grid (ceil(seq_len / block_m),
   cannot do that: it writes contiguous bytes, while every wgmma layout interleaves 16-byte
   pieces of 8 rows. With `tma`, cp.async.bulk.tensor does it: the entry takes a tensor map of
   q, k and v after its parameters (Kind.tensor_maps; the launchers encode them from the arrays,
-  so callers pass the same arguments), one producer thread issues an expect_tx and head_dim / 64
-  copies a tile (a box of one 128-byte panel x the tile's rows, 128-byte swizzled, rows past
-  seq_len zero-filled by the copy), and the other producer threads exit; the copies write through
+  so callers pass the same arguments), one producer warp runs the loop and its elected lane
+  (elect.sync) issues an expect_tx and head_dim / 64 copies a tile (a box of one 128-byte panel x
+  the tile's rows, 128-byte swizzled, rows past seq_len zero-filled by the copy); any other
+  producer warps exit. The copies write through
   the async proxy, so the consumers need no fence.proxy.async. The interpreter counts 5.9% fewer
   executed warp-instructions at 1k tokens (Qwen3-8B's heads: 4.87 M -> 4.58 M, the producer's
   cp.asyncs and their addresses, taken off the SM sub-partition the producer warp shares with
@@ -105,7 +106,7 @@ class Sm90aPlan:
     pingpong: bool = False     # the two consumer warpgroups issue their MMAs in turn (named barriers)
     persistent: bool = False   # a grid of at most sm_count CTAs, each walking query blocks in turn
     sm_count: int = SM_COUNT
-    tma: bool = False          # the tiles come by cp.async.bulk.tensor through tensor maps, one thread issuing
+    tma: bool = False          # the tiles come by cp.async.bulk.tensor through tensor maps, one lane issuing
 
     @property
     def q_buffers(self) -> int:
