@@ -712,9 +712,10 @@ def variant_comparisons(results: dict) -> list[dict]:
     """Each timed row against the row it is a variant of: of the timed rows of its kind, scalars
     and required fields (variant_key), the one whose name is the longest prefix of its own before
     a `_` (a lease names a variant after the kernel it changes: gemv_4096x4096_warps8_prefetch
-    after gemv_4096x4096_warps8), else the first of those that have no such row. Its per-run and batched medians as
-    ratios to that baseline's, the fields they differ in, and a verdict (faster, slower or within
-    VARIANT_MARGIN, per figure where they disagree): which change to make a default."""
+    after gemv_4096x4096_warps8), else the first of those that have no such row. Its per-run and
+    batched medians as ratios to that baseline's, the fields they differ in, and a verdict
+    (faster, slower or within VARIANT_MARGIN, per figure where they disagree): which change to
+    make a default."""
     groups: dict[str, list[dict]] = {}
     for row in results["rows"]:
         key = variant_key(row)
