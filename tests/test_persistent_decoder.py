@@ -497,6 +497,7 @@ def test_spec_instances_assemble_without_spills():
                                    dict(head_dim=64, num_heads=16, num_kv_heads=2),
                                    dict(head_dim=256, num_heads=4, num_kv_heads=1), dict(warps=12),
                                    dict(head_prep="attention"), dict(barrier_acquire=True), dict(attention_stages=3),
+                                   dict(attention_stages=4),
                                    dict(poller_prefetch=True),
                                    dict(head_prep="attention", head_dim=64, num_heads=16, num_kv_heads=1)],
                          ids=lambda e: "-".join(f"{k}{v}" for k, v in e.items()))
@@ -833,11 +834,11 @@ def test_the_schedule_knobs_together_give_the_defaults_bits(layers, pos, extra):
     assert_same_bits(out, plain)
 
 
-@pytest.mark.parametrize("stages", (1, 3))
+@pytest.mark.parametrize("stages", (1, 3, 4))
 def test_attention_stages_change_when_tiles_are_requested_not_the_bits(stages):
-    """attention_stages = 1 (a tile in flight alone) or 3 (two ahead of the one in use) against the
-    default 2, on chunks of 5 ring tiles (160 keys of 291 over 2 splits): the same bits, and the
-    reference met."""
+    """attention_stages = 1 (a tile in flight alone), 3 or 4 (two or three ahead of the one in
+    use) against the default 2, on chunks of 5 ring tiles (160 keys of 291 over 2 splits): the
+    same bits, and the reference met."""
     config = dict(TINY, max_seq_len=320, sm_count=4)
     pos = 290
     kernel = make_kernel("persistent_decoder", name="pd", **config, num_layers=1, attention_stages=stages)

@@ -16,9 +16,9 @@
 # decoder (decoder.toml): the default, with its attention's K/V requested into L2 under phase A,
 # with its GEMV tasks requested at the barriers, with its q/k heads made in the attention phase,
 # with its grid barriers fenceless, with its polling warp's first GEMV task sent to L2, with a
-# 3-stage attention ring, and four of them together, each also as separate kernels; prefill
-# with mma.sync (against torch SDPA; 128- and 64-row CTAs, and 128-row CTAs splitting the
-# heaviest blocks' keys up to 1k tokens) at 1k/4k and wgmma (sm_90a; tensor-map copies, ping-pong, persistent) at
+# 3-stage attention ring, four of them together, and a 4-stage ring, each also as separate
+# kernels; prefill with mma.sync (against torch SDPA; 128- and 64-row CTAs, each also splitting
+# the heaviest blocks' keys up to 1k tokens) at 1k/4k and wgmma (sm_90a; tensor-map copies, ping-pong, persistent) at
 # 1k/4k/8k; whole-model decode with and without the lm_head (whole_model.py); `pytest -m gpu` with
 # what is left. `make bench` (every kernel, peers, whole-model decode) needs a call of its own.
 # Afterwards: the log has each spec's variants against the rows they vary (bench.variant_comparisons; a
@@ -50,7 +50,7 @@ step "decode GEMVs" 150 "${BENCH[@]}" --spec bench/lease/decode.toml --graph --j
 step "launch cost" 40 "${BENCH[@]}" --spec bench/lease/launch.toml --json "$OUT/launch.json"
 step "decode attention" 120 "${BENCH[@]}" --spec bench/lease/attention.toml --set seq_len=4096,8192,32768 \
     --json "$OUT/attention.json"
-# Issue 12's step before issue 13's prefill: its eight rows (~45 s each with their separate kernels on
+# Issue 12's step before issue 13's prefill: its nine rows (~45 s each with their separate kernels on
 # 2026-11-28, less now that rows of one shape share their sample inputs, bench.row_inputs, and
 # with --peers once only the first times the separate kernels, every row still checked against
 # them) are what this lease adds most to answer. At most 200 s, so that the prefills keep their

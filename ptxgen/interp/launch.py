@@ -41,7 +41,8 @@ from .findings import Finding
 from .state import FULL, GlobalMemory, WaveState
 
 MAX_WAVE_THREADS = 1 << 18
-MAX_TRACKED_SHARED = 1 << 23    # shared bytes per wave when race tracking is on
+MAX_TRACKED_SHARED = 1 << 24    # shared bytes per wave when race tracking is on (21 bytes of records
+                                # each: 336 MB; a 132-CTA grid of up to 127 KB a CTA in one wave)
 MAX_STEPS = 10_000_000          # per wave; a spin-wait on another wave never ends
 MEAN_QUANTUM = 32               # steps a cohort runs before the scheduler picks again (mean)
 _CACHE = {}

@@ -234,7 +234,11 @@ MAX_L2_PREFETCH = 4
 # (64.37 against 58.14 us at 32k keys, bench/results/H100-2026-11-23-session3), which no term of
 # the model explains. The model (a cp.async.wait_group N leaves the N newest groups in flight,
 # perf.load_rounds) puts this step at 1023.0 dependent rounds a warp against 1302.3, latency 614
-# against 781 us (`show --gpu h200`). Not timed yet: the default stays ATTENTION_RING's.
+# against 781 us (`show --gpu h200`). attention_stages = 4 keeps three (70 KB of ring, 51 KB a SM in
+# flight, where Little's law at the H200's copy rate wants ~38 KB if the latency under load is 1.2
+# us): the model, which counts the latency at 600 ns, gives 953.2 rounds a warp for both 3 and 4
+# stages (the default 1232.5, with x's early loads; 233 registers, no spill). Not timed yet: the
+# default stays ATTENTION_RING's.
 # BARRIER_ACQUIRE: the barrier's wait ends in a fence.acq_rel by thread 0. If the hardware keeps
 # that order by holding the warp until every access it issued before is performed (the model
 # assumes so; not measured), warp 0 waits there for the first weight loads of the next GEMV phase
@@ -255,9 +259,9 @@ def task_spans(gate_up: bool, row_bytes: int) -> list[tuple[int, int]]:
     """(matrix, bytes) of the contiguous spans a warp task reads: gate_up's row in gate (0) and
     in up (1), or two adjacent rows of one matrix (the template's task_base gives each start)."""
     return [(0, row_bytes), (1, row_bytes)] if gate_up else [(0, 2 * row_bytes)]
-# Shared memory the attention phase's K/V ring may take (1..4 stages). The CPU interpreter tracks
-# at most 8 MB of shared memory per wave and a grid barrier needs the whole grid in one wave, so
-# 128 CTAs (the tiny configs' grid) leave each about 64 KB.
+# Shared memory the attention phase's K/V ring takes by default (1..4 stages). The CPU interpreter
+# tracks at most 16 MB of shared memory per wave and a grid barrier needs the whole grid in one
+# wave, so 132 CTAs (Qwen3-8B's grid) may take about 127 KB each.
 ATTENTION_RING = 40 * 1024
 # The performance model counts a larger decoder from one and two layers (model_scaling) up to this
 # many bytes of weights a layer (Qwen3-8B's 126 MB: about 7 and 10 s on a 2-core machine).
@@ -315,9 +319,9 @@ class PersistentDecoderConfig(KernelConfig):
     # of a layer, before phase A (see KV_PREFETCH); 0: none.
     kv_prefetch_keys: int = Field(default=0, ge=0, le=MAX_POS)
     # K/V tiles of the attention phase's ring (see ATTENTION_STAGES): stages - 1 in flight while one
-    # is used; None: as many as ATTENTION_RING bytes hold (2 at Qwen3-8B's shapes). At most 3, which
-    # the interpreter's race tracking holds for a 128-CTA grid (8 MB of shared memory a wave).
-    attention_stages: int | None = Field(default=None, ge=1, le=3)
+    # is used; None: as many as ATTENTION_RING bytes hold (2 at Qwen3-8B's shapes). At most 4, which
+    # the interpreter's race tracking holds for Qwen3-8B's 132-CTA grid (16 MB of shared memory a wave).
+    attention_stages: int | None = Field(default=None, ge=1, le=4)
     # Where the new q and k heads get their norm and rope (see HEAD_PREP): "count_in", in phase
     # A by the warp whose Q/K task completes a head; "attention", in phase C by each CTA for its
     # item's q heads, and k by the CTA whose split holds pos.
