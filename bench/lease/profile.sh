@@ -11,10 +11,11 @@
 # and barrier_prefetch: on 2026-11-28 the attention phase ran 1621 GB/s and qkv 1933, against
 # gate_up's 3975, and the barriers before GEMV phases took 2.1-2.5 us each), decode attention and
 # the Q4_K GEMVs CTA by CTA, alone and back to back (bench/lease/attention_timeline.py,
-# gemv_timeline.py). Each step has its own cap within BUDGET, so a slow one costs only itself.
+# gemv_timeline.py). Each step has its own cap within BUDGET, so a slow one costs only itself; at
+# 2026-11-28's pace (ncu ~45 s for the five) all fit in BUDGET=200, and at 180 the GEMV timeline is cut.
 #
-#   device run, carry [".whl"], command "bash bench/lease/profile.sh", timeout_s 200
-# (only if `status` leaves 220 s or more; each profile is a Python start and ~40 ncu passes).
+#   device run, carry [".whl"], command "BUDGET=200 bash bench/lease/profile.sh", timeout_s 220
+# (only if `status` leaves 240 s or more, else BUDGET=180; each profile is a Python start and ~40 ncu passes).
 set -uo pipefail
 source "$(dirname "$0")/common.sh"
 lease profile_log.txt 180
@@ -60,11 +61,11 @@ step "decoder timeline" 90 python3 bench/lease/decoder_timeline.py bench/lease/d
     qwen3_8b_decoder_barrier_prefetch --pos 4095 --json "$OUT/decoder_timeline.json"
 # Decode attention the same way, CTA by CTA: where its fixed cost goes (the launch ramp, the PDL
 # wait, the splits, the count-in and merge after the last one), with and without PDL.
-step "attention timeline" 40 python3 bench/lease/attention_timeline.py bench/lease/attention.toml decode_attention \
+step "attention timeline" 35 python3 bench/lease/attention_timeline.py bench/lease/attention.toml decode_attention \
     decode_attention_no_pdl --seq-len 4096 8192 32768 --json "$OUT/attention_timeline.json"
 # The Q4_K GEMVs the same way, alone and back to back: where their ~3 us a launch beyond the bytes
 # goes (the PDL wait, x's staging, the rows, the CTAs' and warps' tails), at the issue's shapes.
 # Its figures go to the log only: a call brings back eight files, and the list above has them.
-step "gemv timeline" 30 python3 bench/lease/gemv_timeline.py bench/lease/decode.toml gemv_12288x4096 \
+step "gemv timeline" 25 python3 bench/lease/gemv_timeline.py bench/lease/decode.toml gemv_12288x4096 \
     gemv_4096x4096 gemv_4096x4096_warps8 ffn_norm_gate_up_group
 echo "== done after $(( SECONDS - START )) s"
