@@ -14,7 +14,8 @@ variant on an H100. Last, whole-model decode as `ptxgen generate` runs it (embed
 Qwen3-8B shapes, random Q4_K_M-like weights: the persistent decoder and the separate kernels,
 with and without the lm_head). Writes bench/results/<device>-<date>.json
 (every figure) and a Markdown table next to it, including the performance targets and
-whether each is met.
+whether each is met, and each fused norm + GEMV against the plain GEMV of its shape (issue 12:
+within 5%).
 
 The JSON is rewritten after every row (its `planned_rows` says how many the run meant to make), so
 a run stopped by a time limit keeps what it made; `--out DIR` writes both files there instead (a
@@ -97,6 +98,10 @@ TARGETS = [
     Target("Qwen3-8B decode step (36 layers, pos 4095) <= 2000 us, >= 500 tokens/s", "persistent_decoder",
            {"num_layers": 36}, ANY, "median_us", 2000, False),
 ]
+# Issue 12: a fused norm + GEMV within this factor of the plain GEMV of its shape (the same n x k,
+# pdl and runtime scalars), judged per run and batched like the targets.
+FUSED_GEMVS = {"fused_rmsnorm_q4k_gemv": "q4k_gemv"}
+FUSION_BOUND = 1.05
 # Whole-model decode (ptxgen.generate.random_model_decode_speed): Qwen3-8B shapes, random weights.
 WHOLE_MODEL_TOKENS = 32
 
@@ -164,6 +169,35 @@ def evaluate(target: Target, rows: list[dict], figure: str = "median") -> tuple[
                          for r, value in timed)
     met = all(value >= target.bound if target.at_least else value <= target.bound for _, value in timed)
     return measured, "yes" if met else "no"
+
+
+def fusion_lines(rows: list[dict]) -> list[str]:
+    """Target-table lines: each fused norm + GEMV row against the first plain GEMV row of its shape,
+    per run and batched (time ratio, met when at most FUSION_BOUND)."""
+    def shape(row):
+        return [row["config"].get(name) for name in ("n", "k", "pdl")] + [row["scalars"]]
+
+    lines = []
+    for fused in rows:
+        plain = next((row for row in rows if row["kind"] == FUSED_GEMVS.get(fused["kind"])
+                      and shape(row) == shape(fused)), None)
+        if plain is None:
+            continue
+        cells = []
+        for figure in ("median", "batch"):
+            pair = [row if figure == "median" else row.get(figure) for row in (fused, plain)]
+            if not (fused["passed"] and plain["passed"]):
+                cells += ["kernel failed its check", "no"]
+            elif not all(f and f.get("median_us") for f in pair):
+                cells += ["not timed", "n/a"]
+            else:
+                ratio = pair[0]["median_us"] / pair[1]["median_us"]
+                cells += [f"{ratio:.3f}x ({pair[0]['median_us']:.2f} against {pair[1]['median_us']:.2f} µs)",
+                          "yes" if ratio <= FUSION_BOUND else "no"]
+        label = (f"{fused['kind']} {fused['config']['n']}x{fused['config']['k']} within {FUSION_BOUND - 1:.0%} of "
+                 f"{plain['kind']} ({fused['kernel']} against {plain['kernel']})")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def describe(scalars: dict) -> str:
@@ -283,6 +317,7 @@ def markdown(results: dict, notes: list[str]) -> str:
     for target in TARGETS:
         cells = [cell for figure in ("median", "batch") for cell in evaluate(target, results["rows"], figure)]
         lines.append(f"| {target.label} | " + " | ".join(cells) + " |")
+    lines += fusion_lines(results["rows"])
     all_notes = sorted(set(notes) | {note for row in results["rows"] for note in row["notes"]}
                        | {f"{row['kernel']} ({describe(row['scalars'])}) failed: {row['failure']}"
                           for row in results["rows"] if row.get("failure")})

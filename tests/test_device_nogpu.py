@@ -532,13 +532,19 @@ def bench_step_kernel(sim, monkeypatch, name, scalars, graph=False):
     return quick_bench(sim, monkeypatch, [(name, scalars)], graph), calls
 
 
-def test_make_bench_report_has_the_targets_and_the_decode_step_in_tokens_per_second(sim, monkeypatch):
+@pytest.fixture
+def run_all(monkeypatch):
+    """bench/run_all.py (`make bench`) as a module."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("run_all", ROOT / "bench" / "run_all.py")
-    run_all = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "run_all", run_all)  # its dataclasses look their module up
-    spec.loader.exec_module(run_all)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "run_all", module)  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_make_bench_report_has_the_targets_and_the_decode_step_in_tokens_per_second(sim, monkeypatch, run_all):
     results = quick_bench(sim, monkeypatch, [("qwen3_8b_rmsnorm", {"rows": 1}), ("qwen3_tiny_decoder", {"pos": 63})],
                           graph=True)
     results["whole_model"] = [{"model": "qwen3-8b", "tokens": 32, "layers": "separate kernels",
@@ -561,6 +567,31 @@ def test_make_bench_report_has_the_targets_and_the_decode_step_in_tokens_per_sec
             "no matching row | n/a |") in report
     assert "| separate kernels | Q4_K_M-like layers, Q6_K lm_head | 101.2 | 120.5 |" in report
     assert "- a note" in report
+
+
+def test_make_bench_judges_each_fused_norm_gemv_against_the_plain_gemv_of_its_shape(run_all):
+    """Issue 12: fused_rmsnorm_q4k_gemv within 5% of q4k_gemv at the same shape, per run and
+    batched (the H100 baseline of 2026-11-23: 19.55 against 18.30 us at 12288x4096, 1.068x)."""
+    def row(kernel, kind, n, us, batched_us=None, passed=True, pdl=True):
+        return {"kernel": kernel, "kind": kind, "config": {"n": n, "k": 4096, "pdl": pdl}, "scalars": {},
+                "passed": passed, "median_us": us if passed else None,
+                "batch": {"median_us": batched_us} if batched_us else None}
+
+    rows = [row("ffn_norm_gate_up", "fused_rmsnorm_q4k_gemv", 12288, 19.552, 15.0),
+            row("o_proj", "q4k_gemv", 4096, 9.6), row("q_proj", "q4k_gemv", 4096, 9.0),
+            row("gate_up", "q4k_gemv", 12288, 18.304, 14.9),
+            row("attn_norm_q", "fused_rmsnorm_q4k_gemv", 4096, 9.632),
+            row("attn_norm_kv", "fused_rmsnorm_q4k_gemv", 1024, 6.9),   # no plain 1024-row GEMV: no line
+            row("norm_no_pdl", "fused_rmsnorm_q4k_gemv", 12288, 19.0, pdl=False),   # nor one without PDL
+            row("attn_norm_v", "fused_rmsnorm_q4k_gemv", 4096, 1.0, passed=False)]
+    lines = run_all.fusion_lines(rows)
+    assert lines == [
+        "| fused_rmsnorm_q4k_gemv 12288x4096 within 5% of q4k_gemv (ffn_norm_gate_up against gate_up) | "
+        "1.068x (19.55 against 18.30 µs) | no | 1.007x (15.00 against 14.90 µs) | yes |",
+        "| fused_rmsnorm_q4k_gemv 4096x4096 within 5% of q4k_gemv (attn_norm_q against o_proj) | "
+        "1.003x (9.63 against 9.60 µs) | yes | not timed | n/a |",
+        "| fused_rmsnorm_q4k_gemv 4096x4096 within 5% of q4k_gemv (attn_norm_v against o_proj) | "
+        "kernel failed its check | no | kernel failed its check | no |"]
 
 
 def test_bench_records_the_drivers_occupancy_beside_the_models(sim, monkeypatch):
