@@ -174,6 +174,8 @@ def evaluate(target: Target, rows: list[dict], figure: str = "median") -> tuple[
 def fusion_lines(rows: list[dict]) -> list[str]:
     """Target-table lines: each fused norm + GEMV row against the first plain GEMV row of its shape,
     per run and batched (time ratio, met when at most FUSION_BOUND)."""
+    from ptxgen.bench import figure_us
+
     def shape(row):
         return [row["config"].get(name) for name in ("n", "k", "pdl")] + [row["scalars"]]
 
@@ -185,14 +187,14 @@ def fusion_lines(rows: list[dict]) -> list[str]:
             continue
         cells = []
         for figure in ("median", "batch"):
-            pair = [row if figure == "median" else row.get(figure) for row in (fused, plain)]
+            fused_us, plain_us = figure_us(fused, figure), figure_us(plain, figure)
             if not (fused["passed"] and plain["passed"]):
                 cells += ["kernel failed its check", "no"]
-            elif not all(f and f.get("median_us") for f in pair):
+            elif not (fused_us and plain_us):
                 cells += ["not timed", "n/a"]
             else:
-                ratio = pair[0]["median_us"] / pair[1]["median_us"]
-                cells += [f"{ratio:.3f}x ({pair[0]['median_us']:.2f} against {pair[1]['median_us']:.2f} µs)",
+                ratio = fused_us / plain_us
+                cells += [f"{ratio:.3f}x ({fused_us:.2f} against {plain_us:.2f} µs)",
                           "yes" if ratio <= FUSION_BOUND else "no"]
         label = (f"{fused['kind']} {fused['config']['n']}x{fused['config']['k']} within {FUSION_BOUND - 1:.0%} of "
                  f"{plain['kind']} ({fused['kernel']} against {plain['kernel']})")

@@ -683,6 +683,13 @@ def size_fits(results: dict) -> list[dict]:
     return fits
 
 
+def figure_us(row: dict, figure: str) -> float | None:
+    """A row's median µs by `figure`: "median" (each run alone), "batch" or "graph" (None where not
+    timed)."""
+    found = row if figure == "median" else row.get(figure)
+    return None if not found or found.get("median_us") is None else found["median_us"]
+
+
 def flat_fields(config: dict, prefix: str = "") -> dict:
     """A config's fields with nested tables' as dotted names (`sm90a.pingpong`)."""
     flat = {}
@@ -734,9 +741,9 @@ def variant_comparisons(results: dict) -> list[dict]:
             fields = flat_fields(row["config"])
             differs = {name: fields.get(name) for name in sorted(set(fields) | set(base_fields))
                        if fields.get(name) != base_fields.get(name)}
-            ratios = {"per_run": row["median_us"] / base["median_us"]}
-            if (row.get("batch") or {}).get("median_us") and (base.get("batch") or {}).get("median_us"):
-                ratios["batched"] = row["batch"]["median_us"] / base["batch"]["median_us"]
+            ratios = {name: figure_us(row, figure) / figure_us(base, figure)
+                      for name, figure in (("per_run", "median"), ("batched", "batch"))
+                      if figure_us(row, figure) and figure_us(base, figure)}
             words = {figure: "faster" if ratio < 1 - VARIANT_MARGIN else "slower" if ratio > 1 + VARIANT_MARGIN
                      else f"within {VARIANT_MARGIN:.0%}" for figure, ratio in ratios.items()}
             verdict = (next(iter(words.values())) if len(set(words.values())) == 1 else

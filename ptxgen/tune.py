@@ -174,22 +174,18 @@ def enough(made: list[Variant], skipped: list[dict]) -> list[Variant]:
                     else "--tune: every value listed is the spec's own: nothing to compare")
 
 
-def ranked_figure(row: dict, rank: str) -> float | None:
-    """The row's µs by `rank` (None where not timed)."""
-    figure = row if rank == "median" else row.get(rank)
-    return None if not figure or figure.get("median_us") is None else figure["median_us"]
-
-
 def fastest(results: dict, kernel_name: str, made: list[Variant], rank: str) -> list[dict]:
     """Per runtime-scalar set: the fastest timed variant, its time beside the spec's config's, and
     the spec entry that would build it (the spec kernel's name, fields left at their defaults
     omitted)."""
+    from .bench import figure_us
+
     by_name = {variant.config.name: variant for variant in made}
     spec_name = made[0].config.name
     found = []
     for scalars in dict.fromkeys(repr(row["scalars"]) for row in results["rows"]):
         rows = [row for row in results["rows"] if repr(row["scalars"]) == scalars and row["kernel"] in by_name]
-        timed = [(ranked_figure(row, rank), row) for row in rows if row["passed"] and ranked_figure(row, rank)]
+        timed = [(figure_us(row, rank), row) for row in rows if row["passed"] and figure_us(row, rank)]
         if not timed:
             continue
         best_us, best = min(timed, key=lambda pair: pair[0])
@@ -219,19 +215,19 @@ def print_tune(results: dict, made: list[Variant], console, err) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from .bench import batched, describe_scalars, microseconds
+    from .bench import batched, describe_scalars, figure_us, microseconds
 
     tune = results["tune"]
     spec_name, label = made[0].config.name, {"median": "per-run median", "batch": "batched", "graph": "graph replay"}
     table = Table("variant", "changes", "scalars", "median µs", "batched µs (% copy bw)", "graph µs",
                   "vs the spec's config", title=f"--tune {tune['kernel']}: ranked by the {label[tune['rank']]}")
-    spec_us = {repr(row["scalars"]): ranked_figure(row, tune["rank"]) for row in results["rows"]
+    spec_us = {repr(row["scalars"]): figure_us(row, tune["rank"]) for row in results["rows"]
                if row["kernel"] == spec_name}
     order = {repr(row["scalars"]): index for index, row in enumerate(results["rows"])}
     rows = sorted(results["rows"], key=lambda row: (order[repr(row["scalars"])],
-                                                    ranked_figure(row, tune["rank"]) or float("inf")))
+                                                    figure_us(row, tune["rank"]) or float("inf")))
     for row in rows:
-        us, base = ranked_figure(row, tune["rank"]), spec_us.get(repr(row["scalars"]))
+        us, base = figure_us(row, tune["rank"]), spec_us.get(repr(row["scalars"]))
         timing = (["[red]FAIL[/red]" if not row["passed"] else "-", "", "", ""] if row["median_us"] is None else
                   [microseconds(row), batched(row), microseconds(row["graph"]) if row["graph"] else "",
                    f"{base / us:.2f}x" if base and us else ""])
