@@ -102,7 +102,8 @@ TARGETS = [
 # pdl and runtime scalars), judged per run and batched like the targets.
 FUSED_GEMVS = {"fused_rmsnorm_q4k_gemv": "q4k_gemv"}
 FUSION_BOUND = 1.05
-# Whole-model decode (ptxgen.generate.random_model_decode_speed): Qwen3-8B shapes, random weights.
+# Whole-model decode (ptxgen.generate.random_model_decode_speed): Qwen3-8B shapes, random weights;
+# tokens/s over this many steps from an empty cache, and the step at pos 4095 with the lm_head.
 WHOLE_MODEL_TOKENS = 32
 
 
@@ -253,13 +254,19 @@ def whole_model_table(rows: list[dict]) -> list[str]:
     if not rows:
         return []
     first = rows[0]
-    lines = ["", f"## Whole-model decode: {first['model']}, random weights, {first['tokens']} decode steps after a "
-             "one-token prompt", "",
-             "Wall clock, one token at a time as `ptxgen generate` runs it (launches from Python, the token read back "
+    lines = ["", f"## Whole-model decode: {first['model']}, random weights", "",
+             f"GPU µs: the step at pos {first['pos']} between CUDA events, one step at a time, its launches queued "
+             "ahead (* host-bound: the host could not), with the head (final norm, lm_head, argmax) and without "
+             f"(issue 12's step with the lm_head). Tokens/s: wall clock over {first['tokens']} steps from a one-token "
+             "prompt, one token at a time as `ptxgen generate` runs it (launches from Python, the token read back "
              "each step).", "",
-             "| layers | weights | tokens/s with lm_head + argmax | tokens/s, layers only |", "|---|---|---|---|"]
-    lines += [f"| {r['layers']} | {r['weights']}, {r['lm_head']} lm_head | {r['tokens_per_s']:.1f} | "
-              f"{r['layers_tokens_per_s']:.1f} |" for r in rows]
+             "| layers | weights | GPU µs a step with lm_head + argmax | GPU µs, layers only | the head | "
+             "tokens/s with lm_head + argmax | tokens/s, layers only |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        mark = "*" if r["host_bound"] else ""
+        lines.append(f"| {r['layers']} | {r['weights']}, {r['lm_head']} lm_head | {r['step_us']:.1f}{mark} | "
+                     f"{r['layers_us']:.1f}{mark} | {r['head_us']:.1f} | {r['tokens_per_s']:.1f} | "
+                     f"{r['layers_tokens_per_s']:.1f} |")
     return lines
 
 

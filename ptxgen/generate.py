@@ -25,6 +25,8 @@ the same types (it needs a layer's ffn_gate and ffn_up of one type).
 
 from __future__ import annotations
 
+import functools
+import json
 import time
 import zlib
 from dataclasses import dataclass
@@ -377,24 +379,40 @@ class Generator:
 class RandomModel:
     """A ModelConfig's tensors as random quantised weights made on demand, the same for the same
     seed and name (for benchmarks: no file). Matrices N(0, 1/k) (the embedding N(0, 1)), norm
-    gains 1 + N(0, 0.1^2). The embedding is made once and kept, for its row lookups."""
+    gains 1 + N(0, 0.1^2). The embedding is made once and kept, for its row lookups.
 
-    def __init__(self, config: ModelConfig, seed: int = 0):
-        self.config, self.seed = config, seed
+    With `distinct_layers=False` every layer's matrix of a name and type holds the same values
+    (made once, from the first layer's seed, and kept, as are the embedding and the lm_head): a
+    decode step's time does not depend on the values, and Qwen3-8B's 36 layers of random Q4_K
+    then take seconds to make on a CPU instead of minutes (each layer still gets its own copy
+    on the device)."""
+
+    def __init__(self, config: ModelConfig, seed: int = 0, distinct_layers: bool = True):
+        self.config, self.seed, self.distinct_layers = config, seed, distinct_layers
         self._matrices = {m.name: m for m in config.matrices()}
-        self._embedding = None
+        self._kept: dict[str, np.ndarray] = {}
 
     def _rng(self, name: str) -> np.random.Generator:
         return np.random.default_rng([self.seed, zlib.crc32(name.encode())])
 
+    def _source(self, name: str) -> str:
+        """The tensor whose values `name` holds: itself, or with layers alike the first layer's
+        matrix of its name and type."""
+        if self.distinct_layers or not name.startswith("blk."):
+            return name
+        tensor, quant = name.split(".", 2)[2], self._matrices[name].quant
+        first = next(l for l in range(self.config.num_layers) if self.config.quants[f"blk.{l}.{tensor}"] == quant)
+        return f"blk.{first}.{tensor}"
+
     def tensor_bytes(self, name: str) -> np.ndarray:
-        if name == "token_embd.weight" and self._embedding is not None:
-            return self._embedding
-        m = self._matrices[name]
-        data = quant_type(m.quant).random_weights(self._rng(name), m.rows, m.k,
+        source = self._source(name)
+        if source in self._kept:
+            return self._kept[source]
+        m = self._matrices[source]
+        data = quant_type(m.quant).random_weights(self._rng(source), m.rows, m.k,
                                                   1.0 if m.short == "token_embd" else m.k ** -0.5)
-        if name == "token_embd.weight":
-            self._embedding = data
+        if source == "token_embd.weight" or not self.distinct_layers:
+            self._kept[source] = data
         return data
 
     def dequantize(self, name: str, rows=None) -> np.ndarray:
@@ -442,15 +460,47 @@ def decode_speed(generator: Generator, token: int, tokens: int) -> dict[str, flo
     return {"tokens_per_s": with_head.tokens_per_s, "layers_tokens_per_s": tokens / (time.perf_counter() - start)}
 
 
-def random_model_decode_speed(shape: dict, fused: bool, tokens: int = 32, seed: int = 0) -> dict:
-    """decode_speed of a random model of `shape` (e.g. QWEN3_8B) with Q4_K_M-like weights
-    (q4_k_m_types) on this process's GPU (a device-worker call for make bench): the separate
-    kernels, or with `fused` the persistent decoder."""
-    generator = Generator(RandomModel(ModelConfig(**shape, quants=q4_k_m_types(shape)), seed), "device",
-                          max_seq_len=2 * tokens + 2, fused=fused)
+# Issue 12's step: Qwen3-8B at pos 4095 (4096 keys of attention a layer).
+STEP_POS = 4095
+STEP_ITERS = 50
+
+
+def step_speed(generator: Generator, pos: int, iters: int = STEP_ITERS) -> dict:
+    """The step at `pos` on the GPU's clock, as bench times a kernel per run (CUDA events around
+    each step, its launches queued ahead: device.DeviceSession.time), medians in µs: the layers,
+    and the layers with the head (final norm, lm_head, argmax). The cache rows before `pos` hold
+    whatever is there (zeros in a fresh Generator): the time does not depend on them."""
+    gpu, figures = generator.memory.gpu, {"pos": pos}
+    for label, calls in (("step_us", generator.layer_calls(pos) + generator.head_calls()),
+                         ("layers_us", generator.layer_calls(pos))):
+        timing = gpu.time(lambda i, calls=calls: generator.memory.run(calls), iters)
+        figures[label] = float(np.median(timing.times))
+        figures["host_bound"] = figures.get("host_bound", False) or timing.host_bound
+    figures["head_us"] = figures["step_us"] - figures["layers_us"]
+    return figures
+
+
+@functools.lru_cache(maxsize=1)
+def random_model(shape_json: str, seed: int) -> RandomModel:
+    """The benchmark's model of a shape (e.g. QWEN3_8B as JSON, keys sorted) with Q4_K_M-like
+    weights (q4_k_m_types), every layer alike; kept for the next call (the fused and the separate path)."""
+    shape = json.loads(shape_json)
+    return RandomModel(ModelConfig(**shape, quants=q4_k_m_types(shape)), seed, distinct_layers=False)
+
+
+def random_model_decode_speed(shape: dict, fused: bool, tokens: int = 32, seed: int = 0, pos: int = STEP_POS) -> dict:
+    """decode_speed and step_speed at `pos` of a random model of `shape` on this process's GPU (a
+    device-worker call for make bench): the separate kernels, or with `fused` the persistent decoder."""
+    context = shape["context_length"]
+    if not (1 <= tokens and 2 * tokens + 2 <= context and 0 <= pos < context):
+        raise PtxgenError(f"whole-model decode: tokens {tokens} and pos {pos} do not fit {shape['name']}'s context of "
+                          f"{context} positions (tokens >= 1, 2 * tokens + 2 <= {context}, 0 <= pos < {context})")
+    model = random_model(json.dumps(shape, sort_keys=True), seed)
+    generator = Generator(model, "device", max_seq_len=max(2 * tokens + 2, pos + 1), fused=fused)
     try:
         return {"model": shape["name"], "layers": "persistent_decoder" if fused else "separate kernels",
-                "weights": "Q4_K_M-like layers", "lm_head": "Q6_K",
-                "device": generator.device, "tokens": tokens, **decode_speed(generator, 1, tokens)}
+                "weights": "Q4_K_M-like layers, all alike", "lm_head": model.config.lm_head.quant.upper(),
+                "device": generator.device, "tokens": tokens, **decode_speed(generator, 1, tokens),
+                **step_speed(generator, pos)}
     finally:
         generator.close()

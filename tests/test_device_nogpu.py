@@ -549,7 +549,8 @@ def test_make_bench_report_has_the_targets_and_the_decode_step_in_tokens_per_sec
                           graph=True)
     results["whole_model"] = [{"model": "qwen3-8b", "tokens": 32, "layers": "separate kernels",
                                "weights": "Q4_K_M-like layers", "lm_head": "Q6_K", "tokens_per_s": 101.25,
-                               "layers_tokens_per_s": 120.5}]
+                               "layers_tokens_per_s": 120.5, "pos": 4095, "step_us": 2250.04, "layers_us": 2100.0,
+                               "head_us": 150.04, "host_bound": True}]
     report = run_all.markdown(results, ["a note"])
     lines = report.splitlines()
     # The simulation spends 4 us a kernel: 250000 calls/s in one launch, 26 launches one by one.
@@ -565,7 +566,9 @@ def test_make_bench_report_has_the_targets_and_the_decode_step_in_tokens_per_sec
     assert "| q4k_gemv 12288x4096 >= 80% of copy bandwidth | no matching row | n/a | no matching row | n/a |" in report
     assert ("| Qwen3-8B decode step (36 layers, pos 4095) <= 2000 us, >= 500 tokens/s | no matching row | n/a | "
             "no matching row | n/a |") in report
-    assert "| separate kernels | Q4_K_M-like layers, Q6_K lm_head | 101.2 | 120.5 |" in report
+    assert ("| separate kernels | Q4_K_M-like layers, Q6_K lm_head | 2250.0* | 2100.0* | 150.0 | 101.2 | 120.5 |"
+            in report), report
+    assert "the step at pos 4095 between CUDA events" in report
     assert "- a note" in report
 
 

@@ -402,14 +402,39 @@ def test_generate_on_the_gpu_matches_the_references(files, arch, fused):
 
 def test_random_model_decode_speed_runs_make_bench_s_path(simulated):
     """make bench's whole-model call (the worker runs exactly this) on the simulated GPU, for the
-    tiny shapes: Q4_K_M-like types through the separate kernels and fused."""
+    tiny shapes: Q4_K_M-like types through the separate kernels and fused. The simulation spends
+    4 us a kernel and nothing on an event: the step at pos is its launches x 4 us, the head its
+    three (norm, lm_head, argmax)."""
     shape = {key: value for key, value in dataclasses.asdict(tiny_config()).items() if key != "quants"}
-    tokens = 2
+    tokens, pos = 2, 200
     for fused in (False, True):
-        kernels = step_kernels(ModelConfig(**shape, quants=q4_k_m_types(shape)), 2 * tokens + 2)
+        kernels = step_kernels(ModelConfig(**shape, quants=q4_k_m_types(shape)), pos + 1)
         configs = [kernels.norm, kernels.lm_head, kernels.argmax, kernels.decoder]
-        configs += [call.kernel for call in kind_of(kernels.decoder).separate_step({"pos": 0})[1]]
-        simulated.kernels.update({config.name: config for config in configs})
-        row = random_model_decode_speed(shape, fused, tokens)
+        layers = [call.kernel for call in kind_of(kernels.decoder).separate_step({"pos": 0})[1]]
+        simulated.kernels.update({config.name: config for config in configs + layers})
+        row = random_model_decode_speed(shape, fused, tokens, pos=pos)
         assert row["layers"] == ("persistent_decoder" if fused else "separate kernels") and row["tokens"] == tokens
         assert row["tokens_per_s"] > 0 and row["layers_tokens_per_s"] > 0 and row["device"] == "Simulated GPU"
+        launches = 1 if fused else len(layers)
+        assert row["pos"] == pos and not row["host_bound"], row
+        assert row["layers_us"] == pytest.approx(4.0 * launches) and row["head_us"] == pytest.approx(12.0), row
+        assert row["step_us"] == pytest.approx(4.0 * (launches + 3)), row
+    with pytest.raises(PtxgenError, match="pos 256 do not fit tiny-qwen3's context of 256 positions"):
+        random_model_decode_speed(shape, False, tokens, pos=256)
+
+
+def test_random_model_with_layers_alike_makes_each_matrix_type_once():
+    """The benchmark's 36 layers in seconds: every layer's matrix of a name and type holds the
+    first such layer's values (the same bytes the distinct model gives that layer), made once."""
+    shape = {key: value for key, value in dataclasses.asdict(tiny_config()).items() if key != "quants"}
+    shape["num_layers"] = 8
+    config = ModelConfig(**shape, quants=q4_k_m_types(shape))
+    types = {l: config.quants[f"blk.{l}.attn_v.weight"] for l in range(8)}
+    assert [l for l in types if types[l] == "q6_k"] == [0, 3, 6, 7], types
+    alike, distinct = RandomModel(config, 5, distinct_layers=False), RandomModel(config, 5)
+    for l in range(8):
+        first = min(m for m in range(8) if types[m] == types[l])
+        got = alike.tensor_bytes(f"blk.{l}.attn_v.weight")
+        assert np.array_equal(got, distinct.tensor_bytes(f"blk.{first}.attn_v.weight")), l
+        assert got is alike.tensor_bytes(f"blk.{first}.attn_v.weight"), "made once, then kept"
+    assert not np.array_equal(distinct.tensor_bytes("blk.2.attn_v.weight"), distinct.tensor_bytes("blk.0.attn_v.weight"))
