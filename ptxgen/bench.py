@@ -589,6 +589,7 @@ def run_bench(spec_file: dict, plan: list[tuple[CompiledKernel, dict]], iters: i
             key = peer_key(compiled, scalars)
             first = timed_peers.get(key) if peers == "once" else None
             stepped = timed_steps.get(key) if peers == "once" else None
+            started = time.perf_counter()
             try:
                 row, verified[compiled.name] = worker.call(bench_row, compiled, scalars, iters, graph,
                                                            measured["copy_bandwidth"]["gbs"], verified.get(compiled.name),
@@ -596,6 +597,7 @@ def run_bench(spec_file: dict, plan: list[tuple[CompiledKernel, dict]], iters: i
             except LaunchError as error:  # a fault (the worker is replaced) or a launch the GPU refused
                 row = new_row(compiled, scalars)
                 row.update(passed=False, failure=str(error))
+            row["wall_s"] = round(time.perf_counter() - started, 1)  # what the row cost a lease: checks, peers, timing
             if first is not None:
                 row.update(peers=first["peers"], best_peer=first["best_peer"])
                 row["notes"].append(f"{compiled.name}: peers shared with {first['kernel']} (timed there once: the "

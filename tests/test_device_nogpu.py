@@ -407,7 +407,9 @@ def test_bench_checks_then_times_with_rotated_buffers_and_writes_json(sim, worke
 def test_a_bench_run_cut_short_keeps_the_rows_it_made(tmp_path):
     """--json is rewritten after every row (bench.run_bench's row_done): a run stopped during its
     second row (a step's time limit on a lent GPU) leaves the first, and `planned_rows` says the
-    file is short of the plan."""
+    file is short of the plan; each row says what it cost the run (`wall_s`, to size a lease's steps)."""
+    import time
+
     from ptxgen import bench
 
     kernel = spec_kernel("qwen3_8b_rmsnorm")
@@ -422,6 +424,7 @@ def test_a_bench_run_cut_short_keeps_the_rows_it_made(tmp_path):
             self.rows += 1
             if self.rows == 2:
                 raise KeyboardInterrupt
+            time.sleep(0.3)
             return {**bench.new_row(args[0], args[1]), "median_us": 4.0}, None
 
     path = tmp_path / "bench.json"
@@ -430,6 +433,7 @@ def test_a_bench_run_cut_short_keeps_the_rows_it_made(tmp_path):
                         worker=Worker(), row_done=lambda results: bench.write_json(path, results))
     written = json.loads(path.read_text())
     assert written["planned_rows"] == 2 and [row["scalars"] for row in written["rows"]] == [{"rows": 1}]
+    assert 0.3 <= written["rows"][0]["wall_s"] < 5, written["rows"][0]
 
 
 def test_bench_checks_and_times_the_tma_prefill_each_buffer_set_with_its_own_maps(sim, worker_gpu, bench_app,
