@@ -58,12 +58,16 @@ def check_supported(config: ModelConfig, fused: bool = False) -> None:
         if matrix.quant not in GEMV_KINDS:
             raise PtxgenError(f"{config.name}: tensor {matrix.name!r} is {matrix.quant.upper()}; ptxgen generate has "
                               f"no GEMV kernel of that type (supported: {', '.join(q.upper() for q in GEMV_KINDS)})")
-    if fused:
-        from .kernels import kind_of
+    refusal = fused_refusal(config) if fused else None
+    if refusal:
+        raise PtxgenError(f"--fused: {refusal}")
 
-        refusal = kind_of(decoder_config(config, 1)).unbuildable()
-        if refusal:
-            raise PtxgenError(f"--fused: {refusal}")
+
+def fused_refusal(config: ModelConfig) -> str | None:
+    """Why the model's layers cannot be one persistent_decoder launch a token (None: they can)."""
+    from .kernels import kind_of
+
+    return kind_of(decoder_config(config, 1)).unbuildable()
 
 
 def decoder_config(config: ModelConfig, max_seq_len: int):

@@ -152,19 +152,25 @@ def test_each_layer_and_the_head_match_the_int8_reference(files, arch):
 
 
 # --- loose: the command as a user runs it ------------------------------------------------------------
-@pytest.mark.parametrize("arch, fused", [("qwen3", False), ("llama", False), ("llama", True), ("mixed", False),
-                                         ("mixed", True)],
-                         ids=["qwen3", "llama", "llama-fused", "q4_k_m-mixed", "q4_k_m-mixed-fused"])
-def test_generate_command_matches_the_references(files, tmp_path, arch, fused):
+@pytest.mark.parametrize("arch, flag, fused", [("qwen3", "--separate", False), ("llama", "--separate", False),
+                                               ("llama", None, True), ("mixed", "--separate", False),
+                                               ("mixed", "--fused", True), ("split", None, False)],
+                         ids=["qwen3", "llama", "llama-fused-by-default", "q4_k_m-mixed", "q4_k_m-mixed-fused",
+                              "split-separate-by-default"])
+def test_generate_command_matches_the_references(files, tmp_path, arch, flag, fused):
+    """The layers fused by default, where the model's types allow it (the split fixture's layer 0
+    has ffn_gate Q4_K and ffn_up Q8_0: separate kernels, and a note says why)."""
     out = tmp_path / "logits.npy"
     result = run_cli_in_process("generate", str(files[arch]), "--tokens", ",".join(map(str, PROMPT)),
                                 "--max-new", str(MAX_NEW), "--backend", "emulator", "--json", "--save-logits", str(out),
-                                *(["--fused"] if fused else []))
+                                *([flag] if flag else []))
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert summary["prompt_tokens"] == PROMPT and len(summary["generated_tokens"]) == MAX_NEW
     assert summary["device"] == "PTX interpreter (CPU)" and summary["decode_steps"] == MAX_NEW - 1
     assert summary["tokens_per_s"] > 0 and summary["layers"] == ("persistent_decoder" if fused else "separate kernels")
+    note = "note: the layers run as separate kernels: weight_quants: w_gate and w_up differ in layer(s) 0"
+    assert (note in result.stderr) == (arch == "split" and flag is None), result.stderr
     logits = np.load(out)
     assert logits.dtype == np.float32 and logits.shape == (MAX_NEW, 1000)
     assert summary["generated_tokens"] == [first_argmax(row) for row in logits]

@@ -924,5 +924,5 @@ def test_weight_quants_in_a_spec_file(tmp_path):
         assert result.returncode == 2 and result.stderr.strip().splitlines() == [
             f"error: {spec}: kernel 'pd' (kernels[0]): weight_quants: w_gate and w_up differ in layer(s) 1; the fused "
             "persistent_decoder computes a gate row and its up row in one warp task, so they need one type a layer "
-            "(run this model's layers as separate kernels: ptxgen generate without --fused)"]
+            "(run this model's layers as separate kernels: ptxgen generate --separate)"]
     assert not (tmp_path / "out").exists()

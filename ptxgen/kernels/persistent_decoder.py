@@ -625,7 +625,7 @@ class PersistentDecoder(Kind):
         layers = ", ".join(split[:8]) + (", ..." if len(split) > 8 else "")
         return (f"weight_quants: w_gate and w_up differ in layer(s) {layers}; the fused persistent_decoder computes "
                 "a gate row and its up row in one warp task, so they need one type a layer (run this model's layers "
-                "as separate kernels: ptxgen generate without --fused)")
+                "as separate kernels: ptxgen generate --separate)")
 
     def phase_variants(self, phase: str) -> tuple[PhaseVariant, ...]:
         """GEMV phase `phase` (a PHASES key) as the layers run it: one variant per distinct tuple
