@@ -58,7 +58,8 @@ The time model has five terms, all in microseconds:
   Without a declared tail, the tail is the rounds only some warps wait through, from the PTX
   alone: (critical rounds - mean rounds) x latency.
 A kind too large to interpret is counted at smaller configs that repeat its work and
-extrapolated (Kind.model_scaling: a persistent decoder's one layer and two-layer configs). A grid
+extrapolated (Kind.model_scaling: a persistent decoder's one layer and two-layer configs; a
+single-matrix GEMV's CTAs, a few of them with one round of rows and with two). A grid
 too large is counted on its first CTAs and scaled, by their number, or where the kind says its
 CTAs' work differs (Kind.cta_work: a causal prefill's query blocks) by all the work over theirs;
 the report then adds how evenly that work is dealt: the CTAs list-scheduled in dispatch order over
@@ -108,7 +109,7 @@ from .interp import launch as interpret
 from .interp.parser import TYPES, Addr, Imm, Neg, Pair, Reg, Vec, parse
 from .abi import Launch, round_up
 from .compiled import CompiledKernel
-from .kernels.base import DependentTail, ModelScaling
+from .kernels.base import MAX_COUNTED_BYTES, DependentTail, ModelScaling
 from .runner import prepare_arrays
 
 
@@ -394,12 +395,12 @@ MAX_COUNTED_THREADS = 1 << 14
 # budget) took show 2 m 17 s where the first 8 scale as well (their blocks are dealt forward and
 # back, each CTA a mix of heavy and light).
 SAMPLED_WORK = 8
-# The sample inputs of a call are made whole (float64 references of some of them too): a call
-# moving more than this is not counted (20M rows of a 256-wide RMSNorm would take 38 GiB; the
-# Qwen3-8B lm_head's 511 MB, whose queue's persistent CTAs cannot be sampled, about 2 minutes).
-MAX_COUNTED_BYTES = 256 << 20
 # dispatch_balance list-schedules at most this many CTAs (a Python loop: about a second)
 MAX_DISPATCHED_CTAS = 1 << 20
+
+
+# Count's figures of the whole launch (the others are a warp's: the mean or the slowest).
+LAUNCH_TOTALS = ("thread_instructions", "warp_instructions", "tensor_flops", "sfu_instructions")
 
 
 @dataclass(frozen=True)
@@ -438,15 +439,30 @@ class Count:
                 "(exact when the other CTAs repeat their work)")
 
 
-    def extrapolated(self, steps: list[tuple[Count, int]], note: str) -> Count:
-        """These counts plus `times` x (count - these) for each of `steps` (ModelScaling)."""
+    def extrapolated(self, steps: list[tuple[Count, float]], scaling: ModelScaling) -> Count:
+        """These counts plus `times` x (count - these) for each of `steps`, the launch's totals
+        then times its cta_scale; where its work is `dealt`, the slowest warp as far above the
+        mean as in the last step (ModelScaling)."""
         def total(name: str):
-            return getattr(self, name) + sum(times * (getattr(count, name) - getattr(self, name)) for count, times in steps)
+            value = getattr(self, name) + sum(times * (getattr(count, name) - getattr(self, name))
+                                              for count, times in steps)
+            return value * scaling.cta_scale if name in LAUNCH_TOTALS else value
 
-        summed = ("thread_instructions", "warp_instructions", "rounds_per_warp", "critical_rounds",
-                  "instructions_per_warp", "critical_instructions", "tensor_flops", "sfu_instructions")
-        return replace(self, **{name: total(name) for name in summed}, scaled=note,
-                       outstanding_bytes=max([self.outstanding_bytes] + [count.outstanding_bytes for count, _ in steps]))
+        summed = {name: total(name) for name in ("thread_instructions", "warp_instructions", "rounds_per_warp",
+                                                 "critical_rounds", "instructions_per_warp", "critical_instructions",
+                                                 "tensor_flops", "sfu_instructions")}
+        if scaling.dealt and steps:
+            last = steps[-1][0]
+            summed["critical_rounds"] = summed["rounds_per_warp"] + last.critical_rounds - last.rounds_per_warp
+            summed["critical_instructions"] = (summed["instructions_per_warp"] + last.critical_instructions
+                                               - last.instructions_per_warp)
+        # Bytes in flight at the wait reached most often: a decoder's busiest layer; a dealt
+        # launch's main loop, which the last step runs most.
+        outstanding = (steps[-1][0].outstanding_bytes if scaling.dealt and steps
+                       else max([self.outstanding_bytes] + [count.outstanding_bytes for count, _ in steps]))
+        rounded = {name: round(value) if isinstance(getattr(self, name), int) else value
+                   for name, value in summed.items()}
+        return replace(self, **rounded, scaled=scaling.note, outstanding_bytes=outstanding)
 
 
 def count_instructions(ptx: str, entry: str, launch: Launch, args: list,
@@ -773,8 +789,7 @@ def scaled_count(scaling: ModelScaling, arch: str, scalars: dict[str, int], seed
     def counted(config) -> Count:
         return launch_count(compile_kernel(config, (arch,), until="ptx"), arch, scalars, seed, max_threads)
 
-    return counted(scaling.base).extrapolated([(counted(config), times) for config, times in scaling.steps],
-                                              scaling.note)
+    return counted(scaling.base).extrapolated([(counted(config), times) for config, times in scaling.steps], scaling)
 
 
 def issue_interval_cycles(threads_per_cta: int) -> int:

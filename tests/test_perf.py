@@ -644,18 +644,48 @@ def test_a_call_too_large_to_interpret_is_not_counted_and_says_so():
     assert report["thread_instructions_per_byte"] is None
 
 
-def test_show_gives_occupancy_even_where_the_model_is_not_run():
-    """The 151936-row lm_head is too large for show to interpret (MAX_COUNTED_BYTES; verify does,
-    in minutes), so no instruction count; occupancy needs only ptxas's resources and is reported
-    per arch anyway."""
+def test_show_models_the_lm_head_on_a_few_ctas_of_its_plan():
+    """The 151936-row Q6_K lm_head (511 MB, past MAX_COUNTED_BYTES) is counted on MODEL_CTAS CTAs
+    of its plan with one and two queued units each and extrapolated to its 132 CTAs
+    (Q4kGemv.model_scaling); occupancy, from ptxas's resources alone, per arch as everywhere."""
     from helpers import ROOT, run_cli
 
-    shown = run_cli("show", "qwen3_8b_lm_head", "--spec", str(ROOT / "specs" / "qwen3.toml"), "--json")
+    shown = run_cli("show", "qwen3_8b_lm_head", "--spec", str(ROOT / "specs" / "qwen3.toml"), "--json",
+                    "--gpu", "h200")
     assert shown.returncode == 0, shown.stderr
     report = json.loads(shown.stdout)
-    assert report["model"]["skipped"].startswith("too large to interpret at these scalars (511,129,088 bytes")
+    model = report["model"]
+    assert "skipped" not in model and report["traffic"]["bytes"] == 511_129_088
+    assert model["counted"] == ("4 CTAs of its plan interpreted with 1 and 2 queued units of 16 rows each, "
+                                "extrapolated to 71.94 units on each of its 132 CTAs"), model["counted"]
+    # Q6_K's lane work, ~3 thread-instructions a weight byte (ptxgen/kernels/q6k_gemv.py), staging and sums
+    assert 3.0 < report["thread_instructions_per_byte"] < 4.2
+    assert 72 < model["rounds_per_warp"] < 74 and model["critical_rounds"] - model["rounds_per_warp"] < 2
     assert set(report["occupancy"]) == {"sm_80", "sm_86", "sm_89", "sm_90"} and report["occupancy"]["sm_90"] > 0
     assert report["occupancy_detail"]["sm_90"]["warps_per_sm"] > 0
+
+
+@pytest.mark.parametrize("kind, n, schedule", [("q6k_gemv", 1285, None), ("q4k_gemv", 700, "static"),
+                                               ("q8_0_gemv", 1500, None)])
+def test_a_gemv_counted_on_a_few_ctas_matches_its_whole_count(monkeypatch, kind, n, schedule):
+    """model_scaling against the count of the whole launch (8 SMs' grid, units left over on some
+    CTAs): the totals within 0.5%, a warp's mean rounds exact, the slowest warp within a round
+    (measured: totals 0.9984-1.0000 of the whole count, the slowest warp one round over for Q8_0)."""
+    from ptxgen.kernels import config_from_json, kind_of, q4k_gemv
+    from ptxgen.pipeline import compile_kernel
+
+    config = config_from_json({"kind": kind, "name": "scaled", "n": n, "k": 4096, "sm_count": 8,
+                               **({"schedule": schedule} if schedule else {})})
+    whole = perf.launch_count(compile_kernel(config, ("sm_90",), until="ptx"), "sm_90", {}, 0, 1 << 30)
+    monkeypatch.setattr(q4k_gemv, "MAX_COUNTED_BYTES", 0)  # as if too large
+    scaling = kind_of(config).model_scaling()
+    assert scaling.base.n == 4 * kind_of(config).plan.rows_per_cta and len(scaling.steps) == (schedule is None)
+    scaled = perf.scaled_count(scaling, "sm_90", {}, 0, 1 << 30)
+    for name in ("thread_instructions", "warp_instructions", "instructions_per_warp"):
+        assert getattr(scaled, name) == pytest.approx(getattr(whole, name), rel=5e-3), name
+    assert scaled.rounds_per_warp == pytest.approx(whole.rounds_per_warp, rel=1e-9)
+    assert abs(scaled.critical_rounds - whole.critical_rounds) <= 1
+    assert scaled.outstanding_bytes == whole.outstanding_bytes
 
 
 # --- CTAs of unequal work: a causal prefill's query blocks ---------------------------------------

@@ -79,9 +79,17 @@ def test_extrapolated_counts_match_the_whole_launch(monkeypatch, weight_quants):
 
 
 def test_count_extrapolation_by_hand():
+    """A decoder's layers add everything, the slowest warp's excess included; a GEMV's queued
+    units (dealt) keep the last step's excess over the mean, and its totals scale to its CTAs."""
+    from ptxgen.kernels.base import ModelScaling
+
     base = perf.Count(100, 10, 2.0, 3, 48, 5.0, 6, 4, 4)
-    later = perf.Count(150, 15, 3.5, 5, 64, 7.0, 9, 4, 4)
-    total = base.extrapolated([(later, 3)], "note")
+    later = perf.Count(150, 15, 3.5, 5, 40, 7.0, 9, 4, 4)
+    total = base.extrapolated([(later, 3)], ModelScaling(None, (), "note"))
     assert (total.thread_instructions, total.warp_instructions, total.rounds_per_warp, total.critical_rounds,
             total.instructions_per_warp, total.critical_instructions) == (250, 25, 6.5, 9, 11.0, 15)
-    assert total.outstanding_bytes == 64 and total.counted == "note"
+    assert total.outstanding_bytes == 48 and total.counted == "note"
+    dealt = base.extrapolated([(later, 2.5)], ModelScaling(None, (), "dealt", cta_scale=10, dealt=True))
+    assert (dealt.thread_instructions, dealt.warp_instructions, dealt.rounds_per_warp, dealt.critical_rounds,
+            dealt.instructions_per_warp, dealt.critical_instructions) == (2250, 225, 5.75, 7, 10.0, 12)
+    assert dealt.outstanding_bytes == 40 and dealt.counted == "dealt"

@@ -133,17 +133,31 @@ class DependentTail:
         return sum(step.round_trips for step in self.steps if step.every_cta and step.returns_value)
 
 
+# The performance model makes a call's sample inputs whole (float64 references of some of them too):
+# a call moving more than this is counted at smaller configs (Kind.model_scaling) or not at all
+# (20M rows of a 256-wide RMSNorm would take 38 GiB; the Qwen3-8B lm_head's 511 MB, whose queue's
+# persistent CTAs cannot be sampled, about 2 minutes whole).
+MAX_COUNTED_BYTES = 256 << 20
+
+
 @dataclass(frozen=True)
 class ModelScaling:
     """How the performance model counts a launch too large to interpret, from smaller configs of
     the same kind that repeat its work: the counts of `base`, plus for each (config, times) of
     `steps` `times` the difference between that config's counts and base's (a persistent
-    decoder: one layer, plus one two-layer config per distinct kind of later layer). `note` says
-    what was counted."""
+    decoder: one layer, plus one two-layer config per distinct kind of later layer; a GEMV: one
+    round of rows a CTA, plus the rounds after it), the launch's totals (not its per-warp
+    figures) then times `cta_scale` (a GEMV counted on fewer CTAs than it launches, each doing
+    the same work). With `dealt`, the steps' work is dealt from a queue, which evens the warps
+    out as it goes: the slowest warp stays as far above the mean as in the last step's config
+    (a decoder's layers, one after another behind grid barriers, each add their own slowest
+    warp). `note` says what was counted."""
 
     base: object  # a KernelConfig
-    steps: tuple[tuple[object, int], ...]
+    steps: tuple[tuple[object, float], ...]
     note: str
+    cta_scale: float = 1.0
+    dealt: bool = False
 
 
 @dataclass(frozen=True)

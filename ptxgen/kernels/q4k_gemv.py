@@ -29,7 +29,7 @@ from pydantic import Field, field_validator, model_validator
 from ..dtypes import UNIT_ROUNDOFF
 from ..q4k import unpack
 from ..quants import QUANT_TYPES
-from .base import Geometry, Kind, Param, PdlConfig, SmCount, Traffic
+from .base import MAX_COUNTED_BYTES, Geometry, Kind, ModelScaling, Param, PdlConfig, SmCount, Traffic
 from .families.quant_gemv import (FORMATS, MAX_K, MAX_REGISTERS, MAX_ROW_STEPS, MAX_ROWS, MAX_WARPS,
                                   STEP_WEIGHTS, X_GROUP, QuantGemvPlan, dequantize_x, divisors, min_warps,
                                   queue_split)
@@ -81,6 +81,12 @@ def check_k(k: int, quant: str) -> int:
 # launch ramp, the wait for the previous kernel, the staging, the rows and the CTA's and grid's
 # tails, one by one (bench/lease/gemv_timeline.py).
 TIMELINE_STAMPS = 4  # the words before the warps' ends
+
+
+# MODEL_CTAS: the performance model interprets a call of at most MAX_COUNTED_BYTES; a larger GEMV
+# (the Qwen3-8B lm_head: 511 MB of Q6_K, 132 queued CTAs of 12 rounds) is counted on this many
+# CTAs of its plan, every CTA's rows being the same work (model_scaling).
+MODEL_CTAS = 4
 
 
 def gamma(m: int) -> float:
@@ -244,6 +250,30 @@ class Q4kGemv(Kind):
         (Qwen3-8B's q/k/v, v and gate/up groups, sm_86/sm_90)."""
         plan = self.plan
         return plan.stage_rounds(plan.threads) == 1 and not (self.fused and self.quant == "q6_k")
+
+    def model_scaling(self) -> ModelScaling | None:
+        """A single-matrix launch above MAX_COUNTED_BYTES: its plan (tuning fields pinned) on
+        MODEL_CTAS CTAs, with one unit of rows each (static: what each of its CTAs does), and
+        under the queue also with two, extrapolated to its units a CTA; its totals scaled to its
+        CTAs. None where the launch is counted whole, or for a group of matrices."""
+        c, plan = self.config, self.plan
+        if len(self.matrices) > 1 or self.traffic({}).bytes <= MAX_COUNTED_BYTES:
+            return None
+        pinned = {"warps": plan.warps, "rows_per_warp": plan.rows_per_warp, "split_k": plan.split_k,
+                  "unroll": plan.unroll, "schedule": "queue" if plan.queue else "static", "sm_count": MODEL_CTAS,
+                  "ctas_per_sm": 1}
+
+        def cut(rounds: int):
+            return c.model_copy(update={**pinned, "name": f"{c.name}_model_{rounds}",
+                                        "n": MODEL_CTAS * rounds * plan.rows_per_cta})
+
+        if not plan.queue:  # a CTA a unit: one round
+            return ModelScaling(cut(1), (), f"{MODEL_CTAS} CTAs of its plan interpreted, scaled to its {plan.ctas}",
+                                cta_scale=plan.ctas / MODEL_CTAS)
+        rounds = plan.units / plan.ctas
+        note = (f"{MODEL_CTAS} CTAs of its plan interpreted with 1 and 2 queued units of {plan.rows_per_cta} rows "
+                f"each, extrapolated to {rounds:.2f} units on each of its {plan.ctas} CTAs")
+        return ModelScaling(cut(1), ((cut(2), rounds - 1),), note, cta_scale=plan.ctas / MODEL_CTAS, dealt=True)
 
     # --- runtime -----------------------------------------------------------------------------
     def scalar_limits(self) -> dict[str, tuple[int, int]]:
