@@ -29,12 +29,12 @@ the H100 of 2026-11-27 decode attention measured 10.93 us + 2863 GB/s, the model
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from ptxgen import perf
-from ptxgen.bench import line_fit, size_fits
+from ptxgen.bench import line_fit, read_results, size_fits
+from ptxgen.errors import exit_from
 from ptxgen.kernels import config_from_json
 from ptxgen.pipeline import compile_kernel
 
@@ -45,9 +45,12 @@ MARGIN = 0.10  # how far outside the model's range a measurement may sit before 
 TINY_BYTES = 256 * 1024
 
 
-def rows_of(path: Path) -> tuple[dict, list[dict]]:
-    data = json.loads(path.read_text())
-    return data, [row for row in data["rows"] if row.get("median_us")]
+
+
+def rows_of(path: Path) -> tuple[dict, list[dict]] | None:
+    """A bench file's data and its timed rows; None for JSON of another kind (bench.read_results)."""
+    data = read_results(path)
+    return None if data is None else (data, [row for row in data["rows"] if row.get("median_us")])
 
 
 def check_row(row: dict, gpu: perf.Gpu) -> dict:
@@ -143,7 +146,11 @@ def main(argv: list[str]) -> int:
     gpu = perf.gpu_named(args.gpu)
     files = []
     for path in args.results:
-        data, rows = rows_of(path)
+        read = rows_of(path)
+        if read is None:
+            print(f"{path}: not a `ptxgen bench --json` file (no rows): skipped")
+            continue
+        data, rows = read
         files.append((path, data, rows, [check_row(row, gpu) for row in rows]))
     derived = launch_costs([result for *_, results in files for result in results])
     launch = {"per_run": derived["per_run"] if derived["per_run"] is not None else gpu.launch_us,
@@ -191,4 +198,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    exit_from(main, sys.argv[1:])

@@ -891,6 +891,19 @@ def write_json(path: Path, results: dict) -> None:
     write_file(path, (json.dumps(results, indent=2) + "\n").encode(), "--json")
 
 
+def read_results(path: Path) -> dict | None:
+    """A `ptxgen bench --json` file (what write_json wrote), or None for JSON of another kind (a
+    lease folder also holds timelines and whole-model rows); a file that cannot be read or is not
+    JSON is refused (PtxgenError)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as error:
+        raise PtxgenError(f"{path}: cannot read: {error.strerror or error}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise PtxgenError(f"{path}: not a JSON file: {error}") from None
+    return data if isinstance(data, dict) and isinstance(data.get("rows"), list) else None
+
+
 def require_matplotlib() -> None:
     if importlib.util.find_spec("matplotlib") is None:
         raise PtxgenError("--plot needs matplotlib: pip install 'ptxgen[plot]' (or pip install matplotlib)")

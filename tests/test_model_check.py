@@ -81,6 +81,24 @@ def test_a_results_file_cut_short_says_so(tmp_path, capsys):
     assert f"{path} (commit abc, GPU; cut short: 1 of 3 rows)" in capsys.readouterr().out
 
 
+def test_a_lease_folders_other_json_is_skipped_and_a_bad_file_is_one_message(tmp_path):
+    """Run over a lease folder's *.json: whole_model.json and the timelines are not bench files
+    (skipped, with a line saying so, as bench/lease/variants.py does); an unreadable or non-JSON
+    file is one error line and exit 2, no traceback."""
+    import subprocess
+
+    (tmp_path / "whole_model.json").write_text('[{"model": "qwen3-8b"}]')
+    (tmp_path / "broken.json").write_text("{")
+    for script in (ROOT / "bench" / "model_check.py", ROOT / "bench" / "lease" / "variants.py"):
+        done = subprocess.run([sys.executable, str(script), str(tmp_path / "whole_model.json")], capture_output=True,
+                              text=True)
+        assert done.returncode == 0 and "whole_model.json: not a `ptxgen bench --json` file" in done.stdout, done
+        for bad, why in (("broken.json", "not a JSON file"), ("missing.json", "cannot read: No such file")):
+            done = subprocess.run([sys.executable, str(script), str(tmp_path / bad)], capture_output=True, text=True)
+            assert done.returncode == 2 and done.stderr.startswith(f"error: {tmp_path / bad}: {why}"), done
+            assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
 def test_the_decode_attention_line_shows_the_models_missing_fixed_cost():
     """The H100's decode attention at 4k/8k/32k keys (2026-11-27) lies on 10.93 us + 2863 GB/s; the
     same line through the model's overlapped end streams at about that rate but starts 3-5 us lower:

@@ -6,23 +6,24 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 from rich.console import Console
 
-from ptxgen.bench import print_variants, variant_comparisons
+from ptxgen.bench import print_variants, read_results, variant_comparisons
+from ptxgen.errors import exit_from
 
 
 def main(paths: list[str]) -> int:
     console = Console(width=200)
     for path in paths:
-        results = json.loads(open(path).read())
-        if "rows" in results:
-            console.print(f"{path}:")
+        results = read_results(path)
+        console.print(f"{path}:" if results is not None else f"{path}: not a `ptxgen bench --json` file: skipped",
+                      markup=False)
+        if results is not None:
             print_variants(variant_comparisons(results), console)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    exit_from(main, sys.argv[1:])
