@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from ptxgen import perf
+from ptxgen.errors import PtxgenError
 from ptxgen.pipeline import compile_spec
 from ptxgen.spec import load_spec
 
@@ -110,6 +111,11 @@ def test_one_launch_runs_a_spec_kernel_once(capsys):
 
     assert one_launch.main([str(LEASE / "prefill.toml"), "prefill_mma", "seq_len=17"], backend="emulator") == 0
     assert capsys.readouterr().out == "prefill_mma {'seq_len': 17}: one launch (emulator)\n"
+    for argv, message in (([], "usage: one_launch.py SPEC KERNEL"),
+                          ([str(LEASE / "prefill.toml"), "prefill_mma", "seq_len=x"], "expected NAME=INTEGER"),
+                          ([str(LEASE / "prefill.toml"), "nosuch"], "no kernel named 'nosuch'")):
+        with pytest.raises(PtxgenError, match=message):
+            one_launch.main(argv, backend="emulator")
 
 
 def test_decoder_timeline_adds_phases_and_barriers_up_to_the_step():
