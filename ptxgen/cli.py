@@ -836,17 +836,17 @@ def generate(
         np.save(buffer, result.logits)
         write_file(save_logits, buffer.getvalue(), "--save-logits")
     rate = result.tokens_per_s
+    layers = "persistent_decoder" if fused else "separate kernels"
     if as_json:
         summary = {"prompt_tokens": result.prompt, "generated_tokens": result.tokens, "tokens_per_s": rate,
                    "decode_steps": result.decode_steps, "device": generator.device, "backend": backend.value,
-                   "layers": "persistent_decoder" if fused else "separate kernels",
-                   "max_seq_len": generator.max_seq_len}
+                   "layers": layers, "max_seq_len": generator.max_seq_len}
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
         return
     out.print(",".join(map(str, result.tokens)), markup=False)
     speed = f"{rate:.1f} tokens/s over {plural(result.decode_steps, 'decode step')}" if rate else "no decode step timed"
-    err.print(f"{len(prompt)} prompt + {len(result.tokens)} generated tokens on {generator.device}: {speed}",
-              markup=False)
+    err.print(f"{len(prompt)} prompt + {len(result.tokens)} generated tokens on {generator.device} (layers: {layers}): "
+              f"{speed}", markup=False)
 
 
 # --- the cache ----------------------------------------------------------------------------------------

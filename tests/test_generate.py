@@ -183,7 +183,7 @@ def test_tied_lm_head_and_plain_output(files):
     assert result.returncode == 0, result.stderr
     tokens = [int(t) for t in result.stdout.strip().split(",")]
     assert tokens == reference_generate(GGUFModel(files["qwen3-tied"]), [640, 1], 3, "f16", True).tokens
-    assert "2 prompt + 3 generated tokens on PTX interpreter (CPU)" in result.stderr
+    assert "2 prompt + 3 generated tokens on PTX interpreter (CPU) (layers: persistent_decoder)" in result.stderr
     assert "tokens/s over 2 decode steps" in result.stderr
 
 
