@@ -98,10 +98,6 @@ TARGETS = [
     Target("Qwen3-8B decode step (36 layers, pos 4095) <= 2000 us, >= 500 tokens/s", "persistent_decoder",
            {"num_layers": 36}, ANY, "median_us", 2000, False),
 ]
-# Issue 12: a fused norm + GEMV within this factor of the plain GEMV of its shape (the same n x k,
-# pdl and runtime scalars), judged per run and batched like the targets.
-FUSED_GEMVS = {"fused_rmsnorm_q4k_gemv": "q4k_gemv"}
-FUSION_BOUND = 1.05
 # Whole-model decode (ptxgen.generate.random_model_decode_speed): Qwen3-8B shapes, random weights;
 # tokens/s over this many steps from an empty cache, and the step at pos 4095 with the lm_head.
 WHOLE_MODEL_TOKENS = 32
@@ -173,30 +169,20 @@ def evaluate(target: Target, rows: list[dict], figure: str = "median") -> tuple[
 
 
 def fusion_lines(rows: list[dict]) -> list[str]:
-    """Target-table lines: each fused norm + GEMV row against the first plain GEMV row of its shape,
-    per run and batched (time ratio, met when at most FUSION_BOUND)."""
-    from ptxgen.bench import figure_us
-
-    def shape(row):
-        return [row["config"].get(name) for name in ("n", "k", "pdl")] + [row["scalars"]]
+    """Target-table lines: each fused norm + GEMV row against the plain GEMV row of its config,
+    per run and batched (bench.fusion_comparisons: issue 12's 5%)."""
+    from ptxgen.bench import FUSION_BOUND, fusion_comparisons
 
     lines = []
-    for fused in rows:
-        plain = next((row for row in rows if row["kind"] == FUSED_GEMVS.get(fused["kind"])
-                      and shape(row) == shape(fused)), None)
-        if plain is None:
-            continue
+    for comparison in fusion_comparisons(rows):
+        fused, plain = comparison["fused"], comparison["plain"]
         cells = []
-        for figure in ("median", "batch"):
-            fused_us, plain_us = figure_us(fused, figure), figure_us(plain, figure)
-            if not (fused["passed"] and plain["passed"]):
-                cells += ["kernel failed its check", "no"]
-            elif not (fused_us and plain_us):
-                cells += ["not timed", "n/a"]
+        for figure in comparison["figures"].values():
+            if "ratio" in figure:
+                cells += [f"{figure['ratio']:.3f}x ({figure['fused_us']:.2f} against {figure['plain_us']:.2f} µs)",
+                          "yes" if figure["met"] else "no"]
             else:
-                ratio = fused_us / plain_us
-                cells += [f"{ratio:.3f}x ({fused_us:.2f} against {plain_us:.2f} µs)",
-                          "yes" if ratio <= FUSION_BOUND else "no"]
+                cells += [figure["status"], "n/a" if figure["met"] is None else "no"]
         label = (f"{fused['kind']} {fused['config']['n']}x{fused['config']['k']} within {FUSION_BOUND - 1:.0%} of "
                  f"{plain['kind']} ({fused['kernel']} against {plain['kernel']})")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")

@@ -78,6 +78,9 @@ FIT_INTENSITY_SPREAD = 1.1
 # variant_comparisons: a variant is called faster or slower than its baseline when every figure
 # both have moved by more than this fraction (run-to-run spread of a lease's medians: ~1-2%).
 VARIANT_MARGIN = 0.05
+# Issue 12: a fused norm + GEMV within this factor of the plain GEMV of its config (fusion_comparisons).
+FUSED_GEMVS = {"fused_rmsnorm_q4k_gemv": "q4k_gemv"}
+FUSION_BOUND = 1.05
 
 
 # --- figures -----------------------------------------------------------------------------------------
@@ -870,6 +873,33 @@ def print_results(results: dict, out: Console, err: Console) -> None:
         notes.append(HOST_BOUND_NOTE)
     for note in notes:
         err.print(f"note: {note}", markup=False, highlight=False)
+
+
+def fusion_comparisons(rows: list[dict]) -> list[dict]:
+    """Each fused norm + GEMV row against the first plain GEMV row of the same config (its norm's
+    eps aside: shapes, pdl and tuning) and runtime scalars: per figure ("median": per run, "batch")
+    its time ratio and whether it is within FUSION_BOUND, or why there is none."""
+    def key(row):
+        return {name: value for name, value in row["config"].items() if name != "eps"}, row["scalars"]
+
+    comparisons = []
+    for fused in rows:
+        plain = next((row for row in rows if row["kind"] == FUSED_GEMVS.get(fused["kind"]) and key(row) == key(fused)),
+                     None)
+        if plain is None:
+            continue
+        figures = {}
+        for figure in ("median", "batch"):
+            fused_us, plain_us = figure_us(fused, figure), figure_us(plain, figure)
+            if not (fused["passed"] and plain["passed"]):
+                figures[figure] = {"status": "kernel failed its check", "met": False}
+            elif not (fused_us and plain_us):
+                figures[figure] = {"status": "not timed", "met": None}
+            else:
+                figures[figure] = {"ratio": fused_us / plain_us, "fused_us": fused_us, "plain_us": plain_us,
+                                   "met": fused_us / plain_us <= FUSION_BOUND}
+        comparisons.append({"fused": fused, "plain": plain, "figures": figures})
+    return comparisons
 
 
 def print_variants(variants: list[dict], console: Console) -> None:

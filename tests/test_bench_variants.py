@@ -80,3 +80,22 @@ def test_bench_prints_the_variants_beside_the_rows(capsys):
     text = capsys.readouterr().out
     assert "variants: time as a ratio" in text
     assert "g_w8" in text and "warps=8" in text and "0.800" in text and "0.750" in text and "faster" in text
+
+
+def test_variants_script_judges_each_fused_norm_gemv_against_its_plain_gemv(tmp_path):
+    """bench/lease/variants.py on a lease's decode.json: the variant table, then each fused norm +
+    GEMV against the plain GEMV of its config (issue 12: within 5%), per run and batched."""
+    import json
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    fused = {**gemv("norm_q", 10.2, 8.8), "kind": "fused_rmsnorm_q4k_gemv"}
+    fused["config"]["eps"] = 1e-6
+    path = tmp_path / "decode.json"
+    path.write_text(json.dumps({"rows": [gemv("g", 10.0, 8.0), gemv("g_w8", 8.0, 6.0, warps=8), fused]}))
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "lease" / "variants.py"), str(path)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "fused norm_q against g: per run 1.020x (within 1.05), batched 1.100x (over 1.05)" in done.stdout, done.stdout
