@@ -14,14 +14,11 @@ beyond its bytes (ten launches between two events), and the model 3-5 us less th
 
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
 
 import numpy as np
 
-from decoder_timeline import QUEUED, last_timeline, save, stamps, timeline_kernel
-from ptxgen.device import driver
+from decoder_timeline import QUEUED, last_timeline, save, stamps, timeline_arguments, timeline_kernel
 from ptxgen.errors import exit_from
 
 
@@ -66,13 +63,8 @@ def report(seq_len: int, summary: dict, how: str = "alone") -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("spec", type=Path)
-    parser.add_argument("kernels", nargs="+")
-    parser.add_argument("--seq-len", type=int, nargs="+", default=[4096, 8192, 32768])
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args(argv)
-    driver(instead="the timeline is read on a GPU")
+    args = timeline_arguments(__doc__, argv, lambda parser: parser.add_argument(
+        "--seq-len", type=int, nargs="+", default=[4096, 8192, 32768]))
     summaries: dict = {}
     for name in args.kernels:
         kernel = timeline_kernel(args.spec, name)

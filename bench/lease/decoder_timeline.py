@@ -135,14 +135,21 @@ def save(path: Path | None, summaries: dict) -> None:
         path.write_text(json.dumps(summaries, indent=2) + "\n")
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def timeline_arguments(doc: str, argv: list[str], add_options=lambda parser: None) -> argparse.Namespace:
+    """The timeline scripts' command line, SPEC KERNEL... [--json F] and what add_options(parser)
+    adds, refused without a GPU before minutes of compiling and sample inputs."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("spec", type=Path)
     parser.add_argument("kernels", nargs="+")
-    parser.add_argument("--pos", type=int, default=4095)
     parser.add_argument("--json", type=Path)
+    add_options(parser)
     args = parser.parse_args(argv)
-    driver(instead="the timeline is read on a GPU")  # before minutes of compiling and sample weights
+    driver(instead="the timeline is read on a GPU")
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = timeline_arguments(__doc__, argv, lambda parser: parser.add_argument("--pos", type=int, default=4095))
     kernels = [timeline_kernel(args.spec, name) for name in args.kernels]
     inputs = kernels[0].definition.sample_inputs(np.random.default_rng(0), {"pos": args.pos})
     summaries = {}

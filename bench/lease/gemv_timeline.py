@@ -15,14 +15,11 @@ their bytes at 3911 GB/s (batched; 6.12 us per run), and issue 12's 80% of copy 
 
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
 
 import numpy as np
 
-from decoder_timeline import QUEUED, last_timeline, save, stamps, timeline_kernel
-from ptxgen.device import driver
+from decoder_timeline import QUEUED, last_timeline, save, stamps, timeline_arguments, timeline_kernel
 from ptxgen.errors import exit_from
 from ptxgen.kernels.q4k_gemv import TIMELINE_STAMPS
 
@@ -58,12 +55,7 @@ def report(how: str, summary: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("spec", type=Path)
-    parser.add_argument("kernels", nargs="+")
-    parser.add_argument("--json", type=Path)
-    args = parser.parse_args(argv)
-    driver(instead="the timeline is read on a GPU")
+    args = timeline_arguments(__doc__, argv)
     summaries: dict = {}
     for name in args.kernels:
         kernel = timeline_kernel(args.spec, name)
