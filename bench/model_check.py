@@ -45,8 +45,6 @@ MARGIN = 0.10  # how far outside the model's range a measurement may sit before 
 TINY_BYTES = 256 * 1024
 
 
-
-
 def rows_of(path: Path) -> tuple[dict, list[dict]] | None:
     """A bench file's data and its timed rows; None for JSON of another kind (bench.read_results)."""
     data = read_results(path)

@@ -474,12 +474,12 @@ def step_speed(generator: Generator, pos: int, iters: int = STEP_ITERS) -> dict:
     each step, its launches queued ahead: device.DeviceSession.time), medians in µs: the layers,
     and the layers with the head (final norm, lm_head, argmax). The cache rows before `pos` hold
     whatever is there (zeros in a fresh Generator): the time does not depend on them."""
-    gpu, figures = generator.memory.gpu, {"pos": pos}
+    gpu, figures = generator.memory.gpu, {"pos": pos, "host_bound": False}
     for label, calls in (("step_us", generator.layer_calls(pos) + generator.head_calls()),
                          ("layers_us", generator.layer_calls(pos))):
         timing = gpu.time(lambda i, calls=calls: generator.memory.run(calls), iters)
         figures[label] = float(np.median(timing.times))
-        figures["host_bound"] = figures.get("host_bound", False) or timing.host_bound
+        figures["host_bound"] |= timing.host_bound
     figures["head_us"] = figures["step_us"] - figures["layers_us"]
     return figures
 
