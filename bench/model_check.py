@@ -160,7 +160,7 @@ def main(argv: list[str]) -> int:
           f"{gpu.bandwidth_gbs} GB/s, latency {gpu.latency_ns} ns, dependent issue {perf.DEPENDENT_ISSUE_CYCLES} "
           f"cycles at {gpu.clock_ghz} GHz")
     outside = batched_outside = different = 0
-    for path, data, rows, results in files:
+    for path, data, _, results in files:
         planned = data.get("planned_rows", len(data["rows"]))
         short = f"; cut short: {len(data['rows'])} of {planned} rows" if len(data["rows"]) < planned else ""
         print(f"\n{path} (commit {data.get('git_commit', '?')}, {data['device']['name']}{short})")

@@ -492,7 +492,7 @@ def run(
         raise LaunchError("--gguf and --tensor go together")
     compiled = compile_one(spec, config)
 
-    def scalars_of(members: dict[str, np.ndarray]) -> dict[str, int]:
+    def scalars_of(members: dict) -> dict[str, int]:
         """The runtime scalars: 0-d arrays of their names (taken out of `members`), then --set."""
         scalars = {name: scalar_of(members.pop(name), f"--inputs {inputs}: {name}") for name in list(members)
                    if members[name].ndim == 0 and name in compiled.scalar_limits}
@@ -502,7 +502,7 @@ def run(
             scalars[name] = value
         return scalars
 
-    def check_declared(declared: dict[str, np.ndarray]) -> None:
+    def check_declared(declared: dict) -> None:
         members = dict(declared)
         check_arguments(compiled, members, scalars_of(members), complete=False)
 

@@ -26,7 +26,7 @@ from ptxgen.runner import prepare_arrays, run
 from ptxgen.spec import load_spec
 from ptxgen.verify import relative_l2, verify_kernel
 
-from helpers import ROOT, make_config, run_cli
+from helpers import ROOT, run_cli
 
 pytestmark = pytest.mark.gpu
 

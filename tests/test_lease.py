@@ -69,7 +69,7 @@ def test_the_tune_script_sweeps_variants_that_all_build():
     sweeps = [shlex.split(line)[1:] for line in script.replace("\\\n", " ").splitlines()
               if re.match(r"tune [0-9]+ ", line)]
     assert len(sweeps) == 4
-    for cap, spec, name, *options in sweeps:
+    for _cap, spec, name, *options in sweeps:
         loaded = load_spec(ROOT / spec)
         kernel = loaded.spec.kernel(name)
         fields = tune.parse_tune([value for option, value in zip(options[::2], options[1::2]) if option == "--tune"])

@@ -810,7 +810,6 @@ def test_the_model_counts_a_prefills_matrix_work_and_exponentials_and_prices_the
     so its estimate is never under the roofline's compute time (the prefill at 4k tokens:
     tensor-bound at 147 us on an H100, where it had put 61-90 us beside a 139 us roofline)."""
     from ptxgen.pipeline import compile_kernel
-    from ptxgen.runner import prepare_arrays
 
     from helpers import make_config
 

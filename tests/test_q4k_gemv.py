@@ -404,7 +404,7 @@ def test_spec_errors_name_the_field(tmp_path, kind, config, field, message):
     with pytest.raises(SpecError) as error:
         load_spec(spec)
     text = str(error.value)
-    assert f"kernel 'proj' (kernels[0])" in text and field in text and message in text, text
+    assert "kernel 'proj' (kernels[0])" in text and field in text and message in text, text
 
 
 @pytest.mark.parametrize("matrices, message", [

@@ -215,7 +215,7 @@ def test_an_archive_that_inflates_to_gigabytes_is_refused_before_it_is_read(tmp_
     assert seen["x"].shape == (count,) and seen["x"].strides == (0,)
     result = run_cli_in_process("run", "qwen3_8b_rmsnorm", "--spec", str(SPEC), "--inputs", str(path), "--outputs",
                                 str(tmp_path / "out.npz"), "--set", "rows=2", "--backend", "emulator")
-    assert result.returncode == 2 and f"input 'x': expected float32[2, 4096]" in result.stderr, result.stderr
+    assert result.returncode == 2 and "input 'x': expected float32[2, 4096]" in result.stderr, result.stderr
     assert "got float32[536870912]" in result.stderr
 
 

@@ -222,11 +222,10 @@ def attention_error_bound(q, k, v, scale: float, causal: bool, dtype: str, out_d
     merges = 3 if merged else 0
     accumulate = MMA_ERROR * (ceil_div(seq_len, 16) + 2) + F32_ROUNDOFF * (tiles + 4 + merges)
     if rounded_sum:
-        row_sum, consistent = accumulate, unit
+        row_sum = accumulate
     else:
         row_sum = F32_ROUNDOFF * (tiles * (block_n // 4 + 1) + 4 + merges) + RCP_REL
         accumulate += RCP_REL
-        consistent = 0.0
     visible = np.tril(np.ones((seq_len, seq_len), bool)) if causal else np.ones((seq_len, seq_len), bool)
     keys = visible.sum(axis=1)[:, None]
     bound = np.empty_like(q)

@@ -989,7 +989,7 @@ class PersistentDecoder(Kind):
         with random rows up to pos and ROWS_PAST_POS rows beyond (never read: a kernel that did
         would differ from the reference), zeros after that (a 40960-row cache stays cheap)."""
         c = self.config
-        L, H, I, hd = c.num_layers, c.hidden, c.intermediate, c.head_dim
+        L, H, hd = c.num_layers, c.hidden, c.head_dim
         pos = int(scalars.get("pos", 0))
         filled = min(c.max_seq_len, pos + 1 + ROWS_PAST_POS)
 

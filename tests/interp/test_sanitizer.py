@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from ptxgen.errors import InterpError, SanitizerError
+from ptxgen.errors import SanitizerError
 from ptxgen.interp import launch
 from interp_helpers import module
 
