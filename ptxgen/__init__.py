@@ -4,7 +4,10 @@
 on torch/CuPy/DLPack GPU arrays or on numpy arrays (the interpreter); see ptxgen.api.
 """
 
+from .errors import DeviceUnavailable, LaunchError, PtxgenError, SpecError
+
 __version__ = "0.2.0"
+__all__ = ["load", "PtxgenError", "SpecError", "LaunchError", "DeviceUnavailable", "__version__"]
 
 
 def load(path, *, archs=None):

@@ -46,9 +46,15 @@ def load(path: str | Path, *, archs: tuple[str, ...] | None = None) -> Kernels:
     artifact folder made by `ptxgen build`."""
     if not isinstance(path, (str, os.PathLike)):
         raise PtxgenError(f"ptxgen.load: expected a spec file or artifact folder path, got {type(path).__name__}")
-    if archs is not None and (isinstance(archs, str) or not all(isinstance(a, str) for a in _iterable(archs))):
-        raise PtxgenError(f"ptxgen.load: archs: expected a sequence of arch names such as ('sm_90',), got {archs!r}")
+    if archs is not None:
+        given, archs = archs, _iterable(archs)
+        if isinstance(given, str) or not all(isinstance(a, str) for a in archs):
+            raise PtxgenError(f"ptxgen.load: archs: expected a sequence of arch names such as ('sm_90',), got {given!r}")
+    if not os.fspath(path):
+        raise PtxgenError("ptxgen.load: the path is empty; give a spec file or a `ptxgen build` folder")
     path = Path(path)
+    if not path.exists():
+        raise PtxgenError(f"{path}: no such file or folder (expected a spec file or a `ptxgen build` folder)")
     if path.is_dir():
         if archs is not None:
             raise PtxgenError(f"{path}: an artifact folder holds the archs it was built for; archs= is for specs")
@@ -58,7 +64,7 @@ def load(path: str | Path, *, archs: tuple[str, ...] | None = None) -> Kernels:
 
     spec = load_spec(path)
     if archs is not None:
-        spec = with_archs(spec, tuple(archs))
+        spec = with_archs(spec, archs, option="ptxgen.load")
     return Kernels(compile_spec(spec.spec).kernels, str(path))
 
 
@@ -161,7 +167,7 @@ class Kernel:
         scalars = ", ".join(p.name for p in self.compiled.scalars)
         return f"<ptxgen kernel {self.name} ({self.compiled.kind}) ({arrays}{'; ' + scalars if scalars else ''})>"
 
-    def __call__(self, *arrays, stream=None, **named) -> None:
+    def __call__(self, /, *arrays, stream=None, **named) -> None:
         compiled = self.compiled
         params = compiled.arrays
         if len(arrays) > len(params):
@@ -169,12 +175,17 @@ class Kernel:
                               f"got {len(arrays)}")
         given = dict(zip((p.name for p in params), arrays))
         scalar_names = set(compiled.scalar_limits)
+        passed = {p.name for p in compiled.scalars}  # the others are size hints of sample inputs
         scalars = {}
         for key, value in named.items():
             if key in given:
                 raise LaunchError(f"{self.name}: array {key!r} given twice")
             if any(p.name == key for p in params):
                 given[key] = value
+            elif key in scalar_names and key not in passed:
+                device_read = ", ".join(p.name for p in params if p.values is not None) or "an array argument"
+                raise LaunchError(f"{self.name}: {key!r} is not an argument of this kernel: it reads that value on "
+                                  f"the device, from {device_read}")
             elif key in scalar_names:
                 scalars[key] = value
             else:
@@ -189,6 +200,9 @@ class Kernel:
         self._check_overlaps(views)
         on_device = {v.address is not None for v in views.values()}
         if on_device == {False}:
+            if stream is not None:
+                raise LaunchError(f"{self.name}: stream: numpy (host) arrays run in the interpreter, on no CUDA "
+                                  f"stream; pass stream only with GPU arrays, got {type(stream).__name__}")
             self._interpret(views, scalars)
         elif on_device == {True}:
             if launch.empty:
@@ -326,10 +340,17 @@ def describe(obj, name: str, kernel: str) -> _Array:
     if hasattr(obj, "__cuda_array_interface__"):
         return _cuda_array_interface(obj.__cuda_array_interface__, "cupy" if module == "cupy" else "cai")
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
-        device_type, _ = obj.__dlpack_device__()
-        if int(device_type) == 1:  # kDLCPU
-            return _host(np.from_dlpack(obj))
-        return _dlpack(obj)
+        where = f"{kernel}: {name}: not a usable DLPack array"
+        try:
+            device_type = int(obj.__dlpack_device__()[0])
+            if device_type == 1:  # kDLCPU
+                return _host(np.from_dlpack(obj))
+        except (TypeError, ValueError, IndexError, BufferError, RuntimeError) as error:
+            raise LaunchError(f"{where} ({type(error).__name__}: {error})") from None
+        from .device import driver
+
+        driver(instead=API_WITHOUT_GPU)
+        return _dlpack(obj, where)
     raise LaunchError(f"{kernel}: {name}: expected an array (numpy, torch, CuPy, DLPack or "
                       f"__cuda_array_interface__), got {type(obj).__name__}")
 
@@ -381,13 +402,20 @@ class _DLTensor(ctypes.Structure):
                 ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
 
 
-def _dlpack(obj) -> _Array:
+def _dlpack(obj, where: str) -> _Array:
     """A DLPack CUDA tensor's address, dtype, shape and layout (the capsule is left unconsumed, so
     its destructor releases it; the producer's object keeps the memory alive)."""
     try:
-        capsule = obj.__dlpack__(stream=-1)  # -1: no synchronisation; the arrays are ready on the launch stream
-    except TypeError:  # a producer without the stream keyword
-        capsule = obj.__dlpack__()
+        try:
+            capsule = obj.__dlpack__(stream=-1)  # -1: no synchronisation; the arrays are ready on the launch stream
+        except TypeError:  # a producer without the stream keyword
+            capsule = obj.__dlpack__()
+    except (TypeError, ValueError, BufferError, RuntimeError) as error:
+        raise LaunchError(f"{where} ({type(error).__name__}: {error})") from None
+    is_valid = ctypes.pythonapi.PyCapsule_IsValid
+    is_valid.restype, is_valid.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
+    if not is_valid(capsule, b"dltensor"):
+        raise LaunchError(f"{where} (__dlpack__ gave a {type(capsule).__name__}, not an unconsumed 'dltensor' capsule)")
     get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
     get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
     tensor = _DLTensor.from_address(get_pointer(capsule, b"dltensor"))

@@ -248,6 +248,8 @@ class CompiledKernel:
     def from_manifest(cls, name: str, entry: dict, folder: Path) -> CompiledKernel:
         """Read one kernel of an artifact folder back, checking every file against its digest."""
         def read(relative: str, digest: str) -> bytes:
+            if not isinstance(relative, str) or Path(relative).is_absolute() or ".." in Path(relative).parts:
+                raise ValueError(f"file {relative!r} is not a path inside the folder")
             path = folder / relative
             try:
                 data = path.read_bytes()
@@ -266,19 +268,41 @@ class CompiledKernel:
                 for target, v in entry["variants"].items()}
             binaries = {
                 arch: Binary(arch, next(t for t in variants if entry["variants"][t]["ptx"] == b["ptx"]),
-                             read(b["file"], b["sha256"]), b["info_log"], {k: int(b[k]) for k in RESOURCE_KEYS})
+                             read(b["file"], b["sha256"]), b["info_log"], {k: whole(b[k]) for k in RESOURCE_KEYS})
                 for arch, b in entry["cubins"].items()}
+            if not variants or not isinstance(entry["params"], list) or not entry["params"]:
+                raise ValueError("it lists no PTX variant or no parameters")
             params = tuple(Param.from_json(p) for p in entry["params"])
-            limits = {k: (int(v[0]), int(v[1])) for k, v in entry["scalar_limits"].items()}
+            limits = {k: (whole(v[0]), whole(v[1])) for k, v in entry["scalar_limits"].items()}
             unknown = {d for p in params for d in p.shape if isinstance(d, str)} - set(limits)
             if unknown:
                 raise ValueError(f"shapes name {sorted(unknown)}, which are not runtime scalars")
+            for variant in variants.values():  # its launch formulas, at both ends of every scalar's range
+                check_geometry(variant.geometry, limits)
             return cls(name, entry["kind"], entry["config"], params, limits, variants, binaries,
                        entry.get("assembler", {}))
-        except (KeyError, TypeError, ValueError, IndexError, AttributeError, StopIteration,
-                UnicodeDecodeError) as error:
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError, StopIteration, UnicodeDecodeError,
+                OverflowError, ZeroDivisionError) as error:
             raise PtxgenError(f"{folder / 'manifest.json'}: kernel {name!r}: not a ptxgen manifest entry "
                               f"({type(error).__name__}: {error})") from None
+
+
+def whole(value) -> int:
+    """An integer of a manifest (no float, bool or string stands for one)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"expected an integer, got {value!r}")
+    return value
+
+
+def check_geometry(geometry: Geometry, limits: Mapping[str, tuple[int, int]]) -> None:
+    """A manifest's launch geometry: whole positive block sizes, and formulas that name only the
+    runtime scalars and give whole non-negative sizes at the low and the high ends of their ranges."""
+    if not all(whole(size) >= 1 for size in geometry.block):
+        raise ValueError(f"block {list(geometry.block)} is not positive")
+    for end in (0, 1):
+        launch = geometry.at({name: pair[end] for name, pair in limits.items()})
+        if not all(whole(size) >= 0 for size in (*launch.grid, launch.dynamic_shared)):
+            raise ValueError(f"grid {list(launch.grid)} or shared {launch.dynamic_shared} is negative")
 
 
 def serving_variant(variants: Mapping[str, Variant], arch: str) -> Variant | None:
@@ -298,8 +322,8 @@ def load_manifest(folder: Path) -> dict:
     except OSError as error:
         raise PtxgenError(f"{path}: cannot read ({error.strerror or error}); is {folder} a `ptxgen build` "
                           "output folder?") from None
-    except (ValueError, UnicodeDecodeError) as error:
-        raise PtxgenError(f"{path}: not valid JSON ({error})") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as error:
+        raise PtxgenError(f"{path}: not valid JSON ({type(error).__name__}: {error})") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("kernels"), dict):
         raise PtxgenError(f"{path}: not a ptxgen manifest (no 'kernels' table)")
     return manifest

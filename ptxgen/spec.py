@@ -162,15 +162,16 @@ def validate(path: Path, data: dict) -> Spec:
         raise SpecError("\n".join(describe_errors(path, data, error))) from None
 
 
-def with_archs(loaded: LoadedSpec, archs: tuple[str, ...]) -> LoadedSpec:
-    """The same spec retargeted (--arch), validated again against the new archs' limits."""
+def with_archs(loaded: LoadedSpec, archs: tuple[str, ...], option: str = "--arch") -> LoadedSpec:
+    """The same spec retargeted (the CLI's --arch, `option` in messages), validated again against
+    the new archs' limits."""
     path = Path(loaded.path)
     data = loaded.spec.model_dump(mode="json")
     data["target"]["archs"] = list(archs)
     try:
         spec = validate(path, data)
     except SpecError as error:
-        raise SpecError(str(error).replace(f"{path}: target.", "--arch: ")) from None
+        raise SpecError(str(error).replace(f"{path}: target.", f"{option}: ")) from None
     check_against_archs(path, spec)
     return loaded.model_copy(update={"spec": spec})
 

@@ -79,6 +79,8 @@ def test_arrays_by_keyword_and_a_kernel_with_workspaces(kernels):
                 "rows": 1}, r"y shares memory with gamma"),
     (lambda a: {**a, "x": np.empty(2 * 4096 + 1, np.float32)[1:].reshape(2, 4096)},
      r"x: starts at an address that is not a multiple of 16 bytes"),
+    (lambda a: {**a, "stream": "nonsense"}, r"stream: numpy \(host\) arrays run in the interpreter, on no CUDA stream"),
+    (lambda a: {**a, "self": 1}, r"unknown argument 'self'"),
 ])
 def test_bad_arguments_are_refused_by_name(kernels, change, message):
     x, gamma, y = norm_arrays(2)
@@ -104,15 +106,29 @@ def test_a_device_side_length_past_the_cache_is_refused_on_host_arrays(tmp_path,
         attention(inputs["q"], inputs["k_cache"], inputs["v_cache"], out, length)
     assert np.isnan(out).all()
     length[0] = 64
+    with pytest.raises(LaunchError, match="'seq_len' is not an argument of this kernel: it reads that value on the "
+                                          "device, from seq_len_ptr"):
+        attention(inputs["q"], inputs["k_cache"], inputs["v_cache"], out, length, seq_len=3)
     attention(inputs["q"], inputs["k_cache"], inputs["v_cache"], out, length)
     assert np.isfinite(out).all()
 
 
-def test_load_arguments_and_unknown_kernels_are_ptxgen_errors(kernels):
+def test_load_arguments_and_unknown_kernels_are_ptxgen_errors(kernels, tmp_path):
+    assert ptxgen.PtxgenError is PtxgenError and issubclass(ptxgen.LaunchError, ptxgen.PtxgenError)
     with pytest.raises(PtxgenError, match="expected a spec file or artifact folder path, got NoneType"):
         ptxgen.load(None)
     with pytest.raises(PtxgenError, match=r"archs: expected a sequence of arch names such as \('sm_90',\), got 'sm_90'"):
         ptxgen.load(SPEC, archs="sm_90")
+    with pytest.raises(PtxgenError, match="^ptxgen.load: the path is empty"):
+        ptxgen.load("")
+    with pytest.raises(PtxgenError, match="no_build: no such file or folder"):
+        ptxgen.load(tmp_path / "no_build")
+    spec = tmp_path / "one.toml"
+    spec.write_text('[target]\narchs = ["sm_80"]\n[[kernels]]\nname = "norm"\nkind = "rmsnorm"\nhidden = 64\n')
+    loaded = ptxgen.load(spec, archs=(arch for arch in ["sm_90"]))  # any iterable, read once
+    assert list(loaded.norm.compiled.binaries) == ["sm_90"]
+    with pytest.raises(PtxgenError, match="^ptxgen.load: archs: expected one of .* got 'sm_91'"):
+        ptxgen.load(spec, archs=["sm_91"])
     for lookup in (lambda: kernels.nothing, lambda: kernels["nothing"]):
         with pytest.raises(PtxgenError, match="no kernel named 'nothing'"):
             lookup()
@@ -140,8 +156,24 @@ def test_device_arrays_without_a_gpu_give_the_clear_message(kernels):
     class FakeCudaArray:
         __cuda_array_interface__ = {"shape": (1, 4096), "typestr": "<f4", "data": (1 << 40, False), "version": 3}
 
+    class FakeDLPack:
+        def __init__(self, device):
+            self.device = device
+
+        def __dlpack__(self, **_):
+            return 5
+
+        def __dlpack_device__(self):
+            return self.device
+
     with pytest.raises(DeviceUnavailable, match="no CUDA driver/GPU"):
         kernels.qwen3_8b_rmsnorm(FakeCudaArray(), FakeCudaArray(), FakeCudaArray(), rows=1)
+    with pytest.raises(DeviceUnavailable, match="no CUDA driver/GPU"):  # before reading what it gives
+        kernels.qwen3_8b_rmsnorm(FakeDLPack((2, 0)), FakeDLPack((2, 0)), FakeDLPack((2, 0)), rows=1)
+    x, gamma, y = norm_arrays(1)
+    for device in ((1, 0), "cuda:0"):
+        with pytest.raises(LaunchError, match="qwen3_8b_rmsnorm: x: not a usable DLPack array"):
+            kernels.qwen3_8b_rmsnorm(FakeDLPack(device), gamma, y, rows=1)
 
 
 def test_an_artifact_folder_loads_without_pydantic_or_jinja_and_computes_the_same(folder, kernels):
@@ -180,8 +212,19 @@ def test_a_changed_artifact_is_refused_when_loading(folder, tmp_path):
     cubin.write_bytes((folder / "sm_90" / "qwen3_8b_rmsnorm.cubin").read_bytes())
     manifest = json.loads((copy / "manifest.json").read_text())
     entry = manifest["kernels"]["qwen3_8b_rmsnorm"]
+    def geometry(e):
+        return next(iter(e["variants"].values()))["geometry"]
+
     for change in (lambda e: e["scalar_limits"].update(rows=[0]), lambda e: e.update(scalar_limits=[1, 2]),
-                   lambda e: e["params"][0].update(dtype="f128"), lambda e: e["params"][0].update(shape=["nothing"])):
+                   lambda e: e["params"][0].update(dtype="f128"), lambda e: e["params"][0].update(shape=["nothing"]),
+                   lambda e: e["scalar_limits"].update(rows=[0, float("inf")]),
+                   lambda e: e["scalar_limits"].update(rows=[0.5, 10.7]),  # not truncated to 0..10
+                   lambda e: e["params"][0].update(values=[0, float("inf")]),
+                   lambda e: e.update(variants={}, cubins={}), lambda e: e.update(params=[]),
+                   lambda e: geometry(e).update(block=["a", 1, 1]),
+                   lambda e: geometry(e).update(grid=[["ceil_div", "nothing", 8], 1, 1]),
+                   lambda e: geometry(e).update(grid=[["ceil_div", "rows", 0], 1, 1]),
+                   lambda e: next(iter(e["variants"].values())).update(ptx="../../etc/hostname")):
         changed = json.loads(json.dumps(manifest))
         change(changed["kernels"]["qwen3_8b_rmsnorm"])
         (copy / "manifest.json").write_text(json.dumps(changed))
@@ -190,6 +233,9 @@ def test_a_changed_artifact_is_refused_when_loading(folder, tmp_path):
     assert entry["params"][0]["dtype"] == "f32"
     (copy / "manifest.json").write_text(json.dumps({"kernels": []}))
     with pytest.raises(PtxgenError, match="not a ptxgen manifest"):
+        ptxgen.load(copy)
+    (copy / "manifest.json").write_text("[" * 100_000)
+    with pytest.raises(PtxgenError, match="manifest.json: not valid JSON"):
         ptxgen.load(copy)
     with pytest.raises(PtxgenError, match="cannot read"):
         ptxgen.load(tmp_path)
