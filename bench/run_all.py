@@ -224,15 +224,16 @@ def whole_model(worker, notes: list[str]) -> list[dict]:
     """Qwen3-8B-shaped decode with random weights, embedding to token (ptxgen generate's path):
     the persistent decoder and the separate kernels, both over Q4_K_M-like layers."""
     from ptxgen.errors import PtxgenError
-    from ptxgen.generate import QWEN3_8B, random_model_decode_speed
+    from ptxgen.generate import QWEN3_8B, WHOLE_MODEL_PATHS, random_model_decode_speed
 
     rows = []
-    for fused in (True, False):
-        print(f"bench: whole model, {'fused' if fused else 'separate kernels'}", file=sys.stderr)
+    for fused, lm_head in WHOLE_MODEL_PATHS:
+        path = f"{'fused' if fused else 'separate kernels'}, {(lm_head or 'q6_k').upper()} lm_head"
+        print(f"bench: whole model, {path}", file=sys.stderr)
         try:
-            rows.append(worker.call(random_model_decode_speed, QWEN3_8B, fused, WHOLE_MODEL_TOKENS))
+            rows.append(worker.call(random_model_decode_speed, QWEN3_8B, fused, WHOLE_MODEL_TOKENS, lm_head=lm_head))
         except PtxgenError as error:
-            notes.append(f"whole-model decode ({'fused' if fused else 'separate kernels'}) failed: {error}")
+            notes.append(f"whole-model decode ({path}) failed: {error}")
     return rows
 
 

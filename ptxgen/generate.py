@@ -389,12 +389,13 @@ class RandomModel:
     (made once, from the first layer's seed, and kept, as are the embedding and the lm_head): a
     decode step's time does not depend on the values, and Qwen3-8B's 36 layers of random Q4_K
     then take seconds to make on a CPU instead of minutes (each layer still gets its own copy
-    on the device)."""
+    on the device). `kept`: where the kept values live, keyed by tensor and type (models of one
+    shape and seed that differ only in some tensors' types may share it)."""
 
-    def __init__(self, config: ModelConfig, seed: int = 0, distinct_layers: bool = True):
+    def __init__(self, config: ModelConfig, seed: int = 0, distinct_layers: bool = True, kept: dict | None = None):
         self.config, self.seed, self.distinct_layers = config, seed, distinct_layers
         self._matrices = {m.name: m for m in config.matrices()}
-        self._kept: dict[str, np.ndarray] = {}
+        self._kept: dict[tuple[str, str], np.ndarray] = {} if kept is None else kept
 
     def _rng(self, name: str) -> np.random.Generator:
         return np.random.default_rng([self.seed, zlib.crc32(name.encode())])
@@ -410,13 +411,13 @@ class RandomModel:
 
     def tensor_bytes(self, name: str) -> np.ndarray:
         source = self._source(name)
-        if source in self._kept:
-            return self._kept[source]
         m = self._matrices[source]
+        if (source, m.quant) in self._kept:
+            return self._kept[source, m.quant]
         data = quant_type(m.quant).random_weights(self._rng(source), m.rows, m.k,
                                                   1.0 if m.short == "token_embd" else m.k ** -0.5)
         if source == "token_embd.weight" or not self.distinct_layers:
-            self._kept[source] = data
+            self._kept[source, m.quant] = data
         return data
 
     def dequantize(self, name: str, rows=None) -> np.ndarray:
@@ -466,6 +467,9 @@ def decode_speed(generator: Generator, token: int, tokens: int) -> dict[str, flo
 
 # Issue 12's step: Qwen3-8B at pos 4095 (4096 keys of attention a layer).
 STEP_POS = 4095
+# The benchmarks' whole-model rows, most wanted first: (fused, lm_head type; None: Q4_K_M's Q6_K).
+# Issue 12 names a Q4_K lm_head (151936 x 4096 rows), a Q4_K_M file stores a Q6_K one.
+WHOLE_MODEL_PATHS = ((True, None), (True, "q4_k"), (False, None))
 STEP_ITERS = 50
 
 
@@ -485,21 +489,35 @@ def step_speed(generator: Generator, pos: int, iters: int = STEP_ITERS) -> dict:
 
 
 @functools.lru_cache(maxsize=1)
-def random_model(shape_json: str, seed: int) -> RandomModel:
-    """The benchmark's model of a shape (e.g. QWEN3_8B as JSON, keys sorted) with Q4_K_M-like
-    weights (q4_k_m_types), every layer alike; kept for the next call (the fused and the separate path)."""
-    shape = json.loads(shape_json)
-    return RandomModel(ModelConfig(**shape, quants=q4_k_m_types(shape)), seed, distinct_layers=False)
+def alike_weights(shape_json: str, seed: int) -> dict:
+    """The values random_model's models of one shape and seed keep, shared between them (the
+    fused and the separate path, either lm_head type): made once a process."""
+    return {}
 
 
-def random_model_decode_speed(shape: dict, fused: bool, tokens: int = 32, seed: int = 0, pos: int = STEP_POS) -> dict:
+def random_model(shape: dict, seed: int, lm_head: str | None = None) -> RandomModel:
+    """The benchmark's model of a shape (e.g. QWEN3_8B) with Q4_K_M-like weights (q4_k_m_types),
+    every layer alike, or with `lm_head` (a type such as q4_k) for output.weight."""
+    quants = q4_k_m_types(shape)
+    if lm_head is not None:
+        if "output.weight" not in quants or lm_head not in GEMV_KINDS:
+            raise PtxgenError(f"whole-model decode: lm_head {lm_head!r}: expected one of {', '.join(GEMV_KINDS)} for a "
+                              "model with its own output.weight")
+        quants["output.weight"] = lm_head
+    return RandomModel(ModelConfig(**shape, quants=quants), seed, distinct_layers=False,
+                       kept=alike_weights(json.dumps(shape, sort_keys=True), seed))
+
+
+def random_model_decode_speed(shape: dict, fused: bool, tokens: int = 32, seed: int = 0, pos: int = STEP_POS,
+                              lm_head: str | None = None) -> dict:
     """decode_speed and step_speed at `pos` of a random model of `shape` on this process's GPU (a
-    device-worker call for make bench): the separate kernels, or with `fused` the persistent decoder."""
+    device-worker call for make bench): the separate kernels, or with `fused` the persistent decoder;
+    the lm_head Q4_K_M's type (Q6_K), or `lm_head`'s."""
     context = shape["context_length"]
     if not (1 <= tokens and 2 * tokens + 2 <= context and 0 <= pos < context):
         raise PtxgenError(f"whole-model decode: tokens {tokens} and pos {pos} do not fit {shape['name']}'s context of "
                           f"{context} positions (tokens >= 1, 2 * tokens + 2 <= {context}, 0 <= pos < {context})")
-    model = random_model(json.dumps(shape, sort_keys=True), seed)
+    model = random_model(shape, seed, lm_head)
     generator = Generator(model, "device", max_seq_len=max(2 * tokens + 2, pos + 1), fused=fused)
     try:
         return {"model": shape["name"], "layers": "persistent_decoder" if fused else "separate kernels",

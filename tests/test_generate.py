@@ -34,8 +34,8 @@ from fixtures.make_tiny_gguf import rewrite_gguf, tiny_config, write_tiny_gguf
 from ptxgen import device
 from ptxgen.dtypes import to_float64
 from ptxgen.errors import DeviceUnavailable, PtxgenError
-from ptxgen.generate import (QWEN3_8B, Generator, RandomModel, check_supported, decode_speed, q4_k_m_types,
-                             random_model_decode_speed, step_kernels)
+from ptxgen.generate import (QWEN3_8B, WHOLE_MODEL_PATHS, Generator, RandomModel, check_supported, decode_speed,
+                             q4_k_m_types, random_model, random_model_decode_speed, step_kernels)
 from ptxgen.gguf_model import GGUFModel
 from ptxgen.kernels import kind_of
 from ptxgen.model_config import ModelConfig
@@ -410,15 +410,18 @@ def test_random_model_decode_speed_runs_make_bench_s_path(simulated):
     """make bench's whole-model call (the worker runs exactly this) on the simulated GPU, for the
     tiny shapes: Q4_K_M-like types through the separate kernels and fused. The simulation spends
     4 us a kernel and nothing on an event: the step at pos is its launches x 4 us, the head its
-    three (norm, lm_head, argmax)."""
+    three (norm, lm_head, argmax); with a Q4_K lm_head the head is a q4k_gemv."""
     shape = {key: value for key, value in dataclasses.asdict(tiny_config()).items() if key != "quants"}
     tokens, pos = 2, 200
-    for fused in (False, True):
-        kernels = step_kernels(ModelConfig(**shape, quants=q4_k_m_types(shape)), pos + 1)
+    for fused, lm_head in WHOLE_MODEL_PATHS:
+        quants = {**q4_k_m_types(shape), **({"output.weight": lm_head} if lm_head else {})}
+        kernels = step_kernels(ModelConfig(**shape, quants=quants), pos + 1)
         configs = [kernels.norm, kernels.lm_head, kernels.argmax, kernels.decoder]
+        assert kernels.lm_head.kind == ("q4k_gemv" if lm_head == "q4_k" else "q6k_gemv")
         layers = [call.kernel for call in kind_of(kernels.decoder).separate_step({"pos": 0})[1]]
         simulated.kernels.update({config.name: config for config in configs + layers})
-        row = random_model_decode_speed(shape, fused, tokens, pos=pos)
+        row = random_model_decode_speed(shape, fused, tokens, pos=pos, lm_head=lm_head)
+        assert row["lm_head"] == (lm_head or "q6_k").upper()
         assert row["layers"] == ("persistent_decoder" if fused else "separate kernels") and row["tokens"] == tokens
         assert row["tokens_per_s"] > 0 and row["layers_tokens_per_s"] > 0 and row["device"] == "Simulated GPU"
         launches = 1 if fused else len(layers)
@@ -427,6 +430,8 @@ def test_random_model_decode_speed_runs_make_bench_s_path(simulated):
         assert row["step_us"] == pytest.approx(4.0 * (launches + 3)), row
     with pytest.raises(PtxgenError, match="pos 256 do not fit tiny-qwen3's context of 256 positions"):
         random_model_decode_speed(shape, False, tokens, pos=256)
+    with pytest.raises(PtxgenError, match="lm_head 'q5_k': expected one of q4_k, q6_k, q8_0"):
+        random_model_decode_speed(shape, False, tokens, pos=pos, lm_head="q5_k")
 
 
 def test_random_model_with_layers_alike_makes_each_matrix_type_once():
@@ -444,3 +449,7 @@ def test_random_model_with_layers_alike_makes_each_matrix_type_once():
         assert np.array_equal(got, distinct.tensor_bytes(f"blk.{first}.attn_v.weight")), l
         assert got is alike.tensor_bytes(f"blk.{first}.attn_v.weight"), "made once, then kept"
     assert not np.array_equal(distinct.tensor_bytes("blk.2.attn_v.weight"), distinct.tensor_bytes("blk.0.attn_v.weight"))
+    q6_head, q4_head = random_model(shape, 5), random_model(shape, 5, "q4_k")  # the benchmark's two heads
+    assert q6_head.tensor_bytes("blk.1.ffn_up.weight") is q4_head.tensor_bytes("blk.1.ffn_up.weight"), "layers shared"
+    assert (q6_head.config.lm_head.quant, q4_head.config.lm_head.quant) == ("q6_k", "q4_k")
+    assert q4_head.tensor_bytes("output.weight").shape[1] == quant_type("q4_k").row_bytes(shape["hidden"])

@@ -238,29 +238,31 @@ def test_whole_model_exits_2_without_a_gpu_before_any_weights():
 
 
 def test_whole_model_writes_both_paths_fused_first(tmp_path, monkeypatch, capsys):
-    """Its loop: the persistent decoder, then the separate kernels, at the position asked, the
-    JSON rewritten after each (random_model_decode_speed itself runs on the simulated GPU in
-    tests/test_generate.py)."""
+    """Its loop: the persistent decoder, with a Q4_K lm_head too, then the separate kernels, at the
+    position asked, the JSON rewritten after each (random_model_decode_speed itself runs on the
+    simulated GPU in tests/test_generate.py)."""
     sys.path.insert(0, str(LEASE))
     import whole_model
 
     calls = []
 
-    def speed(shape, fused, tokens, pos):
-        calls.append((shape["name"], fused, tokens, pos))
+    def speed(shape, fused, tokens, pos, lm_head):
+        calls.append((shape["name"], fused, tokens, pos, lm_head))
         layers = "persistent_decoder" if fused else "separate kernels"
         return {"model": shape["name"], "layers": layers, "device": "test", "tokens_per_s": 2.0 + fused,
                 "layers_tokens_per_s": 4.0, "pos": pos, "step_us": 2150.0 - fused, "layers_us": 2000.0,
-                "head_us": 150.0 - fused, "host_bound": not fused, "lm_head": "Q6_K"}
+                "head_us": 150.0 - fused, "host_bound": not fused, "lm_head": (lm_head or "q6_k").upper()}
 
     monkeypatch.setattr(whole_model, "random_model_decode_speed", speed)
     out = tmp_path / "whole_model.json"
     rows = whole_model.measure({"name": "m"}, 3, 4095, out)
-    assert calls == [("m", True, 3, 4095), ("m", False, 3, 4095)]
-    assert json.loads(out.read_text()) == rows and [r["layers"] for r in rows] == ["persistent_decoder", "separate kernels"]
+    assert calls == [("m", True, 3, 4095, None), ("m", True, 3, 4095, "q4_k"), ("m", False, 3, 4095, None)]
+    assert json.loads(out.read_text()) == rows
+    assert [r["layers"] for r in rows] == ["persistent_decoder", "persistent_decoder", "separate kernels"]
     printed = capsys.readouterr().out.splitlines()
     assert "at pos 4095 the step takes 2149.0 us with the Q6_K lm_head and argmax, 2000.0 the layers alone;" in printed[0]
-    assert "2150.0 us with the Q6_K lm_head and argmax, 2000.0 the layers alone (host-bound);" in printed[1]
+    assert "2149.0 us with the Q4_K lm_head and argmax" in printed[1]
+    assert "2150.0 us with the Q6_K lm_head and argmax, 2000.0 the layers alone (host-bound);" in printed[2]
 
 
 def test_each_lease_call_writes_at_most_the_eight_files_a_call_brings_back():

@@ -17,7 +17,7 @@
 # with its GEMV tasks requested at the barriers, with its q/k heads made in the attention phase,
 # with its grid barriers fenceless, with its polling warp's first GEMV task sent to L2, with a
 # 3-stage attention ring, four of them together, and a 4-stage ring, each also as separate
-# kernels; the step at pos 4095 with the lm_head and without (whole_model.py); prefill with
+# kernels; the step at pos 4095 with the lm_head (Q6_K, Q4_K) and without (whole_model.py); prefill with
 # mma.sync (against torch SDPA; 128- and 64-row CTAs, each also splitting the heaviest blocks'
 # keys up to 1k tokens) at 1k/4k and wgmma (sm_90a; tensor-map copies, ping-pong, persistent) at
 # 1k/4k/8k; `pytest -m gpu` with what is left. `make bench` (every kernel, peers, whole-model
@@ -59,9 +59,10 @@ step "decode attention" 120 "${BENCH[@]}" --spec bench/lease/attention.toml --se
 # time: the rows come most wanted first, and a cut keeps the JSON of those it made.
 step "36-layer decoder" 200 "${BENCH[@]}" --spec bench/lease/decoder.toml --graph --json "$OUT/decoder.json"
 # Issue 12's step with the lm_head, never measured (cut by the budget in every lease so far): the
-# step at pos 4095 with the head and without, fused and as separate kernels, and tokens/s from an
-# empty cache (whole_model.py: Qwen3-8B shapes, random Q4_K_M-like weights, every layer alike, so
-# that making them takes seconds, not the minutes of 36 distinct layers).
+# step at pos 4095 with the head and without, fused (with the Q4_K_M file's Q6_K lm_head, then with
+# the Q4_K one issue 12 names) and as separate kernels (last: decoder.json times them too), and
+# tokens/s from an empty cache (whole_model.py: Qwen3-8B shapes, random Q4_K_M-like weights, every
+# layer alike, so that making them takes seconds, not the minutes of 36 distinct layers).
 step "whole-model decode" 60 python3 bench/lease/whole_model.py --json "$OUT/whole_model.json"
 # Each prefill at the lengths its targets name (mma.sync: 1k and 4k; wgmma: 4k and 8k), wgmma at 1k
 # too (never timed there since 2026-11-27's 208 TFLOP/s; its persistent variants, untimed at 1k,

@@ -1,6 +1,7 @@
 """Whole-model decode as `ptxgen generate` runs it, embedding to token: Qwen3-8B's shapes with random
 Q4_K_M-like weights (Q6_K lm_head; every layer the same values, made once: generate.RandomModel),
-through the persistent decoder and through the separate kernels. Issue 12's step with the lm_head:
+through the persistent decoder, then the same with a Q4_K lm_head (issue 12 names 151936 x 4096
+Q4_K rows; a Q4_K_M file stores Q6_K ones), then through the separate kernels. Issue 12's step with the lm_head:
 the step at pos 4095 on the GPU's clock with the head (final norm, lm_head, argmax) and without
 it (generate.step_speed); and tokens/s on the wall clock from an empty cache, the token read back
 each step (generate.decode_speed). `make bench` measures the same.
@@ -19,14 +20,14 @@ from pathlib import Path
 
 from ptxgen.device import driver
 from ptxgen.errors import exit_from
-from ptxgen.generate import QWEN3_8B, STEP_POS, random_model_decode_speed
+from ptxgen.generate import QWEN3_8B, STEP_POS, WHOLE_MODEL_PATHS, random_model_decode_speed
 
 
 def measure(shape: dict, tokens: int, pos: int, json_path: Path | None = None) -> list[dict]:
-    """Both paths' rows, fused first; the JSON (if any) is rewritten after each, so a cut keeps the first."""
+    """The PATHS' rows; the JSON (if any) is rewritten after each, so a cut keeps the first ones."""
     rows = []
-    for fused in (True, False):
-        row = random_model_decode_speed(shape, fused, tokens, pos=pos)
+    for fused, lm_head in WHOLE_MODEL_PATHS:
+        row = random_model_decode_speed(shape, fused, tokens, pos=pos, lm_head=lm_head)
         rows.append(row)
         print(f"{row['model']}, {row['layers']} ({row['device']}): at pos {row['pos']} the step takes "
               f"{row['step_us']:.1f} us with the {row['lm_head']} lm_head and argmax, {row['layers_us']:.1f} the layers "
