@@ -41,8 +41,6 @@ from typing import Callable
 
 import numpy as np
 from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from . import __version__
 from .artifacts import write_file
@@ -50,6 +48,7 @@ from .compiled import CompiledKernel
 from .dtypes import DTYPES, to_float64
 from .errors import LaunchError, PtxgenError
 from .peers import Skipped
+from .tables import print_table
 from .worker import DeviceWorker
 
 MIN_ITERS = 100
@@ -824,50 +823,50 @@ def peer_lines(row: dict) -> list[str]:
 
 def print_results(results: dict, out: Console, err: Console) -> None:
     device, copy = results["device"], results["copy_bandwidth"]
-    console = out if out.is_terminal else Console(width=200)  # logs and pipes get the whole table
-    console.print(f"{device['name']} ({device['arch']}, driver {device['driver']}): device-to-device copy "
-                  f"{copy['gbs']:.0f} GB/s (read + write); {results['iters']} timed runs per figure")
-    table = Table("kernel", "scalars", "median µs", "p10-p90 µs", "GB/s", "TFLOP/s", "% copy bw",
-                  f"batched µs ({CALLS_PER_EVENT} an event)", "graph µs",
-                  "peer: median µs, % copy bw, TFLOP/s; batched")
+    out.print(f"{device['name']} ({device['arch']}, driver {device['driver']}): device-to-device copy "
+                  f"{copy['gbs']:.0f} GB/s (read + write); {results['iters']} timed runs per figure",
+                  markup=False, highlight=False)
+    table = []
     for row in results["rows"]:
         if not row["passed"]:
-            timing = ["[red]FAIL[/red]"] + [""] * 6
+            timing = ["FAIL"] + [""] * 6
         elif row["median_us"] is None:
             timing = ["-"] + [""] * 6
         else:
             timing = [microseconds(row), f"{row['p10_us']:.2f}-{row['p90_us']:.2f}", f"{row['gbs']:.1f}",
                       f"{row['tflops']:.3g}", f"{row['pct_copy_bw']:.1f}%", batched(row),
                       microseconds(row["graph"]) if row["graph"] else ""]
-        table.add_row(row["kernel"], describe_scalars(row["scalars"]), *timing, escape("\n".join(peer_lines(row))))
-    console.print(table)
+        table.append([row["kernel"], describe_scalars(row["scalars"]), *timing, "\n".join(peer_lines(row))])
+    print_table("", ["kernel", "scalars", "median µs", "p10-p90 µs", "GB/s", "TFLOP/s", "% copy bw",
+                     f"batched µs ({CALLS_PER_EVENT} an event)", "graph µs",
+                     "peer: median µs, % copy bw, TFLOP/s; batched"], table, out)
     steps = [row for row in results["rows"] if row.get("step") and row["median_us"] is not None]
     if steps:
-        table = Table("kernel", "scalars", "launches", "one launch µs", "separate µs", "separate, graph µs",
-                      "wall µs a call (one launch / separate / graph)", "separate ÷ one launch",
-                      title="the same work as separate kernels (the kind's separate_step)")
+        table = []
         for row in steps:
             step, wall = row["step"], row["step"]["wall_us"]
-            table.add_row(row["kernel"], describe_scalars(row["scalars"]), f"{step['launches']} ({step['kernels']} kernels)",
+            table.append([row["kernel"], describe_scalars(row["scalars"]), f"{step['launches']} ({step['kernels']} kernels)",
                           microseconds(row, 1), microseconds(step["one_by_one"], 1), microseconds(step["graph"], 1),
                           f"{wall['kernel']:.1f} / {wall['one_by_one']:.1f} / {wall['graph']:.1f}",
-                          f"{step['one_by_one']['median_us'] / row['median_us']:.2f}x")
-        console.print(table)
+                          f"{step['one_by_one']['median_us'] / row['median_us']:.2f}x"])
+        print_table("the same work as separate kernels (the kind's separate_step)",
+                    ["kernel", "scalars", "launches", "one launch µs", "separate µs", "separate, graph µs",
+                     "wall µs a call (one launch / separate / graph)", "separate ÷ one launch"], table, out)
     fits = results["fits"]  # run_bench's size_fits
     if fits:
-        table = Table("kernel", "sizes", "per run: fixed µs + GB/s (% copy bw)", "batched: fixed µs + GB/s (% copy bw)",
-                      "worst residual", title="fixed cost and streaming rate: a least-squares line through each "
-                      "kernel's times against its bytes")
+        table = []
         for fit in fits:
             sizes = "; ".join(describe_scalars(s) or kernel for kernel, s in zip(fit["kernels"], fit["scalars"]))
             for name, line in [(fit["kernel"], fit), *((f"  peer {n}", p) for n, p in fit["peers"].items())]:
                 cells = [f"{f['fixed_us']:.2f} + {f['gbs']:.0f} ({f['pct_copy_bw']:.1f}%)" if f else ""
                          for f in (line["per_run"], line["batched"])]
                 worst = max(f["worst_residual"] for f in (line["per_run"], line["batched"]) if f)
-                table.add_row(escape(name), sizes if line is fit else "", *cells, f"{worst:.1%}")
-        console.print(table)
+                table.append([name, sizes if line is fit else "", *cells, f"{worst:.1%}"])
+        print_table("fixed cost and streaming rate: a least-squares line through each kernel's times against its "
+                    "bytes", ["kernel", "sizes", "per run: fixed µs + GB/s (% copy bw)",
+                              "batched: fixed µs + GB/s (% copy bw)", "worst residual"], table, out)
     if "tune" not in results:  # --tune ranks its variants against the spec's config itself (tune.print_tune)
-        print_variants(results.get("variants", []), console)
+        print_variants(results.get("variants", []), out)
     notes = sorted({note for row in results["rows"] for note in row["notes"]})
     if any(figure.get("host_bound") for figure in timed_figures(results)):
         notes.append(HOST_BOUND_NOTE)
@@ -906,15 +905,15 @@ def print_variants(variants: list[dict], console: Console) -> None:
     """variant_comparisons' rows as a table (nothing where no row has a variant)."""
     if not variants:
         return
-    table = Table("kernel", "scalars", "against", "changes", "per run", "batched", "verdict",
-                  title="variants: time as a ratio to the row each varies (of the same kind, scalars and shapes, "
-                        "the longest prefix of its name; below 1: faster)")
+    table = []
     for variant in variants:
         changes = " ".join(f"{name}={json.dumps(value)}" for name, value in variant["changes"].items())
-        table.add_row(variant["kernel"], describe_scalars(variant["scalars"]), variant["baseline"], escape(changes),
+        table.append([variant["kernel"], describe_scalars(variant["scalars"]), variant["baseline"], changes,
                       f"{variant['per_run']:.3f}", f"{variant['batched']:.3f}" if "batched" in variant else "",
-                      variant["verdict"])
-    console.print(table)
+                      variant["verdict"]])
+    print_table("variants: time as a ratio to the row each varies (of the same kind, scalars and shapes, the longest "
+                "prefix of its name; below 1: faster)", ["kernel", "scalars", "against", "changes", "per run",
+                                                          "batched", "verdict"], table, console)
 
 
 def write_json(path: Path, results: dict) -> None:

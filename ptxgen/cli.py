@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
+import os
 import sys
 from dataclasses import asdict
 from enum import Enum
@@ -15,13 +17,13 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-from rich.table import Table
 
 from . import __version__
 from .abi import Param
 from .archs import ARCHS, arch_version
 from .errors import LaunchError, PtxgenError
 from .quote import clip, echo
+from .tables import print_table
 from .spec import LoadedSpec, load_spec, with_archs
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -78,22 +80,6 @@ def main_options(
 
 
 # --- output: rich on a terminal, plain text in pipes and files ------------------------------------
-def print_table(title: str, columns: list[str], rows: list[list[str]], console: Console = out) -> None:
-    """A table: boxed on a terminal, plain aligned columns (never wrapped or cut) otherwise."""
-    if console.is_terminal:
-        table = Table(*columns, title=title or None)
-        for row in rows:
-            table.add_row(*(escape(cell) for cell in row))
-        console.print(table)
-        return
-    widths = [max(len(str(cell)) for cell in column) for column in zip(columns, *rows)]
-    lines = [title] if title else []
-    for row in [columns, *rows]:
-        lines.append("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
-    stream = sys.stderr if console.stderr else sys.stdout
-    stream.write("\n".join(lines) + "\n")
-
-
 def progress_bar(label: str, total: int, enabled: bool) -> Progress:
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), console=err,
                     disable=not (enabled and err.is_terminal), transient=True)
@@ -272,7 +258,7 @@ def show(
         if as_json:
             sys.stdout.write(json.dumps(section, indent=2, default=str) + "\n")
             return
-        tune.print_models(section, chosen, out if out.is_terminal else Console(width=200), err)
+        tune.print_models(section, chosen, out, err)
         return
     compiled = compile_one(spec, spec.spec.find(name))
     if ptx:
@@ -712,7 +698,7 @@ def bench(
     print_results(results, out, err)
     if made:
         results["tune"]["fastest"] = tune.fastest(results, tuned.name, made, rank.value)
-        tune.print_tune(results, made, out if out.is_terminal else Console(width=200), err)
+        tune.print_tune(results, made, out, err)
     if json_path is not None:
         write_json(json_path, results)
         err.print(f"wrote {json_path}", markup=False)
@@ -735,12 +721,18 @@ MaxSeqLen = Annotated[Optional[int], typer.Option("--max-seq-len", min=1, help="
 Prefix = Annotated[Optional[str], typer.Option("--prefix", help="Kernel name prefix (default: from the model).")]
 
 
-def emit_spec(make_text, output: Path | None, force: bool) -> None:
-    """The spec `make_text()` generates, printed or written to `output` (its name checked first)."""
+def emit_spec(make_text, output: Path | None, force: bool, source: Path) -> None:
+    """The spec `make_text()` generates from `source`, printed or written to `output` (checked
+    before any work: its name, that it is not `source`, that it may be replaced)."""
+    from .artifacts import check_output_file
     from .specgen import write_spec
 
-    if output is not None and output.suffix != ".toml":
-        raise PtxgenError(f"--output {output}: the spec is written as TOML; give a .toml file name")
+    if output is not None:
+        if output.suffix != ".toml":
+            raise PtxgenError(f"--output {output}: the spec is written as TOML; give a .toml file name")
+        check_output_file(output, "--output", ".toml", inputs=(source,))
+        if output.exists() and not force:
+            raise PtxgenError(f"--output {output}: already exists; refusing to replace it (--force replaces it)")
     text = make_text()
     if output is None:
         sys.stdout.write(text)
@@ -756,7 +748,7 @@ def spec_from_gguf_command(model: Annotated[Path, typer.Argument(readable=False,
     """Every kernel a GGUF model needs (its shapes, its tensors' quant types, its rope convention)."""
     from .specgen import spec_from_gguf
 
-    emit_spec(lambda: spec_from_gguf(model, max_seq_len, prefix), output, force)
+    emit_spec(lambda: spec_from_gguf(model, max_seq_len, prefix), output, force, model)
 
 
 @spec_app.command("from-hf")
@@ -767,7 +759,7 @@ def spec_from_hf_command(config: Annotated[Path, typer.Argument(readable=False, 
     """Every kernel a Hugging Face model needs, with every matrix of the given quant type."""
     from .specgen import spec_from_hf_config
 
-    emit_spec(lambda: spec_from_hf_config(config, quant, max_seq_len, prefix), output, force)
+    emit_spec(lambda: spec_from_hf_config(config, quant, max_seq_len, prefix), output, force, config)
 
 
 # --- generate -------------------------------------------------------------------------------------------
@@ -878,9 +870,22 @@ def cache_clean():
 def main() -> None:
     """Entry point: the one error boundary of the CLI (usage errors exit 2 inside typer)."""
     try:
-        app()
+        if sys.stdout is None:  # started with file descriptor 1 closed
+            raise PtxgenError("standard output is closed; ptxgen prints its results there (redirect it to a file or "
+                              "/dev/null)")
+        try:
+            app()
+        finally:
+            if sys.stdout is not None:
+                sys.stdout.flush()
     except PtxgenError as error:
         err.print(f"[red]error:[/red] {escape(str(error))}")
+        sys.exit(2)
+    except OSError as error:  # files are read and written under os_errors: this is standard output, full or gone
+        with contextlib.suppress(OSError, ValueError):  # nothing left to flush at exit
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        where = f"{error.filename}" if error.filename else "standard output: cannot write"
+        err.print(f"[red]error:[/red] {escape(where)} ({escape(error.strerror or str(error))})")
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)

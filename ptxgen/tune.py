@@ -212,15 +212,12 @@ def summary(kernel_name: str, fields: dict, rank: str, made: list[Variant], skip
 def print_tune(results: dict, made: list[Variant], console, err) -> None:
     """The variants by scalars and ranked time, what was skipped, and each scalar set's fastest
     with its spec entry."""
-    from rich.markup import escape
-    from rich.table import Table
-
     from .bench import batched, describe_scalars, figure_us, microseconds
+    from .tables import print_table
 
     tune = results["tune"]
     spec_name, label = made[0].config.name, {"median": "per-run median", "batch": "batched", "graph": "graph replay"}
-    table = Table("variant", "changes", "scalars", "median µs", "batched µs (% copy bw)", "graph µs",
-                  "vs the spec's config", title=f"--tune {tune['kernel']}: ranked by the {label[tune['rank']]}")
+    table = []
     spec_us = {repr(row["scalars"]): figure_us(row, tune["rank"]) for row in results["rows"]
                if row["kernel"] == spec_name}
     order = {repr(row["scalars"]): index for index, row in enumerate(results["rows"])}
@@ -228,12 +225,14 @@ def print_tune(results: dict, made: list[Variant], console, err) -> None:
                                                     figure_us(row, tune["rank"]) or float("inf")))
     for row in rows:
         us, base = figure_us(row, tune["rank"]), spec_us.get(repr(row["scalars"]))
-        timing = (["[red]FAIL[/red]" if not row["passed"] else "-", "", "", ""] if row["median_us"] is None else
+        timing = (["FAIL" if not row["passed"] else "-", "", "", ""] if row["median_us"] is None else
                   [microseconds(row), batched(row), microseconds(row["graph"]) if row["graph"] else "",
                    f"{base / us:.2f}x" if base and us else ""])
-        table.add_row(row["kernel"], escape(describe(tune["variants"][row["kernel"]])),
-                      describe_scalars(row["scalars"]), *timing)
-    console.print(table)
+        table.append([row["kernel"], describe(tune["variants"][row["kernel"]]), describe_scalars(row["scalars"]),
+                      *timing])
+    print_table(f"--tune {tune['kernel']}: ranked by the {label[tune['rank']]}",
+                ["variant", "changes", "scalars", "median µs", "batched µs (% copy bw)", "graph µs",
+                 "vs the spec's config"], table, console)
     for skip in tune["skipped"]:
         err.print(f"skipped {describe(skip['changes'])}: {skip['reason']}", markup=False, highlight=False)
     for best in tune["fastest"]:
@@ -260,28 +259,27 @@ def model_range(report: dict) -> tuple[float, float] | None:
 def print_models(section: dict, gpu, console, err) -> None:
     """The variants' launches, resources (of the cubin the GPU runs) and models, by the model's
     serialized estimate."""
-    from rich.markup import escape
-    from rich.table import Table
+    from .tables import print_table
 
-    table = Table("variant", "changes", "grid x block", "registers", "occupancy", "thread-instr. a byte",
-                  "KB in flight an SM", "load rounds a warp", "model µs", "vs the spec's config",
-                  title=f"show --tune {section['kernel']} on {gpu.name}: the performance model, ranked by its "
-                        "serialized estimate")
+    table = []
     variants = section["variants"]
     spec_range = model_range(variants[0])
     for report in sorted(variants, key=lambda r: (model_range(r) or (0, float("inf")))[1]):
         model, span, arch = report.get("model", {}), model_range(report), report["gpu_cubin"]
         resources, fit = report["resources"].get(arch, {}), report["occupancy_detail"].get(arch)
         launch = report["launch"]
-        table.add_row(
-            report["name"], escape(describe(report["changes"])),
+        table.append([
+            report["name"], describe(report["changes"]),
             f"{launch['grid'][0] * launch['grid'][1] * launch['grid'][2]} x {launch['block'][0]}",
             str(resources.get("registers", "-")), f"{100 * fit['fraction']:.0f}%" if fit else "-",
             str(model.get("thread_instructions_per_byte", "-")),
             f"{model['bytes_in_flight']['per_sm'] / 1024:.1f}" if "bytes_in_flight" in model else "-",
             str(model.get("rounds_per_warp", "-")),
-            f"{span[0]:.2f}..{span[1]:.2f}" if span else escape(model.get("skipped", "not run")),
-            f"{spec_range[1] / span[1]:.2f}x" if span and spec_range else "")
-    console.print(table)
+            f"{span[0]:.2f}..{span[1]:.2f}" if span else model.get("skipped", "not run"),
+            f"{spec_range[1] / span[1]:.2f}x" if span and spec_range else ""])
+    print_table(f"show --tune {section['kernel']} on {gpu.name}: the performance model, ranked by its serialized "
+                "estimate", ["variant", "changes", "grid x block", "registers", "occupancy", "thread-instr. a byte",
+                             "KB in flight an SM", "load rounds a warp", "model µs", "vs the spec's config"],
+                table, console)
     for skip in section["skipped"]:
         err.print(f"skipped {describe(skip['changes'])}: {skip['reason']}", markup=False, highlight=False)

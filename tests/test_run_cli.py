@@ -431,3 +431,33 @@ def test_a_smaller_grid_only_for_launches_correct_with_any_grid():
     inputs = kernel.definition.sample_inputs(np.random.default_rng(0), {"rows": 2})
     with pytest.raises(LaunchError, match="needs a launch correct with any smaller 1-D grid"):
         run(kernel, inputs, {"rows": 2}, grid=1)
+
+
+def test_output_that_cannot_be_written_is_one_message():
+    """Standard output full (/dev/full) or closed: one line on stderr, exit 2, no traceback."""
+    command = f"{sys.executable} -m ptxgen.cli list"
+    for redirect, message in ((">/dev/full", "error: standard output: cannot write (No space left on device)"),
+                              (">&-", "error: standard output is closed; ptxgen prints its results there")):
+        if redirect == ">/dev/full" and not os.path.exists("/dev/full"):
+            continue
+        result = subprocess.run(["bash", "-c", f"{command} {redirect}"], cwd=ROOT, capture_output=True, text=True,
+                                timeout=300)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith(message), (redirect, result)
+
+
+def test_spec_from_gguf_checks_its_output_before_reading_the_model(tmp_path):
+    """-o may not name the model itself (even with --force), and an existing spec without --force
+    is refused before the model is read: nothing is written, the model is untouched."""
+    from fixtures.make_tiny_gguf import write_tiny_gguf
+
+    model = write_tiny_gguf(tmp_path / "model.toml")  # a GGUF file under a spec's name
+    before = model.read_bytes()
+    result = run_cli("spec", "from-gguf", str(model), "-o", str(model), "--force")
+    assert result.returncode == 2 and f"is the input file {model}; refusing to replace it" in result.stderr, result
+    assert model.read_bytes() == before
+    existing = tmp_path / "mine.toml"
+    existing.write_text("# mine\n")
+    result = run_cli("spec", "from-gguf", str(tmp_path / "no_such.gguf"), "-o", str(existing))
+    assert result.returncode == 2 and "mine.toml: already exists; refusing to replace it" in result.stderr, result
+    assert existing.read_text() == "# mine\n"

@@ -17,7 +17,7 @@ from ptxgen.errors import exit_from
 
 
 def main(paths: list[str]) -> int:
-    console = Console(width=200)
+    console = Console()
     for path in paths:
         results = read_results(path)
         console.print(f"{path}:" if results is not None else f"{path}: not a `ptxgen bench --json` file: skipped",
