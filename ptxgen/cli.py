@@ -245,6 +245,9 @@ def show(
     fields = tune.parse_tune(tune_fields or [])
     if ptx and sass:
         raise LaunchError("--ptx prints the PTX, --sass the SASS: give one or the other")
+    if as_json and (ptx or sass):
+        raise LaunchError(f"--json prints the report as JSON, {'--ptx' if ptx else '--sass'} the kernel's code: give "
+                          "one or the other")
     if fields and (ptx or sass):
         raise LaunchError(f"--tune: compares the variants' models; {'--ptx' if ptx else '--sass'} prints one "
                           "kernel's code (give one or the other)")
@@ -495,15 +498,16 @@ def run(
     arrays = load_npz(inputs, "--inputs", check=check_declared)
     scalars = scalars_of(arrays)
     if gguf is not None:
-        arrays.update(gguf_weights(compiled, gguf, tensor))
+        arrays.update(gguf_weights(compiled, gguf, tensor, given=arrays, inputs=inputs))
     chosen = backend.value if backend else default_backend()
     results = run_kernel(compiled, arrays, scalars, backend=chosen, arch=arch)
     save_npz(outputs, results)
     err.print(f"{compiled.name}: ran on {chosen}, wrote {', '.join(results)} to {outputs}", markup=False)
 
 
-def gguf_weights(compiled, path: Path, tensor: str) -> dict:
-    """The kernel's one quantised weight parameter (Q4_K, Q6_K, Q8_0, ...), read from a GGUF tensor."""
+def gguf_weights(compiled, path: Path, tensor: str, given: dict, inputs: Path) -> dict:
+    """The kernel's one quantised weight parameter (Q4_K, Q6_K, Q8_0, ...), read from a GGUF tensor
+    (refused where the --inputs arrays, `given`, hold it too)."""
     from .gguf_model import load_gguf_tensor
     from .quants import QUANT_TYPES
 
@@ -511,6 +515,8 @@ def gguf_weights(compiled, path: Path, tensor: str) -> dict:
     if len(quantized) != 1:
         raise LaunchError(f"{compiled.name}: --gguf needs a kernel with one quantised weight parameter")
     param = quantized[0]
+    if param.name in given:
+        raise LaunchError(f"--inputs {inputs}: {param.name} comes from --gguf {path} --tensor {tensor}; give it once")
     quant = QUANT_TYPES[param.layout]
     n, row = param.shape[-2], param.shape[-1]
     return {param.name: load_gguf_tensor(path, tensor, n, row // quant.block_bytes * quant.block_weights, quant)}

@@ -841,6 +841,12 @@ def test_bench_tune_refuses_bad_input_before_the_gpu(tmp_path, args, message):
 def test_bench_tune_needs_a_kernel_and_names_a_table_s_fields(tmp_path):
     result = run_cli_in_process("bench", "--spec", str(SPEC), "--tune", "eps=1e-5")
     assert result.returncode == 2 and "--tune: name the kernel to tune" in result.stderr
+    for field in ("n=32,64", "k=64,128", "dtype=f16,bf16", "eps=1e-5,1e-6"):  # shapes, types, the math
+        for command in ("bench", "show"):
+            kernel = "qwen3_8b_rmsnorm" if field.startswith(("dtype", "eps")) else "qwen3_8b_q_proj"
+            result = run_cli_in_process(command, kernel, "--spec", str(SPEC), "--tune", field)
+            assert result.returncode == 2, (command, field, result)
+            assert f"--tune {field.split('=')[0]}: changes what kernel {kernel!r} computes" in one_line(result.stderr)
     result = run_cli_in_process("bench", "flash_attention", "--spec", str(ROOT / "bench/lease/prefill_sm90a.toml"),
                                 "--tune", "sm90a=1")
     assert result.returncode == 2

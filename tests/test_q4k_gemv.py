@@ -562,3 +562,9 @@ def test_cli_run_takes_weights_from_gguf(tmp_path, gguf_file):
                   "--outputs", str(tmp_path / "bad.npz"), "--backend", "emulator",
                   "--gguf", str(path), "--tensor", "blk.0.attn_norm.weight")
     assert bad.returncode == 2 and "is F32, expected Q4_K" in bad.stderr and "Traceback" not in bad.stderr
+    np.savez(tmp_path / "both.npz", x=arrays["x"], w=np.zeros_like(w))  # w twice: not silently replaced
+    both = run_cli("run", "q_proj", "--spec", str(spec), "--inputs", str(tmp_path / "both.npz"),
+                   "--outputs", str(tmp_path / "both_out.npz"), "--backend", "emulator",
+                   "--gguf", str(path), "--tensor", "blk.0.attn_q.weight")
+    assert both.returncode == 2 and "both.npz: w comes from --gguf" in both.stderr and "give it once" in both.stderr
+    assert not (tmp_path / "both_out.npz").exists()

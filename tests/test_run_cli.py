@@ -461,3 +461,10 @@ def test_spec_from_gguf_checks_its_output_before_reading_the_model(tmp_path):
     result = run_cli("spec", "from-gguf", str(tmp_path / "no_such.gguf"), "-o", str(existing))
     assert result.returncode == 2 and "mine.toml: already exists; refusing to replace it" in result.stderr, result
     assert existing.read_text() == "# mine\n"
+
+
+def test_show_json_and_code_listings_are_refused_together():
+    for code in ("--ptx", "--sass"):
+        result = run_cli_in_process("show", "qwen3_8b_rmsnorm", "--spec", str(SPEC), "--json", code)
+        assert result.returncode == 2 and result.stdout == "", result
+        assert f"--json prints the report as JSON, {code} the kernel's code" in result.stderr
