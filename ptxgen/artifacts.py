@@ -92,6 +92,9 @@ def _check_output_folder(folder: Path) -> None:
     blocking = file_in_the_way(folder)
     if blocking is not None:
         raise PtxgenError(f"-o {folder}: {blocking} is a file, not a folder")
+    nearest = next(p for p in folder.absolute().parents if p.exists())  # the build is staged and swapped in there
+    if read_only(nearest, os.W_OK | os.X_OK):
+        raise PtxgenError(f"-o {folder}: the folder {nearest} is read-only")
     if folder.is_dir() and any(folder.iterdir()) and not (folder / "manifest.json").is_file():
         raise PtxgenError(f"-o {folder}: the folder is not empty and holds no ptxgen manifest.json; ptxgen writes only "
                           "into an empty folder or one it built before (choose another folder)")
@@ -107,6 +110,10 @@ def _check_output_folder(folder: Path) -> None:
         if extra:
             raise PtxgenError(f"-o {folder}: holds files ptxgen did not write ({', '.join(sorted(extra)[:3])}); "
                               "move them out or choose another folder")
+        kept = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and read_only(p, os.W_OK)]
+        if kept:
+            raise PtxgenError(f"-o {folder}: holds read-only files ({', '.join(sorted(kept)[:3])}); refusing to replace "
+                              "them (make them writable or choose another folder)")
 
 
 def write_folder(folder: Path, files: dict[str, bytes]) -> None:

@@ -90,6 +90,22 @@ def test_a_folder_ptxgen_does_not_own_is_refused_and_left_untouched(tmp_path, ca
     assert (snapshot(out) if out.is_dir() else out.read_bytes()) == before
 
 
+def test_read_only_artifacts_and_folders_are_refused_and_left_untouched(built, tmp_path):
+    """A file of a build its user made read-only is theirs to keep, and so is a read-only folder
+    the build would be made in (root too: read_only looks at the write bits)."""
+    kept = next(built.glob("*.ptx"))
+    kept.chmod(0o444)
+    before = snapshot(built)
+    result = build(built)
+    assert result.returncode == 2 and f"holds read-only files ({kept.name}); refusing to replace them" in result.stderr
+    assert snapshot(built) == before and stat.S_IMODE(kept.stat().st_mode) == 0o444
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    result = build(locked / "sub")
+    assert result.returncode == 2 and f"the folder {locked} is read-only" in result.stderr, result.stderr
+    assert not list(locked.iterdir())
+
+
 def test_a_file_where_an_arch_folder_belongs_stops_the_build_before_writing(built):
     shutil.rmtree(built / "sm_80")
     (built / "sm_80").write_text("not a folder")
