@@ -8,8 +8,10 @@ tensor the model would not use is refused with a PtxgenError naming it.
 
 from __future__ import annotations
 
+import mmap
 import os
 import stat
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,14 +30,16 @@ CONFIG_KEYS = {"num_layers": "block_count", "hidden": "embedding_length", "inter
 
 
 def open_gguf_reader(path: Path):
-    """gguf-py's reader over a memory map of `path`; PtxgenError for a missing or bad file, a
-    big-endian one, or one whose tensors' data are misplaced (outside the file, overlapping,
-    off the file's alignment)."""
+    """gguf-py's reader over a memory map of `path`; PtxgenError for a missing or bad file (a
+    header count or length past its end included), a big-endian one, or one whose tensors' data
+    are misplaced (outside the file, overlapping, off the file's alignment)."""
     import gguf
 
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             raise PtxgenError(f"{path}: cannot read GGUF file: not a regular file")
+        with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            check_header(path, data)
         with np.errstate(over="ignore"):  # a damaged tensor offset wraps: found below, not warned about
             reader = gguf.GGUFReader(path, "r")
     except OSError as error:
@@ -44,10 +48,76 @@ def open_gguf_reader(path: Path):
         # gguf-py reads the header, metadata and tensor table as numpy views of the map: a file cut
         # short or damaged shows as numpy's view, reshape or index errors.
         raise PtxgenError(f"{path}: not a readable GGUF file (truncated or damaged?): {error}") from None
-    if reader.byte_order != "I":
-        raise PtxgenError(f"{path}: a big-endian GGUF file: not supported (its tensors would be read byte-swapped)")
     check_tensor_data(path, reader)
     return reader
+
+
+# Bytes of each fixed-size GGUF value type (gguf.GGUFValueType's numbers); 8 and 9 are string and array.
+_VALUE_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_STRING, _ARRAY = 8, 9
+
+
+def check_header(path: Path, data) -> None:
+    """Walk a little-endian GGUF v2/v3 header (metadata, tensor table) and refuse any count or
+    length the rest of the file cannot hold: gguf-py loops over a damaged array count of 10^12
+    building empty views until memory runs out."""
+    pos = 4
+
+    def room(nbytes: int, what: str) -> None:
+        if nbytes > len(data) - pos:
+            raise PtxgenError(f"{path}: not a readable GGUF file ({what} past the file's end)")
+
+    def skip(nbytes: int, what: str) -> int:
+        """Step over `nbytes` bytes; the offset they start at."""
+        nonlocal pos
+        room(nbytes, what)
+        pos += nbytes
+        return pos - nbytes
+
+    def number(fmt: str, what: str) -> int:
+        return struct.unpack_from(fmt, data, skip(struct.calcsize(fmt), what))[0]
+
+    def string(what: str) -> str:
+        size = number("<Q", what)
+        return data[skip(size, f"{what}: string of {size} bytes"):pos].decode("utf-8", errors="replace")
+
+    def value(kind: int, what: str) -> None:
+        if kind == _STRING:
+            string(what)
+        elif kind == _ARRAY:
+            kind, count = number("<I", what), number("<Q", what)
+            # a string takes 8 bytes at least (its length)
+            room(count * _VALUE_BYTES.get(kind, 8), f"{what}: array of {count} entries")
+            if kind in _VALUE_BYTES:
+                skip(count * _VALUE_BYTES[kind], what)
+            elif kind == _STRING:
+                for _ in range(count):
+                    string(what)
+            else:  # as llama.cpp: no arrays of arrays (gguf-py would recurse a level for each)
+                raise PtxgenError(f"{path}: not a readable GGUF file ({what}: an array of value type {kind}, "
+                                  "not of numbers, booleans or strings)")
+        elif kind in _VALUE_BYTES:
+            skip(_VALUE_BYTES[kind], what)
+        else:
+            raise PtxgenError(f"{path}: not a readable GGUF file ({what}: unknown value type {kind})")
+
+    if len(data) < 8 or data[:4] != b"GGUF":
+        raise PtxgenError(f"{path}: not a readable GGUF file (no GGUF magic)")
+    version = number("<I", "version")
+    if not version & 0xFFFF:  # gguf-py's test: a version written the other way round
+        raise PtxgenError(f"{path}: a big-endian GGUF file: not supported (its tensors would be read byte-swapped)")
+    if version not in (2, 3):
+        raise PtxgenError(f"{path}: not a readable GGUF file (version {version}; versions 2 and 3 are supported)")
+    tensors, entries = number("<Q", "tensor count"), number("<Q", "metadata count")
+    room(entries * 13, f"{entries} metadata entries")  # key length, type, one byte of value at least
+    for _ in range(entries):
+        key = f"metadata key {string('metadata key')!r}"
+        value(number("<I", key), key)
+    room(tensors * 24, f"{tensors} tensors")  # name length, dimension count, type, data offset at least
+    for _ in range(tensors):
+        name = f"tensor {string('tensor name')!r}"
+        dims = number("<I", name)
+        skip(dims * 8 + 12, f"{name}: {dims} dimensions")  # then its type and data offset
 
 
 def check_tensor_data(path, reader) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,7 +65,8 @@ class ModelConfig:
     # Where a field's value came from (e.g. "metadata 'qwen3.block_count'"), for the refusals.
     origin: dict[str, str] = field(default_factory=dict, compare=False)
 
-    def _named(self, name: str) -> str:
+    def named(self, name: str) -> str:
+        """A field's name and where its value came from: "context_length (metadata 'qwen3.context_length')"."""
         return f"{name} ({self.origin[name]})" if name in self.origin else name
 
     def __post_init__(self):
@@ -75,17 +77,17 @@ class ModelConfig:
                      "context_length", "vocab_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise PtxgenError(f"{self.name}: {self._named(name)} must be a positive integer, got {value!r}")
+                raise PtxgenError(f"{self.name}: {self.named(name)} must be a positive integer, got {value!r}")
         if self.num_heads % self.num_kv_heads:
-            raise PtxgenError(f"{self.name}: {self._named('num_kv_heads')} = {self.num_kv_heads} must divide "
-                              f"{self._named('num_heads')} = {self.num_heads}")
+            raise PtxgenError(f"{self.name}: {self.named('num_kv_heads')} = {self.num_kv_heads} must divide "
+                              f"{self.named('num_heads')} = {self.num_heads}")
         if self.head_dim % 2:
-            raise PtxgenError(f"{self.name}: {self._named('head_dim')} must be even for rope, got {self.head_dim}")
+            raise PtxgenError(f"{self.name}: {self.named('head_dim')} must be even for rope, got {self.head_dim}")
         if not (math.isfinite(self.rope_theta) and self.rope_theta > 1):
-            raise PtxgenError(f"{self.name}: {self._named('rope_theta')} must be a finite number above 1, "
+            raise PtxgenError(f"{self.name}: {self.named('rope_theta')} must be a finite number above 1, "
                               f"got {self.rope_theta}")
         if not 0 < self.eps < 1:
-            raise PtxgenError(f"{self.name}: {self._named('eps')} must be in (0, 1), got {self.eps}")
+            raise PtxgenError(f"{self.name}: {self.named('eps')} must be in (0, 1), got {self.eps}")
         expected = matrix_names(self.num_layers, self.tied_embeddings)
         if set(self.quants) != set(expected):
             missing = sorted(set(expected) - set(self.quants))
@@ -104,7 +106,7 @@ class ModelConfig:
         if max_seq_len < 1:
             raise PtxgenError(f"--max-seq-len: expected at least 1, got {max_seq_len}")
         if max_seq_len > self.context_length:
-            raise PtxgenError(f"--max-seq-len {max_seq_len}: above the model's {self._named('context_length')} "
+            raise PtxgenError(f"--max-seq-len {max_seq_len}: above the model's {self.named('context_length')} "
                               f"= {self.context_length} (positions it was never trained at; rope scaling is not "
                               "supported)")
         return max_seq_len
@@ -154,19 +156,25 @@ def from_hf_config(path, quant: str) -> ModelConfig:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as error:
         raise PtxgenError(f"{path}: cannot read config: {error.strerror or error}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    except ValueError as error:  # bad UTF-8 or JSON, or an integer of more digits than Python converts
         raise PtxgenError(f"{path}: not a JSON config: {error}") from None
     if not isinstance(data, dict):
         raise PtxgenError(f"{path}: expected a JSON object, got {type(data).__name__}")
     quant = quant_type(quant).name
 
+    def value_of(key: str):
+        """data[key]; "rope_parameters.rope_theta" is data["rope_parameters"]["rope_theta"]."""
+        table, _, inner = key.rpartition(".")
+        return (data[table] if table else data).get(inner)
+
     def get(key: str, kind: type, default=None):
-        value = data.get(key)
+        value = value_of(key)
         value = default if value is None else value
         if value is None:
             raise PtxgenError(f"{path}: missing {key!r}")
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
+            # float() raises on an integer past the float range: take it as infinite, refused as such
+            value = float(value) if abs(value) <= sys.float_info.max else math.inf if value > 0 else -math.inf
         if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
             expected = {float: "a number", int: "an integer", bool: "true or false", str: "a string"}[kind]
             raise PtxgenError(f"{path}: {key!r} must be {expected}, got {value!r}")
@@ -175,7 +183,12 @@ def from_hf_config(path, quant: str) -> ModelConfig:
     architecture = get("model_type", str)
     if architecture not in ARCHITECTURES:
         raise PtxgenError(f"{path}: model_type {architecture!r} is not supported (supported: {', '.join(ARCHITECTURES)})")
-    rope = data.get("rope_parameters") or {}  # transformers >= 5 keeps rope_theta here
+    rope = data.get("rope_parameters")
+    if rope is not None and not isinstance(rope, dict):
+        raise PtxgenError(f"{path}: 'rope_parameters' must be an object, got {rope!r}")
+    rope = rope or {}
+    # transformers >= 5 keeps rope_theta in rope_parameters; older configs at the top
+    theta = "rope_parameters.rope_theta" if rope.get("rope_theta") is not None else "rope_theta"
     scaling = data.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
     if scaling:
         raise PtxgenError(f"{path}: rope scaling {scaling!r} is not supported (plain rope only)")
@@ -185,9 +198,9 @@ def from_hf_config(path, quant: str) -> ModelConfig:
     tied = get("tie_word_embeddings", bool, False)
     keys = {"num_layers": "num_hidden_layers", "hidden": "hidden_size", "intermediate": "intermediate_size",
             "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads", "head_dim": "head_dim",
-            "rope_theta": "rope_theta", "eps": "rms_norm_eps", "context_length": "max_position_embeddings",
+            "rope_theta": theta, "eps": "rms_norm_eps", "context_length": "max_position_embeddings",
             "vocab_size": "vocab_size"}
-    origin = {name: f"{path.name}'s {key!r}" if key in data else f"default of {path.name}'s {key!r}"
+    origin = {name: f"{path.name}'s {key!r}" if value_of(key) is not None else f"default of {path.name}'s {key!r}"
               for name, key in keys.items()}
     return ModelConfig(
         origin=origin,
@@ -199,7 +212,7 @@ def from_hf_config(path, quant: str) -> ModelConfig:
         num_heads=heads,
         num_kv_heads=get("num_key_value_heads", int, heads),
         head_dim=get("head_dim", int, hidden // heads if heads and hidden % heads == 0 else None),
-        rope_theta=float(rope.get("rope_theta") or get("rope_theta", float, 10000.0)),
+        rope_theta=get(theta, float, 10000.0),
         eps=get("rms_norm_eps", float, 1e-6),
         context_length=get("max_position_embeddings", int),
         vocab_size=get("vocab_size", int),

@@ -167,7 +167,7 @@ def generated_spec(config: ModelConfig, source: str, max_seq_len: int | None = N
                 kernel = {**kernel, "pdl": True}
             lines += ["", "[[kernels]]"] + [f"{key} = {toml_value(value)}" for key, value in kernel.items()]
     text = "\n".join(lines) + "\n"
-    return text, check_generated(text, c.name, max_seq_len)
+    return text, check_generated(text, c, source, max_seq_len)
 
 
 def optional_section(title: str, short: str, kernel: dict) -> tuple[str, list[dict]]:
@@ -188,17 +188,22 @@ def config_problem(error: ValidationError) -> str:
     return f"{field + ': ' if field else ''}{problem['msg'].removeprefix('Value error, ')}{got}"
 
 
-def check_generated(text: str, model: str, max_seq_len: int) -> Spec:
+def check_generated(text: str, config: ModelConfig, source: str, max_seq_len: int) -> Spec:
     """The generated spec, validated as a spec file would be, or nothing is written: a model whose
-    shapes a kind refuses gets one message naming the kernel, the field and the value."""
+    shapes a kind refuses gets one message naming the kernel, the field and the value, and a
+    refused max_seq_len where it came from (--max-seq-len, or the model's context length)."""
+    model = config.name
     try:
         spec = validate(Path(model), tomllib.loads(text))
         check_against_archs(Path(model), spec)
         return spec
     except SpecError as error:
-        first = str(error).splitlines()[0]
+        first = str(error).splitlines()[0].removeprefix(model + ": ")
+        if "max_seq_len" in first and max_seq_len == config.context_length:
+            raise SpecError(f"{source}: no spec for this model: {config.named('context_length')} = {max_seq_len} is "
+                            f"past what the kernels take ({first}); pass a smaller --max-seq-len") from None
         hint = f" (--max-seq-len {max_seq_len})" if "max_seq_len" in first else ""
-        raise SpecError(f"{model}: no spec for this model{hint}: {first.removeprefix(model + ': ')}") from None
+        raise SpecError(f"{model}: no spec for this model{hint}: {first}") from None
 
 
 def spec_from_gguf(path, max_seq_len: int | None = None, prefix: str | None = None) -> str:

@@ -2,6 +2,9 @@
 clear error for each thing ptxgen cannot run."""
 
 import hashlib
+import struct
+import subprocess
+import sys
 
 import gguf
 import numpy as np
@@ -167,3 +170,62 @@ def test_unreadable_files(tmp_path):
     junk.write_bytes(b"GGUF but not really" * 8)
     with pytest.raises(PtxgenError, match=r"junk\.gguf: not a readable GGUF file"):
         GGUFModel(junk)
+
+
+def damaged(src, dst, key: str, part: int, fmt: str, value: int):
+    """A copy of GGUF `src` with part `part` of metadata `key` (or of tensor `key`'s table entry)
+    overwritten by `value` packed as `fmt`."""
+    reader = gguf.GGUFReader(src)
+    field = reader.fields.get(key) or next(t.field for t in reader.tensors if t.name == key)
+    data = bytearray(src.read_bytes())
+    struct.pack_into(fmt, data, field.offset + sum(int(p.nbytes) for p in field.parts[:part]), value)
+    dst.write_bytes(data)
+    return dst
+
+
+@pytest.mark.parametrize("key, part, fmt, value, message", [
+    ("GGUF.kv_count", 0, "<Q", 2**40, r"1099511627776 metadata entries past the file's end"),
+    ("GGUF.tensor_count", 0, "<Q", 10**9, r"1000000000 tensors past the file's end"),
+    ("general.name", 0, "<Q", 2**62, r"metadata key: string of 4611686018427387904 bytes past the file's end"),
+    ("general.name", 3, "<Q", 2**62, r"metadata key 'general\.name': string of 4611686018427387904 bytes past"),
+    ("tokenizer.ggml.tokens", 4, "<Q", 2**63, r"metadata key 'tokenizer\.ggml\.tokens': array of "
+                                               r"9223372036854775808 entries past the file's end"),
+    ("general.name", 2, "<I", 99, r"metadata key 'general\.name': unknown value type 99"),
+    ("tokenizer.ggml.token_type", 3, "<I", 9, r"metadata key 'tokenizer\.ggml\.token_type': an array of value type 9, "
+                                              r"not of numbers, booleans or strings"),
+    ("blk.0.attn_q.weight", 2, "<I", 2**31, r"tensor 'blk\.0\.attn_q\.weight': 2147483648 dimensions past the "
+                                            r"file's end"),
+])
+def test_header_counts_past_the_end_are_refused_by_name(tmp_path, qwen3, key, part, fmt, value, message):
+    """Every count and length of the header is checked against the bytes left, before gguf-py reads it."""
+    bad = damaged(qwen3, tmp_path / "bad.gguf", key, part, fmt, value)
+    with pytest.raises(PtxgenError, match=rf"bad\.gguf: not a readable GGUF file \({message}"):
+        GGUFModel(bad)
+
+
+@pytest.mark.parametrize("command", [
+    ["spec", "from-gguf", "{gguf}"],
+    ["generate", "{gguf}", "--tokens", "1", "--backend", "emulator"],
+    ["run", "proj", "--spec", "{dir}/spec.toml", "--inputs", "{dir}/in.npz", "--outputs", "{dir}/out.npz",
+     "--backend", "emulator", "--gguf", "{gguf}", "--tensor", "blk.0.attn_q.weight"],
+])
+def test_a_damaged_array_count_fails_fast(tmp_path, qwen3, command):
+    """gguf-py builds an empty view for each entry of an array count past the file's end: with
+    2^40 entries it segfaulted at 4 GiB after 24 s. Every command that opens a GGUF file refuses
+    it at once instead, in a subprocess held to 4 GiB of address space and 60 s."""
+    import resource
+
+    bad = damaged(qwen3, tmp_path / "bad.gguf", "tokenizer.ggml.token_type", 4, "<Q", 2**40)
+    (tmp_path / "spec.toml").write_text('[[kernels]]\nname = "proj"\nkind = "q4k_gemv"\nn = 512\nk = 256\n')
+    np.savez(tmp_path / "in.npz", x=np.zeros(256, np.float32))
+    args = [arg.format(gguf=bad, dir=tmp_path) for arg in command]
+
+    def limit_memory():
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    result = subprocess.run([sys.executable, "-m", "ptxgen.cli", *args], capture_output=True, text=True,
+                            timeout=60, preexec_fn=limit_memory)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr == (f"error: {bad}: not a readable GGUF file (metadata key 'tokenizer.ggml.token_type': "
+                             "array of 1099511627776 entries past the file's end)\n")
+    assert not (tmp_path / "out.npz").exists()

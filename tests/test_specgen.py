@@ -172,10 +172,36 @@ def test_write_spec_never_replaces_unasked(tmp_path):
     ({"tie_word_embeddings": 1}, r"'tie_word_embeddings' must be true or false"),
     ({"num_key_value_heads": 7}, r"num_kv_heads \(config.json's 'num_key_value_heads'\) = 7 must divide "
                                  r"num_heads \(config.json's 'num_attention_heads'\) = 32"),
+    # rope_theta in rope_parameters (transformers >= 5) is held to the top-level key's rules
+    ({"rope_parameters": {"rope_theta": "1e6"}}, r"config\.json: 'rope_parameters\.rope_theta' must be a number, "
+                                                 r"got '1e6'"),
+    ({"rope_theta": "1e6"}, r"config\.json: 'rope_theta' must be a number, got '1e6'"),
+    ({"rope_parameters": {"rope_theta": 0}}, r"rope_theta \(config\.json's 'rope_parameters\.rope_theta'\) must be a "
+                                             r"finite number above 1, got 0\.0"),
+    ({"rope_theta": 0}, r"rope_theta \(config\.json's 'rope_theta'\) must be a finite number above 1, got 0\.0"),
+    ({"rope_theta": 10**400}, r"rope_theta \(config\.json's 'rope_theta'\) must be a finite number above 1, got inf"),
+    ({"rms_norm_eps": -10**400}, r"eps \(config\.json's 'rms_norm_eps'\) must be in \(0, 1\), got -inf"),
 ])
 def test_hf_config_errors(tmp_path, changes, message):
     with pytest.raises(PtxgenError, match=message):
         from_hf_config(hf_config(tmp_path, **changes), "q4_k")
+
+
+@pytest.mark.parametrize("rope, message", [
+    ("abc", "'rope_parameters' must be an object, got 'abc'"),
+    (5, "'rope_parameters' must be an object, got 5"),
+    ([1, 2], "'rope_parameters' must be an object, got [1, 2]"),
+    ({"rope_theta": "abc"}, "'rope_parameters.rope_theta' must be a number, got 'abc'"),
+    ({"rope_theta": [1]}, "'rope_parameters.rope_theta' must be a number, got [1]"),
+])
+def test_malformed_rope_parameters_are_one_message(tmp_path, rope, message):
+    """What gave an AttributeError, ValueError or TypeError traceback: exit 2, the file and key named."""
+    from helpers import run_cli_in_process
+
+    path = hf_config(tmp_path, rope_parameters=rope)
+    result = run_cli_in_process("spec", "from-hf", str(path), "--quant", "q4_k", "-o", str(tmp_path / "spec.toml"))
+    assert (result.returncode, result.stderr) == (2, f"error: {path}: {message}\n")
+    assert not (tmp_path / "spec.toml").exists()
 
 
 def test_hf_config_file_errors(tmp_path):
@@ -250,6 +276,29 @@ def test_max_seq_len_past_what_the_kinds_take_names_the_option(tmp_path):
     assert "persistent_decoder" not in {e["kind"] for e in kernels(text)}
     assert "Whole decoder layers in one launch: none (persistent_decoder " in text and "below 4 GiB" in text
     load_spec_text(tmp_path, text)
+
+
+def test_a_context_length_past_what_the_kinds_take_names_the_file_and_key(tmp_path):
+    """No --max-seq-len: the cache would take the model's context length, so a length the kinds
+    refuse is the file's (its metadata key or config.json key) and --max-seq-len the way out."""
+    import gguf
+    from fixtures.make_tiny_gguf import rewrite_gguf
+    from helpers import run_cli_in_process
+
+    model = rewrite_gguf(write_tiny_gguf(tmp_path / "tiny.gguf"), tmp_path / "long.gguf",
+                         drop_fields=["qwen3.context_length"],
+                         set_fields=[("qwen3.context_length", 1 << 40, gguf.GGUFValueType.UINT64)])
+    out = tmp_path / "spec.toml"
+    result = run_cli_in_process("spec", "from-gguf", str(model), "-o", str(out))
+    assert result.returncode == 2 and not out.exists()
+    assert result.stderr.startswith("error: long.gguf: no spec for this model: context_length (metadata "
+                                    "'qwen3.context_length') = 1099511627776 is past what the kernels take (kernel "
+                                    "'tiny_qwen3_kv_append' "), result.stderr
+    assert result.stderr.endswith("(got 1099511627776)); pass a smaller --max-seq-len\n")
+    assert run_cli_in_process("spec", "from-gguf", str(model), "--max-seq-len", "64", "-o", str(out)).returncode == 0
+    with pytest.raises(PtxgenError, match=r"config\.json with q4_k weights: no spec for this model: context_length "
+                                          r"\(config\.json's 'max_position_embeddings'\) = 33554432 is past what"):
+        spec_from_hf_config(hf_config(tmp_path, max_position_embeddings=1 << 25), "q4_k")
 
 
 def load_spec_text(tmp_path, text: str):
