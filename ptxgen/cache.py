@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import __version__
-from .artifacts import file_in_the_way
+from .artifacts import file_in_the_way, os_errors
 from .errors import PtxgenError
 
 SCHEMA = 3  # bump when the entry layout or what a key covers changes
@@ -56,7 +56,8 @@ class CacheInfo:
 
 class Cache:
     """The cubin cache under `root` (None: no cache). A cache that cannot be written (read-only
-    or missing permissions) is used read-only, with one report, never an error: it only saves time."""
+    or missing permissions) is used read-only, and a folder of it that cannot be read (another
+    user's) is built without, with a report, never an error: it only saves time."""
 
     def __init__(self, root: Path | None, report: Callable[[str], None] = lambda message: None):
         self.root = root
@@ -74,7 +75,9 @@ class Cache:
             cubin, log = (entry / "cubin").read_bytes(), (entry / "log").read_text()
             digest = (entry / "sha256").read_text().strip()
         except (OSError, UnicodeDecodeError):
-            if entry.exists():
+            # os.path.lexists: False, not a PermissionError, where the shard may not be entered
+            # (another user's: nothing to drop there; put reports it, as it cannot write there either)
+            if os.path.lexists(entry):
                 self.drop(entry, "unreadable or incomplete")
             return None
         if digest != _digest(key, cubin, log):
@@ -96,8 +99,9 @@ class Cache:
             staging = Path(tempfile.mkdtemp(prefix=f".{key[:8]}-", dir=entry.parent))
         except OSError as error:
             self.writable = False
-            blocking = file_in_the_way(entry)
-            why = f"{blocking} is a file, not a folder" if blocking else error.strerror or error
+            # file_in_the_way would meet the same folder it may not enter
+            blocking = None if isinstance(error, PermissionError) else file_in_the_way(entry)
+            why = f"{blocking} is a file, not a folder" if blocking else f"{entry.parent}: {error.strerror or error}"
             self.report(f"cache {self.root} is not writable ({why}): building without it")
             return
         try:
@@ -108,55 +112,82 @@ class Cache:
         except OSError:  # another process put the same entry first (identical by construction), or a full disk
             shutil.rmtree(staging, ignore_errors=True)
 
-    def entries(self) -> list[Path]:
+    def entries(self) -> tuple[list[Path], list[Path]]:
         """The folders this cache made: ROOT/ab/abcdef... (a key's 64 hex digits, under its first
         two) holding a `sha256` file, and put's staging leftovers beside them (named as put names
         them). Nothing else under ROOT is ever counted or removed (ROOT may be a folder the user
-        shares with other files)."""
-        found = []
-        for shard in self.root.glob("??"):
-            if not (shard.is_dir() and re.fullmatch(r"[0-9a-f]{2}", shard.name)):
+        shares with other files). Second, the folders on the way it may not look into (another
+        user's): what they hold is unknown."""
+        found, unreadable = [], []
+        for shard in _listing(self.root, unreadable):
+            if not (re.fullmatch(r"[0-9a-f]{2}", shard.name) and shard.is_dir()):
                 continue
-            for entry in shard.iterdir():
+            for entry in _listing(shard, unreadable):
                 if entry.is_dir() and (_KEY.fullmatch(entry.name) and entry.name.startswith(shard.name)
+                                       and entry / "sha256" in _listing(entry, unreadable)
                                        and (entry / "sha256").is_file()
                                        or _STAGING.fullmatch(entry.name) and entry.name[1:3] == shard.name):
                     found.append(entry)
-        return found
+        return found, unreadable
 
     def info(self) -> CacheInfo:
-        entries = [e for e in self.entries() if not e.name.startswith(".")]
+        """What the cache holds; an error naming a folder it may not look into, with what it counted."""
+        found, unreadable = self.entries()
+        entries = [e for e in found if not e.name.startswith(".")]
         size = sum(f.stat().st_size for e in entries for f in e.iterdir() if f.is_file())
+        if unreadable:
+            raise PtxgenError(f"cache {self.root}: {_unreadable(unreadable)}; the rest holds {len(entries)} entries, "
+                              f"{size / 1e6:.1f} MB")
         return CacheInfo(self.root, len(entries), size)
 
     def clean(self) -> int:
         """Remove every entry this cache made (and staging leftovers, and the compiled templates);
         the count of entries removed. An entry that cannot be removed (a read-only cache) is one
-        error naming it, after the others are gone."""
+        error naming it, after the others are gone; so is a folder it may not look into."""
         if not self.root.is_dir():
             return 0
-        entries = self.entries()
+        entries, unreadable = self.entries()
         for entry in entries:
             shutil.rmtree(entry, ignore_errors=True)
         for shard in {entry.parent for entry in entries}:
             if shard.is_dir() and not any(shard.iterdir()):
                 with contextlib.suppress(OSError):
                     shard.rmdir()
-        jinja = self.root / "jinja"
-        if jinja.is_dir() and all(TEMPLATE_FILE.fullmatch(f.name) for f in jinja.iterdir()):
+        jinja = self.root / "jinja"  # os.path.isdir: False where ROOT may not be entered (reported)
+        if os.path.isdir(jinja) and all(TEMPLATE_FILE.fullmatch(f.name) for f in _listing(jinja, unreadable)):
             shutil.rmtree(jinja, ignore_errors=True)
         left = [entry for entry in entries if entry.exists()]
         removed = sum(1 for entry in entries if not entry.name.startswith(".") and entry not in left)
-        if left:
-            raise PtxgenError(f"cache {self.root}: removed {removed} entries; {len(left)} could not be removed "
-                              f"(a read-only folder?), e.g. {left[0]}")
+        problems = [f"{len(left)} could not be removed (a read-only folder?), e.g. {left[0]}"] if left else []
+        problems += [_unreadable(unreadable)] if unreadable else []
+        if problems:
+            raise PtxgenError(f"cache {self.root}: removed {removed} entries; {'; '.join(problems)}")
         return removed
 
 
+def _listing(folder: Path, unreadable: list[Path]) -> list[Path]:
+    """A folder's contents; none, and the folder added to `unreadable`, where it may not be listed or
+    entered (so that what is listed may be looked at)."""
+    try:
+        os.stat(os.path.join(folder, "."))  # "FOLDER/." resolves only with search permission on FOLDER
+        return list(folder.iterdir())
+    except PermissionError:
+        unreadable.append(folder)
+        return []
+
+
+def _unreadable(folders: list[Path]) -> str:
+    """The folders `entries` may not look into, for a message."""
+    more = f" (and {len(folders) - 1} more)" if len(folders) > 1 else ""
+    return f"cannot look into {folders[0]}{more}: permission denied (another user's folder?)"
+
+
 def check_cache_root(root: Path) -> None:
-    """A cache path that is not a folder, or lies under a file, is a user error worth naming."""
-    if root.exists() and not root.is_dir():
-        raise PtxgenError(f"PTXGEN_CACHE_DIR {root} is not a folder")
-    blocking = file_in_the_way(root)
+    """A cache path that is not a folder, lies under a file or cannot be reached is a user error
+    worth naming."""
+    with os_errors(f"PTXGEN_CACHE_DIR {root}"):  # a folder on its path that is another user's
+        if root.exists() and not root.is_dir():
+            raise PtxgenError(f"PTXGEN_CACHE_DIR {root} is not a folder")
+        blocking = file_in_the_way(root)
     if blocking is not None:
         raise PtxgenError(f"PTXGEN_CACHE_DIR {root}: {blocking} is a file, not a folder")

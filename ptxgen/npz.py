@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import lzma
 import math
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -64,12 +66,18 @@ def load_npz(path: Path, what: str, check=None) -> dict[str, np.ndarray]:
 def _member(archive, member, where: str):
     """An archive member's stream, its errors one LaunchError naming it."""
     name = member.filename[:-4]
+    if member.flag_bits & 0x1:  # zipfile would ask for a password (a RuntimeError)
+        raise LaunchError(f"{where}: {clip(name)}: encrypted (password-protected), which numpy.savez never writes")
     try:
         with archive.open(member) as stream:
             yield stream
     except LaunchError as error:
         raise LaunchError(f"{where}: {clip(name)}: {error}") from None
-    except (OSError, zipfile.BadZipFile, ValueError, EOFError) as error:
+    # zlib.error, LZMAError: corrupt deflate or LZMA data (a corrupt bzip2 stream is an OSError);
+    # NotImplementedError: a compression method or feature zipfile does not read; RuntimeError: a
+    # compression module missing from this Python (bz2, lzma)
+    except (OSError, zipfile.BadZipFile, ValueError, EOFError, zlib.error, lzma.LZMAError, NotImplementedError,
+            RuntimeError) as error:
         raise LaunchError(f"{where}: {clip(name)}: unreadable ({clip(str(error))})") from None
 
 

@@ -296,6 +296,39 @@ def fitting_arrays(kernel: str, rows: int, pos: int) -> dict[str, np.ndarray]:
             "k_cache": np.zeros((1, 4, 8), np.float16), "v_cache": np.zeros((1, 4, 8), np.float16), "pos": np.uint8(pos)}
 
 
+COMPRESSIONS = [zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_LZMA, zipfile.ZIP_BZIP2]
+
+
+def npz_archive(arrays: dict[str, np.ndarray], compression: int = zipfile.ZIP_STORED) -> bytes:
+    """What np.savez writes (ZIP_STORED) or np.savez_compressed (ZIP_DEFLATED), in any method zipfile writes."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression) as archive:
+        for name, array in arrays.items():
+            npy = io.BytesIO()
+            np.save(npy, array)
+            archive.writestr(f"{name}.npy", npy.getvalue())
+    return buffer.getvalue()
+
+
+def patch_member(data: bytes, member: str, method: int | None = None, flags: int = 0) -> bytes:
+    """The archive with a member's compression method replaced and flag bits set, in both its local
+    header and its central directory record (zipfile reads the one, checks the other)."""
+    data = bytearray(data)
+    with zipfile.ZipFile(io.BytesIO(bytes(data))) as archive:
+        local = archive.getinfo(member).header_offset
+    records = [local]  # a local header: flags at +6, method at +8
+    at = data.find(b"PK\x01\x02")
+    while at >= 0:  # a central directory record: flags at +8, method at +10, its name at +46
+        if data[at + 46:at + 46 + struct.unpack_from("<H", data, at + 28)[0]] == member.encode():
+            records.append(at + 2)
+        at = data.find(b"PK\x01\x02", at + 4)
+    for at in records:
+        struct.pack_into("<H", data, at + 6, struct.unpack_from("<H", data, at + 6)[0] | flags)
+        if method is not None:
+            struct.pack_into("<H", data, at + 8, method)
+    return bytes(data)
+
+
 @st.composite
 def npz_bytes(draw, kernel: str) -> bytes:
     names = KERNEL_PARAMS[kernel]
@@ -317,10 +350,8 @@ def npz_bytes(draw, kernel: str) -> bytes:
             values = np.zeros(count, dtype)
         with np.errstate(all="ignore"):
             arrays[name] = np.asarray(values).astype(dtype, casting="unsafe").reshape(shape)
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
-    data = buffer.getvalue()
-    damage = draw(st.integers(0, 7))
+    data = npz_archive(arrays, draw(st.sampled_from(COMPRESSIONS)))
+    damage = draw(st.integers(0, 8))
     if damage == 1 and data:  # truncated
         data = data[:draw(st.integers(0, len(data) - 1))]
     elif damage == 2 and data:  # flipped bytes
@@ -338,6 +369,11 @@ def npz_bytes(draw, kernel: str) -> bytes:
         data = buffer.getvalue()
     elif damage == 4:
         data = draw(st.binary(max_size=300))
+    elif damage == 5 and arrays:  # another compression method (9: deflate64, which zipfile lacks), or flags:
+        # encrypted, compressed patched data, strong encryption
+        member = draw(st.sampled_from(sorted(arrays)))
+        method = draw(st.sampled_from([None, 0, 8, 9, 12, 14, 99, 0xFFFF]))
+        data = patch_member(data, f"{member}.npy", method, draw(st.sampled_from([0, 0x1, 0x20, 0x40])))
     return data
 
 
@@ -370,6 +406,40 @@ def test_run_npz_inputs(run_spec, tmp_path_factory, data, kernel):
     else:
         with np.load(outputs) as written:
             assert set(KERNEL_PARAMS[kernel]) - {"rows", "pos"} <= set(written.files)
+
+
+def flip_member_data(data: bytes, member: str, at: int) -> bytes:
+    """The archive with 4 bytes inverted `at` bytes into a member's (compressed) data."""
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        local = archive.getinfo(member).header_offset
+    start = local + 30 + sum(struct.unpack_from("<HH", data, local + 26)) + at
+    return data[:start] + bytes(b ^ 0xFF for b in data[start:start + 4]) + data[start + 4:]
+
+
+NORM_INPUTS = fitting_arrays("norm", 2, 0)
+# Corrupt compressed data, a compression method zipfile lacks (9: deflate64), an encrypted member:
+# all but bzip2's (an OSError) once escaped as tracebacks (zlib.error, LZMAError,
+# NotImplementedError, RuntimeError).
+DAMAGED_ARCHIVES = {
+    "corrupt deflate": (flip_member_data(npz_archive(NORM_INPUTS, zipfile.ZIP_DEFLATED), "x.npy", 0), "unreadable"),
+    "corrupt lzma": (flip_member_data(npz_archive(NORM_INPUTS, zipfile.ZIP_LZMA), "x.npy", 9), "unreadable"),
+    "corrupt bzip2": (flip_member_data(npz_archive(NORM_INPUTS, zipfile.ZIP_BZIP2), "x.npy", 0), "unreadable"),
+    "unsupported method": (patch_member(npz_archive(NORM_INPUTS), "x.npy", method=9), "compression method"),
+    "encrypted": (patch_member(npz_archive(NORM_INPUTS), "x.npy", flags=0x1), "encrypted"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGED_ARCHIVES))
+def test_run_refuses_damaged_archive_members(run_spec, tmp_path, case):
+    data, reason = DAMAGED_ARCHIVES[case]
+    inputs = write(tmp_path, "in.npz", data)
+    outputs = tmp_path / "out.npz"
+    result = run_cli_in_process("run", "norm", "--spec", str(run_spec), "--inputs", str(inputs),
+                                "--outputs", str(outputs), "--backend", "emulator", "--set", "rows=2")
+    assert result.returncode == 2, result
+    assert result.stderr.startswith(f"error: --inputs {inputs}: x: ") and reason in result.stderr, result
+    assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr, result
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.npz"]
 
 
 # --- `--tune` options: fields and values as a user might mistype them ----------------------------------------
@@ -409,9 +479,13 @@ def test_the_installed_command_refuses_hostile_files_quickly(tmp_path):
     zero.symlink_to("/dev/zero")
     deep = write(tmp_path, "deep.toml", "a = " + "[" * 100_000 + "]" * 100_000 + "\n")
     broken = write(tmp_path, "in.npz", b"PK\x03\x04" + b"\x00" * 40)
+    corrupt = write(tmp_path, "deflate.npz", DAMAGED_ARCHIVES["corrupt deflate"][0])
+    small = write(tmp_path, "small.toml", RUN_SPEC)
     runs = [["validate", str(bomb)], ["validate", str(zero)], ["validate", "/dev/zero"], ["validate", str(deep)],
             ["run", "qwen3_8b_rmsnorm", "--spec", str(ROOT / "specs" / "qwen3.toml"), "--inputs", str(broken),
-             "--outputs", str(tmp_path / "out.npz"), "--backend", "emulator"]]
+             "--outputs", str(tmp_path / "out.npz"), "--backend", "emulator"],
+            ["run", "norm", "--spec", str(small), "--inputs", str(corrupt), "--outputs", str(tmp_path / "out.npz"),
+             "--backend", "emulator", "--set", "rows=2"]]
     for args in runs:
         result = subprocess.run(entry + args, capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert result.returncode == 2, (args, result.stderr[-2000:])

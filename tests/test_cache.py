@@ -1,0 +1,99 @@
+"""A cache folder, or a folder in it, that the user may not enter (another user's, mode 700): a
+build goes on without what it cannot read, with a note; `cache info` and `cache clean` do what
+they can and exit 2 naming the folder; never a traceback."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+
+SPEC = '[target]\narchs = ["sm_80"]\n' + "".join(
+    f'[[kernels]]\nname = "norm{hidden}"\nkind = "rmsnorm"\nhidden = {hidden}\n' for hidden in (64, 128, 256))
+
+
+def unprivileged() -> list[str] | None:
+    """A command prefix under which file permissions bind (root's capabilities to bypass them
+    dropped), or None where that cannot be done."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    caps = "-dac_override,-dac_read_search"
+    return None if setpriv is None else [setpriv, f"--bounding-set={caps}", f"--inh-caps={caps}"]
+
+
+@pytest.fixture
+def ptxgen(tmp_path):
+    """`ptxgen ARGS` in a subprocess where file permissions bind, with PTXGEN_CACHE_DIR `cache`."""
+    prefix = unprivileged()
+    if prefix is None:
+        pytest.skip("running as root without setpriv: file permissions do not bind")
+    (tmp_path / "spec.toml").write_text(SPEC)
+
+    def run(*args: str, cache) -> subprocess.CompletedProcess:
+        return subprocess.run([*prefix, sys.executable, "-m", "ptxgen.cli", *args], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=300, env={**os.environ, "PTXGEN_CACHE_DIR": str(cache)})
+    return run
+
+
+@pytest.fixture
+def lock():
+    """chmod 0 a folder (its mode given back after the test, so that pytest can remove it)."""
+    locked = []
+
+    def lock(folder):
+        folder.chmod(0)
+        locked.append(folder)
+    yield lock
+    for folder in locked:
+        folder.chmod(0o755)
+
+
+def one_error_line(result) -> str:
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("where", ["a shard", "an entry", "the cache folder"])
+def test_a_cache_folder_the_user_may_not_enter(tmp_path, ptxgen, lock, where):
+    cache = tmp_path / "cache"
+    assert ptxgen("build", "spec.toml", "-o", "warm", "-q", cache=cache).returncode == 0
+    entries = sorted(cache.glob("??/*"))
+    assert len(entries) == 3
+    locked = {"a shard": entries[0].parent, "an entry": entries[0], "the cache folder": cache}[where]
+    lock(locked)
+
+    built = ptxgen("build", "spec.toml", "-o", "out", cache=cache)
+    assert built.returncode == 0 and "Traceback" not in built.stderr, built.stderr
+    assert built.stderr.startswith("note: cache ") and str(locked) in built.stderr, built.stderr
+    assert (tmp_path / "out" / "manifest.json").read_bytes() == (tmp_path / "warm" / "manifest.json").read_bytes()
+
+    info = one_error_line(ptxgen("cache", "info", cache=cache))
+    assert f"cannot look into {locked}: permission denied" in info, info
+    if where != "the cache folder":
+        assert f"the rest holds {len([e for e in entries if locked not in (e, e.parent)])} entries" in info, info
+
+    clean = one_error_line(ptxgen("cache", "clean", cache=cache))
+    assert f"cannot look into {locked}: permission denied" in clean, clean
+    if where != "the cache folder":  # all that it could remove is gone
+        locked.chmod(0o755)
+        assert sorted(cache.glob("??/*")) == [e for e in entries if locked in (e, e.parent)]
+
+
+def test_a_cache_folder_the_user_may_not_reach(tmp_path, ptxgen, lock):
+    """PTXGEN_CACHE_DIR under another user's folder (say /root/.cache/ptxgen)."""
+    cache = tmp_path / "theirs" / "cache"
+    cache.mkdir(parents=True)
+    lock(cache.parent)
+    built = ptxgen("build", "spec.toml", "-o", "out", "-q", cache=cache)
+    assert built.returncode == 0 and "not writable" in built.stderr and "Traceback" not in built.stderr, built.stderr
+    assert (tmp_path / "out" / "manifest.json").is_file()
+    for command in ("info", "clean"):
+        line = one_error_line(ptxgen("cache", command, cache=cache))
+        assert line == f"error: PTXGEN_CACHE_DIR {cache}: Permission denied", line
