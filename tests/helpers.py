@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +44,16 @@ def with_ptx(kernel: CompiledKernel, ptx: str, target: str | None = None) -> Com
     tests that must catch it)."""
     variant = dataclasses.replace(kernel.variants[target] if target else kernel.portable, ptx=ptx)
     return dataclasses.replace(kernel, variants={**kernel.variants, variant.target: variant})
+
+
+def unprivileged() -> list[str] | None:
+    """A command prefix under which file permissions bind (root's capabilities to bypass them
+    dropped), or None where that cannot be done."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    caps = "-dac_override,-dac_read_search"
+    return None if setpriv is None else [setpriv, f"--bounding-set={caps}", f"--inh-caps={caps}"]
 
 
 def run_cli(*args: str, cwd: Path = ROOT, env: dict | None = None) -> subprocess.CompletedProcess:

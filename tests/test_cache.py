@@ -5,25 +5,15 @@ they can and exit 2 naming the folder; never a traceback."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 
+from helpers import unprivileged
 
 SPEC = '[target]\narchs = ["sm_80"]\n' + "".join(
     f'[[kernels]]\nname = "norm{hidden}"\nkind = "rmsnorm"\nhidden = {hidden}\n' for hidden in (64, 128, 256))
-
-
-def unprivileged() -> list[str] | None:
-    """A command prefix under which file permissions bind (root's capabilities to bypass them
-    dropped), or None where that cannot be done."""
-    if os.geteuid() != 0:
-        return []
-    setpriv = shutil.which("setpriv")
-    caps = "-dac_override,-dac_read_search"
-    return None if setpriv is None else [setpriv, f"--bounding-set={caps}", f"--inh-caps={caps}"]
 
 
 @pytest.fixture

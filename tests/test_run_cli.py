@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import os
-import shutil
 import stat
 import struct
 import subprocess
@@ -18,7 +17,7 @@ from ptxgen.errors import LaunchError
 from ptxgen.npz import load_npz, scalar_of
 from ptxgen.verify import relative_l2
 
-from helpers import ROOT, run_cli, run_cli_in_process, spec_kernel
+from helpers import ROOT, run_cli, run_cli_in_process, spec_kernel, unprivileged
 
 SPEC = ROOT / "specs" / "qwen3.toml"
 
@@ -389,16 +388,6 @@ def test_read_only_outputs_are_refused_not_replaced(tmp_path, norm_run):
     assert inside.returncode == 2 and f"the folder {folder} is read-only" in inside.stderr, inside
     assert not any(folder.iterdir())
     assert sorted(p.name for p in tmp_path.iterdir()) == ["build", "in.npz", "kept.npz", "one.toml"]
-
-
-def unprivileged() -> list[str] | None:
-    """A command prefix under which file permissions bind (root's capabilities to bypass them
-    dropped), or None where that cannot be done."""
-    if os.geteuid() != 0:
-        return []
-    setpriv = shutil.which("setpriv")
-    caps = "-dac_override,-dac_read_search"
-    return None if setpriv is None else [setpriv, f"--bounding-set={caps}", f"--inh-caps={caps}"]
 
 
 @pytest.mark.parametrize("command", [
