@@ -56,10 +56,11 @@ def unprivileged() -> list[str] | None:
     return None if setpriv is None else [setpriv, f"--bounding-set={caps}", f"--inh-caps={caps}"]
 
 
-def run_cli(*args: str, cwd: Path = ROOT, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run `ptxgen ARGS` in a subprocess exactly as a user would (exit code, stdout, stderr)."""
-    return subprocess.run([sys.executable, "-m", "ptxgen.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, "COLUMNS": "200", **(env or {})}, timeout=600)
+def run_cli(*args: str, cwd: Path = ROOT, env: dict | None = None, prefix=()) -> subprocess.CompletedProcess:
+    """Run `ptxgen ARGS` in a subprocess exactly as a user would (exit code, stdout, stderr), under
+    a command `prefix` (e.g. unprivileged()'s) if given."""
+    return subprocess.run([*prefix, sys.executable, "-m", "ptxgen.cli", *args], cwd=cwd, capture_output=True,
+                          text=True, env={**os.environ, "COLUMNS": "200", **(env or {})}, timeout=600)
 
 
 def assert_passes(checks) -> None:
