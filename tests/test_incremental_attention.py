@@ -175,6 +175,19 @@ def launch_raw(kernel, arrays, scalars, grid=None):
               dynamic_shared=geometry.dynamic_shared, sanitize=True, kernel_name=kernel.name)
 
 
+@pytest.mark.parametrize("shape", [(40, 2, 128, "bf16"), (24, 1, 256, "f16")])
+def test_a_ring_tile_that_copy_passes_do_not_divide(shape):
+    """CTAs of 10 or 12 warps (20 or 24 query heads a KV head) copy a ring tile in passes of a
+    row count that does not divide it: the last pass's rows past the tile were copied into the V
+    tile or the next stage, a cp.async race the sanitizer reports (found at edge configs)."""
+    num_heads, num_kv_heads, head_dim, kv_dtype = shape
+    kernel = attention(num_heads, num_kv_heads, head_dim, 64, kv_dtype)
+    plan = kernel.definition.plan
+    assert plan.tile % plan.copy_rows and plan.copy_passes >= 2, plan
+    for seq_len in (1, 37, 64):
+        assert_passes(verify_kernel(kernel, {"seq_len": seq_len}, seed=seq_len))
+
+
 @pytest.mark.parametrize("indirect", [False, True])
 def test_second_launch_on_the_same_workspace_gives_the_same_result(indirect):
     """The merging CTA puts its counter back to 0, so the next launch (or a CUDA graph replay)
