@@ -107,6 +107,17 @@ def test_rows_that_see_no_key_yet_with_a_large_scale(tiles):
     check(kernel, inputs, 160)
 
 
+def test_outputs_below_f16_s_normal_range_are_graded_by_its_spacing():
+    """A peaked softmax (scale 2) over small values: some outputs lie below 6.1e-5, where f16's
+    spacing is a fixed 2^-24, so a correctly rounded output is up to 2^-25 off the reference; the
+    bound took half an ulp as relative (3e-8 there) and failed them (found at edge configs)."""
+    kernel = attention_kernel(6, 2, 64, causal=True, dtype="bf16", out_dtype="f16", scale=2.0)
+    inputs = kernel.definition.sample_inputs(np.random.default_rng(0), {"seq_len": 70})
+    out = kernel.definition.reference(inputs, {"seq_len": 70})["o"]
+    assert (np.abs(out) < 2.0**-14).any(), "some outputs are f16 subnormals"
+    check(kernel, inputs, 70)
+
+
 @pytest.mark.parametrize("tiles", [{}, {"block_m": 128}, OVERLAP], ids=["default", "block_m128", "overlap"])
 def test_causal_query_sees_only_past_keys(tiles):
     """Changing the keys and values of later positions must not change earlier rows' outputs."""

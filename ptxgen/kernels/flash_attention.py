@@ -26,7 +26,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..abi import minimum, scalar
-from ..dtypes import DTYPES, from_float, to_float64
+from ..dtypes import DTYPES, from_float, half_ulp, to_float64
 from ..hardware_errors import MMA_SUM, RCP_REL
 from .base import Geometry, Kind, KernelConfig, Param, SmCount, Traffic, ceil_div
 
@@ -256,7 +256,8 @@ def attention_error_bound(q, k, v, scale: float, causal: bool, dtype: str, out_d
             softmax = (eta * spread + rounded_in_o) / (1 - eta - keys * tiny)
         softmax = softmax + row_sum * (np.abs(out) + softmax) / (1 - row_sum)
         total = softmax + accumulate * absolute / (1 - row_sum)
-        bound[h] = total + UNIT_ROUNDOFF[out_dtype] * (np.abs(out) + total)
+        # the output's rounding: half an ulp where the result lies, f16's fixed subnormal spacing below 6.1e-5
+        bound[h] = total + half_ulp(np.abs(out) + total, out_dtype)
     return bound
 
 
