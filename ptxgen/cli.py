@@ -592,8 +592,11 @@ def verify(
 def emulate_checks(kernels, seed: int, arch: str | None, progress) -> list:
     """verify's checks in the PTX interpreter (its sanitizer on), a KernelRun a kernel and PTX:
     with `arch`, the variant that arch runs; without, the portable PTX and each arch-specific one
-    the kernel builds (its sm_90a variant is another kernel, not the portable one plus a flag)."""
+    the kernel builds (its sm_90a variant is another kernel, not the portable one plus a flag).
+    A sanitizer finding or PTX the interpreter cannot run fails that run, with the checks made
+    before it; the next kernels are still checked."""
     from .device_verify import KernelRun
+    from .errors import InterpError
     from .verify import verify_plan, verify_sizes
 
     runs = []
@@ -603,8 +606,13 @@ def emulate_checks(kernels, seed: int, arch: str | None, progress) -> list:
                                                if arch_version(target)[2] and target != compiled.portable.target)]
         for label, kernel, sizes in verify_plan(compiled):
             for target in targets:
-                checks = [check for checks in verify_sizes(kernel, sizes, seed, arch=target) for check in checks]
-                runs.append(KernelRun(f"{label} ({target})" if target and not arch else label, None, checks))
+                run = KernelRun(f"{label} ({target})" if target and not arch else label, None)
+                try:
+                    for checks in verify_sizes(kernel, sizes, seed, arch=target):
+                        run.checks += checks
+                except InterpError as error:
+                    run.failure = str(error)
+                runs.append(run)
     return runs
 
 

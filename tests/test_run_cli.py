@@ -103,6 +103,34 @@ def test_verify_one_kernel_table_and_exit_code():
     assert "qwen3_8b_q_norm" in result.stdout and "pass" in result.stdout
 
 
+def test_verify_fails_a_kernel_the_sanitizer_stops_and_checks_the_rest(tmp_path, monkeypatch):
+    """A sanitizer finding is that kernel's failure (exit 1, the table, the finding below it, the
+    checks made before it kept), not an error that ends verify before the next kernels."""
+    from ptxgen import verify
+    from ptxgen.errors import SanitizerError
+
+    spec = tmp_path / "three.toml"
+    spec.write_text("".join(f'[[kernels]]\nname = "{name}"\nkind = "rmsnorm"\nhidden = {n}\n'
+                            for name, n in (("first", 9), ("racy", 17), ("last", 33))))
+    real = verify.verify_sizes
+
+    def sizes(kernel, *args, **kwargs):
+        for index, checks in enumerate(real(kernel, *args, **kwargs)):
+            if kernel.name == "racy" and index == 1:
+                raise SanitizerError("racy: line 7: a planted race")
+            yield checks
+
+    monkeypatch.setattr(verify, "verify_sizes", sizes)
+    result = run_cli_in_process("verify", str(spec))
+    assert result.returncode == 1, result
+    rows = {line.split()[0]: line for line in result.stdout.splitlines() if line.split()[:1] in (["first"], ["racy"],
+                                                                                                ["last"])}
+    assert "pass" in rows["first"] and "pass" in rows["last"] and "FAIL (error below)" in result.stdout
+    kept = [line.split()[:2] for line in result.stdout.splitlines() if line.endswith("pass")]
+    assert ["racy", "rows=1"] in kept, "the size checked before the finding is kept"
+    assert "FAIL racy: racy: line 7: a planted race" in result.stderr and "Traceback" not in result.stderr
+
+
 DEEP_DECODER = """[target]
 archs = ["sm_80"]
 
