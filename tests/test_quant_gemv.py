@@ -366,3 +366,19 @@ def test_prefetch_rows_asks_for_each_ctas_rows_and_changes_no_bits(monkeypatch, 
         for param in kernel.params:
             if param.written:
                 assert np.array_equal(ours[param.name].view(np.uint8), theirs[param.name].view(np.uint8)), arch
+
+
+@pytest.mark.parametrize("kind, k", [("q4k_gemv", 512), ("q6k_gemv", 512), ("q8_0_gemv", 512)])
+def test_a_group_of_x_holding_a_nan_or_an_inf_contributes_nothing(kind, k):
+    """quantize_x: a group of 32 whose max|x| is not a normal number (inf, NaN) is all zeros with
+    dx = 0, so y is bit for bit y of x with that group zeroed (plain max.f32 dropped a NaN: its
+    group was quantised from its other values; found at edge inputs)."""
+    kernel = make_kernel(kind, n=8, k=k)
+    inputs = kernel.definition.sample_inputs(np.random.default_rng(4), {})
+    bad, zeroed = inputs["x"].copy(), inputs["x"].copy()
+    bad[5], bad[70] = np.nan, -np.inf
+    zeroed[0:32] = zeroed[64:96] = 0
+    got = run(kernel, {**inputs, "x": bad}, {})["y"]
+    expected = run(kernel, {**inputs, "x": zeroed}, {})["y"]
+    assert np.isfinite(expected).all()
+    np.testing.assert_array_equal(got, expected)
