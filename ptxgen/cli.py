@@ -824,7 +824,7 @@ def generate(
     loaded = GGUFModel(model)
     check_request(loaded.config, max_seq_len, prompt, max_new)
     if fused is None:
-        refusal = fused_refusal(loaded.config)
+        refusal = fused_refusal(loaded.config, loaded.config.cache_positions(max_seq_len))
         fused = refusal is None
         if refusal:
             err.print(f"note: the layers run as separate kernels: {refusal}", markup=False)

@@ -49,25 +49,26 @@ LAYER_TENSORS = {"attn_norm": "attn_norm", "ffn_norm": "ffn_norm", "q_norm": "at
 INTERPRETER = "PTX interpreter (CPU)"
 
 
-def check_supported(config: ModelConfig, fused: bool = False) -> None:
+def check_supported(config: ModelConfig, fused: bool = False, max_seq_len: int = 1) -> None:
     """Every matrix the decode step multiplies must have a GEMV kind for its type (with `fused`,
-    the persistent decoder must be buildable for the layers' types)."""
+    the persistent decoder must be buildable for the layers' shapes and types at `max_seq_len`)."""
     for matrix in config.matrices():
         if matrix.name == "token_embd.weight" and not config.tied_embeddings:
             continue  # looked up by row on the host: any type gguf-py dequantises
         if matrix.quant not in GEMV_KINDS:
             raise PtxgenError(f"{config.name}: tensor {matrix.name!r} is {matrix.quant.upper()}; ptxgen generate has "
                               f"no GEMV kernel of that type (supported: {', '.join(q.upper() for q in GEMV_KINDS)})")
-    refusal = fused_refusal(config) if fused else None
+    refusal = fused_refusal(config, max_seq_len) if fused else None
     if refusal:
         raise PtxgenError(f"--fused: {refusal}")
 
 
-def fused_refusal(config: ModelConfig) -> str | None:
-    """Why the model's layers cannot be one persistent_decoder launch a token (None: they can)."""
+def fused_refusal(config: ModelConfig, max_seq_len: int) -> str | None:
+    """Why the model's layers cannot be one persistent_decoder launch a token with a cache of
+    `max_seq_len` positions (None: they can)."""
     from .kernels import kind_of
 
-    return kind_of(decoder_config(config, 1)).unbuildable()
+    return kind_of(decoder_config(config, max_seq_len)).unbuildable()
 
 
 def decoder_config(config: ModelConfig, max_seq_len: int):
@@ -80,8 +81,9 @@ def decoder_config(config: ModelConfig, max_seq_len: int):
     try:
         return config_from_json(decoder_kernel(config, model_prefix(config.name), max_seq_len))
     except ValidationError as error:
-        raise PtxgenError(f"{config.name} at --max-seq-len {max_seq_len}: its layers have no plan (persistent_decoder "
-                          f"{config_problem(error)})") from None
+        problem = config_problem(error)
+        where = f" at --max-seq-len {max_seq_len}" if "max_seq_len" in problem else ""
+        raise PtxgenError(f"{config.name}{where}: its layers have no plan (persistent_decoder {problem})") from None
 
 
 @dataclass(frozen=True)
@@ -265,9 +267,9 @@ class Generator:
         from .pipeline import compiler
 
         config = model.config
-        check_supported(config, fused)
         self.model, self.config, self.fused = model, config, fused
         self.max_seq_len = config.cache_positions(max_seq_len)
+        check_supported(config, fused, self.max_seq_len)
         kernels = step_kernels(config, self.max_seq_len)
         if backend == "device":
             from .device import session

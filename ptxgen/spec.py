@@ -91,7 +91,10 @@ class Spec(BaseModel):
                     raise ValueError(f"kernels[{index}].name: {kernel.name!r} and {defined[symbol]!r} would both define "
                                      f"{symbol} in the C header; rename one")
                 defined[symbol] = kernel.name
-            params = [p.name for p in kind_of(kernel).params()]
+            kind = kind_of(kernel)
+            if kind.unbuildable():
+                continue  # no parameters to name (check_against_archs says why)
+            params = [p.name for p in kind.params()]
             if kernel.name in params:
                 # nvJitLink 13.x can crash the process on an entry named like one of its parameters.
                 raise ValueError(f"kernels[{index}].name: expected a name other than the kernel's parameter "

@@ -177,6 +177,31 @@ def test_generate_command_matches_the_references(files, tmp_path, arch, flag, fu
     check_against_references(GGUFModel(files[arch]), PROMPT, summary["generated_tokens"], logits)
 
 
+def test_a_model_the_fused_decoder_cannot_shape_runs_its_separate_kernels(tmp_path, monkeypatch):
+    """Q8_0 layers of hidden 384 (no multiple of the fused decoder's 256-weight block, a legal
+    Q8_0 row): the separate kernels by default, with a note, and with --separate; the fused
+    decoder's shape rules had refused both (found by probing the model path)."""
+    from fixtures import make_tiny_gguf
+
+    for key, value in dict(hidden=384, num_heads=6, num_kv_heads=3, head_dim=64).items():
+        monkeypatch.setitem(make_tiny_gguf.SHAPE, key, value)
+    model_path = write_tiny_gguf(tmp_path / "narrow.gguf", seed=3, quant="q8_0")
+    for flag in ([], ["--separate"]):
+        result = run_cli_in_process("generate", str(model_path), "--tokens", "1,2", "--max-new", "2", "--max-seq-len",
+                                    "8", "--backend", "emulator", "--json", "--save-logits", str(tmp_path / "l.npy"),
+                                    *flag)
+        assert result.returncode == 0, result.stderr
+        summary = json.loads(result.stdout)
+        assert summary["layers"] == "separate kernels"
+        note = "note: the layers run as separate kernels: hidden: expected a multiple of 256"
+        assert (note in result.stderr) == (not flag), result.stderr
+        check_against_references(GGUFModel(model_path), [1, 2], summary["generated_tokens"],
+                                 np.load(tmp_path / "l.npy"))
+    refused = run_cli_in_process("generate", str(model_path), "--tokens", "1", "--max-new", "1", "--backend",
+                                 "emulator", "--fused")
+    assert refused.returncode == 2 and "--fused: hidden: expected a multiple of 256" in refused.stderr, refused
+
+
 def test_tied_lm_head_and_plain_output(files):
     result = run_cli_in_process("generate", str(files["qwen3-tied"]), "--tokens", "640,1", "--max-new", "3",
                                 "--backend", "emulator")
@@ -291,7 +316,10 @@ def test_unsupported_weight_types_are_named(files):
                                           r"scaling is not supported\)"),
     (["{long}", "--max-seq-len", "8388608"], r"at --max-seq-len 8388608: its layers have no plan \(persistent_decoder "
                                               r".*a layer's cache must be below 4 GiB"),
-    (["{long}", "--max-seq-len", "16777217"], r"\(--max-seq-len 16777217\): kernel '\w+_kv_append' .*max_seq_len"),
+    (["{long}", "--max-seq-len", "16777217"], r"at --max-seq-len 16777217: its layers have no plan \(persistent_decoder "
+                                               r"max_seq_len: Input should be less than or equal to 16777216"),
+    (["{long}", "--max-seq-len", "16777217", "--separate"],
+     r"\(--max-seq-len 16777217\): kernel '\w+_kv_append' .*max_seq_len"),
     (["{split}", "--fused"], r"--fused: weight_quants: w_gate and w_up differ in layer\(s\) 0"),
     (["{nan_norm}"], r"tiny-qwen3: tensor 'output_norm\.weight' holds 1 NaN or infinite values"),
     (["{inf_scale}"], r"tiny-qwen3: tensor 'blk\.1\.attn_q\.weight' holds 1 NaN or infinite block scales"),

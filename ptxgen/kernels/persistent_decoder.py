@@ -345,33 +345,25 @@ class PersistentDecoderConfig(KernelConfig):
 
     @model_validator(mode="after")
     def consistent(self) -> PersistentDecoderConfig:
-        for name in ("hidden", "intermediate"):
-            if getattr(self, name) % BLOCK_WEIGHTS:
-                raise ValueError(f"{name}: expected a multiple of {BLOCK_WEIGHTS} (the decoder's weight block, a K-quant super-block), got {getattr(self, name)}")
+        """What any use of the config needs, its separate step's too (the shapes the one fused
+        launch needs: PersistentDecoder.unbuildable)."""
         if self.head_dim not in HEAD_DIMS:
             raise ValueError(f"head_dim: expected one of {', '.join(map(str, HEAD_DIMS))}, got {self.head_dim}")
-        if self.num_heads * self.head_dim % BLOCK_WEIGHTS:
-            raise ValueError(f"num_heads * head_dim: expected a multiple of {BLOCK_WEIGHTS} (the decoder's weight block, a K-quant super-block), "
-                             f"got {self.num_heads * self.head_dim}")
+        for weight, types in self.weight_quants.items():
+            if len(types) != self.num_layers:
+                raise ValueError(f"weight_quants.{weight}: expected one type a layer ({self.num_layers}), "
+                                 f"got {len(types)}")
+        for weight, (_, k) in matrix_shapes(self).items():  # rows of whole blocks of each type
+            for quant in dict.fromkeys(layer_quants(self, weight)):
+                if k % quant_type(quant).block_weights:
+                    raise ValueError(f"{K_FIELDS[weight]}: expected a multiple of {quant_type(quant).block_weights} "
+                                     f"({weight}'s {quant.upper()} rows), got {k}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})")
         kv_bytes = DTYPES[self.kv_dtype].size * self.num_kv_heads * self.max_seq_len * self.head_dim
         if kv_bytes >= 1 << 32:
             raise ValueError("num_kv_heads * max_seq_len * head_dim * kv size: a layer's cache must be below 4 GiB "
                              f"(offsets within a layer are 32-bit), got {kv_bytes} bytes")
-        q_dim = self.num_heads * self.head_dim
-        largest = max(n * row_bytes(k) for n, k in ((q_dim, self.hidden), (self.hidden, q_dim),
-                                                     (self.intermediate, self.hidden), (self.hidden, self.intermediate)))
-        if largest >= 1 << 32:
-            raise ValueError(f"a layer's weight matrix must be below 4 GiB (32-bit offsets), got {largest} bytes")
-        for weight, types in self.weight_quants.items():
-            if len(types) != self.num_layers:
-                raise ValueError(f"weight_quants.{weight}: expected one type a layer ({self.num_layers}), "
-                                 f"got {len(types)}")
-        try:
-            decoder_attention(self)
-        except ValueError as error:
-            raise ValueError(f"num_heads / num_kv_heads: {error}") from None
         if self.ctas is not None and self.ctas > max_ctas(self.warps):
             raise ValueError(f"ctas: at most {max_ctas(self.warps)} CTAs of {self.warps} warps (the interpreter runs a "
                              f"grid barrier's whole grid in one wave of 2^18 threads), got {self.ctas}")
@@ -469,6 +461,19 @@ class PhaseVariant:
     @property
     def stage_bytes(self) -> int:
         return sum(s.plan.x_bytes for s in self.stages)
+
+
+def matrix_shapes(config) -> dict[str, tuple[int, int]]:
+    """(rows, k) of each weight matrix of a layer."""
+    H, I = config.hidden, config.intermediate
+    q_dim, kv_dim = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    return {"wq": (q_dim, H), "wk": (kv_dim, H), "wv": (kv_dim, H), "wo": (H, q_dim), "w_gate": (I, H),
+            "w_up": (I, H), "w_down": (H, I)}
+
+
+# The config field each matrix's k is, for messages.
+K_FIELDS = {"wq": "hidden", "wk": "hidden", "wv": "hidden", "wo": "num_heads * head_dim", "w_gate": "hidden",
+            "w_up": "hidden", "w_down": "intermediate"}
 
 
 def layer_quants(config, weight: str) -> tuple[str, ...]:
@@ -596,10 +601,7 @@ class PersistentDecoder(Kind):
         return decoder_attention(self.config)
 
     def matrix_shapes(self) -> dict[str, tuple[int, int]]:
-        """(rows, k) of each weight matrix of a layer."""
-        H, I = self.config.hidden, self.config.intermediate
-        return {"wq": (self.q_dim, H), "wk": (self.kv_dim, H), "wv": (self.kv_dim, H), "wo": (H, self.q_dim),
-                "w_gate": (I, H), "w_up": (I, H), "w_down": (H, I)}
+        return matrix_shapes(self.config)
 
     def weight_stacks(self) -> list[tuple[int, Param]]:
         """Each weight's layers stacked [layers, rows, row bytes] in the GGUF layout of their type
@@ -617,7 +619,25 @@ class PersistentDecoder(Kind):
         return [param for _, param in self.weight_stacks()]
 
     def unbuildable(self) -> str | None:
+        """The shapes and types the one fused launch needs (its separate step, ptxgen generate
+        --separate's layers, takes what its separate kinds take)."""
         c = self.config
+        for name in ("hidden", "intermediate"):
+            if getattr(c, name) % BLOCK_WEIGHTS:
+                return (f"{name}: expected a multiple of {BLOCK_WEIGHTS} (the decoder's weight block, a K-quant "
+                        f"super-block), got {getattr(c, name)}")
+        if c.num_heads * c.head_dim % BLOCK_WEIGHTS:
+            return (f"num_heads * head_dim: expected a multiple of {BLOCK_WEIGHTS} (the decoder's weight block, a "
+                    f"K-quant super-block), got {c.num_heads * c.head_dim}")
+        q_dim = c.num_heads * c.head_dim
+        largest = max(n * row_bytes(k) for n, k in ((q_dim, c.hidden), (c.hidden, q_dim), (c.intermediate, c.hidden),
+                                                     (c.hidden, c.intermediate)))
+        if largest >= 1 << 32:
+            return f"a layer's weight matrix must be below 4 GiB (32-bit offsets), got {largest} bytes"
+        try:
+            decoder_attention(c)
+        except ValueError as error:
+            return f"num_heads / num_kv_heads: {error}"
         gate, up = layer_quants(c, "w_gate"), layer_quants(c, "w_up")
         split = [str(layer) for layer in range(c.num_layers) if gate[layer] != up[layer]]
         if not split:
