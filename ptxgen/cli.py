@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import sys
 from dataclasses import asdict
 from enum import Enum
@@ -730,8 +731,9 @@ def bench(
 OutputSpec = Annotated[Optional[Path], typer.Option("--output", "-o", readable=False,
                                                     help="Write the spec here (default: print it).")]
 ForceOption = Annotated[bool, typer.Option("--force", help="Replace an existing --output file.")]
-MaxSeqLen = Annotated[Optional[int], typer.Option("--max-seq-len", min=1, help="KV-cache length (default: the "
-                                                                               "model's context length).")]
+# No min=1: ModelConfig.cache_positions refuses 0 in one line (click's usage error takes four).
+MaxSeqLen = Annotated[Optional[int], typer.Option("--max-seq-len", help="KV-cache length (default: the model's "
+                                                                        "context length).")]
 Prefix = Annotated[Optional[str], typer.Option("--prefix", help="Kernel name prefix (default: from the model).")]
 
 
@@ -778,10 +780,11 @@ def spec_from_hf_command(config: Annotated[Path, typer.Argument(readable=False, 
 
 # --- generate -------------------------------------------------------------------------------------------
 def parse_tokens(text: str) -> list[int]:
-    try:
-        return [int(part) for part in text.split(",")]
-    except ValueError:
-        raise PtxgenError(f"--tokens: expected comma-separated token ids (e.g. 1,2,3), got {text!r}") from None
+    """--tokens: decimal ids in ASCII digits (int() would also take 1_0, +5 or other scripts' digits)."""
+    parts = text.split(",")
+    if not all(re.fullmatch(r"\s*-?[0-9]+\s*", part) for part in parts):
+        raise PtxgenError(f"--tokens: expected comma-separated token ids (e.g. 1,2,3), got {text!r}")
+    return [int(part) for part in parts]
 
 
 @app.command()
@@ -796,7 +799,7 @@ def generate(
                                                   "launch a token, or as launches of the separate kernels (default: "
                                                   "fused where the model allows it: each layer's ffn_gate and ffn_up "
                                                   "of one type).", show_default=False)] = None,
-    max_seq_len: Annotated[Optional[int], typer.Option("--max-seq-len", min=1, help="KV-cache positions "
+    max_seq_len: Annotated[Optional[int], typer.Option("--max-seq-len", help="KV-cache positions "
                                                        "(default: the model's context length).")] = None,
     save_logits: Annotated[Optional[Path], typer.Option("--save-logits", readable=False, help="Write the logits of "
                                                         "each generated token, float32 [generated, vocab], to this "

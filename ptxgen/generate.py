@@ -123,7 +123,11 @@ def check_request(config: ModelConfig, max_seq_len: int | None, prompt: list[int
     if positions > cache:
         source = "--max-seq-len" if max_seq_len else "the model's context_length; --max-seq-len sets it"
         prompted = f"{len(prompt)} prompt token{'s' if len(prompt) > 1 else ''}"
-        raise PtxgenError(f"--max-new {max_new}: {prompted} and {max_new} new ones need {positions} cache positions; "
+        if len(prompt) > cache:
+            raise PtxgenError(f"--tokens: {prompted} need {len(prompt)} cache positions; the KV cache holds {cache} "
+                              f"({source})")
+        new = f"{max_new} new one{'s' if max_new > 1 else ''}"
+        raise PtxgenError(f"--max-new {max_new}: {prompted} and {new} need {positions} cache positions; "
                           f"the KV cache holds {cache} ({source})")
 
 

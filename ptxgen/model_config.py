@@ -189,7 +189,11 @@ def from_hf_config(path, quant: str) -> ModelConfig:
     rope = rope or {}
     # transformers >= 5 keeps rope_theta in rope_parameters; older configs at the top
     theta = "rope_parameters.rope_theta" if rope.get("rope_theta") is not None else "rope_theta"
-    scaling = data.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+    def scaled(table) -> bool:  # a table naming rope_type (or type) "default" is plain rope
+        return bool(table) and (table.get("rope_type", table.get("type", "default")) != "default"
+                                if isinstance(table, dict) else True)
+
+    scaling = next((table for table in (data.get("rope_scaling"), rope) if scaled(table)), None)
     if scaling:
         raise PtxgenError(f"{path}: rope scaling {scaling!r} is not supported (plain rope only)")
     heads = get("num_attention_heads", int)

@@ -109,7 +109,7 @@ def generated_spec(config: ModelConfig, source: str, max_seq_len: int | None = N
                    prefix: str | None = None) -> tuple[str, Spec]:
     """spec_text's TOML and the Spec it validates to (check_generated)."""
     c = config
-    prefix = prefix or model_prefix(c.name)
+    prefix = model_prefix(c.name) if prefix is None else prefix
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,31}", prefix):
         raise PtxgenError(f"kernel name prefix must be an identifier of at most 32 characters, got {prefix!r}")
     max_seq_len = c.cache_positions(max_seq_len)
@@ -215,6 +215,8 @@ def spec_from_gguf(path, max_seq_len: int | None = None, prefix: str | None = No
 
 def spec_from_hf_config(path, quant: str, max_seq_len: int | None = None, prefix: str | None = None) -> str:
     """The spec text for a Hugging Face config.json, every matrix of type `quant` ("q4_k", ...)."""
+    if quant.lower() not in GEMV_KINDS:
+        raise PtxgenError(f"--quant: expected one of {', '.join(GEMV_KINDS)} (a type with a GEMV kernel), got {quant!r}")
     return spec_text(from_hf_config(path, quant), f"{Path(path).name} with {quant} weights", max_seq_len, prefix)
 
 

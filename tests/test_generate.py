@@ -303,6 +303,10 @@ def test_unsupported_weight_types_are_named(files):
     (["{missing}"], r"missing\.gguf: cannot read GGUF file"),
     (["{text}"], r"not-a-model\.gguf: not a readable GGUF file"),
     (["{qwen3}", "--tokens", "1,x"], r"--tokens: expected comma-separated token ids \(e\.g\. 1,2,3\), got '1,x'"),
+    (["{qwen3}", "--tokens", "1_0"], r"--tokens: expected comma-separated token ids \(e\.g\. 1,2,3\), got '1_0'"),
+    (["{qwen3}", "--tokens", "+5"], r"--tokens: expected comma-separated token ids"),
+    (["{qwen3}", "--tokens", "\u0661"], r"--tokens: expected comma-separated token ids"),  # an Arabic-Indic 1
+    (["{qwen3}", "--max-seq-len", "0"], r"--max-seq-len: expected at least 1, got 0"),
     (["{qwen3}", "--tokens", "1,1000"], r"--tokens: token 1000 is outside the vocabulary \(0\.\.999\)"),
     (["{qwen3}", "--tokens", "-1"], r"token -1 is outside the vocabulary"),
     (["{qwen3}", "--max-seq-len", "4", "--max-new", "3"],
@@ -311,6 +315,10 @@ def test_unsupported_weight_types_are_named(files):
      r"--max-new 300: 1 prompt token and 300 new ones need 300 cache positions; the KV cache holds 256 \(the "
      r"model's context_length; --max-seq-len sets it\)"),
     (["{qwen3}", "--max-new", "0"], r"--max-new: expected at least 1, got 0"),
+    (["{qwen3}", "--tokens", "1,2,3,4,5", "--max-seq-len", "4", "--max-new", "1"],
+     r"--tokens: 5 prompt tokens need 5 cache positions; the KV cache holds 4 \(--max-seq-len\)"),
+    (["{qwen3}", "--tokens", "1,2,3", "--max-seq-len", "3", "--max-new", "2"],
+     r"--max-new 2: 3 prompt tokens and 2 new ones need 4 cache positions"),
     (["{qwen3}", "--max-seq-len", "257"], r"--max-seq-len 257: above the model's context_length \(metadata "
                                           r"'qwen3\.context_length'\) = 256 \(positions it was never trained at; rope "
                                           r"scaling is not supported\)"),

@@ -167,6 +167,7 @@ def test_write_spec_never_replaces_unasked(tmp_path):
     ({"model_type": "mistral"}, r"model_type 'mistral' is not supported \(supported: qwen3, llama\)"),
     ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope scaling .* is not supported"),
     ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}, "rope scaling .* is not supported"),
+    ({"rope_scaling": "linear"}, "rope scaling 'linear' is not supported"),
     ({"hidden_size": None}, "missing 'hidden_size'"),
     ({"num_attention_heads": "32"}, r"'num_attention_heads' must be an integer, got '32'"),
     ({"tie_word_embeddings": 1}, r"'tie_word_embeddings' must be true or false"),
@@ -213,6 +214,23 @@ def test_hf_config_file_errors(tmp_path):
         from_hf_config(bad, "q4_k")
     with pytest.raises(PtxgenError, match="unsupported tensor type 'q5_k'"):
         from_hf_config(hf_config(tmp_path), "q5_k")
+
+
+def test_plain_rope_named_default_and_the_cli_s_own_words(tmp_path):
+    """rope_scaling {"rope_type": "default"} (or "type") is plain rope, as rope_parameters' is; --quant
+    names only the types a GEMV takes; an empty --prefix is refused, not replaced by the model's."""
+    from helpers import run_cli_in_process
+
+    for scaling in ({"rope_type": "default"}, {"type": "default"}):
+        assert from_hf_config(hf_config(tmp_path, rope_scaling=scaling), "q4_k").rope_theta > 1
+    path = hf_config(tmp_path)
+    for args, message in ((["--quant", "q4_k_m"], "--quant: expected one of q4_k, q6_k, q8_0 (a type with a GEMV "
+                                                  "kernel), got 'q4_k_m'"),
+                          (["--quant", "f16"], "--quant: expected one of q4_k, q6_k, q8_0"),
+                          (["--quant", "q4_k", "--prefix", ""], "kernel name prefix must be an identifier"),
+                          (["--quant", "q4_k", "--max-seq-len", "0"], "--max-seq-len: expected at least 1, got 0")):
+        result = run_cli_in_process("spec", "from-hf", str(path), *args)
+        assert result.returncode == 2 and message in result.stderr and len(result.stderr.splitlines()) == 1, result
 
 
 def test_hf_config_defaults_and_rope_parameters(tmp_path):
