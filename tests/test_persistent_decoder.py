@@ -209,6 +209,20 @@ def test_twelve_warps_match_reference_and_separate_kernels(pos):
     assert np.array_equal(out["v_cache"][0, :, pos].view(np.uint16), eight["v_cache"][0, :, pos].view(np.uint16))
 
 
+def test_twelve_warps_at_head_dim_256_take_64_dims_a_warp():
+    """At head_dim 256, 32 dims a warp make 8-warp key groups, no divisor of 12 warps (refused
+    before, found at edge configs): 64 dims a warp, 4-warp key groups, 3 of them, and the same
+    contract."""
+    kernel = make_kernel("persistent_decoder", name="pd", **{**TINY, "head_dim": 256, "num_heads": 2,
+                                                             "num_kv_heads": 1}, num_layers=1, warps=12)
+    plan = kernel.definition.attention
+    assert (plan.dims_per_warp, plan.key_groups) == (64, 3), plan
+    inputs = kernel.definition.sample_inputs(np.random.default_rng(5), {"pos": 37})
+    out = decoder_run(kernel, inputs, 37)
+    check_against_reference(kernel, out, inputs, 37)
+    check_against_separate_kernels(kernel, out, inputs, 37)
+
+
 def test_verify_grades_a_one_layer_decoder_teacher_forced():
     """verify adds gradings against the teacher-forced reference (Kind.forced) where every rounding
     is the kernel's (one layer): a per-head RMS mean of 1/127 instead of 1/128 passes the
@@ -462,8 +476,8 @@ def test_grid_rule():
     (dict(max_seq_len=0), "max_seq_len"),
     (dict(l2_prefetch=5), "l2_prefetch: Input should be less than or equal to 4"),
     (dict(warps=16), "warps: Input should be 8 or 12"),
-    (dict(warps=12, head_dim=256, num_heads=2, num_kv_heads=1),
-     "num_heads / num_kv_heads: warps: a key group is 8 warps here .* 12 is no multiple of it"),
+    (dict(num_heads=24, num_kv_heads=1),  # 3 head slices: key groups of 12 or 6 warps
+     "num_heads / num_kv_heads: warps: a key group is 6 warps here .* 8 is no multiple of it"),
     (dict(warps=12, ctas=683), "ctas: at most 682 CTAs of 12 warps"),
 ])
 def test_config_errors(tmp_path, config, message):

@@ -383,10 +383,11 @@ def random_rows(rng, shape: tuple[int, ...], filled: int, dtype: str) -> np.ndar
 
 def decoder_attention(config) -> AttentionPlan:
     """incremental_attention's plan run by this kernel's CTAs (config.warps): 32 head dims a warp
-    where a key group (head slices x dim slices) fits the CTA, else 64; config.attention_stages
-    ring stages, or as many (1..4) as ATTENTION_RING bytes hold."""
+    where a key group (head slices x dim slices) divides the CTA's warps, else 64 (head_dim 256 at
+    12 warps: 4-warp key groups, where 32 dims made 8); config.attention_stages ring stages, or as
+    many (1..4) as ATTENTION_RING bytes hold."""
     slices = ceil_div(config.num_heads // config.num_kv_heads, MAX_HEADS_PER_SLICE)
-    dims = 32 if slices * config.head_dim // 32 <= config.warps else 64
+    dims = 32 if config.warps % (slices * config.head_dim // 32) == 0 else 64
 
     def plan(stages: int) -> AttentionPlan:
         return AttentionPlan.of(config, warps=config.warps, dims_per_warp=dims, stages=stages,
