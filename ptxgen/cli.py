@@ -21,7 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from . import __version__
 from .abi import Param
-from .archs import ARCHS, arch_version
+from .archs import ARCHS
 from .errors import LaunchError, PtxgenError
 from .quote import clip, echo
 from .tables import print_table
@@ -592,8 +592,9 @@ def verify(
 
 def emulate_checks(kernels, seed: int, arch: str | None, progress) -> list:
     """verify's checks in the PTX interpreter (its sanitizer on), a KernelRun a kernel and PTX:
-    with `arch`, the variant that arch runs; without, the portable PTX and each arch-specific one
-    the kernel builds (its sm_90a variant is another kernel, not the portable one plus a flag).
+    with `arch`, the variant that arch runs; without, the portable PTX and each other one the
+    kernel builds (its sm_90a variant is another kernel, not the portable one plus a flag; its
+    sm_90 PDL variant issues some loads before its griddepcontrol.wait).
     A sanitizer finding or PTX the interpreter cannot run fails that run, with the checks made
     before it; the next kernels are still checked."""
     from .device_verify import KernelRun
@@ -604,7 +605,7 @@ def emulate_checks(kernels, seed: int, arch: str | None, progress) -> list:
     for compiled in kernels:
         progress(compiled.name)
         targets = [arch] if arch else [None, *(target for target in compiled.variants
-                                               if arch_version(target)[2] and target != compiled.portable.target)]
+                                               if target != compiled.portable.target)]
         for label, kernel, sizes in verify_plan(compiled):
             for target in targets:
                 run = KernelRun(f"{label} ({target})" if target and not arch else label, None)

@@ -131,6 +131,18 @@ def test_verify_fails_a_kernel_the_sanitizer_stops_and_checks_the_rest(tmp_path,
     assert "FAIL racy: racy: line 7: a planted race" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_verify_checks_the_pdl_variant_too(tmp_path):
+    """An sm_90 PDL variant is its own PTX (an L2 request for its rows before griddepcontrol.wait
+    here): verify checks it beside the portable one, a row each (it checked sm_90a variants only)."""
+    spec = tmp_path / "pdl.toml"
+    spec.write_text('[target]\narchs = ["sm_80", "sm_90"]\n[[kernels]]\nname = "g"\nkind = "q4k_gemv"\nn = 64\n'
+                    'k = 512\npdl = true\nprefetch_rows = true\n')
+    result = run_cli_in_process("verify", str(spec))
+    assert result.returncode == 0, result
+    rows = [line.split()[:2] for line in result.stdout.splitlines() if line.endswith("pass")]
+    assert ["g", "y[64]"] in rows and ["g", "(sm_90)"] in rows, result.stdout
+
+
 DEEP_DECODER = """[target]
 archs = ["sm_80"]
 
