@@ -364,7 +364,7 @@ def main(argv: list[str]) -> int:
                                                                {**so_far, "notes": notes}))
         results["whole_model"] = whole_model(worker, notes)
     results["notes"] = notes
-    print_results(results, Console(), Console(stderr=True))
+    print_results(results, Console(soft_wrap=True), Console(stderr=True, soft_wrap=True))
     stem = stem_of(out, results)
     write_json(stem.with_suffix(".json"), results)
     stem.with_suffix(".md").write_text(markdown(results, notes))

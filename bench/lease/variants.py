@@ -17,7 +17,7 @@ from ptxgen.errors import exit_from
 
 
 def main(paths: list[str]) -> int:
-    console = Console()
+    console = Console(highlight=False, soft_wrap=True)  # plain tables and unwrapped lines in pipes and logs
     for path in paths:
         results = read_results(path)
         console.print(f"{path}:" if results is not None else f"{path}: not a `ptxgen bench --json` file: skipped",
