@@ -168,14 +168,20 @@ class GGUFModel:
         self.reader = open_gguf_reader(self.path)
         self._data = {}
         self.tensors: dict[str, TensorInfo] = {}
+        unknown = []  # (tensor, the refusal), every one named in one message
         for tensor in self.reader.tensors:
             try:
                 quant = quant_type(int(tensor.tensor_type))
             except PtxgenError as error:
-                raise PtxgenError(f"{self.path}: tensor {tensor.name!r}: {error}") from None
+                unknown.append((tensor.name, str(error)))
+                continue
             dims = tuple(int(d) for d in reversed(tensor.shape.tolist()))  # GGUF lists fastest first
             self.tensors[tensor.name] = TensorInfo(tensor.name, dims, quant)
             self._data[tensor.name] = tensor.data
+        if unknown:
+            more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
+            names = ", ".join(repr(name) for name, _ in unknown[:3])
+            raise PtxgenError(f"{self.path}: tensor{'s' if len(unknown) > 1 else ''} {names}{more}: {unknown[0][1]}")
         self.config = self._read_config()
         self._check_tensors()
 

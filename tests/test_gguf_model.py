@@ -109,6 +109,10 @@ BAD_FILES = [
           add_tensors=[("blk.0.ffn_gate.weight", np.zeros((512, 256 // 256 * 176), np.uint8),
                         gguf.GGMLQuantizationType.Q5_K)]),
      r"tensor 'blk\.0\.ffn_gate\.weight': unsupported tensor type Q5_K"),
+    (dict(drop_tensors=["blk.0.ffn_gate.weight", "blk.1.ffn_up.weight"],  # every such tensor named in one message
+          add_tensors=[(name, np.zeros((512, 176), np.uint8), gguf.GGMLQuantizationType.Q5_K)
+                       for name in ("blk.0.ffn_gate.weight", "blk.1.ffn_up.weight")]),
+     r"tensors 'blk\.0\.ffn_gate\.weight', 'blk\.1\.ffn_up\.weight': unsupported tensor type Q5_K"),
     (dict(drop_tensors=["blk.1.attn_norm.weight"], add_tensors=[("blk.1.attn_norm.weight", np.ones(128, np.float32), None)]),
      r"tensor 'blk\.1\.attn_norm\.weight' has shape \[128\], expected \[256\]"),
     (dict(drop_tensors=["output.weight"],
