@@ -238,8 +238,9 @@ def show(
     if tensor_tflops is not None:
         if not math.isfinite(tensor_tflops):
             raise PtxgenError(f"--tensor-tflops: expected a finite number, got {tensor_tflops}")
-        chosen = dataclasses.replace(chosen, tensor_tflops=tensor_tflops)
-    tensor_tflops = chosen.tensor_tflops or H100_TENSOR_TFLOPS
+    # one rate for the roofline and the model: a GPU without a datasheet rate here (l40s, rtx4090) takes 989
+    chosen = dataclasses.replace(chosen, tensor_tflops=tensor_tflops or chosen.tensor_tflops or H100_TENSOR_TFLOPS)
+    tensor_tflops = chosen.tensor_tflops
     arch = known_arch(arch)
     chosen_scalars = single_sets(assignments, "show")
     spec = load_spec(spec_path)
@@ -265,6 +266,8 @@ def show(
         tune.print_models(section, chosen, out, err)
         return
     compiled = compile_one(spec, spec.spec.find(name))
+    if ptx or sass:  # the code does not depend on them, but a --set it was given must still be one it takes
+        compiled.check_scalars({**compiled.definition.example_scalars(), **chosen_scalars})
     if ptx:
         sys.stdout.write(compiled.variant(arch).ptx)
         return

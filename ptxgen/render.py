@@ -6,6 +6,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import struct
 import tempfile
 from functools import cache
@@ -118,4 +119,18 @@ def render(kernel, ptx_version: tuple[int, int], ptx_target: str, own_target: st
         raise RuntimeError(f"template {kind.template} failed for kernel {kernel.name!r}: {error}") from error
     except SpecError as error:
         raise SpecError(f"kernel {kernel.name!r}: {error}; choose values that keep it in range") from None
+    check_entry_name(kernel.name, kind.name, text)
     return "\n".join(line.rstrip() for line in text.splitlines()) + "\n"
+
+
+# PTX's predefined identifier without a % (ISA 5.4: WARP_SZ); a kernel so named cannot be parsed.
+RESERVED = frozenset({"WARP_SZ"})
+
+
+def check_entry_name(name: str, kind: str, text: str) -> None:
+    """The entry's name must name nothing else in its PTX (a label, a shared variable of the
+    kind's template): nvJitLink crashed the process (a segfault) or refused the redefinition."""
+    code = "\n".join(line.split("//", 1)[0] for line in text.splitlines() if not line.startswith(".visible .entry"))
+    if name in RESERVED or re.search(rf"(?<![\w%$.]){re.escape(name)}(?!\w)", code):
+        raise SpecError(f"kernel {name!r}: the {kind} kind's PTX uses {name!r} for a name of its own (a label, a "
+                        "variable or a PTX keyword); choose another kernel name")

@@ -171,3 +171,20 @@ def test_show_gives_each_arch_its_own_ctas_occupancy_and_models_the_sm90a_varian
     warps = {arch: detail["warps_per_sm"] // detail["ctas_per_sm"] for arch, detail in report["occupancy_detail"].items()}
     assert warps == {"sm_90": 4, "sm_90a": 9}, warps     # 128 threads; 288 (a producer warp, 2 consumer warpgroups)
     assert report["model"]["thread_instructions"] > 0    # the H100 runs the sm_90a cubin: its PTX interpreted
+
+
+@pytest.mark.parametrize("name, kind, fields", [
+    ("q4k_smem", "q4k_gemv", "n = 64\nk = 256"),        # the GEMVs' shared staging buffer
+    ("scratch", "incremental_attention", "num_heads = 4\nnum_kv_heads = 1\nhead_dim = 64\nmax_seq_len = 64"),
+    ("DONE", "argmax", "n = 100"),                      # a label
+    ("WARP_SZ", "rmsnorm", "hidden = 64"),              # PTX's predefined constant
+])
+def test_a_kernel_named_like_a_name_in_its_ptx_is_refused(tmp_path, name, kind, fields):
+    """nvJitLink crashed the process (a segfault, exit 139) on the first two and refused the others
+    with its log: one message naming the kernel, exit 2, nothing built."""
+    spec = tmp_path / "named.toml"
+    spec.write_text(f'[target]\narchs = ["sm_80"]\n\n[[kernels]]\nname = "{name}"\nkind = "{kind}"\n{fields}\n')
+    result = run_cli("build", str(spec), "-o", str(tmp_path / "out"), "-q")
+    assert result.returncode == 2 and not (tmp_path / "out").exists(), result
+    assert result.stderr == (f"error: kernel {name!r}: the {kind} kind's PTX uses {name!r} for a name of its own (a "
+                             "label, a variable or a PTX keyword); choose another kernel name\n")

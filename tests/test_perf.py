@@ -871,3 +871,19 @@ def test_ctas_of_unequal_work_scale_the_sm_throughput_terms_by_the_busiest_slot(
     for term in ("issue", "tensor", "sfu"):
         assert dealt[f"{term}_time_us"] == pytest.approx(even[f"{term}_time_us"] * factor, rel=5e-3, abs=2e-3)  # rounded
     assert dealt["bandwidth_floor_us"] == even["bandwidth_floor_us"]
+
+
+def test_a_gpu_without_a_matrix_rate_prices_matrix_work_at_the_documented_fallback(tmp_path):
+    """l40s and rtx4090 have no datasheet matrix rate here: the roofline and the model both take
+    --tensor-tflops' documented fallback, 989 (the model took 0 and the table raised a TypeError)."""
+    from helpers import run_cli_in_process
+
+    spec = tmp_path / "fa.toml"
+    spec.write_text('[[kernels]]\nname = "fa"\nkind = "flash_attention"\nnum_heads = 2\nnum_kv_heads = 1\n'
+                    'head_dim = 64\n')
+    for gpu in ("l40s", "rtx4090"):
+        shown = run_cli_in_process("show", "fa", "--spec", str(spec), "--gpu", gpu, "--set", "seq_len=256")
+        assert shown.returncode == 0 and "at 989 TFLOP/s" in shown.stdout, shown
+        report = json.loads(run_cli_in_process("show", "fa", "--spec", str(spec), "--gpu", gpu, "--set",
+                                               "seq_len=256", "--json").stdout)
+        assert report["model"]["tensor_time_us"] > 0 and report["roofline_us"]["tensor_tflops"] == 989.0

@@ -492,6 +492,14 @@ def test_spec_from_gguf_checks_its_output_before_reading_the_model(tmp_path):
     assert existing.read_text() == "# mine\n"
 
 
+def test_show_code_listings_check_their_set_too():
+    for code in ("--ptx", "--sass"):
+        for value, message in (("seq_len=99999999", "runtime scalar 'seq_len': expected an integer in 0..40960"),
+                               ("nope=1", "unknown runtime scalar 'nope'")):
+            result = run_cli_in_process("show", "qwen3_8b_decode_attention", "--spec", str(SPEC), code, "--set", value)
+            assert result.returncode == 2 and message in result.stderr and result.stdout == "", (code, value, result)
+
+
 def test_show_json_and_code_listings_are_refused_together():
     for code in ("--ptx", "--sass"):
         result = run_cli_in_process("show", "qwen3_8b_rmsnorm", "--spec", str(SPEC), "--json", code)
