@@ -639,7 +639,10 @@ def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str,
     occupancies = occupancy_per_arch(launches or {arch: launch for arch in cubins}, cubins)
     if count is None:
         count = count_instructions(ptx, entry, launch, args, max_threads, min_ctas=tail.group_ctas if tail else 1)
-    here = occupancies[arch]
+    # the cubin's resources under the GPU's own limits (an sm_89 GPU running the sm_80 cubin holds
+    # 1536 threads an SM, not sm_80's 2048)
+    here = occupancy(arch_limits(gpu.arch), threads, cubins[arch]["registers"],
+                     cubins[arch]["shared_bytes"] + launch.dynamic_shared)
     ctas = math.prod(launch.grid)
     report = {
         "gpu": {**asdict(gpu), "bandwidth_gbs": gpu.bandwidth_gbs},

@@ -887,3 +887,14 @@ def test_a_gpu_without_a_matrix_rate_prices_matrix_work_at_the_documented_fallba
         report = json.loads(run_cli_in_process("show", "fa", "--spec", str(spec), "--gpu", gpu, "--set",
                                                "seq_len=256", "--json").stdout)
         assert report["model"]["tensor_time_us"] > 0 and report["roofline_us"]["tensor_tflops"] == 989.0
+
+
+def test_a_gpu_running_an_older_arch_s_cubin_is_held_to_its_own_limits(tmp_path):
+    """An L40S (sm_89: 1536 threads an SM) runs a spec's sm_80 cubin: its residency is the cubin's
+    resources under sm_89's limits, not sm_80's 2048 threads (which gave 1846 resident threads)."""
+    from helpers import run_cli_in_process
+
+    spec = tmp_path / "occ.toml"
+    spec.write_text('[target]\narchs = ["sm_80"]\n[[kernels]]\nname = "big"\nkind = "swiglu"\nn = 4194304\n')
+    report = json.loads(run_cli_in_process("show", "big", "--spec", str(spec), "--gpu", "l40s", "--json").stdout)
+    assert report["model"]["bytes_in_flight"]["resident_threads_per_sm"] <= 1536
