@@ -43,16 +43,19 @@ def _is_artifact(relative: str) -> bool:
         len(parts) == 2 and parts[0].startswith("sm_") and parts[1].endswith(".cubin"))
 
 
-def owned_files(folder: Path) -> list[str]:
-    """Relative paths of the artifact-like files in a folder (PTX, headers, JSON, sm_*/*.cubin)."""
+def folder_files(folder: Path) -> list[str]:
+    """Relative paths of every file in a folder (hidden ones and links included)."""
     if not folder.is_dir():
         return []
-    found = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() or p.is_symlink()]
-    return sorted(p for p in found if _is_artifact(p))
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() or p.is_symlink())
 
 
 def compare(folder: Path, files: dict[str, bytes]) -> Difference:
-    """What differs between a folder and the files a build makes (nothing is written)."""
+    """What differs between a folder and the files a build makes (nothing is written): any other
+    file in it is unexpected, as a build refuses a folder holding files it did not write; a
+    target a build refuses outright (a link, a file) is that error."""
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        check_output_folder(folder)
     stale, missing = [], []
     for relative, data in sorted(files.items()):
         path = folder / relative
@@ -61,7 +64,7 @@ def compare(folder: Path, files: dict[str, bytes]) -> Difference:
                 stale.append(relative)
         except OSError:
             missing.append(relative)
-    unexpected = [p for p in owned_files(folder) if p not in files]
+    unexpected = [p for p in folder_files(folder) if p not in files]
     return Difference(stale, missing, unexpected)
 
 

@@ -65,6 +65,14 @@ def test_check_passes_on_a_fresh_build_and_names_stale_missing_and_extra_files(b
     nowhere = built.parent / "never_built"
     result = build(nowhere, "--check")
     assert result.returncode == 1 and "missing: manifest.json" in result.stdout and not nowhere.exists()
+    (built / "notes.txt").write_text("mine")  # what a build would refuse to replace: not up to date either
+    assert f"{built}: unexpected: notes.txt" in build(built, "--check").stdout.splitlines()
+    link, plain = built.parent / "link", built.parent / "plain"
+    link.symlink_to(built)
+    plain.write_text("x")
+    for target, message in ((link, "is a symbolic link"), (plain, "exists and is not a folder")):
+        result = build(target, "--check")
+        assert result.returncode == 2 and message in result.stderr, result  # as build says it
 
 
 def test_rebuilding_keeps_unchanged_files_and_removes_stale_ones(built):
