@@ -282,10 +282,11 @@ def show(
 
 
 def sass_listing(compiled, arch: str | None, chosen) -> str:
-    """nvdisasm's listing of the cubin of `arch`, else of the one the GPU `chosen` runs."""
+    """nvdisasm's listing of the cubin a GPU of `arch` runs (as --ptx and the report take it: an
+    sm_86 runs sm_80's, an sm_90 sm_90a's), else of the one the GPU `chosen` runs."""
     from .perf import disassemble
 
-    binary = compiled.binaries.get(arch) if arch else compiled.binary_for(chosen.arch)
+    binary = compiled.binary_for(arch or chosen.arch)
     if binary is None:
         wanted = f"--arch {arch}" if arch else f"the {chosen.arch} of --gpu {chosen.name}"
         raise LaunchError(f"--sass: {compiled.name} has no cubin for {wanted}; the spec builds "

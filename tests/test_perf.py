@@ -533,7 +533,7 @@ def test_show_sass_prints_the_cubin_a_gpu_runs_or_says_why_not(tmp_path):
     spec = tmp_path / "s.toml"
     spec.write_text('[target]\narchs = ["sm_86", "sm_90"]\n\n[[kernels]]\nname = "norm"\nkind = "rmsnorm"\n'
                     'hidden = 256\n')
-    errors = {("--arch", "sm_89"): "--sass: norm has no cubin for --arch sm_89; the spec builds sm_86, sm_90",
+    errors = {("--arch", "sm_80"): "--sass: norm has no cubin for --arch sm_80; the spec builds sm_86, sm_90",
               ("--gpu", "a100-80gb"): "--sass: norm has no cubin for the sm_80 of --gpu a100-80gb; the spec builds "
                                       "sm_86, sm_90",
               ("--ptx",): "--ptx prints the PTX, --sass the SASS: give one or the other",
@@ -543,8 +543,9 @@ def test_show_sass_prints_the_cubin_a_gpu_runs_or_says_why_not(tmp_path):
         assert shown.returncode == 2 and message in shown.stderr and "Traceback" not in shown.stderr, shown.stderr
     if perf.nvdisasm() is None:
         pytest.skip("nvidia-cuda-nvdisasm is not installed (pip install '.[sass]')")
-    # an RTX 4090 (sm_89) runs the sm_86 cubin (binary_for)
-    for extra, arch in (((), "sm_90"), (("--arch", "sm_86"), "sm_86"), (("--gpu", "rtx4090"), "sm_86")):
+    # an RTX 4090 (sm_89) runs the sm_86 cubin (binary_for), and so does --arch sm_89, as --ptx takes it
+    for extra, arch in (((), "sm_90"), (("--arch", "sm_86"), "sm_86"), (("--gpu", "rtx4090"), "sm_86"),
+                        (("--arch", "sm_89"), "sm_86")):
         shown = run_cli("show", "norm", "--spec", str(spec), "--sass", *extra)
         assert shown.returncode == 0, shown.stderr
         assert ".text.norm" in shown.stdout and "EXIT" in shown.stdout, shown.stdout[:400]
