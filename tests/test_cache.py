@@ -4,13 +4,11 @@ they can and exit 2 naming the folder; never a traceback."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 
 import pytest
 
-from helpers import unprivileged
+from helpers import run_cli, unprivileged
 
 SPEC = '[target]\narchs = ["sm_80"]\n' + "".join(
     f'[[kernels]]\nname = "norm{hidden}"\nkind = "rmsnorm"\nhidden = {hidden}\n' for hidden in (64, 128, 256))
@@ -25,8 +23,7 @@ def ptxgen(tmp_path):
     (tmp_path / "spec.toml").write_text(SPEC)
 
     def run(*args: str, cache) -> subprocess.CompletedProcess:
-        return subprocess.run([*prefix, sys.executable, "-m", "ptxgen.cli", *args], cwd=tmp_path, capture_output=True,
-                              text=True, timeout=300, env={**os.environ, "PTXGEN_CACHE_DIR": str(cache)})
+        return run_cli(*args, cwd=tmp_path, env={"PTXGEN_CACHE_DIR": str(cache)}, prefix=prefix)
     return run
 
 
