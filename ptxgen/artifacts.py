@@ -108,14 +108,14 @@ def _check_output_folder(folder: Path) -> None:
             manifest = None
         if not isinstance(manifest, dict) or "ptxgen_version" not in manifest:
             raise PtxgenError(f"-o {folder}: its manifest.json was not written by ptxgen; choose another folder")
-        extra = [p.relative_to(folder).as_posix() for p in folder.rglob("*")
-                 if p.is_file() and not _is_artifact(p.relative_to(folder).as_posix())]
+        present = [name for name in folder_files(folder) if (folder / name).is_file()]
+        extra = [name for name in present if not _is_artifact(name)]
         if extra:
-            raise PtxgenError(f"-o {folder}: holds files ptxgen did not write ({', '.join(sorted(extra)[:3])}); "
+            raise PtxgenError(f"-o {folder}: holds files ptxgen did not write ({', '.join(extra[:3])}); "
                               "move them out or choose another folder")
-        kept = [p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and read_only(p, os.W_OK)]
+        kept = [name for name in present if read_only(folder / name, os.W_OK)]
         if kept:
-            raise PtxgenError(f"-o {folder}: holds read-only files ({', '.join(sorted(kept)[:3])}); refusing to replace "
+            raise PtxgenError(f"-o {folder}: holds read-only files ({', '.join(kept[:3])}); refusing to replace "
                               "them (make them writable or choose another folder)")
 
 

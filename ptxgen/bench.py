@@ -712,9 +712,7 @@ def variant_key(row: dict) -> str | None:
 
     if row["kind"] not in KINDS:
         return None
-    fields = KINDS[row["kind"]].Config.model_fields
-    required = {name for name, field in fields.items() if field.is_required()} - {"name", "kind"}
-    required |= set(KINDS[row["kind"]].shape_fields)
+    required = KINDS[row["kind"]].size_fields()
     return json.dumps([row["kind"], row["scalars"], {k: v for k, v in row["config"].items() if k in required}],
                       sort_keys=True)
 

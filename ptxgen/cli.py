@@ -898,8 +898,7 @@ def main() -> None:
         try:
             app()
         finally:
-            if sys.stdout is not None:
-                sys.stdout.flush()
+            sys.stdout.flush()
     except PtxgenError as error:
         err.print(f"[red]error:[/red] {escape(str(error))}")
         sys.exit(2)

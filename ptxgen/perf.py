@@ -590,8 +590,14 @@ def occupancy_per_arch(launches: Mapping[str, Launch], cubins: dict[str, dict]) 
     """Each arch's occupancy for its launch (an arch-specific variant's CTA may differ), from the
     resources ptxas reported (`cubins`: arch -> `registers`, `shared_bytes` = static shared): no
     interpretation needed."""
-    return {arch: occupancy(arch_limits(arch), launches[arch].threads_per_cta, res["registers"],
-                            res["shared_bytes"] + launches[arch].dynamic_shared) for arch, res in cubins.items()}
+    return {arch: cubin_occupancy(arch, launches[arch], res) for arch, res in cubins.items()}
+
+
+def cubin_occupancy(limits_arch: str, launch: Launch, resources: dict) -> Occupancy:
+    """A cubin's CTA (ptxas's `registers` and static `shared_bytes`, the launch's threads and
+    dynamic shared memory) under `limits_arch`'s limits."""
+    return occupancy(arch_limits(limits_arch), launch.threads_per_cta, resources["registers"],
+                     resources["shared_bytes"] + launch.dynamic_shared)
 
 
 def dispatch_balance(work: np.ndarray, slots: int) -> float:
@@ -641,8 +647,7 @@ def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str,
         count = count_instructions(ptx, entry, launch, args, max_threads, min_ctas=tail.group_ctas if tail else 1)
     # the cubin's resources under the GPU's own limits (an sm_89 GPU running the sm_80 cubin holds
     # 1536 threads an SM, not sm_80's 2048)
-    here = occupancy(arch_limits(gpu.arch), threads, cubins[arch]["registers"],
-                     cubins[arch]["shared_bytes"] + launch.dynamic_shared)
+    here = cubin_occupancy(gpu.arch, launch, cubins[arch])
     ctas = math.prod(launch.grid)
     report = {
         "gpu": {**asdict(gpu), "bandwidth_gbs": gpu.bandwidth_gbs},

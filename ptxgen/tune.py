@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import LaunchError, PtxgenError, SpecError
+from .kernels import KINDS
 from .quote import clip, echo
 from .spec import LoadedSpec, check_against_archs, validate
 from .specgen import toml_value
@@ -23,7 +24,7 @@ MAX_VARIANTS = 256
 FIXED_FIELDS = ("name", "kind")
 # Fields that change what a kernel computes or takes (types, the math, how lengths arrive), not
 # how: --tune compares ways of computing one result, and prints the fastest as the spec's entry.
-# A kind's shapes (its required fields and Kind.shape_fields) are refused with them.
+# A kind's shapes (Kind.size_fields) are refused with them.
 MEANING_FIELDS = ("dtype", "out_dtype", "kv_dtype", "causal", "scale", "eps", "theta", "rope_theta", "style",
                   "rope_style", "qk_norm", "weight_quants", "indirect_seq_len", "indirect_pos")
 
@@ -69,15 +70,6 @@ def parse_tune(assignments: list[str]) -> dict[str, list]:
     return fields
 
 
-def shape_fields(kernel) -> set[str]:
-    """The fields that size a kernel: its kind's required fields and Kind.shape_fields."""
-    from .kernels import KINDS
-
-    kind = KINDS[kernel.kind]
-    return {name for name, field in kind.Config.model_fields.items() if field.is_required()} \
-        - set(FIXED_FIELDS) | set(kind.shape_fields)
-
-
 def field_holder(entry: dict, field: str, kernel) -> tuple[dict, str]:
     """The dict of `entry` (a config's JSON dump) holding a dotted field, and its last name; a
     field the kind does not have is refused, naming those it has."""
@@ -89,7 +81,7 @@ def field_holder(entry: dict, field: str, kernel) -> tuple[dict, str]:
         holder, where = holder[table], f"{where}{table}."
     if last in FIXED_FIELDS and not tables:
         raise LaunchError(f"--tune {field}: a kernel's {last} is not a tuning field")
-    if not tables and (last in MEANING_FIELDS or last in shape_fields(kernel)):
+    if not tables and (last in MEANING_FIELDS or last in KINDS[kernel.kind].size_fields()):
         raise LaunchError(f"--tune {field}: changes what kernel {kernel.name!r} computes (a shape, a type or the "
                           "math), not how; --tune compares ways of computing the same result")
     if last not in holder:

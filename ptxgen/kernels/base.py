@@ -199,6 +199,13 @@ class Kind:
     def __init__(self, config: KernelConfig):
         self.config = config
 
+    @classmethod
+    def size_fields(cls) -> set[str]:
+        """The fields that size a problem: the config's required ones (the shapes and heads a spec
+        must name) and shape_fields."""
+        return ({name for name, field in cls.Config.model_fields.items() if field.is_required()} - {"name", "kind"}
+                | set(cls.shape_fields))
+
     @property
     def template(self) -> str:
         return f"{self.name}.ptx.j2"

@@ -630,9 +630,7 @@ class PersistentDecoder(Kind):
         if c.num_heads * c.head_dim % BLOCK_WEIGHTS:
             return (f"num_heads * head_dim: expected a multiple of {BLOCK_WEIGHTS} (the decoder's weight block, a "
                     f"K-quant super-block), got {c.num_heads * c.head_dim}")
-        q_dim = c.num_heads * c.head_dim
-        largest = max(n * row_bytes(k) for n, k in ((q_dim, c.hidden), (c.hidden, q_dim), (c.intermediate, c.hidden),
-                                                     (c.hidden, c.intermediate)))
+        largest = max(n * row_bytes(k) for n, k in matrix_shapes(c).values())
         if largest >= 1 << 32:
             return f"a layer's weight matrix must be below 4 GiB (32-bit offsets), got {largest} bytes"
         try:
