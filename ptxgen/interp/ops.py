@@ -995,7 +995,12 @@ def _setp(c):
         t = "u" + t[1:]
     if t.endswith("x2"):
         c.fail("packed setp is not supported")
-    prep = (lambda x: nm.decode(x, "bf16")) if t == "bf16" else _ftz_in(c, t)
+    if t == "bf16":
+        prep = lambda x: nm.decode(x, "bf16")
+    elif t == "f16" and "ftz" in c.mods:    # setp.ftz.f16 flushes subnormal inputs (ISA 9.7.6.2)
+        prep = lambda x: _flush_f16(np.asarray(x).view(np.uint16)).view(np.float16)
+    else:
+        prep = _ftz_in(c, t)
     ra, rb = c.read(1, t), c.read(2, t)
     is_float = kind in ("f", "bf")
     if not is_float and cmp not in ("eq", "ne", "lt", "le", "gt", "ge", "lo", "ls", "hi", "hs"):

@@ -367,3 +367,17 @@ def test_abs_neg_ftz_flush_subnormal_halves_to_signed_zero():
     assert list(elementwise("neg.bf16x2 %d, %a;", a)) == [0x00018001, 0x03FFBC00, 0xFE010001]
     with pytest.raises(InterpError, match=re.escape(".ftz needs .f32, .f16 or .f16x2")):
         elementwise("abs.ftz.bf16x2 %d, %a;", a)
+
+
+def test_setp_ftz_f16_flushes_subnormal_inputs():
+    """setp.ftz.f16 compares subnormal inputs as zeros of their sign (ISA, half-precision setp);
+    without .ftz they keep their value."""
+    h = np.array([0x0001, 0x83FF, 0x0001, 0x0400], np.uint32)     # 2^-24, -subnormal, 2^-24, 2^-14
+    z = np.array([0x0000, 0x0000, 0x8000, 0x0000], np.uint32)     # +0, +0, -0, +0
+    snippet = (".reg .b16 %h, %g; cvt.u16.u32 %h, %a; cvt.u16.u32 %g, %b; "
+               "setp.{cmp}.f16 %p, %h, %g; selp.u32 %d, 1, 0, %p;")
+    assert list(elementwise(snippet.format(cmp="gt.ftz"), h, z)) == [0, 0, 0, 1]
+    assert list(elementwise(snippet.format(cmp="eq.ftz"), h, z)) == [1, 1, 1, 0]
+    assert list(elementwise(snippet.format(cmp="lt.ftz"), h, z)) == [0, 0, 0, 0]
+    assert list(elementwise(snippet.format(cmp="gt"), h, z)) == [1, 0, 1, 1]
+    assert list(elementwise(snippet.format(cmp="eq"), h, z)) == [0, 0, 0, 0]
