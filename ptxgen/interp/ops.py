@@ -1097,6 +1097,8 @@ def _cvt(c):
         size = ddt.itemsize
         nan = np.array(0 if at != "f64" and size != 8 else 1 << (8 * size - 1), _uint(size)).view(ddt)[()]
         return c.alu(lambda st, sel: dst(st, sel, nm.float_to_int(source(st, sel), ddt, mode, nan)))
+    if relu and dt_ not in ("f16", "bf16"):
+        c.fail(".relu needs a .f16, .f16x2, .bf16 or .bf16x2 destination")
     if d_float:
         if mode in INT_ROUND and not a_float:
             c.fail(f".{mode} needs a float source")
@@ -1115,6 +1117,8 @@ def _cvt(c):
                 lo_hi = (0.0, 1.0) if sat else (0.0, np.inf)
                 clamped = np.where(np.isnan(v), 0.0 if sat else v, np.clip(v, *lo_hi))
                 y = nm.narrow(clamped, kind, "rn")
+                if relu:    # a NaN result is the canonical NaN (ISA, cvt's .relu)
+                    y = np.where(np.isnan(v), _HALF_NAN, np.asarray(y).view(np.uint16)).view(y.dtype)
             if ftz and kind == "f32":
                 y = nm.flush_subnormal(y)
             dst(st, sel, y)
@@ -1142,7 +1146,10 @@ def _cvt_pack(c, dt_, at, mode):
         if relu:
             x = np.where(np.isnan(x), x, np.maximum(x, 0.0))
         y = nm.narrow(x, kind, mode)
-        return (y.view(np.uint16) if kind == "f16" else y).astype(np.uint32)
+        bits = y.view(np.uint16) if kind == "f16" else y
+        if relu:    # a NaN result is the canonical NaN (ISA, cvt's .relu)
+            bits = np.where(np.isnan(x), _HALF_NAN, bits)
+        return bits.astype(np.uint32)
 
     return c.alu(lambda st, sel: dst(st, sel, (half(a(st, sel)) << np.uint32(16)) | half(b(st, sel))))
 

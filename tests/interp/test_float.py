@@ -381,3 +381,19 @@ def test_setp_ftz_f16_flushes_subnormal_inputs():
     assert list(elementwise(snippet.format(cmp="lt.ftz"), h, z)) == [0, 0, 0, 0]
     assert list(elementwise(snippet.format(cmp="gt"), h, z)) == [1, 0, 1, 1]
     assert list(elementwise(snippet.format(cmp="eq"), h, z)) == [0, 0, 0, 0]
+
+
+def test_cvt_relu_clamps_negatives_and_canonicalises_nan():
+    """cvt's .relu (f16/bf16 destinations): a negative result is +0, a NaN result the canonical
+    NaN 0x7fff, whatever the input NaN's sign and payload."""
+    a = np.array([0x7FC00001, 0xFFC00000, 0xBF800000, 0x3F800000], np.uint32)   # NaN, -NaN, -1, 1
+    b = np.array([0xBF800000, 0x7F800001, 0xFFC12345, 0x40000000], np.uint32)   # -1, sNaN, -NaN, 2
+    out = elementwise("cvt.rn.relu.f16x2.f32 %d, %a, %b;", a, b)
+    assert list(out) == [0x7FFF0000, 0x7FFF7FFF, 0x00007FFF, 0x3C004000]
+    out = elementwise("cvt.rn.relu.bf16x2.f32 %d, %a, %b;", a, b)
+    assert list(out) == [0x7FFF0000, 0x7FFF7FFF, 0x00007FFF, 0x3F804000]
+    for t, one in (("f16", 0x3C00), ("bf16", 0x3F80)):
+        out = elementwise(f".reg .b16 %h; cvt.rn.relu.{t}.f32 %h, %a; cvt.u32.u16 %d, %h;", a)
+        assert list(out) == [0x7FFF, 0x7FFF, 0x0000, one], t
+    with pytest.raises(InterpError, match=re.escape(".relu needs a .f16, .f16x2, .bf16 or .bf16x2 destination")):
+        elementwise("cvt.rn.relu.f32.f64 %d, %A;", np.zeros(1, np.uint64))
