@@ -175,18 +175,14 @@ class Kernel:
                               f"got {len(arrays)}")
         given = dict(zip((p.name for p in params), arrays))
         scalar_names = set(compiled.scalar_limits)
-        passed = {p.name for p in compiled.scalars}  # the others are size hints of sample inputs
         scalars = {}
         for key, value in named.items():
             if key in given:
                 raise LaunchError(f"{self.name}: array {key!r} given twice")
             if any(p.name == key for p in params):
                 given[key] = value
-            elif key in scalar_names and key not in passed:
-                device_read = ", ".join(p.name for p in params if p.values is not None) or "an array argument"
-                raise LaunchError(f"{self.name}: {key!r} is not an argument of this kernel: it reads that value on "
-                                  f"the device, from {device_read}")
             elif key in scalar_names:
+                compiled.check_passed_scalar(key)  # not a size hint of sample inputs
                 scalars[key] = value
             else:
                 known = ", ".join([p.name for p in params] + sorted(scalar_names))

@@ -488,11 +488,15 @@ def run(
 
     def scalars_of(members: dict) -> dict[str, int]:
         """The runtime scalars: 0-d arrays of their names (taken out of `members`), then --set."""
-        scalars = {name: scalar_of(members.pop(name), f"--inputs {inputs}: {name}") for name in list(members)
-                   if members[name].ndim == 0 and name in compiled.scalar_limits}
+        scalars = {}
+        for name in list(members):
+            if members[name].ndim == 0 and name in compiled.scalar_limits:
+                compiled.check_passed_scalar(name, f"--inputs {inputs}: {name}: {compiled.name}")
+                scalars[name] = scalar_of(members.pop(name), f"--inputs {inputs}: {name}")
         for name, value in sets.items():
             if name in scalars:
                 raise LaunchError(f"--set {name}: --inputs {inputs} gives it too; give it once")
+            compiled.check_passed_scalar(name, f"--set {name}: {compiled.name}")
             scalars[name] = value
         return scalars
 

@@ -179,6 +179,16 @@ class CompiledKernel:
             known = ", ".join(self.scalar_limits) or "none"
             raise LaunchError(f"{self.name}: unknown runtime scalar '{unknown[0]}' (known: {known})")
 
+    def check_passed_scalar(self, name: str, where: str = "") -> None:
+        """Refuse runtime scalar `name` from a caller where it is only a size hint (decode
+        attention's `seq_len` with `indirect_seq_len`, the decoder's `pos` with `indirect_pos`): the
+        kernel reads that value on the device, from an array, so a value given here would be
+        ignored. `where` says where it came from (default: the kernel's name)."""
+        if name in self.scalar_limits and all(p.name != name for p in self.scalars):
+            device_read = ", ".join(p.name for p in self.arrays if p.values is not None) or "an array argument"
+            raise LaunchError(f"{where or self.name}: {name!r} is not an argument of this kernel: it reads that value "
+                              f"on the device, from {device_read}")
+
     def check_values(self, arrays: Mapping[str, Any]) -> None:
         """Reject host arrays whose elements break their parameter's `values` (a device-side
         length or position out of range); on the GPU the kernel clamps them instead."""

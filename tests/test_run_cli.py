@@ -505,3 +505,41 @@ def test_show_json_and_code_listings_are_refused_together():
         result = run_cli_in_process("show", "qwen3_8b_rmsnorm", "--spec", str(SPEC), "--json", code)
         assert result.returncode == 2 and result.stdout == "", result
         assert f"--json prints the report as JSON, {code} the kernel's code" in result.stderr
+
+
+# --- a length the kernel reads on the device is no runtime scalar of `run` ----------------------------------
+GRAPH_SPEC = ('[target]\narchs = ["sm_80"]\n\n[[kernels]]\nname = "attn"\nkind = "incremental_attention"\nnum_heads = 4\n'
+              'num_kv_heads = 1\nhead_dim = 64\nmax_seq_len = 64\nindirect_seq_len = true\n')
+
+
+@pytest.fixture
+def graph_inputs(tmp_path):
+    spec = tmp_path / "graph.toml"
+    spec.write_text(GRAPH_SPEC)
+    kind = spec_kernel(spec, "attn").definition
+    inputs = kind.sample_inputs(np.random.default_rng(0), {"seq_len": 64})
+    return spec, inputs
+
+
+@pytest.mark.parametrize("where", ["--set", "--inputs"])
+def test_a_length_read_on_the_device_is_refused_as_a_scalar(tmp_path, graph_inputs, where):
+    """As the API refuses `seq_len=` for an indirect_seq_len kernel, `run` refuses --set seq_len or a 0-d
+    seq_len member: the kernel reads seq_len_ptr[0], so the value given would be silently ignored."""
+    spec, inputs = graph_inputs
+    path, out = tmp_path / "in.npz", tmp_path / "out.npz"
+    scalar = {"seq_len": np.uint32(5)} if where == "--inputs" else {}
+    np.savez(path, **inputs, **scalar)
+    extra = ["--set", "seq_len=5"] if where == "--set" else []
+    result = run_cli_in_process("run", "attn", "--spec", str(spec), "--inputs", str(path), "--outputs", str(out),
+                                "--backend", "emulator", *extra)
+    assert result.returncode == 2, result
+    assert (f"{where} {path}: seq_len" if where == "--inputs" else "--set seq_len") in result.stderr, result.stderr
+    assert "'seq_len' is not an argument of this kernel: it reads that value on the device, from seq_len_ptr" \
+        in result.stderr, result.stderr
+    assert not out.exists()
+    np.savez(path, **inputs)  # the length in seq_len_ptr alone runs
+    result = run_cli_in_process("run", "attn", "--spec", str(spec), "--inputs", str(path), "--outputs", str(out),
+                                "--backend", "emulator")
+    assert result.returncode == 0, result.stderr
+    with np.load(out) as saved:
+        assert np.isfinite(saved["out"]).all()
