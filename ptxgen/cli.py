@@ -506,12 +506,27 @@ def run(
 
     arrays = load_npz(inputs, "--inputs", check=check_declared)
     scalars = scalars_of(arrays)
+    check_rested(compiled, arrays, inputs)
     if gguf is not None:
         arrays.update(gguf_weights(compiled, gguf, tensor, given=arrays, inputs=inputs))
     chosen = backend.value if backend else default_backend()
     results = run_kernel(compiled, arrays, scalars, backend=chosen, arch=arch)
     save_npz(outputs, results)
     err.print(f"{compiled.name}: ran on {chosen}, wrote {', '.join(results)} to {outputs}", markup=False)
+
+
+def check_rested(compiled, arrays: dict, inputs: Path) -> None:
+    """A workspace given in --inputs must be as a launch leaves it for the next (Kind.unrested:
+    counters and queues back at 0, e.g. an earlier run's output file): other values make the
+    kernel's count-ins and queues miscount, and it writes wrong results (an argmax index past x)."""
+    for param in compiled.workspaces:
+        if param.name in arrays:
+            count = compiled.definition.unrested(param, arrays[param.name])
+            if count:
+                raise LaunchError(f"--inputs {inputs}: workspace {param.name!r} is not at rest: {count} word"
+                                  f"{'s' if count > 1 else ''} other than a launch leaves them for the next one "
+                                  "(counters and queues at 0); give it as an earlier run wrote it, or leave it out "
+                                  "(zeroed)")
 
 
 def gguf_weights(compiled, path: Path, tensor: str, given: dict, inputs: Path) -> dict:

@@ -543,3 +543,30 @@ def test_a_length_read_on_the_device_is_refused_as_a_scalar(tmp_path, graph_inpu
     assert result.returncode == 0, result.stderr
     with np.load(out) as saved:
         assert np.isfinite(saved["out"]).all()
+
+
+# --- a workspace in --inputs must be at rest ------------------------------------------------------------------
+ARGMAX_SPEC = '[target]\narchs = ["sm_80"]\n\n[[kernels]]\nname = "am"\nkind = "argmax"\nn = 70001\n'
+
+
+def test_a_workspace_given_not_at_rest_is_refused(tmp_path):
+    """argmax's state words (a max key and a CTA counter that every launch leaves at 0) given other
+    than at rest made the last CTA miscount and write index 4294967295, past x, with exit 0; an
+    earlier run's output file (its state at rest) still runs again."""
+    spec = tmp_path / "argmax.toml"
+    spec.write_text(ARGMAX_SPEC)
+    x = np.random.default_rng(0).standard_normal(70001).astype(np.float32)
+    bad, first, second = tmp_path / "bad.npz", tmp_path / "first.npz", tmp_path / "second.npz"
+    np.savez(bad, x=x, state=np.full(4, 1000, np.uint32))
+    result = run_cli_in_process("run", "am", "--spec", str(spec), "--inputs", str(bad), "--outputs", str(first),
+                                "--backend", "emulator")
+    assert result.returncode == 2, result
+    assert f"--inputs {bad}: workspace 'state' is not at rest: 4 words" in result.stderr, result.stderr
+    assert not first.exists()
+    np.savez(bad, x=x)
+    for inputs, outputs in ((bad, first), (first, second)):
+        result = run_cli_in_process("run", "am", "--spec", str(spec), "--inputs", str(inputs), "--outputs",
+                                    str(outputs), "--backend", "emulator")
+        assert result.returncode == 0, result.stderr
+        with np.load(outputs) as saved:
+            assert saved["index"][0] == np.argmax(x) and not saved["state"].any()
