@@ -322,8 +322,11 @@ def stream_handle(stream, views: dict[str, _Array], device: int) -> int:
 # --- reading arrays from any framework ------------------------------------------------------------------
 def describe(obj, name: str, kernel: str) -> _Array:
     """What a call needs of one argument, without copying it or touching the GPU's memory."""
-    if isinstance(obj, np.ndarray):
-        return _host(obj)
+    if isinstance(obj, np.ma.MaskedArray):
+        raise LaunchError(f"{kernel}: {name}: a numpy masked array: the kernel reads and writes every element, masked "
+                          "or not; pass its .data (or .filled(value))")
+    if isinstance(obj, np.ndarray):  # a subclass (np.memmap, np.matrix, ...) as the plain array of its memory
+        return _host(obj if type(obj) is np.ndarray else obj.view(np.ndarray))
     module = type(obj).__module__.split(".")[0]
     if module == "torch" and hasattr(obj, "data_ptr"):
         dtype = _TORCH.get(str(obj.dtype), str(obj.dtype))

@@ -81,6 +81,9 @@ def test_arrays_by_keyword_and_a_kernel_with_workspaces(kernels):
      r"x: starts at an address that is not a multiple of 16 bytes"),
     (lambda a: {**a, "stream": "nonsense"}, r"stream: numpy \(host\) arrays run in the interpreter, on no CUDA stream"),
     (lambda a: {**a, "self": 1}, r"unknown argument 'self'"),
+    # a masked array once escaped from the interpreter's memory map as a numpy ValueError
+    (lambda a: {**a, "y": np.ma.masked_array(a["y"], mask=np.zeros_like(a["y"], bool))},
+     r"y: a numpy masked array: the kernel reads and writes every element"),
 ])
 def test_bad_arguments_are_refused_by_name(kernels, change, message):
     x, gamma, y = norm_arrays(2)
