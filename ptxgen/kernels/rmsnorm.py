@@ -18,6 +18,8 @@ binade edge), f32_error being everything before the last rounding (about 1e-6 fo
 chains). The relative L2 error is then at most f32_error + the unit roundoff of dtype (half an
 ulp is at most u_dtype |y|): 1.0 u for f16/bf16 outputs, where a kernel exact to half an ulp
 shows about 0.39 u (values with Benford-distributed mantissas), so within 3x of that.
+The bound needs a finite f32 sum of squares (sum x^2 < 3.4e38: every |x| below about 1.8e19 /
+sqrt(n)); past it the sum is inf, inv_rms 0 and y 0, as in llama.cpp's and torch's f32 rmsnorm.
 """
 
 from __future__ import annotations
