@@ -577,6 +577,8 @@ class _CtaBarriers:
             self.waiting.append((pc, threads, bid))
         else:
             self.arrivers.append((threads, bid))
+            if self.st.races is not None:
+                self.st.races.arrived(threads)
         done = touched & (self.arrived[bid] == self.expected[bid])
         if done.any():
             self._complete(bid, done, cohorts)
@@ -612,9 +614,10 @@ class _CtaBarriers:
         # (a release after it covers its writes): otherwise a correct publication after a named
         # barrier would read stale (a race between a thread outside it and one inside is missed).
         st.ordering.barrier(st.cta_ids[np.flatnonzero(done)])
+        senders = _union(st, *senders) if senders else np.zeros(0, np.int64)
         if st.races is not None:
-            st.races.barrier(waiters)
+            st.races.barrier(waiters, senders)
         if st.async_state is not None and st.async_state.ordering is not None:   # (sanitizer on)
-            st.async_state.ordering.barrier(waiters, _union(st, *senders) if senders else np.zeros(0, np.int64))
+            st.async_state.ordering.barrier(waiters, senders)
         for pc, threads in released:
             cohorts.release(pc + 1, threads)

@@ -36,6 +36,20 @@ class SharedRaces:
     bar.warp.sync in between. Epochs are 16-bit and compared for equality; they wrap after 65536
     barriers.
 
+    Barriers of part of a CTA (named barriers with a thread count, bar.arrive) order only the
+    threads that take part, and only the waiters learn: each thread's epoch is the number of the
+    last barrier it took part in (waiting, or arriving without waiting: its later accesses are
+    not ordered before the waiters'), and from the first such barrier on each thread also
+    knows, per warp of its CTA, the newest epoch of that warp's threads whose accesses are
+    ordered before it (a vector clock over warps: the join, at a barrier, of what its
+    participants knew and their own epochs; every thread of a CTA knows every epoch before its
+    last bar.sync of all threads). Another warp's access is then also a conflict when its epoch
+    is newer than what the accessing thread knows of that warp. Readers of several warps keep
+    the newest of their epochs, checked against the warp the accessing thread knows newest
+    (so a write after reads of two warps may be taken as ordered when it is ordered after one
+    of them). Lanes of one warp that take part in different barriers count as one warp. Known
+    epochs are compared modulo 2^16: a record more than 32767 barriers old can read as new.
+
     cp.async copies its data at issue, but its destination bytes stay pending until the
     issuing thread's cp.async.wait_group/wait_all completes the copy's commit group: any
     access to a pending byte is a finding, and the copy counts as that thread's write at the
@@ -52,6 +66,15 @@ class SharedRaces:
         self.who[:, R_THREAD] = self.lin
         self.who[:, R_WARP] = self.lin >> 5
         self.events = np.zeros(st.num_ctas, np.uint16)    # barriers completed per CTA
+        # The vector clock over warps (see the class doc), unwrapped: each thread's epoch, per CTA
+        # the epoch below which its last bar.sync of all threads orders everything, and per
+        # thread and warp of its CTA the newest epoch of that warp it is ordered after (made at
+        # the first barrier of part of a CTA; until then equal epochs are the only conflicts).
+        self.epoch = np.zeros(st.n, np.int64)
+        self.clock = np.zeros(st.num_ctas, np.int64)
+        self.base = np.full(st.num_ctas, -1, np.int64)
+        self.known = None
+        self.arrival = None        # per thread: its epoch as it last arrived with bar.arrive
         self.reads = np.zeros((size, 4), np.uint16)
         self.reads[:, R_THREAD] = NOBODY
         self.writes = np.zeros((size, 4), np.uint16)     # [W_THREAD, W_PENDING, EPOCH, WARP_EPOCH]
@@ -99,21 +122,110 @@ class SharedRaces:
         who = np.take(self.who.view(np.uint64), threads)
         return (np.repeat(who, per) if per > 1 else who).view(np.uint16).reshape(-1, 4)
 
-    def barrier(self, threads):
+    def barrier(self, threads, senders=None):
         """A barrier released these threads (all of a CTA's, or the part a named barrier with a
-        count holds): each gets its CTA's next barrier number as its epoch, so the accesses of
-        threads that took part are ordered after everything before it, and those of threads
-        that did not stay unordered with what follows."""
+        count holds) and took `senders` (threads that arrived with bar.arrive and went on; their
+        epoch moved on as they arrived, `arrived`): each waiter gets its CTA's next barrier number
+        as its epoch, so the accesses of threads that took part are ordered after everything
+        before it, and those of threads that did not stay unordered with what follows. The
+        waiters learn what every participant knew and the participants' epochs as they arrived;
+        the senders learn nothing."""
         st = self.st
-        if len(threads) == st.n:             # every thread of the wave: the usual bar.sync
+        if senders is None:
+            senders = np.zeros(0, np.int64)
+        if len(threads) == st.n and not len(senders):    # every thread of the wave: the usual bar.sync
             self.events += np.uint16(1)
+            self.clock += 1
+            self.base[:] = self.clock - 1
+            self.epoch[:] = np.repeat(self.clock, st.cta_threads)
             self.who[:, EPOCH] = np.repeat(self.events, st.cta_threads)
             self.who[:, WARP_EPOCH] += np.uint16(1)
             return
         ctas = st.cta[threads]
-        self.events[np.bincount(ctas, minlength=st.num_ctas) > 0] += np.uint16(1)
+        touched = np.bincount(ctas, minlength=st.num_ctas) > 0
+        whole = np.bincount(ctas, minlength=st.num_ctas) == st.cta_threads
+        whole &= np.bincount(st.cta[senders], minlength=st.num_ctas) == 0
+        partial = (touched | (np.bincount(st.cta[senders], minlength=st.num_ctas) > 0)) & ~whole
+        if partial.any():
+            self._join(threads, senders, partial)
+        self._next_epoch(threads, touched)
+        self.base[whole] = self.clock[whole] - 1
+
+    def _next_epoch(self, threads, touched):
+        """These threads (of the CTAs `touched`) start their CTA's next barrier interval."""
+        ctas = self.st.cta[threads]
+        self.events[touched] += np.uint16(1)
+        self.clock[touched] += 1
+        self.epoch[threads] = self.clock[ctas]
         self.who[threads, EPOCH] = self.events[ctas]
         self.who[threads, WARP_EPOCH] += np.uint16(1)
+
+    def arrived(self, threads):
+        """bar.arrive by these threads: their accesses so far are ordered before the waiters of
+        the barrier's phase, their later ones are not: a new epoch for them at once (the epoch
+        they arrive with is what the waiters learn)."""
+        if self.arrival is None:
+            self.arrival = np.zeros(self.st.n, np.int64)
+        if self.known is None:     # epochs now differ between threads that no barrier ordered
+            self.known = np.full((self.st.n, self.st.warps_per_cta), -1, np.int64)
+        self.arrival[threads] = self.epoch[threads]
+        self._next_epoch(threads, np.bincount(self.st.cta[threads], minlength=self.st.num_ctas) > 0)
+
+    def _join(self, waiters, senders, partial):
+        """The vector-clock join of a barrier of part of a CTA (in the CTAs `partial`): the
+        waiters learn what the participants knew and their epochs (the waiters' before the new
+        one, the senders' as they arrived)."""
+        st = self.st
+        warps = st.warps_per_cta
+        if self.known is None:
+            self.known = np.full((st.n, warps), -1, np.int64)
+        waiters = waiters[partial[st.cta[waiters]]]
+        senders = senders[partial[st.cta[senders]]]
+        part = np.concatenate([waiters, senders])
+        own = np.concatenate([self.epoch[waiters], self.arrival[senders] if len(senders) else senders])
+        ctas = st.cta[part]
+        joined = np.full((st.num_ctas, warps), -1, np.int64)
+        np.maximum.at(joined, ctas, self.known[part])
+        np.maximum.at(joined, (ctas, self.lin[part].astype(np.int64) >> 5), own)
+        joined = np.maximum(joined, self.base[:, None])
+        self.known[waiters] = np.maximum(self.known[waiters], joined[st.cta[waiters]])
+
+    def _known(self, threads, warps):
+        """Per access: the newest epoch of warp `warps` (local) that thread `threads` (wave index)
+        is ordered after, unwrapped."""
+        base = self.base[self.st.cta[threads]]
+        return np.maximum(base, self.known[threads, warps])
+
+    def _known_other(self, threads):
+        """Per access: the newest epoch that its thread is ordered after, of any warp of its CTA
+        but its own (for records of readers of several warps)."""
+        known = np.maximum(self.known[threads], self.base[self.st.cta[threads]][:, None])
+        own = self.lin[threads].astype(np.int64) >> 5
+        known[np.arange(len(threads)), own] = -1
+        return known.max(axis=1)
+
+    @staticmethod
+    def _newer(epoch16, known):
+        """Whether 16-bit epochs are newer than unwrapped known epochs (modulo 2^16)."""
+        return ((epoch16.astype(np.int64) - known) & 0xFFFF).astype(np.uint16).view(np.int16) > 0
+
+    def _unordered(self, other, other_warp, other_epoch, who, threads, per):
+        """Records of other warps (by the vector clock over warps) that the accessing threads are
+        not ordered after; all False until a barrier of part of a CTA made the clocks."""
+        if self.known is None:
+            return np.zeros(len(other), bool)
+        acc = np.repeat(threads, per) if per > 1 else threads
+        warp = who[:, R_WARP]
+        race = np.zeros(len(other), bool)
+        single = (other != NOBODY) & (other != ASYNC) & (other_warp != MANY) & (other_warp != warp)
+        if single.any():
+            k = np.flatnonzero(single)
+            race[k] = self._newer(other_epoch[k], self._known(acc[k], other_warp[k].astype(np.int64)))
+        many = (other != NOBODY) & (other_warp == MANY)
+        if many.any():
+            k = np.flatnonzero(many)
+            race[k] = self._newer(other_epoch[k], self._known_other(acc[k]))
+        return race
 
     def warp_barrier(self, threads):
         """bar.warp.sync by these threads: the same for their warps."""
@@ -140,10 +252,18 @@ class SharedRaces:
         reader, reader_warp = r[:, R_THREAD], r[:, R_WARP]
         stale = (reader == NOBODY) | (r[:, EPOCH] != epoch) | (
             (reader_warp == warp) & (r[:, WARP_EPOCH] != wepoch))
+        if self.known is not None:     # an earlier read this thread is not ordered after stays
+            stale &= (reader == NOBODY) | ~(self._unordered(reader, reader_warp, r[:, EPOCH], who, threads, per) | (
+                (reader_warp == MANY) & self._newer(r[:, EPOCH], self.base[self.st.cta[
+                    np.repeat(threads, per) if per > 1 else threads]])))
         new = who        # this thread and epochs, with MANY where others read it before
         if not stale.all():
-            new[~stale & (reader != lin), R_THREAD] = MANY
-            new[~stale & (reader_warp != warp), R_WARP] = MANY
+            keep = ~stale
+            new[keep & (reader != lin), R_THREAD] = MANY
+            new[keep & (reader_warp != warp), R_WARP] = MANY
+            if self.known is not None:      # the newest of the readers' epochs
+                older = keep & self._newer(r[:, EPOCH], self.epoch[np.repeat(threads, per) if per > 1 else threads])
+                new[older, EPOCH] = r[older, EPOCH]
         self._scatter(self.reads, rows, size, new)
         self._merge_readers(rows, size, new, threads)
 
@@ -196,6 +316,9 @@ class SharedRaces:
         _, warp, _, wepoch = who.T
         writer = w[:, W_THREAD]
         race = self._same_interval(writer, w[:, EPOCH], who, changes)
+        if self.known is not None:
+            later = self._unordered(writer, writer >> 5, w[:, EPOCH], who, threads, per)
+            race |= later if changes is None else later & changes
         if race.any():
             race &= (writer != NOBODY) & (writer != ASYNC) & ~(((writer >> 5) == warp) & (w[:, WARP_EPOCH] != wepoch))
             if atomic:
@@ -237,6 +360,9 @@ class SharedRaces:
         _, warp, _, wepoch = who.T
         reader = r[:, R_THREAD]
         race = self._same_interval(reader, r[:, EPOCH], who, changes)
+        if self.known is not None:
+            later = self._unordered(reader, r[:, R_WARP], r[:, EPOCH], who, threads, per)
+            race |= later if changes is None else later & changes
         if race.any():
             race &= (reader != NOBODY) & ~((r[:, R_WARP] == warp) & (r[:, WARP_EPOCH] != wepoch))
             if race.any():

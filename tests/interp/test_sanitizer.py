@@ -394,6 +394,79 @@ def test_a_thread_outside_a_named_barrier_is_not_ordered_by_it():
            r"barrier in between", (0, 0, 0), (64, 0, 0), block=(128, 1, 1), grid=(1, 1, 1))
 
 
+# Every warp writes its slot and all meet at bar.sync 0; then warps 2-3 write their slots again
+# while warps 0-1 meet at barrier 1 only and read the slot of warp w + 2: no barrier orders the
+# second writes with those reads, whichever comes first.
+OUTSIDE_WRITER = """
+  .shared .align 4 .b32 slots[128];
+  mov.u32 %s, slots;
+  shl.b32 %slot, %lin, 2;
+  add.u32 %slot, %s, %slot;
+  st.shared.u32 [%slot], %lin;
+  bar.sync 0;
+  setp.ge.u32 %p, %lin, 64;
+  @%p bra WRITER;
+  bar.sync 1, 64;
+  ld.shared.u32 %v, [%slot+256];
+  {freed}
+  bra.uni END;
+WRITER:
+  add.u32 %v, %lin, 1;
+  {wait}
+  st.shared.u32 [%slot], %v;  // BUG
+END:
+"""
+
+
+def test_a_writer_outside_a_named_barrier_is_not_ordered_with_its_readers():
+    """The readers' barrier came after the writers' last one (a newer epoch), yet the writers
+    did not take part in it."""
+    expect(OUTSIDE_WRITER.format(freed="", wait=""),
+           r"shared-memory race: overwrites shared byte 1280 \(slots\+256\) which thread \(0,0,0\) read with no "
+           r"barrier in between \(write-after-read\)", (0, 0, 0), (64, 0, 0), block=(128, 1, 1), grid=(1, 1, 1))
+    # the writers wait for the readers: ordered
+    clean(OUTSIDE_WRITER.format(freed="bar.arrive 2, 128;", wait="bar.sync 2, 128;"), block=(128, 1, 1),
+          grid=(1, 1, 1))
+
+
+# Warp 0 fills a tile and hands it to warp 1 with bar.arrive 1; warp 1 waits at bar.sync 1 and
+# reads it. {after}: what warp 0 does next.
+ARRIVE_THEN_WRITE = """
+  .shared .align 4 .b32 tile[32];
+  mov.u32 %s, tile;
+  and.b32 %slot, %lin, 31;
+  shl.b32 %slot, %slot, 2;
+  add.u32 %slot, %s, %slot;
+  setp.ge.u32 %p, %lin, 32;
+  @%p bra CONSUMER;
+  st.shared.u32 [%slot], %lin;
+  bar.arrive 1, 64;
+  add.u32 %v, %lin, 7;
+  {after}
+  bra.uni END;
+CONSUMER:
+  bar.sync 1, 64;
+  ld.shared.u32 %v, [%slot];  {bug}
+  {free}
+END:
+"""
+
+
+def test_a_producer_writing_after_its_bar_arrive_races_with_the_consumer():
+    """bar.arrive orders the producer's accesses before it, not those after it: refilling the
+    tile without waiting for the consumer to free it races with the consumer's reads."""
+    expect(ARRIVE_THEN_WRITE.format(after="st.shared.u32 [%slot], %v;", bug="// BUG", free=""),
+           r"shared-memory race: reads shared byte 1024 \(tile\+0\) written by thread \(0,0,0\) with no barrier "
+           r"in between", (0, 0, 0), (32, 0, 0), grid=(1, 1, 1))
+    clean(ARRIVE_THEN_WRITE.format(after="bar.sync 2, 64;\n  st.shared.u32 [%slot], %v;", bug="",
+                                   free="bar.arrive 2, 64;"), grid=(1, 1, 1))
+    # the consumer frees the tile before it reads it
+    expect(ARRIVE_THEN_WRITE.format(after="bar.sync 2, 64;\n  st.shared.u32 [%slot], %v;", bug="// BUG",
+                                    free="").replace("  bar.sync 1, 64;\n", "  bar.sync 1, 64;\n  bar.arrive 2, 64;\n"),
+           r"shared-memory race: reads shared byte 1024 \(tile\+0\) written by thread \(0,0,0\) with no barrier "
+           r"in between", (0, 0, 0), (32, 0, 0), grid=(1, 1, 1))
+
+
 DIVERGENT_SHUFFLE = """
   setp.lt.u32 %p, %lin, 16;
   @%p bra SKIP;
