@@ -1376,6 +1376,8 @@ def _atom(c):
             order = np.lexsort((st.rank[who], off))
             if region == "shared":
                 if st.races is not None:
+                    if st.async_state is not None:     # bytes an async copy writes, an mbarrier object
+                        st.async_state.ordering.shared_write(off, size, who)
                     st.races.atomic(off, size, who)
             else:
                 st.ordering.atomic(region, off, size, who, access, order)

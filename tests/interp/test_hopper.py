@@ -740,6 +740,22 @@ def test_reading_a_bulk_copy_destination_in_flight_is_caught():
             block=(32, 1, 1))
 
 
+def test_an_atomic_on_a_bulk_copy_destination_in_flight_is_caught():
+    """An atomic reads and writes: on bytes a bulk copy is still writing it races with the copy,
+    as an ordinary load or store would; after the wait it is fine."""
+    ptx = MBARRIER.replace("  mbarrier.arrive.shared::cta.b64 _, [bar];\nWAIT:", "WAIT:")
+    ptx = ptx.replace("WAIT:\n  mbarrier.try_wait.parity.shared::cta.b64 %p, [bar], 0;\n  @!%p bra WAIT;\n", "")
+    ptx = mark(ptx, "  ld.shared.u32 %v, [%s];", "  atom.shared.add.u32 %v, [%s], 1;")
+    planted(ptx, [np.zeros(16, np.uint32), np.zeros((32, 4), np.uint32)],
+            r"overwrites shared byte \d+ \(dst\+\d+\) while the async copy on line \d+ writing it is in flight",
+            block=(32, 1, 1))
+    src = np.arange(16, dtype=np.uint32)
+    out = np.zeros((1, 32, 4), np.uint32)
+    launch(MBARRIER.replace("  ld.shared.u32 %v, [%s];", "  atom.shared.add.u32 %v, [%s], 1;"), "k", (1, 1, 1),
+           (32, 1, 1), [src, out])
+    assert sorted(out[0, :, 2].tolist()) == sorted(v + k for v in src.tolist() for k in (0, 1))
+
+
 def test_ignoring_try_waits_answer_is_caught():
     """try_wait answers false while the phase is incomplete (the first time it is asked; a retry
     at the same instruction parks until the phase completes): a kernel that goes on regardless
