@@ -29,6 +29,10 @@ class Arch:
     sub_partitions: int = 4
     shared_granularity: int = 128
     reserved_shared_per_cta: int = 1024
+    # From sm_90 on, a cubin's .nv.shared.<entry> section starts with that reserve (a 16-byte array:
+    # a 1040-byte section; dynamic shared alone: 1024), while the driver reports the arrays alone
+    # (CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, 16) and its occupancy calculator adds the reserve.
+    reserve_in_section: bool = False
 
     def warp_registers(self, registers_per_thread: int) -> int:
         """Registers one warp is allocated (in units of register_granularity)."""
@@ -50,12 +54,12 @@ ARCHS = {
         Arch("sm_86", (7, 1), 101376, 48, 16, 100 * 1024),
         Arch("sm_87", (7, 4), 166912, 48, 16, 164 * 1024),
         Arch("sm_89", (7, 8), 101376, 48, 24, 100 * 1024),
-        Arch("sm_90", (7, 8), 232448),
+        Arch("sm_90", (7, 8), 232448, reserve_in_section=True),
         # Arch-specific Hopper target (wgmma, setmaxnreg: PTX ISA 8.0): PTX written for it
         # assembles for sm_90 hardware only, never for later archs.
-        Arch("sm_90a", (8, 0), 232448),
-        Arch("sm_100", (8, 6), 232448),
-        Arch("sm_120", (8, 7), 101376, 48, 24, 100 * 1024),
+        Arch("sm_90a", (8, 0), 232448, reserve_in_section=True),
+        Arch("sm_100", (8, 6), 232448, reserve_in_section=True),
+        Arch("sm_120", (8, 7), 101376, 48, 24, 100 * 1024, reserve_in_section=True),
     )
 }
 DEFAULT_ARCHS = ("sm_80", "sm_86", "sm_89", "sm_90")

@@ -519,18 +519,20 @@ def occupancy_row(gpu, compiled: CompiledKernel, scalars: dict) -> dict:
     (assemble.performance_losses), and the driver's resident CTAs an SM for this launch (its
     occupancy calculator) beside the model's (perf.occupancy_per_arch over arch_launches, as
     `ptxgen show` computes it), with the registers and static shared bytes each side started from:
-    the assembler's report, or the driver's where the GPU's arch was JIT-compiled from PTX."""
+    the assembler's report (its static shared bytes as the driver counts them: without the reserve
+    an sm_90 cubin's section holds, perf.driver_static_shared), or the driver's where the GPU's arch
+    was JIT-compiled from PTX."""
     from .assemble import performance_losses
-    from .perf import arch_launches, occupancy_per_arch
+    from .perf import arch_launches, cubin_occupancy, driver_static_shared
 
     kernel = gpu.kernel(compiled)
     launch = gpu.prepare(kernel, compiled.launch(scalars, gpu.arch))
     binary = compiled.binary_for(gpu.arch)        # the cubin the GPU loads (sm_90a's on an sm_90 GPU)
     arch = binary.arch if binary is not None else gpu.arch
-    registers, static = ((binary.resources["registers"], binary.resources["shared_bytes"]) if binary is not None
-                         else (kernel.registers, kernel.static_shared))
-    model = occupancy_per_arch(arch_launches(compiled, scalars, [arch]),
-                               {arch: {"registers": registers, "shared_bytes": static}})[arch]
+    registers, static = ((binary.resources["registers"], driver_static_shared(arch, binary.resources["shared_bytes"]))
+                         if binary is not None else (kernel.registers, kernel.static_shared))
+    model = cubin_occupancy(arch, arch_launches(compiled, scalars, [arch])[arch],
+                            {"registers": registers, "shared_bytes": static})
     return {"cubin_arch": arch, "ptx_target": compiled.variant(gpu.arch).target,
             "assembler": compiled.assembler.get(arch, "the driver's JIT"),
             "performance_losses": performance_losses(binary.info_log) if binary is not None else [],

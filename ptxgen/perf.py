@@ -590,14 +590,28 @@ def occupancy_per_arch(launches: Mapping[str, Launch], cubins: dict[str, dict]) 
     """Each arch's occupancy for its launch (an arch-specific variant's CTA may differ), from the
     resources ptxas reported (`cubins`: arch -> `registers`, `shared_bytes` = static shared): no
     interpretation needed."""
-    return {arch: cubin_occupancy(arch, launches[arch], res) for arch, res in cubins.items()}
+    return {arch: cubin_occupancy(arch, launches[arch], res, cubin_arch=arch) for arch, res in cubins.items()}
 
 
-def cubin_occupancy(limits_arch: str, launch: Launch, resources: dict) -> Occupancy:
+def driver_static_shared(cubin_arch: str | None, section_bytes: int) -> int:
+    """The static shared memory the driver reports (CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES) for a
+    cubin of `cubin_arch` whose kernel's .nv.shared section holds `section_bytes` (the manifest's
+    `shared_bytes`): from sm_90 on the section starts with the 1 KB the driver reserves a CTA,
+    which `occupancy` adds itself (the H200 of 2026-11-28 reported 16 bytes for a 1040-byte
+    section, 80 for a 1104-byte one). None: a figure the driver gave, as it is."""
+    limits = ARCHS.get(cubin_arch) if cubin_arch else None
+    if limits is not None and limits.reserve_in_section and section_bytes >= limits.reserved_shared_per_cta:
+        return section_bytes - limits.reserved_shared_per_cta
+    return section_bytes
+
+
+def cubin_occupancy(limits_arch: str, launch: Launch, resources: dict, cubin_arch: str | None = None) -> Occupancy:
     """A cubin's CTA (ptxas's `registers` and static `shared_bytes`, the launch's threads and
-    dynamic shared memory) under `limits_arch`'s limits."""
+    dynamic shared memory) under `limits_arch`'s limits. `cubin_arch`: the arch the cubin was
+    assembled for, whose shared section may hold the driver's reserve (driver_static_shared);
+    None where `shared_bytes` is the driver's own figure."""
     return occupancy(arch_limits(limits_arch), launch.threads_per_cta, resources["registers"],
-                     resources["shared_bytes"] + launch.dynamic_shared)
+                     driver_static_shared(cubin_arch, resources["shared_bytes"]) + launch.dynamic_shared)
 
 
 def dispatch_balance(work: np.ndarray, slots: int) -> float:
@@ -647,7 +661,7 @@ def evaluate(ptx: str, entry: str, launch: Launch, args: list, cubins: dict[str,
         count = count_instructions(ptx, entry, launch, args, max_threads, min_ctas=tail.group_ctas if tail else 1)
     # the cubin's resources under the GPU's own limits (an sm_89 GPU running the sm_80 cubin holds
     # 1536 threads an SM, not sm_80's 2048)
-    here = cubin_occupancy(gpu.arch, launch, cubins[arch])
+    here = cubin_occupancy(gpu.arch, launch, cubins[arch], cubin_arch=arch)
     ctas = math.prod(launch.grid)
     report = {
         "gpu": {**asdict(gpu), "bandwidth_gbs": gpu.bandwidth_gbs},

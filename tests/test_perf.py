@@ -64,6 +64,36 @@ def test_occupancy_matches_nsight_compute_block_limits():
     assert perf.arch_limits("sm_90a") is ARCHS["sm_90"]
 
 
+# sm_90's 1 KB reserve. From sm_90 on the kernel's .nv.shared section (perf's "shared_bytes", read
+# from the cubin) starts with the 1 KB the driver reserves a CTA: a 16-byte array gives a
+# 1040-byte section, a kernel with only dynamic shared a 1024-byte one (nvJitLink, sm_90 / sm_90a);
+# sm_80-sm_89 sections hold the arrays alone. The driver reports the arrays alone
+# (CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: 16 for decode attention's sm_90 cubin, section 1040, and 80
+# for the sm_90a prefill's, section 1104, bench/results/H200-2026-11-28-lease) and the occupancy
+# calculator adds reservedSharedMemPerBlock (1024) to that: 1040 + dynamic bytes a CTA, not 2064 +.
+
+def test_an_sm90_cubins_section_holds_the_reserve_that_occupancy_adds_once():
+    section = {"registers": 32, "shared_bytes": 1040}  # 16 declared bytes, on sm_90
+    # 16 + 115000 + 1024 = 116040, 116096 in 128-byte units: 2 in 228 KB (counted twice: 117120, 1)
+    launch = Launch((264, 1, 1), (128, 1, 1), dynamic_shared=115000)
+    fit = perf.cubin_occupancy("sm_90", launch, section, cubin_arch="sm_90")
+    assert (fit.ctas_per_sm, fit.limiter, fit.ctas_allowed["shared"]) == (2, "shared", 2), fit
+    assert perf.occupancy_per_arch({"sm_90a": launch}, {"sm_90a": section})["sm_90a"].ctas_per_sm == 2
+    # the largest CTA the driver launches: 16 static + 232432 dynamic = the 227 KB opt-in, plus the
+    # reserve, 233472 = all of an SM's 228 KB: one CTA (counted twice it could not launch at all)
+    largest = Launch((132, 1, 1), (128, 1, 1), dynamic_shared=232448 - 16)
+    assert perf.cubin_occupancy("sm_90", largest, section, cubin_arch="sm_90").ctas_per_sm == 1
+    # a kernel using no shared memory has no section: the reserve alone, 1024 bytes, 32 CTAs fit by it
+    assert perf.cubin_occupancy("sm_90", largest.__class__((1, 1, 1), (32, 1, 1)), {"registers": 16, "shared_bytes": 0},
+                                cubin_arch="sm_90").ctas_allowed["shared"] == 228
+    # an sm_80 cubin's section is its arrays alone, on an sm_80 GPU and on an sm_90 one: 1040 declared
+    # bytes + 115000 + 1024 = 117064, 117120: one CTA in 228 KB
+    for limits in ("sm_80", "sm_90"):
+        assert perf.cubin_occupancy(limits, launch, section, cubin_arch="sm_80").ctas_per_sm == 1
+    assert perf.driver_static_shared("sm_90", 1040) == 16 and perf.driver_static_shared("sm_90a", 1024) == 0
+    assert perf.driver_static_shared("sm_80", 1040) == 1040 and perf.driver_static_shared(None, 1040) == 1040
+
+
 # --- GPU figures, Little's law, issue time ------------------------------------------------------
 
 def test_littles_law_and_issue_time_arithmetic():
@@ -563,8 +593,9 @@ def test_show_reports_the_model_as_json_and_as_a_table():
     report = json.loads(shown.stdout)
     assert set(report["occupancy"]) == {"sm_80", "sm_86", "sm_89", "sm_90"}
     registers = report["resources"]["sm_90"]["registers"]
+    # the sm_90 cubin's shared section holds the 1 KB reserve that occupancy adds
     expected = perf.occupancy(perf.arch_limits("sm_90"), report["launch"]["block"][0], registers,
-                              report["resources"]["sm_90"]["shared_bytes"] + report["launch"]["dynamic_shared"])
+                              report["resources"]["sm_90"]["shared_bytes"] - 1024 + report["launch"]["dynamic_shared"])
     assert report["occupancy"]["sm_90"] == round(expected.fraction, 4)
     model = report["model"]
     assert report["thread_instructions_per_byte"] == round(model["thread_instructions"] / report["traffic"]["bytes"], 3)
