@@ -345,7 +345,8 @@ def main(argv: list[str]) -> int:
     out = parser.parse_args(argv).out
     if not out.is_dir():
         raise PtxgenError(f"--out: {out} is not a folder")
-    driver()  # no GPU: DeviceUnavailable, before anything costly
+    # no GPU: DeviceUnavailable, before anything costly
+    driver(instead="make bench times kernels on a GPU (ptxgen show gives the performance model without one)")
     spec = load_spec(SPEC)
     notes: list[str] = []
     with DeviceWorker() as worker:  # the device work, in a process a faulting kernel cannot take down

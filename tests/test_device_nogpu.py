@@ -113,6 +113,8 @@ def test_make_bench_script_without_a_gpu_exits_2(tmp_path):
     assert result.returncode == 2, result.stderr
     assert NO_DEVICE in one_line(result.stderr)
     assert "Traceback" not in result.stderr
+    # the script has no --backend (the driver's default advice for `run` and `verify`)
+    assert "--backend" not in result.stderr and "make bench times kernels on a GPU" in result.stderr, result.stderr
     missing = run_all("--out", str(tmp_path / "missing"))  # named before the missing GPU, nothing made
     assert missing.returncode == 2 and missing.stderr.strip() == f"error: --out: {tmp_path / 'missing'} is not a folder"
     assert not (tmp_path / "missing").exists()
