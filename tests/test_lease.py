@@ -276,3 +276,27 @@ def test_each_lease_call_writes_at_most_the_eight_files_a_call_brings_back():
         outputs = set(re.findall(r'"\$OUT/([\w.]+)"', text))
         reports = re.findall(r"^(?:profile|tune) ", text, re.M)
         assert len(logs) + len(outputs) + len(reports) <= 8, (path.name, logs, sorted(outputs), len(reports))
+
+
+def test_whole_model_checks_its_json_before_any_gpu_work(tmp_path, monkeypatch):
+    """--json in a folder that does not exist, not a .json name, or a read-only file: one message
+    naming --json before the driver is asked or any weights made (they take minutes of a lease);
+    it failed with a traceback after the first path's measurement (or replaced a read-only file)."""
+    sys.path.insert(0, str(LEASE))
+    import whole_model
+
+    from ptxgen.errors import PtxgenError
+
+    calls = []
+    monkeypatch.setattr(whole_model, "driver", lambda instead="": calls.append("driver"))
+    monkeypatch.setattr(whole_model, "random_model_decode_speed", lambda *args, **kwargs: calls.append("speed"))
+    locked = tmp_path / "locked.json"
+    locked.write_text("[]")
+    locked.chmod(0o444)
+    cases = {tmp_path / "missing" / "w.json": "does not exist", tmp_path / "w.txt": "expected a .json file name",
+             locked: "read-only"}  # refused for root too (artifacts.read_only)
+    for path, message in cases.items():
+        with pytest.raises(PtxgenError, match=f"--json {re.escape(str(path))}: .*{message}"):
+            whole_model.main(["--tokens", "2", "--json", str(path)])
+        assert calls == [], calls
+    assert locked.read_text() == "[]"

@@ -18,6 +18,7 @@ import json
 import sys
 from pathlib import Path
 
+from ptxgen.artifacts import check_output_file, write_file
 from ptxgen.device import driver
 from ptxgen.errors import exit_from
 from ptxgen.generate import QWEN3_8B, STEP_POS, WHOLE_MODEL_PATHS, random_model_decode_speed
@@ -34,7 +35,7 @@ def measure(shape: dict, tokens: int, pos: int, json_path: Path | None = None) -
               f"alone{' (host-bound)' if row['host_bound'] else ''}; from an empty cache {row['tokens_per_s']:.1f} "
               f"tokens/s with the head, {row['layers_tokens_per_s']:.1f} the layers alone", flush=True)
         if json_path:
-            json_path.write_text(json.dumps(rows, indent=2) + "\n")
+            write_file(json_path, (json.dumps(rows, indent=2) + "\n").encode(), "--json")
     return rows
 
 
@@ -44,6 +45,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--pos", type=int, default=STEP_POS)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
+    if args.json is not None:  # before the driver and the weights: a bad name must not cost a lease's minutes
+        check_output_file(args.json, "--json", ".json")
     driver(instead="whole-model decode is timed on a GPU")
     measure(QWEN3_8B, args.tokens, args.pos, args.json)
     return 0
