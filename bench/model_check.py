@@ -32,9 +32,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from ptxgen import perf
 from ptxgen.bench import line_fit, read_results, size_fits
-from ptxgen.errors import exit_from
+from ptxgen.errors import PtxgenError, exit_from
 from ptxgen.kernels import config_from_json
 from ptxgen.pipeline import compile_kernel
 
@@ -47,19 +49,31 @@ TINY_BYTES = 256 * 1024
 
 def rows_of(path: Path) -> tuple[dict, list[dict]] | None:
     """A bench file's data and its timed rows; None for JSON of another kind (bench.read_results)."""
-    data = read_results(path)
+    data = read_results(path, model=True)
     return None if data is None else (data, [row for row in data["rows"] if row.get("median_us")])
 
 
 def check_row(row: dict, gpu: perf.Gpu) -> dict:
-    """The model's range for one recorded row and where the measurement falls."""
-    config = config_from_json({"name": row["kernel"], "kind": row["kind"], **row["config"]})
-    # The cubin the GPU ran (an sm_90a variant on an H100), where the row says (since 2026-11-28).
-    compiled = compile_kernel(config, archs=((row.get("occupancy") or {}).get("cubin_arch") or gpu.arch,))
-    report = perf.evaluate_kernel(compiled, gpu, scalars=row["scalars"])
-    if "skipped" in report:
+    """The model's range for one recorded row and where the measurement falls; a row whose config,
+    cubin arch or runtime scalars today's code refuses (the code may have changed since the
+    recording) is not judged, with the reason."""
+    def not_judged(why: str) -> dict:
         return {"kernel": row["kernel"], "scalars": row["scalars"], "measured_us": row["median_us"],
-                "verdict": f"not judged ({report['skipped']})"}
+                "verdict": f"not judged ({why})"}
+
+    try:
+        config = config_from_json({**row["config"], "name": row["kernel"], "kind": row["kind"]})
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+        return not_judged(f"today's code refuses its config: {problems}")
+    # The cubin the GPU ran (an sm_90a variant on an H100), where the row says (since 2026-11-28).
+    try:
+        compiled = compile_kernel(config, archs=((row.get("occupancy") or {}).get("cubin_arch") or gpu.arch,))
+        report = perf.evaluate_kernel(compiled, gpu, scalars=row["scalars"])
+    except PtxgenError as error:
+        return not_judged(f"today's code refuses it: {error}")
+    if "skipped" in report:
+        return not_judged(report["skipped"])
     launch = gpu.launch_us or 0.0
     low, high = report["estimate_us"]["overlapped"] - launch, report["estimate_us"]["serialized"] - launch
     result = {"kernel": row["kernel"], "scalars": row["scalars"], "measured_us": row["median_us"],

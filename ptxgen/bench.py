@@ -37,9 +37,10 @@ import math
 import subprocess
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Annotated, Callable
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rich.console import Console
 
 from . import __version__
@@ -920,17 +921,98 @@ def write_json(path: Path, results: dict) -> None:
     write_file(path, (json.dumps(results, indent=2) + "\n").encode(), "--json")
 
 
-def read_results(path: Path) -> dict | None:
+class _Recorded(BaseModel):
+    """A part of a results file as new_row and bench write it: the fields its readers use, checked
+    for type (strict: "3" is no number); the others are kept as they are."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+Median = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Count = Annotated[int, Field(ge=0)]
+
+
+class _Figure(_Recorded):
+    median_us: Median | None = None  # None: not timed
+
+
+class _Peer(_Figure):
+    name: str
+    batch: _Figure | None = None
+
+
+class _Row(_Figure):
+    kernel: str
+    kind: str
+    config: dict
+    scalars: dict[str, int]
+    passed: bool
+    median_us: Median | None  # present in every row, null where not timed
+    batch: _Figure | None = None
+    graph: _Figure | None = None
+    peers: list[_Peer] = []
+
+
+class _Occupancy(_Recorded):
+    ctas_per_sm: int
+    model_ctas_per_sm: int
+    registers: int
+    model_registers: int
+    static_shared: int
+    model_static_shared: int
+    model_limiter: str
+
+
+class _ModelRow(_Row):
+    """What bench/model_check.py reads of a row besides."""
+
+    peers: list[_Peer]
+    bytes: Count
+    flops: Count
+    occupancy: _Occupancy | None = None
+
+
+class _Results(_Recorded):
+    rows: list[_Row]
+    planned_rows: Count | None = None
+
+
+class _Device(_Recorded):
+    name: str
+
+
+class _Copy(_Recorded):
+    gbs: Median
+
+
+class _ModelResults(_Results):
+    rows: list[_ModelRow]
+    device: _Device
+    copy_bandwidth: _Copy
+
+
+def read_results(path: Path, model: bool = False) -> dict | None:
     """A `ptxgen bench --json` file (what write_json wrote), or None for JSON of another kind (a
-    lease folder also holds timelines and whole-model rows); a file that cannot be read or is not
-    JSON is refused (PtxgenError)."""
+    lease folder also holds timelines and whole-model rows); a file that cannot be read, is not
+    JSON or lacks what its readers use (variants.py; with `model`, bench/model_check.py) is
+    refused (PtxgenError) naming the first such field."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as error:
         raise PtxgenError(f"{path}: cannot read: {error.strerror or error}") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise PtxgenError(f"{path}: not a JSON file: {error}") from None
-    return data if isinstance(data, dict) and isinstance(data.get("rows"), list) else None
+    if not (isinstance(data, dict) and isinstance(data.get("rows"), list)):
+        return None
+    try:
+        (_ModelResults if model else _Results).model_validate(data)
+    except ValidationError as error:
+        problem = error.errors(include_url=False)[0]
+        where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in problem["loc"]).lstrip(".")
+        why = "Input should be an object" if problem["type"] == "model_type" else problem["msg"]
+        got = "" if problem["type"] == "missing" else f" (got {problem['input']!r})"
+        raise PtxgenError(f"{path}: not a whole `ptxgen bench --json` file: {where}: {why}{got}") from None
+    return data
 
 
 def require_matplotlib() -> None:

@@ -1,5 +1,8 @@
 """bench/model_check.py: the performance model against a recorded H100 timing, no GPU."""
+import re
 import sys
+
+import pytest
 
 from ptxgen import perf
 from ptxgen.kernels.base import DependentTail, TailStep
@@ -75,8 +78,9 @@ def test_a_results_file_cut_short_says_so(tmp_path, capsys):
     import json
 
     path = tmp_path / "short.json"
-    path.write_text(json.dumps({"git_commit": "abc", "device": {"name": "GPU"}, "planned_rows": 3,
-                                "rows": [{"kernel": "k", "median_us": None}]}))
+    path.write_text(json.dumps({"git_commit": "abc", "device": {"name": "GPU"}, "copy_bandwidth": {"gbs": 3000.0},
+                                "planned_rows": 3, "rows": [recorded_row(kernel="k", median_us=None, batch=None,
+                                                                         peers=[])]}))
     assert model_check.main([str(path)]) == 0
     assert f"{path} (commit abc, GPU; cut short: 1 of 3 rows)" in capsys.readouterr().out
 
@@ -146,3 +150,80 @@ def test_the_h100s_smallest_kernels_give_its_table_launch_cost():
     assert len(tiny) >= 8
     costs = model_check.launch_costs(tiny)
     assert abs(costs["per_run"] - gpu.launch_us) < 0.2 and costs["batched"] is None, costs
+
+
+def recorded_row(**changes) -> dict:
+    """A timed row as `ptxgen bench --json` writes it (bench.new_row's fields), of a residual add."""
+    row = {"kernel": "resid", "kind": "residual_add", "config": {"n": 4096}, "scalars": {}, "bytes": 49152,
+           "flops": 4096, "checks": [], "passed": True, "failure": None, "median_us": 4.5, "batch": {"median_us": 2.0},
+           "graph": None, "peers": [{"name": "torch", "median_us": 5.0, "batch": None}], "step": None,
+           "occupancy": None, "notes": []}
+    return {**row, **changes}
+
+
+def recorded_file(tmp_path, name: str, rows: list, **changes):
+    import json
+
+    path = tmp_path / name
+    path.write_text(json.dumps({"git_commit": "abc", "device": {"name": "GPU"}, "copy_bandwidth": {"gbs": 3000.0},
+                                "planned_rows": len(rows), "rows": rows, **changes}))
+    return path
+
+
+def test_a_malformed_results_file_is_one_message_naming_what_is_wrong(tmp_path):
+    """A file with rows that is not what bench writes (a row not an object, a field missing or of
+    another type, a median that is no positive number; for model_check no device or copy
+    bandwidth): both scripts stop with one line naming the file and the field, exit 2, before
+    printing any row; they raised KeyError, TypeError or AttributeError with a traceback."""
+    import subprocess
+
+    sys.path.insert(0, str(ROOT / "bench" / "lease"))
+    import variants
+
+    from ptxgen.errors import PtxgenError
+
+    good = recorded_row()
+    cases = {
+        "not_object.json": ([1], {}, "rows[0]: Input should be an object (got 1)"),
+        "no_kind.json": ([{k: v for k, v in good.items() if k != "kind"}], {}, "rows[0].kind: Field required"),
+        "text_median.json": ([recorded_row(median_us="fast")], {}, "rows[0].median_us: Input should be a valid number "
+                                                                  "(got 'fast')"),
+        "bad_batch.json": ([recorded_row(batch={"median_us": -1})], {}, "rows[0].batch.median_us: Input should be greater than 0 (got -1)"),
+        "no_passed.json": ([{k: v for k, v in good.items() if k != "passed"}], {}, "rows[0].passed: Field required"),
+        "peer_name.json": ([recorded_row(peers=[{"median_us": 3.0}])], {}, "rows[0].peers[0].name: Field required"),
+        "peers_number.json": ([recorded_row(peers=5)], {}, "rows[0].peers: Input should be a valid list (got 5)"),
+    }
+    # what model_check alone reads (variants.py compares the rows' medians by kind, config and scalars)
+    model_cases = {
+        "text_bytes.json": ([recorded_row(bytes="many")], {}, "rows[0].bytes: Input should be a valid integer (got 'many')"),
+        "no_device.json": ([good], {"device": None}, "device: Input should be an object (got None)"),
+        "no_copy.json": ([good], {"copy_bandwidth": {}}, "copy_bandwidth.gbs: Field required"),
+        "occupancy.json": ([recorded_row(occupancy={"ctas_per_sm": 2})], {}, "rows[0].occupancy.model_ctas_per_sm: Field required"),
+    }
+    for name, (rows, changes, message) in [*cases.items(), *model_cases.items()]:
+        path = recorded_file(tmp_path, name, rows, **changes)
+        for main in (model_check.main, variants.main) if name in cases else (model_check.main,):
+            with pytest.raises(PtxgenError, match=re.escape(f"{path}: not a whole `ptxgen bench --json` file: {message}")):
+                main([str(path)])
+    path = tmp_path / "text_median.json"
+    for script in (ROOT / "bench" / "model_check.py", ROOT / "bench" / "lease" / "variants.py"):
+        done = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True)
+        assert done.returncode == 2 and done.stdout == "" and "Traceback" not in done.stderr, done
+        assert done.stderr.strip().splitlines() == [f"error: {path}: not a whole `ptxgen bench --json` file: "
+                                                    "rows[0].median_us: Input should be a valid number (got 'fast')"], done.stderr
+
+
+def test_a_row_whose_config_todays_code_refuses_is_not_judged(tmp_path, capsys):
+    """The code may have moved on since a recording: a kind it no longer has, a config field it
+    refuses or a runtime scalar past today's limits leaves that row unjudged, with the reason,
+    and the other rows are judged (it was a pydantic traceback or exit 2 for the whole run)."""
+    rows = [recorded_row(kernel="gone", kind="no_such_kind"), recorded_row(kernel="negative", config={"n": -4}),
+            recorded_row(kernel="scalar", scalars={"rows": 3}), recorded_row()]
+    assert model_check.main([str(recorded_file(tmp_path, "old.json", rows))]) == 0
+    printed = capsys.readouterr().out
+    lines = {line.split()[0]: line for line in printed.splitlines() if line.split()[:1] in (["gone"], ["negative"],
+                                                                                              ["scalar"], ["resid"])}
+    assert "not judged (today's code refuses its config:" in lines["gone"] and "no_such_kind" in lines["gone"]
+    assert "not judged (today's code refuses its config: residual_add.n:" in lines["negative"], lines["negative"]
+    assert "not judged (today's code refuses it:" in lines["scalar"] and "'rows'" in lines["scalar"], lines["scalar"]
+    assert "not judged" not in lines["resid"] and re.search(r"\b(inside|outside)\b", lines["resid"]), lines["resid"]
