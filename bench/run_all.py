@@ -324,15 +324,16 @@ def markdown(results: dict, notes: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def stem_of(folder: Path, results: dict) -> Path:
+def stem_of(folder: Path, device: str, day: datetime.date) -> Path:
     """<folder>/<device>-<date>: where the run's .json and .md go."""
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", results["device"]["name"]).strip("-")
-    return folder / f"{slug}-{datetime.date.today().isoformat()}"
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", device).strip("-")
+    return folder / f"{slug}-{day.isoformat()}"
 
 
 def main(argv: list[str]) -> int:
     from rich.console import Console
 
+    from ptxgen.artifacts import check_output_file, write_file
     from ptxgen.bench import device_info, failures, print_results, run_bench, write_json
     from ptxgen.device import driver
     from ptxgen.errors import PtxgenError
@@ -349,9 +350,14 @@ def main(argv: list[str]) -> int:
     driver(instead="make bench times kernels on a GPU (ptxgen show gives the performance model without one)")
     spec = load_spec(SPEC)
     notes: list[str] = []
+    started = datetime.date.today()  # one pair of files, also for a run past midnight
     with DeviceWorker() as worker:  # the device work, in a process a faulting kernel cannot take down
+        info = worker.call(device_info)
+        stem = stem_of(out, info["name"], started)
+        for suffix in (".json", ".md"):  # before the GPU's minutes, not after them
+            check_output_file(stem.with_suffix(suffix), "--out")
         decoder = load_spec(DECODER_SPEC).spec.kernel(DECODER)
-        decoder = decoder.model_copy(update={"sm_count": worker.call(device_info)["sm_count"]})  # one CTA an SM
+        decoder = decoder.model_copy(update={"sm_count": info["sm_count"]})  # one CTA an SM
         # One layer at the same shapes: small enough for the float64 reference, so the full-size grid
         # (barriers included) is checked against it, not only against the separate kernels.
         one_layer = decoder.model_copy(update={"num_layers": 1, "name": f"{DECODER}_1layer"})
@@ -361,14 +367,13 @@ def main(argv: list[str]) -> int:
                    compile_kernel(hopper, ("sm_90a",))]
         results = run_bench({"file": str(spec.path), "sha256": spec.sha256}, plan(kernels, notes), ITERS, graph=True,
                             progress=lambda label: print(f"bench: {label}", file=sys.stderr), worker=worker,
-                            row_done=lambda so_far: write_json(stem_of(out, so_far).with_suffix(".json"),
-                                                               {**so_far, "notes": notes}))
+                            row_done=lambda so_far: write_json(stem.with_suffix(".json"), {**so_far, "notes": notes},
+                                                               "--out"))
         results["whole_model"] = whole_model(worker, notes)
     results["notes"] = notes
     print_results(results, Console(soft_wrap=True), Console(stderr=True, soft_wrap=True))
-    stem = stem_of(out, results)
-    write_json(stem.with_suffix(".json"), results)
-    stem.with_suffix(".md").write_text(markdown(results, notes))
+    write_json(stem.with_suffix(".json"), results, "--out")
+    write_file(stem.with_suffix(".md"), markdown(results, notes).encode(), "--out")
     print(f"wrote {stem.with_suffix('.json')} and {stem.with_suffix('.md')}", file=sys.stderr)
     for target in TARGETS:
         (measured, met), (batched, batched_met) = (evaluate(target, results["rows"], f) for f in ("median", "batch"))

@@ -917,8 +917,8 @@ def print_variants(variants: list[dict], console: Console) -> None:
                                                           "batched", "verdict"], table, console)
 
 
-def write_json(path: Path, results: dict) -> None:
-    write_file(path, (json.dumps(results, indent=2) + "\n").encode(), "--json")
+def write_json(path: Path, results: dict, what: str = "--json") -> None:
+    write_file(path, (json.dumps(results, indent=2) + "\n").encode(), what)
 
 
 class _Recorded(BaseModel):

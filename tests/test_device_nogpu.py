@@ -1293,3 +1293,33 @@ def test_a_deep_fused_step_may_part_from_its_separate_kernels_by_what_one_ulp_of
 def test_a_result_the_step_does_not_read_has_no_spread():
     step = ChaoticStep(0.025, role="out")
     assert step.spread("fused", step.outcome("fused")) == 0.0
+
+
+def test_make_bench_checks_its_output_files_before_the_gpus_minutes(sim, monkeypatch, run_all, tmp_path):
+    """A result file `make bench` could not write (here a read-only .md of the run's name) stops
+    it before any row is timed, one message naming --out; it was found after the whole run (a
+    traceback from write_text)."""
+    import datetime
+
+    from ptxgen import worker
+
+    class InProcess:  # the simulated GPU lives in this process
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def call(self, function, *args, **kwargs):
+            return function(*args, **kwargs)
+
+    monkeypatch.setattr(worker, "DeviceWorker", InProcess)
+    monkeypatch.setattr("ptxgen.bench.run_bench", lambda *a, **k: pytest.fail("timed rows before checking --out"))
+    from ptxgen.bench import device_info
+
+    stem = run_all.stem_of(tmp_path, device_info()["name"], datetime.date.today())
+    stem.with_suffix(".md").write_text("an earlier report\n")
+    stem.with_suffix(".md").chmod(0o444)
+    with pytest.raises(PtxgenError, match=rf"--out {stem}\.md: the file is read-only; refusing to replace it"):
+        run_all.main(["--out", str(tmp_path)])
+    assert stem.with_suffix(".md").read_text() == "an earlier report\n" and not stem.with_suffix(".json").exists()
