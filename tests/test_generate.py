@@ -354,6 +354,23 @@ def test_bad_input_is_one_message_and_exit_2(files, tmp_path, args, message):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "not-a-model.gguf"], "nothing written"
 
 
+@pytest.mark.parametrize("flag", [None, "--separate", "--fused"])
+def test_a_layer_matrix_without_a_gemv_kind_is_named_whichever_path(files, tmp_path, flag):
+    """An F16 layer matrix gets the same one message by default as with --separate or --fused:
+    the tensor, its type and the types there are GEMVs for (by default it had been the fused
+    decoder's config refusal, 'its layers have no plan (persistent_decoder weight_quants.wq.1:
+    Input should be ...)'; found by probing the model path)."""
+    f16 = np.random.default_rng(0).standard_normal((512, 256)).astype(np.float16) / 16
+    model_path = rewrite_gguf(files["qwen3"], tmp_path / "f16-layer.gguf", drop_tensors=("blk.1.attn_q.weight",),
+                              add_tensors=[("blk.1.attn_q.weight", f16, None)])
+    result = run_cli_in_process("generate", str(model_path), "--tokens", "1", "--max-new", "1", "--backend", "emulator",
+                                *([flag] if flag else []))
+    assert result.returncode == 2 and not result.stdout, result
+    assert result.stderr.strip().splitlines() == [
+        "error: tiny-qwen3: tensor 'blk.1.attn_q.weight' is F16; ptxgen generate has no GEMV kernel of that type "
+        "(supported: Q4_K, Q6_K, Q8_0)"], result.stderr
+
+
 def test_save_logits_never_replaces_the_model(files, tmp_path):
     model = tmp_path / "model.npy"  # a model file that happens to carry the output's suffix
     model.write_bytes(files["qwen3"].read_bytes())
