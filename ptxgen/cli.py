@@ -842,7 +842,7 @@ def generate(
     import numpy as np
 
     from .artifacts import check_output_file, write_file
-    from .generate import Generator, check_request, check_supported, fused_refusal
+    from .generate import Generator, check_request, check_supported, fused_refusal, step_kernels
     from .gguf_model import GGUFModel
 
     prompt = parse_tokens(tokens)
@@ -855,6 +855,8 @@ def generate(
         refusal = fused_refusal(loaded.config, loaded.config.cache_positions(max_seq_len))
         fused = refusal is None
         if refusal:
+            # A spec the separate kernels refuse too: one error, not first a note that they run.
+            step_kernels(loaded.config, loaded.config.cache_positions(max_seq_len))
             err.print(f"note: the layers run as separate kernels: {refusal}", markup=False)
     with progress_bar("loading", 0, True) as progress:
         task = progress.add_task("loading weights", total=None)

@@ -371,6 +371,23 @@ def test_a_layer_matrix_without_a_gemv_kind_is_named_whichever_path(files, tmp_p
         "(supported: Q4_K, Q6_K, Q8_0)"], result.stderr
 
 
+def test_a_model_no_path_can_take_is_one_error_without_a_note(tmp_path, monkeypatch):
+    """Q8_0 layers of intermediate 288 (9 Q8_0 blocks: a legal row, but not the 64-weight
+    multiple q8_0_gemv takes, nor the fused decoder's 256): the one error naming the kernel,
+    not first a note that the layers run as separate kernels (which they then did not)."""
+    from fixtures import make_tiny_gguf
+
+    monkeypatch.setitem(make_tiny_gguf.SHAPE, "intermediate", 288)
+    model_path = write_tiny_gguf(tmp_path / "ffn288.gguf", quant="q8_0")
+    for flag in ([], ["--separate"]):
+        result = run_cli_in_process("generate", str(model_path), "--tokens", "1", "--max-new", "1", "--backend",
+                                    "emulator", *flag)
+        assert result.returncode == 2 and not result.stdout, result
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and re.fullmatch(r"error: tiny-qwen3: no spec for this model: kernel 'tiny_qwen3_down_proj' "
+                                                r".*k: expected a multiple of 64 .*got 288", lines[0]), result.stderr
+
+
 def test_save_logits_never_replaces_the_model(files, tmp_path):
     model = tmp_path / "model.npy"  # a model file that happens to carry the output's suffix
     model.write_bytes(files["qwen3"].read_bytes())
