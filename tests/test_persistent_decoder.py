@@ -468,6 +468,7 @@ def test_grid_rule():
 
 @pytest.mark.parametrize("config, message", [
     (dict(hidden=500), "hidden: expected a multiple of 256"),
+    (dict(hidden=128), "hidden: expected a multiple of 256 \\(wq's Q4_K rows\\), got 128"),
     (dict(intermediate=1000), "intermediate: expected a multiple of 256"),
     (dict(num_heads=3), "num_heads \\* head_dim: expected a multiple of 256"),
     (dict(num_kv_heads=3), "must divide num_heads"),

@@ -286,11 +286,13 @@ GemvQuant = Literal["q4_k", "q6_k", "q8_0"]  # the types of GEMV_KINDS
 
 class PersistentDecoderConfig(KernelConfig):
     kind: Literal["persistent_decoder"]
-    hidden: int = Field(ge=256, le=1 << 16)
+    # hidden and intermediate: the one fused launch needs multiples of 256 (unbuildable says so);
+    # its separate step (generate's layers) takes any its kinds take, e.g. Q8_0 rows of 128.
+    hidden: int = Field(ge=1, le=1 << 16)
     num_heads: int = Field(ge=1, le=256)
     num_kv_heads: int = Field(ge=1, le=256)
     head_dim: int
-    intermediate: int = Field(ge=256, le=1 << 17)
+    intermediate: int = Field(ge=1, le=1 << 17)
     num_layers: int = Field(ge=1, le=1024)
     max_seq_len: int = Field(ge=1, le=MAX_POS)
     eps: float = Field(default=1e-6, gt=0, lt=1)
