@@ -471,6 +471,8 @@ class AsyncState:
         self.asked = {}        # wait pc -> per thread: 0, or DECLINED / PARKED since its last true
         self.ordering = Ordering(st, self.groups_per_cta) if st.sanitize else None
         self.written_at = {}                      # register id -> last ordinary write, per thread
+        self.read_at = {}                         # register id -> last ordinary read, per thread
+        self.operand_reads = False                # a wgmma is reading its own operands
         self.fenced_at = np.full(st.n, -1, np.int64)   # last wgmma.fence, per thread
 
     def registers_of(self, wg):
@@ -496,6 +498,15 @@ class AsyncState:
                           "(no wgmma.wait_group since)", threads[int(np.flatnonzero(count[threads])[0])])
         clock = self.written_at.setdefault(rid, np.full(self.st.n, -1, np.int64))
         clock[threads] = self.ordering.tick()
+
+    def register_read(self, rid, sel):
+        """Hook of WaveState.read for registers that are wgmma operands: an ordinary read, like a
+        write, must be ordered before a later wgmma that uses the register by a wgmma.fence (PTX ISA,
+        wgmma.fence: "a register access"); the wgmma's own operand reads are not ordinary."""
+        if self.operand_reads:
+            return
+        clock = self.read_at.setdefault(rid, np.full(self.st.n, -1, np.int64))
+        clock[self.st.indices(sel)] = self.ordering.tick()
 
     def lend(self, rid, threads, line):
         """Register rid of these threads is an operand of an issued wgmma."""
@@ -743,14 +754,15 @@ def _check_fenced(s, groups, regs):
         raise Finding("wgmma.mma_async with no wgmma.fence before it in this warpgroup",
                       threads[int(np.flatnonzero(never)[0])])
     for rid in regs:
-        written = s.written_at.get(rid)
-        if written is None:
-            continue
-        late = written[threads] > s.fenced_at[threads]
-        if late.any():
-            raise Finding(f"wgmma.mma_async uses {s.st.program.regs[rid].name}, written by an ordinary "
-                          "instruction after this warpgroup's last wgmma.fence",
-                          threads[int(np.flatnonzero(late)[0])])
+        for verb, clocks in (("written", s.written_at), ("read", s.read_at)):
+            clock = clocks.get(rid)
+            if clock is None:
+                continue
+            late = clock[threads] > s.fenced_at[threads]
+            if late.any():
+                raise Finding(f"wgmma.mma_async uses {s.st.program.regs[rid].name}, {verb} by an ordinary "
+                              "instruction after this warpgroup's last wgmma.fence",
+                              threads[int(np.flatnonzero(late)[0])])
 
 
 def _register(st, s, rid, reader, threads):
@@ -812,14 +824,10 @@ def _mma_async(c):
     read_b, read_scale_d = c.read(c.ops[2], "b64"), c.read(c.ops[3], "pred")
     line, sign = c.ins.line, float(scale_a * scale_b)
 
-    def run(st, sel):
-        s = st.async_state
-        groups = warpgroups(st, st.indices(sel), "wgmma.mma_async")
-        threads = groups.ravel()
-        nw = len(groups)
-        if s.ordering:
-            _check_fenced(s, groups, d_regs + a_regs)
-        reads = []
+    def _operands(st, s, groups, threads):
+        """A [warpgroups, 64, 16], B [warpgroups, n, 16], scale-d, the accumulators' values
+        [warpgroups, 64, n] and the shared-memory granules read."""
+        nw, reads = len(groups), []
         if registers_a:
             words = np.stack([np.asarray(_register(st, s, rid, r, threads)).view(np.uint32)
                               for rid, r in zip(a_regs, read_a)], 1)
@@ -837,6 +845,20 @@ def _mma_async(c):
             for i, (rid, r) in enumerate(zip(d_regs, read_d)):
                 values = np.asarray(_register(st, s, rid, r, threads), np.float64).reshape(nw, WARPGROUP)
                 acc[:, D_ROW[:, i], D_COL[:, i]] = np.where(scale_d[:, None], values, 0.0)
+        return matrix_a, matrix_b, scale_d, acc, reads
+
+    def run(st, sel):
+        s = st.async_state
+        groups = warpgroups(st, st.indices(sel), "wgmma.mma_async")
+        threads = groups.ravel()
+        nw = len(groups)
+        if s.ordering:
+            _check_fenced(s, groups, d_regs + a_regs)
+        s.operand_reads = True
+        try:
+            matrix_a, matrix_b, scale_d, acc, reads = _operands(st, s, groups, threads)
+        finally:
+            s.operand_reads = False
         product = sign * np.matmul(matrix_a, matrix_b.transpose(0, 2, 1)) + acc
         out = product[:, D_ROW[:, :n // 2], D_COL[:, :n // 2]].astype(np.float32)   # one rounding
         for i, group in enumerate(groups):

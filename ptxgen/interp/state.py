@@ -251,6 +251,8 @@ class WaveState:
             if not ok.all():
                 note = self.unwritten_note.get(rid, "before this thread wrote it")
                 raise Finding(f"read of register {self.program.regs[rid].name} {note}", first(sel, ~ok))
+        if rid in self.watched:
+            self.async_state.register_read(rid, sel)
         return arr[sel]
 
     def write(self, rid, sel, value):

@@ -294,6 +294,28 @@ def test_writing_an_in_flight_accumulator_is_caught():
                                "that is still in flight")
 
 
+def test_reading_accumulators_then_a_wgmma_without_wgmma_fence_is_caught():
+    """PTX ISA, wgmma.fence: it must separate any register access (a read too, not only a write)
+    by the warpgroup's threads from a later wgmma.mma_async using the register. Here the stores
+    read %d after wait_group, and a second wgmma accumulates into %d with no fence between."""
+    ptx = wgmma_kernel(64, 1, "f16")
+    mma = next(line for line in ptx.splitlines() if "wgmma.mma_async" in line)
+    again = mma.replace(", 0, 1, 1, 0, 0;", ", 1, 1, 1, 0, 0;  // BUG")
+    ptx = ptx.replace("  ret;\n}", f"{again}\n  wgmma.commit_group.sync.aligned;\n"
+                      "  wgmma.wait_group.sync.aligned 0;\n  ret;\n}")
+    planted(ptx, wgmma_args(), r"wgmma.mma_async uses %d\d+, read by an ordinary instruction after this "
+                               "warpgroup's last wgmma.fence")
+
+
+def test_reading_accumulators_then_a_fenced_wgmma_is_clean():
+    ptx = wgmma_kernel(64, 1, "f16")
+    mma = next(line for line in ptx.splitlines() if "wgmma.mma_async" in line)
+    again = mma.replace(", 0, 1, 1, 0, 0;", ", 1, 1, 1, 0, 0;")
+    ptx = ptx.replace("  ret;\n}", f"  wgmma.fence.sync.aligned;\n{again}\n  wgmma.commit_group.sync.aligned;\n"
+                      "  wgmma.wait_group.sync.aligned 0;\n  ret;\n}")
+    launch(ptx, "k", (1, 1, 1), (128, 1, 1), wgmma_args(), kernel_name="clean")
+
+
 def test_missing_wgmma_fence_is_caught():
     ptx = wgmma_kernel(64, 1, "f16").replace("  wgmma.fence.sync.aligned;\n", "")
     ptx = ptx.replace(", 0, 1, 1, 0, 0;", ", 0, 1, 1, 0, 0;  // BUG")
