@@ -81,13 +81,13 @@ def field_holder(entry: dict, field: str, kernel) -> tuple[dict, str]:
         holder, where = holder[table], f"{where}{table}."
     if last in FIXED_FIELDS and not tables:
         raise LaunchError(f"--tune {field}: a kernel's {last} is not a tuning field")
-    if not tables and (last in MEANING_FIELDS or last in KINDS[kernel.kind].size_fields()):
-        raise LaunchError(f"--tune {field}: changes what kernel {kernel.name!r} computes (a shape, a type or the "
-                          "math), not how; --tune compares ways of computing the same result")
     if last not in holder:
         names = ", ".join(where + name for name in holder if not (name in FIXED_FIELDS and not where))
         raise LaunchError(f"--tune {field}: kernel {kernel.name!r} ({kernel.kind}) has no field {field!r} "
                           f"(its fields: {names})")
+    if not tables and (last in MEANING_FIELDS or last in KINDS[kernel.kind].size_fields()):
+        raise LaunchError(f"--tune {field}: changes what kernel {kernel.name!r} computes (a shape, a type or the "
+                          "math), not how; --tune compares ways of computing the same result")
     if isinstance(holder[last], dict):
         names = ", ".join(f"{field}.{name}" for name in holder[last])
         raise LaunchError(f"--tune {field}: a table; name one of its fields ({names})")

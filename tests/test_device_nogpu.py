@@ -825,6 +825,7 @@ def load_spec_text(tmp_path, kernels: str):
 
 @pytest.mark.parametrize("args, message", [
     (["--tune", "bogus=1"], "--tune bogus: kernel 'small_gemv' (q4k_gemv) has no field 'bogus' (its fields: pdl, k,"),
+    (["--tune", "eps=1e-5"], "--tune eps: kernel 'small_gemv' (q4k_gemv) has no field 'eps' (its fields: pdl,"),
     (["--tune", "kind=x"], "--tune kind: a kernel's kind is not a tuning field"),
     (["--tune", "unroll=2,2"], "--tune unroll: a value is listed twice"),
     (["--tune", "unroll"], "--tune: expected FIELD=VALUE[,VALUE...], got 'unroll'"),
