@@ -158,7 +158,7 @@ def resolve_assembler(name: str) -> str:
     if name == "driver":
         from .device import driver
 
-        driver(instead="--assembler nvjitlink (the default) needs none")
+        driver(instead="--assembler auto (the default) or nvjitlink needs none")
     elif name == "ptxas":
         _ptxas()
     return name

@@ -84,6 +84,7 @@ def test_driver_assembler_without_driver_is_a_clear_error(tmp_path, cache_dir):
         pass
     result = run_cli("build", str(SPECS[0]), "-o", str(tmp_path / "out"), "--assembler", "driver")
     assert result.returncode == 2 and "no CUDA driver/GPU" in result.stderr and "Traceback" not in result.stderr
+    assert "--assembler auto (the default) or nvjitlink needs none" in result.stderr  # auto is the default, not nvjitlink
     assert not (tmp_path / "out").exists()
 
 
