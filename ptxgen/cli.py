@@ -191,9 +191,25 @@ def list_kinds():
 
     rows = []
     for name, kind in KINDS.items():
-        doc = (sys.modules[kind.__module__].__doc__ or "").strip().splitlines()[0]
-        rows.append([name, doc.split(": ", 1)[-1] if doc.startswith(name) else doc])
+        doc = " ".join((sys.modules[kind.__module__].__doc__ or "").strip().split("\n\n")[0].split())
+        rows.append([name, first_clause(doc.split(": ", 1)[-1] if doc.startswith(name) else doc)])
     print_table("", ["kind", "what it computes"], rows)
+
+
+def first_clause(text: str) -> str:
+    """`text` up to its first '.', ':' or ';' that ends a clause (outside parentheses and code),
+    without it."""
+    depth, code = 0, False
+    for index, char in enumerate(text):
+        if char == "`":
+            code = not code
+        elif not code and char in "([":
+            depth += 1
+        elif not code and char in ")]":
+            depth -= 1
+        elif not code and depth == 0 and char in ".:;" and text[index + 1:index + 2] in (" ", ""):
+            return text[:index]
+    return text.removesuffix(".")
 
 
 def check_cache_outside(target: Path, no_cache: bool) -> None:

@@ -102,6 +102,16 @@ def test_cli_build_json_and_quiet(tmp_path, cache_dir):
 def test_cli_list_show_and_usage_errors(tmp_path):
     listed = run_cli("list")
     assert listed.returncode == 0 and "rmsnorm" in listed.stdout
+    from ptxgen.kernels import KINDS
+
+    # one line a kind, each a whole clause of its module's summary (not its docstring's first line,
+    # which stopped mid-parenthesis)
+    lines = {line.split()[0]: line for line in listed.stdout.splitlines()[1:]}
+    assert sorted(lines) == sorted(KINDS), listed.stdout
+    for kind, line in lines.items():
+        summary = line.split(None, 1)[1]
+        assert summary.count("(") == summary.count(")") and summary.count("`") % 2 == 0, line
+    assert lines["q4k_gemv_group"].split(None, 1)[1] == "several Q4_K GEMVs that share their input, in one launch"
     shown = run_cli("show", "rmsnorm", "--spec", str(SPECS[0]))
     assert shown.returncode == 0 and "bytes" in shown.stdout and "roofline" in shown.stdout, shown.stderr
     assert "f32[rows, 4096]" in shown.stdout
