@@ -95,13 +95,16 @@ def ptxas_version() -> str:
 
 
 def assemble_ptxas(ptx: str, arch: str, options: dict) -> Assembled:
-    """The PTX as a whole program (setmaxnreg honoured), through ptxas in a scratch folder."""
+    """The PTX as a whole program (setmaxnreg honoured), through ptxas in a scratch folder. ptxas
+    runs in that folder on relative names: its messages name the input file ("ptxas kernel.ptx,
+    line 7; warning : ..."), and the folder's random name (under TMPDIR) must not reach the info
+    log, which the manifest records."""
     with tempfile.TemporaryDirectory(prefix="ptxgen-ptxas-") as scratch:
         source, target = Path(scratch) / "kernel.ptx", Path(scratch) / "kernel.cubin"
         source.write_text(ptx)
-        command = [str(_ptxas()), f"-arch={arch}", *(["-v"] if options.get("verbose") else []), str(source),
-                   "-o", str(target)]
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        command = [str(_ptxas().absolute()), f"-arch={arch}", *(["-v"] if options.get("verbose") else []), source.name,
+                   "-o", target.name]
+        done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=scratch)
         if done.returncode != 0:
             raise AssemblerError(f"ptxas failed to assemble PTX for {arch}", log=done.stderr + done.stdout)
         return Assembled(cubin=target.read_bytes(), info_log=clean_log(done.stdout + done.stderr))

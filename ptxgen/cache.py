@@ -22,7 +22,7 @@ from . import __version__
 from .artifacts import file_in_the_way, os_errors
 from .errors import PtxgenError
 
-SCHEMA = 3  # bump when the entry layout or what a key covers changes
+SCHEMA = 4  # bump when the entry layout or what a key covers changes (4: ptxas logs name no scratch folder)
 _KEY = re.compile(r"[0-9a-f]{64}")
 _STAGING = re.compile(r"\.[0-9a-f]{8}-[a-z0-9_]{8}")  # put's tempfile.mkdtemp(prefix=".{key[:8]}-")
 # A compiled template under ROOT/jinja (render.TemplateCache), or one being written.

@@ -199,3 +199,25 @@ def test_a_kernel_named_like_a_name_in_its_ptx_is_refused(tmp_path, name, kind, 
     assert result.returncode == 2 and not (tmp_path / "out").exists(), result
     assert result.stderr == (f"error: kernel {name!r}: the {kind} kind's PTX uses {name!r} for a name of its own (a "
                              "label, a variable or a PTX keyword); choose another kernel name\n")
+
+
+# ptxas warns about this PTX ("line 5; warning : .minnctapersm is ignored ..."), naming its input file.
+WARNED_PTX = ".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k() .minnctapersm 2\n{\n\tret;\n}\n"
+
+
+def test_ptxas_messages_name_no_scratch_folder(tmp_path, monkeypatch):
+    """ptxas's messages name its input file, and the info log goes into manifest.json: a log that
+    named ptxgen's random scratch folder (under TMPDIR) differed from build to build."""
+    from ptxgen.assemble import assemble_ptxas, ptxas_binary
+
+    if ptxas_binary() is None:
+        pytest.skip("ptxas (the nvidia-cuda-nvcc wheel) is not installed")
+    logs = []
+    for folder in ("one", "two"):
+        (tmp_path / folder).mkdir()
+        monkeypatch.setenv("TMPDIR", str(tmp_path / folder))
+        monkeypatch.setattr("tempfile.tempdir", None)  # read TMPDIR again
+        logs.append(assemble_ptxas(WARNED_PTX, "sm_90", {"verbose": True}).info_log)
+    assert "warning : .minnctapersm" in logs[0], logs[0]
+    assert logs[0] == logs[1], logs
+    assert str(tmp_path) not in logs[0] and "ptxgen-ptxas-" not in logs[0], logs[0]
