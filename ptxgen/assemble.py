@@ -12,8 +12,10 @@ installed, nvJitLink for everything else.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib.metadata
+import os
 import re
 import struct
 import subprocess
@@ -49,17 +51,34 @@ def clean_log(log: str) -> str:
     return "\n".join(line for line in lines if line and "Compile time" not in line)
 
 
+# Environment variables nvJitLink reads at each link that change its info log (which the manifest
+# records and the cache keeps) but not the cubin: NVJITLINK_TRACE_MESSAGES (13.5: "no driver cache"
+# before the log). The cache key does not cover the environment, so they are unset for the link.
+NVJITLINK_LOG_ENVIRONMENT = ("NVJITLINK_TRACE_MESSAGES",)
+
+
+@contextlib.contextmanager
+def _unset(names: tuple[str, ...]):
+    saved = {name: os.environ.pop(name) for name in names if name in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
 def assemble_nvjitlink(ptx: str, arch: str, options: dict) -> Assembled:
     from cuda.bindings.nvjitlink import nvJitLinkError
     from cuda.core import Linker, LinkerOptions, ObjectCode
 
     # ObjectCode.from_ptx treats a str as a file name: pass bytes.
-    try:
-        linker = Linker(ObjectCode.from_ptx(ptx.encode()), options=LinkerOptions(arch=arch, **options))
-        cubin = linker.link("cubin").code
-    except nvJitLinkError as error:
-        raise AssemblerError(f"nvJitLink failed to assemble PTX for {arch}", log=clean_log(str(error))) from None
-    return Assembled(cubin=bytes(cubin), info_log=clean_log(linker.get_info_log()))
+    with _unset(NVJITLINK_LOG_ENVIRONMENT):
+        try:
+            linker = Linker(ObjectCode.from_ptx(ptx.encode()), options=LinkerOptions(arch=arch, **options))
+            cubin = linker.link("cubin").code
+        except nvJitLinkError as error:
+            raise AssemblerError(f"nvJitLink failed to assemble PTX for {arch}", log=clean_log(str(error))) from None
+        log = linker.get_info_log()
+    return Assembled(cubin=bytes(cubin), info_log=clean_log(log))
 
 
 def wheel_binary(distribution: str, name: str) -> Path | None:

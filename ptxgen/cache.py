@@ -22,7 +22,8 @@ from . import __version__
 from .artifacts import file_in_the_way, os_errors
 from .errors import PtxgenError
 
-SCHEMA = 4  # bump when the entry layout or what a key covers changes (4: ptxas logs name no scratch folder)
+SCHEMA = 5  # bump when the entry layout or what a key covers changes (4: ptxas logs name no scratch folder;
+            # 5: no NVJITLINK_TRACE_MESSAGES lines in nvJitLink's logs)
 _KEY = re.compile(r"[0-9a-f]{64}")
 _STAGING = re.compile(r"\.[0-9a-f]{8}-[a-z0-9_]{8}")  # put's tempfile.mkdtemp(prefix=".{key[:8]}-")
 # A compiled template under ROOT/jinja (render.TemplateCache), or one being written.

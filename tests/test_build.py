@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -221,3 +222,21 @@ def test_ptxas_messages_name_no_scratch_folder(tmp_path, monkeypatch):
     assert "warning : .minnctapersm" in logs[0], logs[0]
     assert logs[0] == logs[1], logs
     assert str(tmp_path) not in logs[0] and "ptxgen-ptxas-" not in logs[0], logs[0]
+
+
+def test_nvjitlink_trace_messages_reach_no_artifact(tmp_path, cache_dir, monkeypatch):
+    """NVJITLINK_TRACE_MESSAGES=1 put "no driver cache" before every cubin's info log in manifest.json,
+    and the cache kept that log for builds without it: the manifest depended on the environment."""
+    spec = with_archs(load_spec(SPECS[0]), ("sm_80",))
+    plain = folder_bytes_of(spec, tmp_path / "plain", BuildOptions(use_cache=False))
+    monkeypatch.setenv("NVJITLINK_TRACE_MESSAGES", "1")
+    traced = folder_bytes_of(spec, tmp_path / "traced", BuildOptions())
+    assert traced == plain, "the manifest must not depend on NVJITLINK_TRACE_MESSAGES"
+    assert os.environ["NVJITLINK_TRACE_MESSAGES"] == "1", "the caller's environment is left as it was"
+    monkeypatch.delenv("NVJITLINK_TRACE_MESSAGES")
+    assert folder_bytes_of(spec, tmp_path / "warm", BuildOptions()) == plain, "nor what the cache kept"
+
+
+def folder_bytes_of(spec, out, options):
+    run_build(spec, out, options)
+    return folder_bytes(out)
