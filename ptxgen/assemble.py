@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import importlib.metadata
 import os
 import re
@@ -43,6 +44,35 @@ def nvjitlink_version() -> str:
 
     major, minor = nvjitlink.version()
     return f"{major}.{minor}"
+
+
+@cache
+def nvjitlink_release() -> str:
+    """The nvJitLink that assembles, as the cache key and the manifest name it: the version of the
+    wheel whose library is loaded (e.g. 13.5.37), else major.minor and a digest of the library file.
+    nvJitLink's own version is major.minor only, and patch releases of one minor assemble other
+    cubins (13.4.52 and 13.4.92 differ in every cubin of specs/qwen3.toml): keyed by major.minor,
+    a cache filled before an upgrade kept serving the old cubins, which a cold build no longer made."""
+    from cuda.pathfinder import load_nvidia_dynamic_lib
+
+    version = nvjitlink_version()
+    path = load_nvidia_dynamic_lib("nvJitLink").abs_path
+    if path is None:  # loaded by something else before us, from where pathfinder cannot tell
+        return version
+    for distribution in ("nvidia-nvjitlink", f"nvidia-nvjitlink-cu{version.split('.')[0]}"):
+        try:
+            found = importlib.metadata.distribution(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        for file in found.files or []:
+            if file.name.startswith(("libnvJitLink", "nvJitLink")) and os.path.exists(file.locate()) \
+                    and os.path.samefile(file.locate(), path) and found.version.startswith(f"{version}."):
+                return found.version
+    digest = hashlib.sha256()
+    with open(path, "rb") as library:
+        for block in iter(lambda: library.read(1 << 20), b""):
+            digest.update(block)
+    return f"{version}+sha256.{digest.hexdigest()[:16]}"
 
 
 def clean_log(log: str) -> str:
@@ -166,7 +196,7 @@ ASSEMBLERS = {"nvjitlink": assemble_nvjitlink, "ptxas": assemble_ptxas, "driver"
 
 def assembler_version(name: str) -> str:
     if name == "nvjitlink":
-        return nvjitlink_version()
+        return nvjitlink_release()
     if name == "ptxas":
         return ptxas_version()
     from .device import driver_version

@@ -240,3 +240,33 @@ def test_nvjitlink_trace_messages_reach_no_artifact(tmp_path, cache_dir, monkeyp
 def folder_bytes_of(spec, out, options):
     run_build(spec, out, options)
     return folder_bytes(out)
+
+
+def test_the_cache_key_and_manifest_name_nvjitlinks_patch_release(tmp_path, monkeypatch):
+    """nvJitLink's own version is major.minor, and patch releases of one minor assemble other cubins
+    (13.4.52 and 13.4.92: every cubin of qwen3.toml): keyed by "13.4", a cache filled before an
+    upgrade served the old cubins, which a cold build no longer made. The wheel's version, or for a
+    library from elsewhere its bytes, tells them apart."""
+    import importlib.metadata
+    import types
+
+    import cuda.pathfinder
+
+    from ptxgen import assemble
+
+    loaded = cuda.pathfinder.load_nvidia_dynamic_lib("nvJitLink").abs_path
+    wheel = importlib.metadata.distribution("nvidia-nvjitlink")
+    if not any(f.name.startswith("libnvJitLink") and os.path.samefile(f.locate(), loaded) for f in wheel.files):
+        pytest.skip(f"nvJitLink is loaded from {loaded}, not from the nvidia-nvjitlink wheel")
+    assert assemble.assembler_version("nvjitlink") == wheel.version, "the patch release, not only major.minor"
+    library = tmp_path / "libnvJitLink.so.13"
+    monkeypatch.setattr(cuda.pathfinder, "load_nvidia_dynamic_lib",
+                        lambda name: types.SimpleNamespace(abs_path=str(library)))
+    versions = []
+    for contents in (b"one build", b"another build"):
+        library.write_bytes(contents)
+        assemble.nvjitlink_release.cache_clear()
+        versions.append(assemble.assembler_version("nvjitlink"))
+    assemble.nvjitlink_release.cache_clear()
+    major_minor = assemble.nvjitlink_version()
+    assert all(v.startswith(f"{major_minor}+sha256.") for v in versions) and versions[0] != versions[1], versions
