@@ -117,6 +117,8 @@ def stage_cubin(spec: Spec, units: list[Unit], options: BuildOptions) -> tuple[i
         for unit, arch, variant, key, assembler in misses:
             record(cache, unit, arch, variant, key, assemble(assembler, variant.ptx, arch, OPTIONS), options)
     for unit in units:
+        # the spec's arch order, whichever cubins came from the cache: the header lists them in it
+        unit.binaries = {arch: unit.binaries[arch] for arch in spec.target.archs}
         for arch, binary in unit.binaries.items():
             check_launchable(unit, arch, binary)
     return len(misses), len(units) * len(spec.target.archs) - len(misses)

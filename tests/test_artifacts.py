@@ -526,3 +526,21 @@ def test_every_name_the_header_defines_is_one_the_spec_checks_for_collisions(bui
         found |= set(re.findall(r"^} (\w+);", block, re.M))
         workspaces = {f"{name}_workspace_bytes_{p['name']}" for p in entry["params"] if p["role"] == "workspace"}
         assert found - workspaces == defined_names(name, targets), name
+
+
+def test_the_artifacts_do_not_depend_on_which_cubins_the_cache_held(tmp_path, cache_dir):
+    """A cache holding some archs' cubins but not others' (an --arch build before, an entry
+    dropped as corrupt, a concurrent build's entries) gives the same bytes, header included."""
+    spec = load_spec(SPEC)
+    spec = spec.model_copy(update={"spec": spec.spec.model_copy(update={"kernels": spec.spec.kernels[:1]})})
+    cold = pipeline.artifact_files(spec, pipeline.compile_spec(spec.spec).kernels)
+    shutil.rmtree(cache_dir)
+    archs = spec.spec.target.archs
+    held = archs[:1] + archs[2:]  # the second arch a miss, assembled after the others were found
+    first = spec.spec.model_copy(update={"target": spec.spec.target.model_copy(update={"archs": held})})
+    pipeline.compile_spec(first)
+    compiled = pipeline.compile_spec(spec.spec)
+    assert compiled.cached == len(held) and compiled.assembled == 1
+    warm = pipeline.artifact_files(spec, compiled.kernels)
+    assert warm.keys() == cold.keys()
+    assert [name for name in cold if warm[name] != cold[name]] == []
