@@ -157,7 +157,9 @@ class Cache:
         jinja = self.root / "jinja"  # os.path.isdir: False where ROOT may not be entered (reported)
         if os.path.isdir(jinja) and all(TEMPLATE_FILE.fullmatch(f.name) for f in _listing(jinja, unreadable)):
             shutil.rmtree(jinja, ignore_errors=True)
-        left = [entry for entry in entries if entry.exists()]
+        # A staging folder still there is a running build's put that wrote a file after rmtree listed
+        # the folder (it renames it into place or removes it): not one that could not be removed.
+        left = [entry for entry in entries if entry.exists() and not _STAGING.fullmatch(entry.name)]
         removed = sum(1 for entry in entries if not entry.name.startswith(".") and entry not in left)
         problems = [f"{len(left)} could not be removed (a read-only folder?), e.g. {left[0]}"] if left else []
         problems += [_unreadable(unreadable)] if unreadable else []

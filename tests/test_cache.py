@@ -5,6 +5,7 @@ they can and exit 2 naming the folder; never a traceback."""
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -84,3 +85,31 @@ def test_a_cache_folder_the_user_may_not_reach(tmp_path, ptxgen, lock):
     for command in ("info", "clean"):
         line = one_error_line(ptxgen("cache", command, cache=cache))
         assert line == f"error: PTXGEN_CACHE_DIR {cache}: Permission denied", line
+
+
+def test_cache_clean_while_a_build_puts_an_entry_is_no_error(tmp_path, monkeypatch):
+    """A build's put writing into its staging folder while `cache clean` removes it (the folder is
+    not empty when rmtree comes to remove it) is a concurrent build, not a folder that could not
+    be removed: clean succeeds, and the entry the build then renames into place is whole."""
+    import shutil
+    import tempfile
+
+    from ptxgen import cache as cache_module
+    from ptxgen.cache import Cache, cache_key
+
+    root = tmp_path / "cache"
+    cache = Cache(root)
+    key = cache_key("ptx", "sm_80", "nvjitlink", "1", {})
+    cache.put(key, b"old", "log")
+    staging = Path(tempfile.mkdtemp(prefix=f".{key[:8]}-", dir=root / key[:2]))  # the running build's put
+    real_rmtree = shutil.rmtree
+
+    def rmtree_meanwhile_written(path, ignore_errors=False):
+        real_rmtree(path, ignore_errors=ignore_errors)
+        if Path(path) == staging:  # the build wrote its cubin after the listing: rmdir met a file
+            staging.mkdir()
+            (staging / "cubin").write_bytes(b"new")
+
+    monkeypatch.setattr(cache_module.shutil, "rmtree", rmtree_meanwhile_written)
+    assert cache.clean() == 1
+    assert not (root / key[:2] / key).exists() and (staging / "cubin").read_bytes() == b"new"
