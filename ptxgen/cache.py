@@ -96,8 +96,14 @@ class Cache:
             return
         entry = self._entry(key)
         try:
-            entry.parent.mkdir(parents=True, exist_ok=True)
-            staging = Path(tempfile.mkdtemp(prefix=f".{key[:8]}-", dir=entry.parent))
+            for attempt in range(3):  # `cache clean` may remove the shard (then empty) in between: again
+                entry.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    staging = Path(tempfile.mkdtemp(prefix=f".{key[:8]}-", dir=entry.parent))
+                    break
+                except FileNotFoundError:
+                    if attempt == 2 or entry.parent.exists():
+                        raise
         except OSError as error:
             self.writable = False
             # file_in_the_way would meet the same folder it may not enter

@@ -113,3 +113,28 @@ def test_cache_clean_while_a_build_puts_an_entry_is_no_error(tmp_path, monkeypat
     monkeypatch.setattr(cache_module.shutil, "rmtree", rmtree_meanwhile_written)
     assert cache.clean() == 1
     assert not (root / key[:2] / key).exists() and (staging / "cubin").read_bytes() == b"new"
+
+
+def test_a_shard_removed_by_cache_clean_before_put_writes_in_it_is_made_again(tmp_path, monkeypatch):
+    """`cache clean` removes a shard it emptied; a build's put that had just made that shard makes
+    it again, rather than taking the cache for unwritable and building the rest without it."""
+    import tempfile
+
+    from ptxgen import cache as cache_module
+    from ptxgen.cache import Cache, cache_key
+
+    root, notes = tmp_path / "cache", []
+    cache = Cache(root, report=notes.append)
+    key = cache_key("ptx", "sm_80", "nvjitlink", "1", {})
+    real_mkdtemp, removed = tempfile.mkdtemp, []
+
+    def mkdtemp_after_clean(prefix, dir):
+        if not removed:
+            Path(dir).rmdir()  # clean's shard.rmdir(), between put's mkdir and its mkdtemp
+            removed.append(dir)
+        return real_mkdtemp(prefix=prefix, dir=dir)
+
+    monkeypatch.setattr(cache_module.tempfile, "mkdtemp", mkdtemp_after_clean)
+    cache.put(key, b"cubin", "log")
+    assert removed and notes == [] and cache.writable
+    assert cache.get(key) == (b"cubin", "log")
