@@ -19,7 +19,7 @@ from ptxgen.quants import GEMV_KINDS
 from ptxgen.gguf_model import GGUFModel
 from ptxgen.interp import launch as interpret
 from ptxgen.kernels import kind_of
-from ptxgen.kernels.families.quant_gemv import dequantize_x
+from ptxgen.kernels.families.quant_gemv import dequantize_x, quantize_x
 from ptxgen.model_reference import generate as reference_generate
 from ptxgen.pipeline import compile_kernel
 from ptxgen.quants import QUANT_TYPES
@@ -366,6 +366,70 @@ def test_prefetch_rows_asks_for_each_ctas_rows_and_changes_no_bits(monkeypatch, 
         for param in kernel.params:
             if param.written:
                 assert np.array_equal(ours[param.name].view(np.uint8), theirs[param.name].view(np.uint8)), arch
+
+
+def knife_edge_x(rng, groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """x of `groups` groups of 32 with max|v| = b (random, 2^-20..2^20) where two elements v sit on a
+    rounding edge of q = rint(v * inv), inv = f32(127 / b): v * inv lies below a half-integer and
+    v * next_f32_above(inv) above it (and one the other way round for the f32 below inv). Their q is
+    that of quantize_x only if the kernel's inv is the IEEE quotient itself, not an ulp off.
+    Returns x and the indices of the edge elements."""
+    f32 = np.float32
+    x = np.empty(32 * groups, f32)
+    edges = []
+    for g in range(groups):
+        found = {}
+        while len(found) < 2:
+            found = {}
+            b = f32(np.exp2(rng.uniform(-20, 20)))
+            inv = f32(127) / b
+            above, below = np.nextafter(inv, f32(np.inf)), np.nextafter(inv, f32(0))
+            for n in rng.permutation(np.arange(2, 126)):
+                v = f32((n + 0.5) / float(inv))
+                for cand in (np.nextafter(v, f32(0)), v, np.nextafter(v, f32(np.inf))):
+                    p, p_above, p_below = (float(cand) * float(i) for i in (inv, above, below))  # exact
+                    if p < n + 0.5 < p_above:
+                        found.setdefault("above", cand)
+                    if p_below < n + 0.5 < p:
+                        found.setdefault("below", cand)
+                if len(found) == 2:
+                    break
+        values = (rng.uniform(-0.9, 0.9, 32) * b).astype(f32)
+        values[0] = b * rng.choice([-1, 1])
+        values[1] = found["above"] * rng.choice([-1, 1])
+        values[2] = found["below"] * rng.choice([-1, 1])
+        order = rng.permutation(32)
+        x[32 * g:32 * g + 32] = values[order]
+        where = np.argsort(order)
+        edges += [32 * g + int(where[1]), 32 * g + int(where[2])]
+    return x, np.array(edges)
+
+
+@pytest.mark.parametrize("schedule", ["static", "queue"])
+def test_staged_x_is_quantize_x_bit_for_bit_on_the_rounding_edges_of_the_reciprocal(schedule):
+    """q8_stage's inv = 127 / max|v| must be the IEEE quotient (quantize_x's contract), not within
+    an ulp of it: on random data an ulp off flips a q only where v * inv lies within ~1e-5 of a
+    half-integer, which the other tests' inputs almost never hit (dropping the residual correction,
+    inv = f32(127 * y1), passed every one of them). Here x puts two elements of every group on such
+    an edge, and one-hot Q8_0 rows (d = 1, one code 1) read y[r] = dx * q of one edge element each:
+    one rounding of an exact product (the other lanes and blocks add exact zeros), so y is
+    f32(q * dx) bit for bit, and a flipped q is off by dx."""
+    k = 4096
+    x, cols = knife_edge_x(np.random.default_rng(7), k // 32)
+    w = np.zeros((len(cols), k // 32, 34), np.uint8)
+    one = np.array([1.0], np.float16).view(np.uint8)
+    for r, c in enumerate(cols):
+        w[r, c // 32, 0:2] = one
+        w[r, c // 32, 2 + c % 32] = 1
+    kernel = make_kernel("q8_0_gemv", n=len(cols), k=k, schedule=schedule, sm_count=2)
+    arrays = {"w": w.reshape(len(cols), -1), "x": x}
+    y = check(kernel, arrays)["y"]
+    q, dx = quantize_x(x)
+    expected = q[cols].astype(np.float32) * dx[cols // 32]
+    wrong = np.flatnonzero(y.view(np.uint32) != expected.view(np.uint32))
+    assert wrong.size == 0, (f"{wrong.size} of {len(cols)} edge elements quantised unlike quantize_x, e.g. "
+                             f"x[{cols[wrong[0]]}] = {x[cols[wrong[0]]]!r}: y = {y[wrong[0]]!r}, "
+                             f"expected {expected[wrong[0]]!r}")
 
 
 @pytest.mark.parametrize("kind, k", [("q4k_gemv", 512), ("q6k_gemv", 512), ("q8_0_gemv", 512)])
