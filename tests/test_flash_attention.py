@@ -302,6 +302,32 @@ def test_split_pieces_merge_to_the_same_bits_in_any_order():
         np.testing.assert_array_equal(out, outputs[0], err_msg=f"seed {seed} differs from seed 0")
 
 
+@pytest.mark.parametrize("tiles", [WIDE, {}], ids=["wide", "default"])
+def test_the_split_starts_at_split_kv_len_itself(tiles):
+    """The kernel's split boundary is the kind's (seq_len <= split_kv_len splits, cta_work and the
+    grid assume it): at seq_len = split_kv_len the heaviest block of every head is split (both of
+    its pieces write their partials, which start NaN-poisoned here), one token past it nothing is
+    (the partials stay untouched); the result within its bound either way. A kernel that split
+    only below split_kv_len gave the same output and passed every other test."""
+    kernel = attention_kernel(4, 2, 64, True, "f16", "f32", split_kv_len=257, **tiles)
+    kind = kernel.definition
+    for seq_len, split in ((257, True), (258, False)):
+        scalars = {"seq_len": seq_len}
+        inputs = kind.sample_inputs(np.random.default_rng(seq_len), scalars)
+        geometry = kind.launch(scalars)
+        arrays = prepare_arrays(kernel, inputs, scalars)
+        arrays["partials"][...] = np.nan
+        interpret(kernel.ptx, kernel.name, geometry.grid, geometry.block, kernel.args(arrays, scalars),
+                  dynamic_shared=geometry.dynamic_shared, sanitize=True)
+        heaviest = arrays["partials"][:, 0]  # slot 0: every head's heaviest block, [upper, lower] pieces
+        if split:
+            assert np.isfinite(heaviest).all(), f"seq_len {seq_len} = split_kv_len: the heaviest blocks were not split"
+        else:
+            assert np.isnan(arrays["partials"]).all(), f"seq_len {seq_len} > split_kv_len: a block was split"
+        assert not arrays["counters"].any(), f"seq_len {seq_len}: counters {arrays['counters']}"
+        assert_passes(compare(kernel, arrays, kind.reference(inputs, scalars), scalars))
+
+
 def test_split_work_is_what_show_lists_and_the_grid_launches():
     """show's dispatch for split_kv_len (FlashAttention.cta_work), Qwen3-8B's 32 heads in 128-row
     CTAs over the H100's 264 slots: the list-scheduled makespan (key tiles) falls from 17 to 13 at
