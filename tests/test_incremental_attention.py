@@ -208,6 +208,21 @@ def test_second_launch_on_the_same_workspace_gives_the_same_result(indirect):
     assert_passes(compare(kernel, arrays, kind.reference(inputs, scalars), scalars))
 
 
+@pytest.mark.parametrize("shape", [(8, 2, 128, "f16"), (4, 1, 64, "bf16"), (2, 2, 256, "f32")])
+def test_a_chunk_of_several_ring_tiles_rescales_its_running_softmax(shape):
+    """One CTA a KV head (an SM, a CTA each): a chunk spans several ring tiles, and the online
+    softmax rescales its running sum and output whenever a later tile raises the max. Elsewhere
+    only the 2121-key spec instance took that path (17 s): dropping `l *= alpha` passed every
+    other test (mutation testing, session 25)."""
+    num_heads, num_kv_heads, head_dim, kv_dtype = shape
+    kernel = attention(num_heads, num_kv_heads, head_dim, 300, kv_dtype, sm_count=1, ctas_per_sm=1)
+    plan = kernel.definition.plan
+    for seq_len in (2 * plan.tile + 7, 300):
+        chunk, splits = plan.split(seq_len)
+        assert splits == 1 and chunk >= seq_len > 2 * plan.tile, (seq_len, chunk, splits, plan.tile)
+        assert_passes(verify_kernel(kernel, {"seq_len": seq_len}, seed=seq_len))
+
+
 def test_many_short_splits_merge_over_several_rounds():
     """Chunks of 16 keys (one key group of 2 warps): more splits than the last CTA's lanes take
     in one round (split_lanes lanes per output float4, splits_per_round each), so the final
