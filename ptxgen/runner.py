@@ -101,14 +101,16 @@ def running_arch(backend: str, arch: str | None) -> str | None:
 
 def launch_arrays(compiled: CompiledKernel, arrays: dict[str, np.ndarray], scalars: dict[str, int],
                   backend: str = "emulator", sanitize: bool = True, arch: str | None = None,
-                  grid: int | None = None, geometry_at: dict[str, int] | None = None, launches: int = 1) -> None:
+                  grid: int | None = None, geometry_at: dict[str, int] | None = None, launches: int = 1,
+                  contract: bool = False) -> None:
     """One launch over host arrays (every array parameter, workspaces included), updated in place,
     with the geometry of the variant that runs (running_arch); `grid`: that many CTAs instead, for
     a launch correct with any 1-D grid (Launch.any_grid), as a GPU with fewer SMs shrinks it;
     `geometry_at`: the geometry of these (checked) scalars, while the kernel gets `scalars` as
     they are (verify's launches past the launcher's limits); `launches`: that many on the same
     arrays, back to back (on a device, one stream with no synchronisation between them, as an
-    engine queues them: a programmatic dependent launch overlaps the one before)."""
+    engine queues them: a programmatic dependent launch overlaps the one before); `contract`: the
+    interpreter runs the mul/add pairs ptxas may contract as fused (interp.contraction)."""
     if backend not in BACKENDS:
         raise LaunchError(f"--backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
     arch = running_arch(backend, arch)
@@ -132,7 +134,7 @@ def launch_arrays(compiled: CompiledKernel, arrays: dict[str, np.ndarray], scala
         for _ in range(launches):
             interpret(variant.ptx, compiled.name, launch.grid, launch.block, args,
                       dynamic_shared=launch.dynamic_shared, sanitize=sanitize, kernel_name=compiled.name,
-                      stable=compiled.stable, tensor_maps=variant.tensor_maps)
+                      stable=compiled.stable, tensor_maps=variant.tensor_maps, contract=contract)
     else:
         from .device import run_on_device
 
@@ -141,11 +143,11 @@ def launch_arrays(compiled: CompiledKernel, arrays: dict[str, np.ndarray], scala
 
 def run(compiled: CompiledKernel, inputs: dict[str, np.ndarray], scalars: dict[str, int],
         backend: str = "emulator", sanitize: bool = True, arch: str | None = None,
-        grid: int | None = None, launches: int = 1) -> dict[str, np.ndarray]:
+        grid: int | None = None, launches: int = 1, contract: bool = False) -> dict[str, np.ndarray]:
     """Launch `compiled` once (or `launches` times back to back: launch_arrays') on fresh copies of
-    `inputs` (`grid`: launch_arrays'); return every array parameter afterwards."""
+    `inputs` (`grid`, `contract`: launch_arrays'); return every array parameter afterwards."""
     arrays = prepare_arrays(compiled, inputs, scalars)
-    launch_arrays(compiled, arrays, scalars, backend, sanitize, arch, grid, launches=launches)
+    launch_arrays(compiled, arrays, scalars, backend, sanitize, arch, grid, launches=launches, contract=contract)
     return arrays
 
 

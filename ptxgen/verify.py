@@ -149,13 +149,14 @@ def verify_kernel(compiled: CompiledKernel, scalars: dict, seed: int = 0, backen
 
 def verify_launch(compiled: CompiledKernel, scalars: dict, seed: int = 0, backend: str = "emulator",
                   sanitize: bool = True, arch: str | None = None, workspaces: dict[str, np.ndarray] | None = None,
-                  grid: int | None = None) -> tuple[list[Check], dict[str, np.ndarray]]:
+                  grid: int | None = None, contract: bool = False) -> tuple[list[Check], dict[str, np.ndarray]]:
     """verify_kernel with the workspaces an earlier launch left (None: zeroed, as allocated), at
-    `grid` CTAs if given (runner.launch_arrays); also returns the workspaces this launch leaves."""
+    `grid` CTAs if given (runner.launch_arrays); also returns the workspaces this launch leaves.
+    `contract`: the interpreter fuses the mul/add pairs ptxas may contract (runner.launch_arrays)."""
     kind = compiled.definition
     inputs = kind.sample_inputs(np.random.default_rng(seed), scalars)
     arrays = run(compiled, {**inputs, **(workspaces or {})}, scalars, backend=backend, sanitize=sanitize, arch=arch,
-                 grid=grid)
+                 grid=grid, contract=contract)
     target = ran_target(compiled, backend, arch)
     checks = compare(compiled, arrays, kind.reference(inputs, scalars), scalars, target)
     checks += forced_checks(compiled, inputs, arrays, scalars, target)
@@ -209,7 +210,7 @@ def verify_sizes(compiled: CompiledKernel, sizes: list[dict], seed: int = 0, cal
     `smaller_grids`: bench checks what it times); in the interpreter, the last size's launch
     again with each value past the launcher's limits (verify_past_limits). `call(function,
     *args, **kwargs)` runs each launch (a DeviceWorker's call; default: here). `options`:
-    verify_launch's backend, sanitize, arch."""
+    verify_launch's backend, sanitize, arch, contract."""
     cases = [(scalars, seed, False, None) for scalars in sizes]
     if compiled.workspaces and len(sizes) == 1:
         cases.append((sizes[0], seed + 1, True, None))

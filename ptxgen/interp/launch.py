@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InterpError, LaunchError, SanitizerError
+from . import contraction
 from .approx import Approx
 from .ops import compile_program
 from .ordering import Ordering, synchronises
@@ -65,12 +66,14 @@ class LaunchStats:
         return int(self.warps_at.sum())
 
 
-def _program(ptx, entry):
-    key = (hashlib.sha256(ptx.encode()).hexdigest(), entry)
+def _program(ptx, entry, contract=False):
+    key = (hashlib.sha256(ptx.encode()).hexdigest(), entry, contract)
     if key not in _CACHE:
         if len(_CACHE) >= _CACHE_LIMIT:
             _CACHE.pop(next(iter(_CACHE)))
         prog = parse(ptx, entry)
+        if contract:
+            contraction.contract(prog)
         sync_points = [synchronises(ins) for ins in prog.instructions]
         # where the scheduler may hold a CTA back (_Cohorts.hold_back): global (or generic) atomics
         holds = [sync and ins.base in ("atom", "red") for sync, ins in zip(sync_points, prog.instructions)]
@@ -115,7 +118,7 @@ def launch(ptx: str, entry: str, grid: tuple[int, int, int], block: tuple[int, i
            args: list, *, dynamic_shared: int = 0, sanitize: bool = True,
            kernel_name: str | None = None, seed: int = 0, approx: str = "pessimistic",
            deterministic: bool = False, max_ctas: int | None = None,
-           stable: frozenset[str] = frozenset(), tensor_maps: tuple = ()) -> LaunchStats:
+           stable: frozenset[str] = frozenset(), tensor_maps: tuple = (), contract: bool = False) -> LaunchStats:
     """Execute `entry` over grid x block threads; arrays in args are updated in place.
     With `max_ctas`, only CTAs 0 .. max_ctas-1 (in x, y, z order) run: for counting
     instructions of a large grid whose CTAs repeat each other's work.
@@ -129,8 +132,10 @@ def launch(ptx: str, entry: str, grid: tuple[int, int, int], block: tuple[int, i
     same in every launch of a step (a model's weights): with the sanitizer on, a kernel that
     executes griddepcontrol.wait (programmatic dependent launch) may touch only these before it,
     and every thread must execute it before it ends. tensor_maps: an abi.TensorMap for each
-    tensor-map parameter of the entry (args hold the other parameters), over an array in args."""
-    prog, code, sync_points, holds = _program(ptx, entry)
+    tensor-map parameter of the entry (args hold the other parameters), over an array in args.
+    contract: run each mul and add/sub that ptxas may contract (a mul/add or mul/sub pair without
+    rounding modifiers, its default --fmad=true) as one fma, rounded once (contraction.py)."""
+    prog, code, sync_points, holds = _program(ptx, entry, contract)
     grid, block = tuple(int(v) for v in grid), tuple(int(v) for v in block)
     if len(grid) != 3 or len(block) != 3 or min(grid + block) < 1:
         raise LaunchError(f"grid {grid} and block {block} need three positive sizes")

@@ -402,12 +402,12 @@ def _flush_f16(h):
     return np.where((h & np.uint16(0x7C00)) == 0, h & np.uint16(0x8000), h)
 
 
-def _half_lanes(c, t, fn, nargs):
+def _half_lanes(c, t, fn, nargs, operands=None):
     """Compile fn (uint16 bit arrays -> uint16 bits) over the operands of an .f16/.bf16
-    instruction, or over the low, then the high halves of .x2 operands (one pass over both
-    runs slower: its arrays, twice the size, fall out of the cache)."""
+    instruction (or `operands`), or over the low, then the high halves of .x2 operands (one pass
+    over both runs slower: its arrays, twice the size, fall out of the cache)."""
     packed = t.endswith("x2")
-    readers = [c.read(i + 1, "b32" if packed else "b16") for i in range(nargs)]
+    readers = [c.read(op, "b32" if packed else "b16") for op in operands or range(1, nargs + 1)]
     dst = c.write(0, "b32" if packed else "b16")
 
     def run(st, sel):
@@ -421,7 +421,7 @@ def _half_lanes(c, t, fn, nargs):
     return c.alu(run)
 
 
-def _half(c, t, fn, nargs):
+def _half(c, t, fn, nargs, operands=None):
     """f16/bf16 scalar or packed-pair arithmetic: decode to exact float64, compute and round
     once with fn(kind, mode, *values)."""
     kind = t.replace("x2", "")
@@ -444,7 +444,7 @@ def _half(c, t, fn, nargs):
             v = nm.decode(out, kind)
             bits = np.where(np.isnan(v), _HALF_NAN, np.where(v < 0, np.uint16(0), bits))
         return bits
-    return _half_lanes(c, t, one, nargs)
+    return _half_lanes(c, t, one, nargs, operands)
 
 
 def _int_binary(c, fn):
@@ -480,6 +480,23 @@ def _arithmetic_mods(c, t, extra=()):
             c.fail(f".{flag} needs .f32, .f16 or .f16x2")
 
 
+def _contracted(c, t, sub):
+    """An add/sub that takes a mul's product unrounded (launch's contract, contraction.py): one
+    fma of the factors the mul copied, the product negated for `sub z, p` and the other
+    operand for `sub p, z`; the add's .ftz and .sat apply."""
+    (x, y), position = c.prog.fused[c.ins.index]
+    z = c.ops[3 - position]
+    negate_product, negate_z = sub and position == 2, sub and position == 1
+    if _float_kind(t):
+        return _half(c, t, lambda k, m, a, b, w: nm.fma(-a if negate_product else a, b, -w if negate_z else w, k, m),
+                     3, (x, y, z))
+    a, b, w, dst, fin = c.read(x, t), c.read(y, t), c.read(z, t), c.write(0, t), _ftz_in(c, t)
+    fma = (lambda p, q, r: _fma64(p, q, r)) if t == "f64" else (lambda p, q, r: nm.fma(p, q, r, "f32", "rn"))
+    return c.alu(lambda st, sel: dst(st, sel, c.finish_float(np.asarray(fma(
+        -fin(a(st, sel)) if negate_product else fin(a(st, sel)), fin(b(st, sel)),
+        -fin(w(st, sel)) if negate_z else fin(w(st, sel)))), t)))
+
+
 @opcode("add", "sub")
 def _add(c):
     c.need(3)
@@ -487,6 +504,8 @@ def _add(c):
     if c.has("cc") or "c" in c.mods:
         c.fail("carry arithmetic is not supported")
     _arithmetic_mods(c, t)
+    if c.ins.index in c.prog.fused:
+        return _contracted(c, t, sub)
     if _float_kind(t):
         return _half(c, t, lambda k, m, x, y: nm.add(x, -y if sub else y, k, m), 2)
     if TYPES[t][1] == "f":
@@ -540,8 +559,29 @@ def _int_product(c, t):
                           >> (8 * size)).astype(dt)), t
 
 
+def _copying_factors(c, t, ex):
+    """A mul whose product an add/sub takes unrounded (contraction.py): it first copies its
+    factors, as it reads them, to the registers the fused add/sub reads."""
+    kind = t if t in ("f32", "f64") else "b32" if t.endswith("x2") else "b16"
+    copies = [(c.read(i + 1, kind), c.write(reg, kind)) for i, reg in enumerate(c.prog.factors[c.ins.index])]
+    run = ex.run
+
+    def copy_and_run(st, sel):
+        for read, write in copies:
+            write(st, sel, read(st, sel))
+        run(st, sel)
+    ex.run = copy_and_run
+    return ex
+
+
 @opcode("mul")
 def _mul(c):
+    if c.ins.index in c.prog.factors:
+        return _copying_factors(c, c.type, _product(c))
+    return _product(c)
+
+
+def _product(c):
     c.need(3)
     t = c.type
     _arithmetic_mods(c, t, ("lo", "hi", "wide"))

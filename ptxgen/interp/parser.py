@@ -156,6 +156,8 @@ class Program:
     lines: list = field(default_factory=list)
     async_registers: set = field(default_factory=set)   # wgmma register operands (hopper.py)
     async_model: type | None = None                      # per-wave state of the async sm_90a ops
+    fused: dict = field(default_factory=dict)            # add/sub run as fma (contraction.py)
+    factors: dict = field(default_factory=dict)          # their muls' copies of the factors
 
 
 def _tokenize(text):
