@@ -141,10 +141,10 @@ def verify_plan(compiled: CompiledKernel) -> list[tuple[str, CompiledKernel, lis
 
 
 def verify_kernel(compiled: CompiledKernel, scalars: dict, seed: int = 0, backend: str = "emulator",
-                  sanitize: bool = True, arch: str | None = None) -> list[Check]:
+                  sanitize: bool = True, arch: str | None = None, contract: bool = False) -> list[Check]:
     """Random non-zero inputs, poisoned outputs, one launch on zeroed workspaces, compare to the
-    reference (and the kind's teacher-forced references)."""
-    return verify_launch(compiled, scalars, seed, backend, sanitize, arch)[0]
+    reference (and the kind's teacher-forced references). `contract`: verify_launch's."""
+    return verify_launch(compiled, scalars, seed, backend, sanitize, arch, contract=contract)[0]
 
 
 def verify_launch(compiled: CompiledKernel, scalars: dict, seed: int = 0, backend: str = "emulator",

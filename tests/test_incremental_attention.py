@@ -58,6 +58,15 @@ def test_matches_float64(num_heads, num_kv_heads, head_dim, kv_dtype, max_seq_le
         assert_passes(verify_kernel(kernel, {"seq_len": seq_len}, seed=seq_len))
 
 
+@pytest.mark.parametrize("kv_dtype", ("f16", "bf16", "f32"))
+def test_matches_float64_with_the_pairs_ptxas_may_contract_fused(kv_dtype):
+    """q's scaling into its split and the softmax sum's rescale are mul/add pairs without rounding
+    modifiers, which ptxas may fuse (interp.contraction): the kernel passes either way."""
+    kernel = attention(8, 2, 128, 160, kv_dtype)
+    for seq_len in (37, 160):
+        assert_passes(verify_kernel(kernel, {"seq_len": seq_len}, seed=seq_len, contract=True))
+
+
 @pytest.mark.parametrize("num_heads, num_kv_heads, head_dim, kv_dtype", [
     (4, 1, 128, "f16"), (8, 8, 64, "f32"), (16, 2, 256, "bf16"), (32, 1, 128, "f16")])
 def test_indirect_seq_len_matches_float64_on_one_grid(num_heads, num_kv_heads, head_dim, kv_dtype):

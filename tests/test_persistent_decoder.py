@@ -64,8 +64,8 @@ def base_inputs(layers: int, kv_dtype: str, seed: int) -> dict[str, np.ndarray]:
     return inputs
 
 
-def decoder_run(kernel, inputs, pos, ptx=None):
-    return run(with_ptx(kernel, ptx) if ptx else kernel, dict(inputs), {"pos": pos})
+def decoder_run(kernel, inputs, pos, ptx=None, contract=False):
+    return run(with_ptx(kernel, ptx) if ptx else kernel, dict(inputs), {"pos": pos}, contract=contract)
 
 
 def ulp(values: np.ndarray, dtype: str) -> np.ndarray:
@@ -190,6 +190,18 @@ def test_one_layer_matches_reference_and_separate_kernels(pos):
     out = decoder_run(kernel, inputs, pos)
     check_against_reference(kernel, out, inputs, pos)
     check_against_separate_kernels(kernel, out, inputs, pos)
+
+
+def test_fused_mul_add_pairs_match_reference_and_unfused_separate_kernels():
+    """The mul/add pairs ptxas may contract (attention's q split and softmax sum: interp.contraction)
+    fused in the decoder, not in the separate kernels (ptxas decides kernel by kernel): the same
+    contract."""
+    kernel = kernel_for(1)
+    inputs = base_inputs(1, "f16", seed=137)
+    out = decoder_run(kernel, inputs, 37, contract=True)
+    assert not np.array_equal(out["x"], decoder_run(kernel, inputs, 37)["x"]), "nothing fused"
+    check_against_reference(kernel, out, inputs, 37)
+    check_against_separate_kernels(kernel, out, inputs, 37)
 
 
 @pytest.mark.parametrize("pos", (0, 63))
