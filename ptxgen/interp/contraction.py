@@ -4,14 +4,15 @@ rounded once (PTX ISA 9.7.3 add/sub/mul for .f32/.f64, 9.7.4 for .f16/.f16x2/.bf
 and mul/sub sequences with no rounding modifiers may be optimized to use fused-multiply-add
 instructions on the target device"; an explicit .rn forbids it).
 
-launch(contract=True) runs every pair ptxas may contract as contracted (ops' add/sub): the
-add/sub computes fma of the mul's factors (as the mul read them), the mul still runs for its other
-uses. A pair is a mul and a later add/sub of the same type in one basic block (no label or
-branch between them) that reads the mul's destination (or a mov's copy of it), with neither that register nor the
-mul's guard written in between, and the same guard on both (or none on the mul); .ftz alike on
-both, no .sat on the mul (an add's .ftz and .sat apply to the fused result). Where both of an add's
-operands are such products, the first is fused. That is the most ptxas may fuse inside a
-block, not what it does: a kernel right in both modes is right whichever pairs it fuses."""
+launch(contract=True) runs every such pair fused (ops' add/sub): the add/sub computes fma of the
+mul's factors (as the mul read them), the mul still runs for its other uses. A pair is a mul and a
+later add/sub of the same type in one basic block (no label or branch between them) that reads the
+mul's destination (or a mov's copy of it), with neither that register nor the mul's guard written
+in between, and the same guard on both (or none on the mul); .ftz alike on both, no .sat on the mul
+(an add's .ftz and .sat apply to the fused result). Where both of an add's operands are such
+products, the first is fused. So every pair fused, against none in the default mode: the two ends
+of what ptxas may do, not what it does (it may fuse some pairs of a kernel and not others, or
+pairs across blocks after its own rewrites)."""
 from .ops import FLOAT_ROUND
 from .parser import Pair, Reg, RegDecl, Vec
 
