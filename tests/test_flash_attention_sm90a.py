@@ -24,7 +24,7 @@ from ptxgen.pipeline import compile_kernel
 from ptxgen.runner import run
 from ptxgen.verify import compare, verify_kernel
 
-from helpers import assert_passes, make_config
+from helpers import assert_passes, make_config, needs_ptxas
 
 
 def attention_config(num_heads, num_kv_heads, head_dim, causal=True, dtype="f16", out_dtype="f32", knobs=None,
@@ -134,6 +134,7 @@ def test_every_score_takes_part_in_its_rows_maximum(block_n):
                                               (128, {"tma": True}),
                                               (128, {"tma": True, "producer_warps": 4, "pingpong": True,
                                                      "persistent": True})])
+@needs_ptxas
 def test_assembles_for_sm90a_without_spills(head_dim, knobs):
     kernel = attention_kernel(32, 8, head_dim, True, "bf16", "bf16", knobs, until="cubin")
     plan = kernel.definition.config.sm90a

@@ -16,11 +16,13 @@ from ptxgen.errors import PtxgenError
 from ptxgen.pipeline import compile_spec
 from ptxgen.spec import load_spec
 
-from helpers import ROOT
+from helpers import ROOT, needs_nvdisasm, needs_ptxas
 
 LEASE = ROOT / "bench" / "lease"
 
 
+@needs_ptxas
+@needs_nvdisasm
 @pytest.mark.parametrize("spec", sorted(path.name for path in LEASE.glob("*.toml")))
 def test_each_lease_spec_builds_without_spills(spec):
     """No lease kernel spills, but where a spill stays outside every loop (SASS, nvdisasm; at most
