@@ -565,7 +565,8 @@ def gguf_weights(compiled, path: Path, tensor: str, given: dict, inputs: Path) -
 @app.command()
 def verify(
     spec_path: SpecArg,
-    kernel_name: Annotated[Optional[str], typer.Option("--kernel", help="Only this kernel.")] = None,
+    kernel_names: Annotated[Optional[list[str]], typer.Option(
+        "--kernel", metavar="NAME", help="Only this kernel; repeat for several.")] = None,
     backend: Annotated[Backend, typer.Option(help="Where to run the PTX.")] = Backend.emulator,
     seed: Annotated[int, typer.Option(min=0, help="Seed of the random inputs.")] = 0,
     arch: VerifyArchOption = None,
@@ -589,7 +590,9 @@ def verify(
     if tools:
         sanitizer_executable()  # not on PATH: the message, before any work
     spec = load_spec(spec_path)
-    configs = [spec.spec.kernel(kernel_name)] if kernel_name else list(spec.spec.kernels)
+    # every --kernel given (not only the last), each once, in the spec's order
+    chosen = {spec.spec.kernel(name).name for name in kernel_names or ()}
+    configs = [config for config in spec.spec.kernels if not chosen or config.name in chosen]
     kernels = compile_spec(spec.spec.model_copy(update={"kernels": tuple(configs)})).kernels
     with progress_bar("verifying", len(kernels), True) as progress:
         task = progress.add_task("verifying", total=len(kernels))

@@ -103,6 +103,20 @@ def test_verify_one_kernel_table_and_exit_code():
     assert "qwen3_8b_q_norm" in result.stdout and "pass" in result.stdout
 
 
+def test_verify_kernel_repeated_checks_every_named_kernel(tmp_path):
+    """`--kernel a --kernel b` verifies both (typer kept only the last: a exited 0 unchecked), each
+    once, in the spec's order; an unknown name among them is exit 2 naming it."""
+    spec = tmp_path / "three.toml"
+    spec.write_text("".join(f'[[kernels]]\nname = "{name}"\nkind = "rmsnorm"\nhidden = {n}\n'
+                            for name, n in (("first", 9), ("second", 17), ("third", 33))))
+    result = run_cli_in_process("verify", str(spec), "--kernel", "third", "--kernel", "first", "--kernel", "third")
+    assert result.returncode == 0, result
+    kernels = [line.split()[0] for line in result.stdout.splitlines()[2:]]
+    assert kernels == ["first", "first", "third", "third"], result.stdout
+    result = run_cli_in_process("verify", str(spec), "--kernel", "first", "--kernel", "fourth")
+    assert result.returncode == 2 and "no kernel named 'fourth'" in result.stderr, result
+
+
 def test_verify_fails_a_kernel_the_sanitizer_stops_and_checks_the_rest(tmp_path, monkeypatch):
     """A sanitizer finding is that kernel's failure (exit 1, the table, the finding below it, the
     checks made before it kept), not an error that ends verify before the next kernels."""
