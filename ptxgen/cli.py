@@ -179,7 +179,14 @@ def build(
 @app.command()
 def validate(spec_path: SpecArg):
     """Check a spec without building it."""
+    from .errors import SpecError
+    from .pipeline import compile_spec
+
     spec = load_spec(spec_path)
+    try:  # what build refuses as it renders (a kernel named like a name in its PTX), refused here too
+        compile_spec(spec.spec, until="ptx")
+    except SpecError as error:
+        raise SpecError(f"{spec_path}: {error}") from None
     out.print(f"{spec_path}: ok, {plural(len(spec.spec.kernels), 'kernel')} for {', '.join(spec.spec.target.archs)}",
               markup=False)
 

@@ -129,6 +129,20 @@ def test_cli_exit_2_without_traceback(tmp_path):
     assert not (tmp_path / "out").exists(), "a failed build must write nothing"
 
 
+@pytest.mark.parametrize("name, kind, fields", [
+    ("ret", "rmsnorm", "hidden = 64"),                  # a PTX keyword
+    ("DONE", "argmax", "n = 100"),                      # a label of the kind's template
+])
+def test_validate_refuses_what_build_refuses_as_it_renders(tmp_path, name, kind, fields):
+    """validate said "ok" for a kernel named like a name in its PTX, which build then refused: one
+    line naming the file and the kernel, exit 2."""
+    path = write(tmp_path, f'[target]\narchs = ["sm_80"]\n\n[[kernels]]\nname = "{name}"\nkind = "{kind}"\n{fields}\n')
+    result = run_cli("validate", str(path))
+    assert result.returncode == 2, result
+    assert result.stderr == (f"error: {path}: kernel {name!r}: the {kind} kind's PTX uses {name!r} for a name of its "
+                             "own (a label, a variable or a PTX keyword); choose another kernel name\n"), result.stderr
+
+
 # --- files that must not be read (whole) -------------------------------------------------------------
 def test_devices_pipes_folders_and_huge_files_are_refused_before_reading(tmp_path):
     zero = tmp_path / "zero.toml"
