@@ -17,7 +17,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, fi
 from .archs import ARCHS, DEFAULT_ARCHS, STATIC_SHARED_LIMIT, format_version, serving_target
 from .errors import SpecError
 from .header import defined_names
-from .kernels import KernelEntry, kind_of, rendered_targets
+from .kernels import KINDS, KernelEntry, kind_of, rendered_targets
 from .kernels.base import PDL_TARGET, list_as_tuple
 from .quote import clip, echo
 from .specfile import read_document
@@ -186,7 +186,7 @@ def describe_errors(path: Path, data: dict, error: ValidationError) -> list[str]
     problems = error.errors(include_url=False)
     for item in problems[:MAX_ERROR_LINES]:
         location = list(item["loc"])
-        where = ""
+        where, index = "", None
         if location[:1] == ["kernels"] and len(location) > 1 and isinstance(location[1], int):
             index = location[1]
             entry = data.get("kernels", [])[index] if isinstance(data.get("kernels"), list) else None
@@ -199,6 +199,15 @@ def describe_errors(path: Path, data: dict, error: ValidationError) -> list[str]
                               for part in location))
         message = "expected a list" if item["type"] == "tuple_type" else clip(item["msg"].removeprefix("Value error, "))
         given = "" if item["type"] in ("value_error", "missing") else f" (got {echo(item['input'])})"
+        if item["type"] in ("union_tag_invalid", "union_tag_not_found") and not location and index is not None:
+            # a kernel's `kind` missing or unknown: every kind, unclipped (not pydantic's truncated
+            # list and the whole entry echoed), and what was written as written (3, not '3')
+            field = "kind"
+            if item["type"] == "union_tag_not_found":
+                message, given = "Field required", ""
+            else:
+                message = f"expected one of {', '.join(KINDS)}"
+                given = f" (got {echo(entry.get('kind') if isinstance(entry, dict) else item['input'])})"
         lines.append(": ".join(part for part in (str(path), where, field, message + given) if part))
     if len(problems) > MAX_ERROR_LINES:
         lines.append(f"{path}: ... and {len(problems) - MAX_ERROR_LINES} more problems")

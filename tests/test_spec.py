@@ -9,6 +9,7 @@ import pytest
 
 from ptxgen.assemble import assemble_nvjitlink, nvjitlink_version
 from ptxgen.errors import AssemblerError, SpecError
+from ptxgen.kernels import KINDS
 from ptxgen.kernels.base import KernelConfig
 from ptxgen.pipeline import compile_spec
 from ptxgen.spec import load_spec, ptx_isa_versions
@@ -56,6 +57,19 @@ def test_bad_field_names_file_kernel_field(tmp_path, entry, field, given):
     assert len(message.splitlines()) == 1, message
     assert "spec.toml" in message and "'bad_one'" in message and field in message, message
     assert given in message, message
+
+
+def test_an_unknown_or_missing_kind_names_every_kind(tmp_path):
+    """pydantic's message clipped its list of kinds before rmsnorm (the kind a typo "rmsnrm" meant)
+    and echoed the whole entry; a kind written as a number was quoted as a string."""
+    message = error_of(tmp_path, '[[kernels]]\nname = "n1"\nkind = "rmsnrm"\nhidden = 256\n')
+    assert message == (f"{tmp_path / 'spec.toml'}: kernel 'n1' (kernels[0]): kind: expected one of "
+                       f"{', '.join(KINDS)} (got 'rmsnrm')"), message
+    assert "rmsnorm, rope, swiglu (got" in message
+    assert error_of(tmp_path, '[[kernels]]\nname = "n1"\nkind = 3\n').endswith("kind: expected one of "
+                                                                                f"{', '.join(KINDS)} (got 3)")
+    assert error_of(tmp_path, '[[kernels]]\nname = "n1"\nhidden = 256\n') == (
+        f"{tmp_path / 'spec.toml'}: kernel 'n1' (kernels[0]): kind: Field required")
 
 
 def test_unknown_top_level_and_target_fields(tmp_path):
