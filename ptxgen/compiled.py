@@ -161,6 +161,13 @@ class CompiledKernel:
     def check_scalars(self, scalars: Mapping[str, int]) -> None:
         """Reject missing, unknown or out-of-range runtime scalars before any launch."""
         required = {p.name for p in self.scalars}
+        unknown = sorted(set(scalars) - set(self.scalar_limits))
+        if unknown:  # first: a misnamed scalar would otherwise be reported as the real one missing
+            known = ", ".join(self.scalar_limits) or "none"
+            if any(p.name == unknown[0] for p in self.params):
+                raise LaunchError(f"{self.name}: '{unknown[0]}' is an array parameter, not a runtime scalar "
+                                  f"(known: {known})")
+            raise LaunchError(f"{self.name}: unknown runtime scalar '{unknown[0]}' (known: {known})")
         for name, (low, high) in self.scalar_limits.items():
             if name not in scalars:
                 if name not in required:
@@ -174,10 +181,6 @@ class CompiledKernel:
             if number is None or not low <= number <= high:
                 raise LaunchError(f"{self.name}: runtime scalar '{name}': expected an integer in {low}..{high}, "
                                   f"got {value!r}")
-        unknown = sorted(set(scalars) - set(self.scalar_limits))
-        if unknown:
-            known = ", ".join(self.scalar_limits) or "none"
-            raise LaunchError(f"{self.name}: unknown runtime scalar '{unknown[0]}' (known: {known})")
 
     def check_passed_scalar(self, name: str, where: str = "") -> None:
         """Refuse runtime scalar `name` from a caller where it is only a size hint (decode

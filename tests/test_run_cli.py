@@ -73,6 +73,11 @@ def test_scalar_from_npz(tmp_path, norm_inputs):
      "input 'rows' is a runtime scalar: expected one integer (a 0-d array), got uint32[1]"),
     ({"x": np.zeros((3, 4096), np.float32), "gamma": np.ones(4096, np.float32), "rows": np.ones((2, 2), np.float32)},
      ["--set", "rows=3"], "input 'rows' is a runtime scalar"),
+    # --set of an array's name (not a scalar's): named, not reported as the real scalar missing
+    ({"x": np.zeros((3, 4096), np.float32), "gamma": np.ones(4096, np.float32)}, ["--set", "x=3"],
+     "'x' is an array parameter, not a runtime scalar (known: rows)"),
+    ({"x": np.zeros((3, 4096), np.float32), "gamma": np.ones(4096, np.float32)}, ["--set", "row=3"],
+     "unknown runtime scalar 'row' (known: rows)"),
     ({"x": np.zeros((3, 4096), np.float32), "gamma": np.ones(4096, np.float32)}, ["--set", "rows=3", "--arch", "sm_75"],
      "--arch: expected one of sm_80"),
 ])
