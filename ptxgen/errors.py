@@ -17,6 +17,7 @@ class AssemblerError(PtxgenError):
 
     def __init__(self, message: str, log: str = "", repro: str = ""):
         super().__init__("\n".join(part for part in (message, log.strip(), repro) if part))
+        self.message = message
         self.log = log
         self.repro = repro
 

@@ -114,6 +114,8 @@ def stage_cubin(spec: Spec, units: list[Unit], options: BuildOptions) -> tuple[i
                 for (unit, arch, variant, key, _), future in zip(misses, futures):
                     try:
                         assembled = future.result()
+                    except AssemblerError as error:
+                        raise naming(unit, error) from None
                     except BrokenProcessPool:
                         raise PtxgenError(f"{unit.config.name} {arch}: an assembler process (--jobs) ended abruptly "
                                           "(killed, or out of memory); nothing was written: build again, or with "
@@ -124,13 +126,23 @@ def stage_cubin(spec: Spec, units: list[Unit], options: BuildOptions) -> tuple[i
                 raise
     else:
         for unit, arch, variant, key, assembler in misses:
-            record(cache, unit, arch, variant, key, assemble(assembler, variant.ptx, arch, OPTIONS), options)
+            try:
+                assembled = assemble(assembler, variant.ptx, arch, OPTIONS)
+            except AssemblerError as error:
+                raise naming(unit, error) from None
+            record(cache, unit, arch, variant, key, assembled, options)
     for unit in units:
         # the spec's arch order, whichever cubins came from the cache: the header lists them in it
         unit.binaries = {arch: unit.binaries[arch] for arch in spec.target.archs}
         for arch, binary in unit.binaries.items():
             check_launchable(unit, arch, binary)
     return len(misses), len(units) * len(spec.target.archs) - len(misses)
+
+
+def naming(unit: Unit, error: AssemblerError) -> AssemblerError:
+    """The assembler's error with the kernel it was assembling named first (its log's line
+    numbers are that kernel's PTX's)."""
+    return AssemblerError(f"kernel {unit.config.name!r}: {error.message}", log=error.log, repro=error.repro)
 
 
 @contextlib.contextmanager

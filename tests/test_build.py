@@ -145,6 +145,24 @@ def test_a_large_cta_keeps_its_registers_within_the_sm(tmp_path, cache_dir):
     assert verified.returncode == 0 and "FAIL" not in verified.stdout, verified.stdout + verified.stderr
 
 
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_ptx_the_assembler_refuses_names_the_kernel(tmp_path, cache_dir, monkeypatch, jobs):
+    """The assembler's log gives line numbers of one kernel's PTX: the message names that kernel
+    (it named only the arch), for build and verify alike, in a build of several kernels."""
+    from ptxgen import pipeline
+    from ptxgen.errors import AssemblerError
+
+    real = pipeline.render
+    monkeypatch.setattr(pipeline, "render", lambda config, *args, **kwargs: real(config, *args, **kwargs).replace(
+        "\tret;", "\tno_such.instruction;\n\tret;", 1) if config.name == "broken" else real(config, *args, **kwargs))
+    spec = load_spec(spec_file(tmp_path, ["sm_80"], 'name = "fine"\nkind = "rmsnorm"\nhidden = 64\n\n[[kernels]]\n'
+                                                   'name = "broken"\nkind = "rmsnorm"\nhidden = 64\n'))
+    with pytest.raises(AssemblerError) as caught:
+        compile_spec(spec.spec, BuildOptions(use_cache=False, jobs=jobs))
+    assert str(caught.value).startswith("kernel 'broken': nvJitLink failed to assemble PTX for sm_80\n"), caught.value
+    assert "no_such" in str(caught.value)
+
+
 def test_a_cubin_that_could_never_launch_is_refused(tmp_path, cache_dir, monkeypatch):
     """The build's own check, should a kind's directives allow too many registers."""
     from ptxgen import pipeline
