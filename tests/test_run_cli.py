@@ -148,6 +148,8 @@ def test_verify_fails_a_kernel_the_sanitizer_stops_and_checks_the_rest(tmp_path,
     kept = [line.split()[:2] for line in result.stdout.splitlines() if line.endswith("pass")]
     assert ["racy", "rows=1"] in kept, "the size checked before the finding is kept"
     assert "FAIL racy: racy: line 7: a planted race" in result.stderr and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == \
+        "verify: 2 passed, 1 failed, 0 not checked (too large to interpret) of 3 kernel runs", result.stderr
 
 
 def test_verify_checks_the_pdl_variant_too(tmp_path):
@@ -195,6 +197,9 @@ def test_verify_says_which_kernels_it_cannot_interpret(tmp_path):
     result = run_cli("verify", str(spec))
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("skipped") == 1 and "too large to interpret" in result.stdout
+    # the summary a CI log is read by names it as checked by nothing
+    assert result.stderr.strip().splitlines()[-1] == \
+        "verify: 0 passed, 0 failed, 1 not checked (too large to interpret) of 1 kernel run", result.stderr
 
 
 
