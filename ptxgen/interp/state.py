@@ -140,9 +140,15 @@ class GlobalMemory:
         return f"{self.names[region]}[{', '.join(str(int(i)) for i in index)}]"
 
     def describe(self, addr):
-        """Which array an address lies nearest to, for messages."""
-        lines = [f"array #{i} at [{b:#x}, {b + s:#x})" for i, (b, s) in enumerate(zip(self.bases, self.sizes))]
-        return f"address {addr:#x} is outside every array ({'; '.join(lines) or 'none passed'})"
+        """Where an address outside every array lies: past the end of the array below it (or
+        before the first), and every array's parameter and range, for messages."""
+        lines = [f"{name} at [{b:#x}, {b + s:#x})" for name, b, s in zip(self.names, self.bases, self.sizes)]
+        below = bisect.bisect_right(self.bases, addr) - 1
+        if below >= 0:
+            where = f"byte {addr - self.bases[below]} of {self.names[below]}, which holds {self.sizes[below]}"
+        else:
+            where = "before every array"
+        return f"address {addr:#x} is outside every array, {where} ({'; '.join(lines) or 'none passed'})"
 
 
 class WaveState:

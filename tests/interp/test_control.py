@@ -286,7 +286,8 @@ def test_prefetches_and_sleep_are_hints_that_change_nothing():
     launch(module(body, ".param .u64 a"), "k", (1, 1, 1), (32, 1, 1), [a])
     np.testing.assert_array_equal(a, [7, 0, 0, 0])
     past = body.replace("[%a+15]", "[%a+16]")
-    with pytest.raises(SanitizerError, match="out-of-bounds 1-byte global access: address .* is outside every array"):
+    with pytest.raises(SanitizerError, match=r"out-of-bounds 1-byte global access: address .* is outside every "
+                                             r"array, byte 16 of a, which holds 16 \(a at \["):
         launch(module(past, ".param .u64 a"), "k", (1, 1, 1), (32, 1, 1), [np.zeros(4, np.uint32)])
 
 

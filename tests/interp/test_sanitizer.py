@@ -197,7 +197,7 @@ def test_out_of_bounds_global_read():
     msg = expect(GLOBAL_READ, r"out-of-bounds 4-byte global access: address 0x[0-9a-f]+ is outside "
                               r"every array", (0, 0, 0), (31, 0, 0),
                  args=[np.zeros(31, np.float32)], block=(32, 1, 1), grid=(1, 1, 1))
-    assert "array #0" in msg
+    assert "byte 124 of out, which holds 124 (out at [" in msg, msg  # thread 31's 4 bytes just past the end
     clean(GLOBAL_READ, args=[np.zeros(32, np.float32)], block=(32, 1, 1), grid=(1, 1, 1))
 
 
