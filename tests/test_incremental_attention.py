@@ -60,11 +60,17 @@ def test_matches_float64(num_heads, num_kv_heads, head_dim, kv_dtype, max_seq_le
 
 @pytest.mark.parametrize("kv_dtype", ("f16", "bf16", "f32"))
 def test_matches_float64_with_the_pairs_ptxas_may_contract_fused(kv_dtype):
-    """q's scaling into its split and the softmax sum's rescale are mul/add pairs without rounding
-    modifiers, which ptxas may fuse (interp.contraction): the kernel passes either way."""
-    kernel = attention(8, 2, 128, 160, kv_dtype)
+    """The softmax sum's rescale (l * alpha + p) is a mul/add pair without rounding modifiers,
+    which ptxas may fuse (interp.contraction): the kernel passes either way. One CTA a KV head, so
+    a chunk spans several ring tiles and the rescale meets a non-zero l."""
+    kernel = attention(8, 2, 128, 160, kv_dtype, sm_count=1, ctas_per_sm=1)
     for seq_len in (37, 160):
         assert_passes(verify_kernel(kernel, {"seq_len": seq_len}, seed=seq_len, contract=True))
+    if kv_dtype == "f16":  # the mode takes effect: some output bits move
+        scalars = {"seq_len": 160}
+        inputs = kernel.definition.sample_inputs(np.random.default_rng(1), scalars)
+        fused, apart = run(kernel, dict(inputs), scalars, contract=True), run(kernel, dict(inputs), scalars)
+        assert not np.array_equal(fused["out"].view(np.uint32), apart["out"].view(np.uint32))
 
 
 @pytest.mark.parametrize("num_heads, num_kv_heads, head_dim, kv_dtype", [
