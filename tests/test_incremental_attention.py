@@ -140,6 +140,43 @@ def test_split_rule_fills_the_gpu_at_every_length():
         assert [kind.splits(n) for n in (1024, 2048, 4096, 8192, 40960)] == [16, 32, 32, 32, 33]
 
 
+def test_the_chunk_rule_divides_exactly_past_the_cache_length(monkeypatch):
+    """attn_chunk divides len + unit - 1 (unit = max_splits * group_keys) by unit with a multiply
+    and a shift, exact only below the bound they are made for; the operand passes max_seq_len by up
+    to unit - 1. 12 query heads of one f32 KV head, a 112-key cache: unit 112, and at the whole
+    cache the operand is 223, which a magic made for 112 alone divides into 2 (32-key chunks where
+    the rule gives 16: 4 splits hold keys where the host launched 7). Such a quotient only ever
+    rounds up, so the output stays right; the chunks the CTAs take show it: with kv_prefetch_keys
+    each CTA asks L2 for the first keys of its own chunk, here every key of a 16-key chunk."""
+    fields = dict(num_heads=12, num_kv_heads=1, head_dim=128, kv_dtype="f32", max_seq_len=112)
+    kernel = compile_kernel(make_config("incremental_attention", kv_prefetch_keys=16, **fields), ("sm_80",),
+                            until="ptx")
+    plan = kernel.definition.plan
+    assert plan.max_splits * plan.group_keys == 112 and plan.split(112) == (16, 7)
+    multiplier, shift = division_magic(112, 112)
+    assert 223 * multiplier >> shift == 2       # the case tells a bound of max_seq_len from the kernel's
+    inputs = kernel.definition.sample_inputs(np.random.default_rng(112), {"seq_len": 112})
+    seen = prefetched_lines(monkeypatch, lambda: run(kernel, inputs, {"seq_len": 112}))
+    row = 128 * 4
+    expected = {(cache, key * row + line * 128) for cache in ("k_cache", "v_cache") for key in range(112)
+                for line in range(row // 128)}
+    assert len(seen) == len(set(seen)) and set(seen) == expected, sorted(expected - set(seen))[:4]
+    monkeypatch.undo()
+    assert_passes(verify_kernel(kernel, {"seq_len": 112}, seed=112))
+
+
+def test_a_short_cache_splits_down_to_one_ring_tile_a_cta():
+    """Where the GPU's CTAs do not bound it (a short cache), max_splits is the cache's ring tiles
+    rounded up: at the whole cache every split holds one tile, the last one's keys past a whole
+    number of tiles too (65 keys: 2 splits of one 64-key tile, not one split of two tiles)."""
+    for max_seq_len, splits in ((40, 1), (64, 1), (65, 2), (100, 2), (129, 3), (200, 4)):
+        kind = attention(8, 2, 128, max_seq_len, "f16").definition
+        plan = kind.plan
+        assert plan.tile == 64 and plan.max_splits == splits, (max_seq_len, plan.max_splits)
+        assert plan.split(max_seq_len) == (plan.tile, splits)
+        assert kind.launch({"seq_len": max_seq_len}).grid == (splits, 2, 1)
+
+
 def test_long_length_splits_and_the_last_cta_merges():
     """At a long length several CTAs per KV head each write a partial (m, l, o) to the workspace;
     the merged output matches the reference, the partials merge to it in numpy too, and the
