@@ -424,6 +424,9 @@ def test_the_sm90a_variant_weighs_its_ctas_by_its_own_blocks():
     assert list(variant) == [3 + 1] * 4 + [2 + 1] * 4 + [1 + 1] * 4      # blocks of rows 256.., 128.., 0..
     assert len(portable) == 5 * 4 and portable[0] == 5 + 1                # 64-row blocks of 64 keys
     assert attention_kernel(4, 1, 128, causal=False).definition_for("sm_90a").cta_work({"seq_len": 300}) is None
+    # Persistent without masking: 3 blocks a head (the last of 44 rows) x 4 heads, alike, dealt on 5 CTAs.
+    persistent = attention_kernel(4, 1, 128, causal=False, knobs={"persistent": True, "sm_count": 5})
+    assert list(persistent.definition_for("sm_90a").cta_work({"seq_len": 300})) == [3, 3, 2, 2, 2]
 
 
 # A persistent CTA's hand-offs between query blocks: each bug deadlocks, races or leaves blocks unwritten.
@@ -496,6 +499,51 @@ def test_a_persistent_grid_deals_blocks_forward_and_back():
     forward = np.bincount(np.arange(len(blocks)) % 132, weights=blocks)
     assert forward.max() * 132 / forward.sum() == pytest.approx(1.120, abs=0.001)
     assert perf.dispatch_report(work, 132)["longest_over_even"] == pytest.approx(1.002, abs=0.001)   # show's figure
+
+
+def test_a_persistent_ctas_blocks_on_the_device_are_the_ones_its_modelled_work_counts(monkeypatch):
+    """The device deals the query blocks as persistent_work models them (forward in even rounds,
+    backward in odd ones): per CTA, the blocks whose rows it stores weigh what cta_work says (a
+    block: its key tiles + 1). Dealt forward every round, the output is the same and only this
+    tells (12 causal blocks of 1, 2 and 3 tiles on 3 CTAs: 13, 12, 11 a CTA instead of 12 each)."""
+    import importlib
+
+    from ptxgen.interp import ops
+
+    kernel = attention_kernel(4, 2, 128, causal=True, dtype="f16", out_dtype="f16",
+                              knobs={"persistent": True, "sm_count": 3})
+    seq_len, block_m, block_n, osize = 300, 128, 128, 2
+    interp_launch = importlib.import_module("ptxgen.interp.launch")
+    original, stores = ops.COMPILERS["st"], []
+
+    def recording(c):
+        compiled = original(c)
+        if c.space() != "global":
+            return compiled
+        address, run_store = c.address(c.ops[0], "global"), compiled.run
+
+        def run_recorded(st, sel):
+            threads = st.indices(sel)
+            to = np.broadcast_to(address(st, sel), threads.shape)
+            stores.append(np.stack([st.cta[threads], to], axis=1))
+            run_store(st, sel)
+
+        compiled.run = run_recorded
+        return compiled
+
+    monkeypatch.setitem(ops.COMPILERS, "st", recording)
+    monkeypatch.setattr(interp_launch, "_CACHE", {})     # compiled anew, with the recording store
+    assert_passes(verify_sm90a(kernel, seq_len, seed=2))
+    cta, address = np.concatenate(stores).T
+    rows = (address - address.min()) // (128 * osize)    # o[head, row, :]: rows of head h from h * seq_len
+    blocks = rows // seq_len * 1000 + rows % seq_len // block_m
+    work = np.zeros(3, np.int64)
+    for c in range(3):
+        for block in np.unique(blocks[cta == c]):
+            work[c] += min(-(-seq_len // block_n), (block % 1000 + 1) * block_m // block_n) + 1
+    modelled = kernel.definition_for("sm_90a").cta_work({"seq_len": seq_len})
+    assert len(np.unique(blocks)) == 4 * 3
+    assert list(work) == list(modelled) == [12, 12, 12], (list(work), list(modelled))
 
 
 def test_verify_in_the_interpreter_checks_the_sm90a_variant_too(tmp_path):
