@@ -471,6 +471,9 @@ def test_grid_rule():
     assert small.cooperative and small.block == (256, 1, 1) and small.grid == (128, 1, 1)  # 1024 gate/up tasks
     assert kernel_for(2, sm_count=20, ctas_per_sm=2).definition.launch({"pos": 5}).grid == (40, 1, 1)
     assert kernel_for(2, ctas=7).definition.launch({"pos": 5}).grid == (7, 1, 1)
+    # 12 warps: 1024 gate/up tasks are 85 1/3 CTAs' worth; the grid rounds up, so that the widest
+    # phase still takes one round (85 CTAs would leave 4 tasks for a second).
+    assert kernel_for(2, warps=12).definition.launch({"pos": 0}).grid == (86, 1, 1)
     qwen = make_kernel("persistent_decoder", name="q", hidden=4096, num_heads=32, num_kv_heads=8, head_dim=128,
                                intermediate=12288, num_layers=36, max_seq_len=40960).definition
     launch = qwen.launch({"pos": 4095})
