@@ -109,7 +109,7 @@ def test_cli_list_show_and_usage_errors(tmp_path):
     # which stopped mid-parenthesis)
     lines = {line.split()[0]: line for line in listed.stdout.splitlines()[1:]}
     assert sorted(lines) == sorted(KINDS), listed.stdout
-    for kind, line in lines.items():
+    for line in lines.values():
         summary = line.split(None, 1)[1]
         assert summary.count("(") == summary.count(")") and summary.count("`") % 2 == 0, line
     assert lines["q4k_gemv_group"].split(None, 1)[1] == "several Q4_K GEMVs that share their input, in one launch"

@@ -177,42 +177,21 @@ def test_generate_command_matches_the_references(files, tmp_path, arch, flag, fu
     check_against_references(GGUFModel(files[arch]), PROMPT, summary["generated_tokens"], logits)
 
 
-def test_a_model_the_fused_decoder_cannot_shape_runs_its_separate_kernels(tmp_path, monkeypatch):
-    """Q8_0 layers of hidden 384 (no multiple of the fused decoder's 256-weight block, a legal
-    Q8_0 row): the separate kernels by default, with a note, and with --separate; the fused
-    decoder's shape rules had refused both (found by probing the model path)."""
+@pytest.mark.parametrize("shape", [dict(hidden=384, num_heads=6, num_kv_heads=3, head_dim=64),
+                                   dict(hidden=128, num_heads=2, num_kv_heads=1, head_dim=64, intermediate=256)],
+                         ids=["hidden384", "hidden128"])
+def test_a_model_the_fused_decoder_cannot_shape_runs_its_separate_kernels(tmp_path, monkeypatch, shape):
+    """Q8_0 layers of hidden 384 (no multiple of the fused decoder's 256-weight block) or 128
+    (narrower than it), legal Q8_0 rows every separate kind takes: the separate kernels by
+    default, with a note, and with --separate; --fused is refused. The fused decoder's shape rules
+    had refused both paths (hidden 128 in its config: 'Input should be greater than or equal to
+    256', though `spec from-gguf` wrote, built and verified the model's spec; found by probing the
+    model path)."""
     from fixtures import make_tiny_gguf
 
-    for key, value in dict(hidden=384, num_heads=6, num_kv_heads=3, head_dim=64).items():
+    for key, value in shape.items():
         monkeypatch.setitem(make_tiny_gguf.SHAPE, key, value)
     model_path = write_tiny_gguf(tmp_path / "narrow.gguf", seed=3, quant="q8_0")
-    for flag in ([], ["--separate"]):
-        result = run_cli_in_process("generate", str(model_path), "--tokens", "1,2", "--max-new", "2", "--max-seq-len",
-                                    "8", "--backend", "emulator", "--json", "--save-logits", str(tmp_path / "l.npy"),
-                                    *flag)
-        assert result.returncode == 0, result.stderr
-        summary = json.loads(result.stdout)
-        assert summary["layers"] == "separate kernels"
-        note = "note: the layers run as separate kernels: hidden: expected a multiple of 256"
-        assert (note in result.stderr) == (not flag), result.stderr
-        check_against_references(GGUFModel(model_path), [1, 2], summary["generated_tokens"],
-                                 np.load(tmp_path / "l.npy"))
-    refused = run_cli_in_process("generate", str(model_path), "--tokens", "1", "--max-new", "1", "--backend",
-                                 "emulator", "--fused")
-    assert refused.returncode == 2 and "--fused: hidden: expected a multiple of 256" in refused.stderr, refused
-
-
-def test_a_model_narrower_than_the_fused_decoder_runs_its_separate_kernels(tmp_path, monkeypatch):
-    """Q8_0 layers of hidden 128 (a legal Q8_0 row, and every separate kind takes it): the
-    separate kernels by default, with a note, and with --separate; the persistent decoder's
-    config had refused hidden < 256 outright ('its layers have no plan (persistent_decoder
-    hidden: Input should be greater than or equal to 256)'), the separate step included, though
-    `spec from-gguf` wrote, built and verified the model's spec (found by probing the model path)."""
-    from fixtures import make_tiny_gguf
-
-    for key, value in dict(hidden=128, num_heads=2, num_kv_heads=1, head_dim=64, intermediate=256).items():
-        monkeypatch.setitem(make_tiny_gguf.SHAPE, key, value)
-    model_path = write_tiny_gguf(tmp_path / "hidden128.gguf", seed=3, quant="q8_0")
     for flag in ([], ["--separate"]):
         result = run_cli_in_process("generate", str(model_path), "--tokens", "1,2", "--max-new", "2", "--max-seq-len",
                                     "8", "--backend", "emulator", "--json", "--save-logits", str(tmp_path / "l.npy"),

@@ -851,7 +851,6 @@ def _mma_async(c):
         s = st.async_state
         groups = warpgroups(st, st.indices(sel), "wgmma.mma_async")
         threads = groups.ravel()
-        nw = len(groups)
         if s.ordering:
             _check_fenced(s, groups, d_regs + a_regs)
         s.operand_reads = True
