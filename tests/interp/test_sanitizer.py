@@ -381,6 +381,7 @@ def test_a_producer_warp_arrives_and_a_consumer_warp_waits(threads):
                   .replace("// BUG", "")), "k", (1, 1, 1), (threads, 1, 1), [out])
     np.testing.assert_array_equal(out, np.arange(threads - 32) % 32 * 3)
 
+
 def test_a_consumer_reading_the_producers_tile_without_its_barrier_races():
     expect(PRODUCER_CONSUMER.format(produced="", consume=""),
            r"shared-memory race: reads shared byte \d+ \(tile\+\d+\) written by thread \(\d+,0,0\) with no "
