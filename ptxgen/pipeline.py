@@ -7,12 +7,9 @@ has assembled (artifacts.py then writes the folder whole), so a failure leaves n
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import multiprocessing
-import signal
-import threading
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -107,23 +104,17 @@ def stage_cubin(spec: Spec, units: list[Unit], options: BuildOptions) -> tuple[i
     if jobs > 1:
         # spawn, not fork: a forked child of a process whose libraries started threads can deadlock
         with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            try:
-                with sigint_blocked():  # the assembler processes are started (and stay) with SIGINT blocked
-                    futures = [pool.submit(assemble, assembler, variant.ptx, arch, OPTIONS)
-                               for _, arch, variant, _, assembler in misses]
-                for (unit, arch, variant, key, _), future in zip(misses, futures):
-                    try:
-                        assembled = future.result()
-                    except AssemblerError as error:
-                        raise naming(unit, error) from None
-                    except BrokenProcessPool:
-                        raise PtxgenError(f"{unit.config.name} {arch}: an assembler process (--jobs) ended abruptly "
-                                          "(killed, or out of memory); nothing was written: build again, or with "
-                                          "fewer --jobs") from None
-                    record(cache, unit, arch, variant, key, assembled, options)
-            except KeyboardInterrupt:
-                stop(pool)
-                raise
+            futures = [pool.submit(assemble, assembler, variant.ptx, arch, OPTIONS)
+                       for _, arch, variant, _, assembler in misses]
+            for (unit, arch, variant, key, _), future in zip(misses, futures):
+                try:
+                    assembled = future.result()
+                except AssemblerError as error:
+                    raise naming(unit, error) from None
+                except BrokenProcessPool:
+                    raise PtxgenError(f"{unit.config.name} {arch}: an assembler process (--jobs) ended abruptly (killed, "
+                                      "or out of memory); nothing was written: build again, or with fewer --jobs") from None
+                record(cache, unit, arch, variant, key, assembled, options)
     else:
         for unit, arch, variant, key, assembler in misses:
             try:
@@ -143,31 +134,6 @@ def naming(unit: Unit, error: AssemblerError) -> AssemblerError:
     """The assembler's error with the kernel it was assembling named first (its log's line
     numbers are that kernel's PTX's)."""
     return AssemblerError(f"kernel {unit.config.name!r}: {error.message}", log=error.log, repro=error.repro)
-
-
-@contextlib.contextmanager
-def sigint_blocked():
-    """SIGINT held back from this thread meanwhile, and from the processes it starts (a blocked
-    signal stays blocked through exec): Ctrl-C reaches the whole process group, and each spawned
-    assembler process would otherwise print a KeyboardInterrupt traceback of its own. A Ctrl-C
-    meanwhile is delivered here when it ends."""
-    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
-def stop(pool: ProcessPoolExecutor) -> None:
-    """End an interrupted build's assembler processes now (they ignore Ctrl-C), its queued work dropped."""
-    processes = list((getattr(pool, "_processes", None) or {}).values())  # shutdown forgets them
-    for process in processes:
-        with contextlib.suppress(OSError, ValueError):
-            process.terminate()
-    pool.shutdown(wait=False, cancel_futures=True)
 
 
 def check_launchable(unit: Unit, arch: str, binary: Binary) -> None:
