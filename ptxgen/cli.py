@@ -873,7 +873,7 @@ def generate(
     import numpy as np
 
     from .artifacts import check_output_file, write_file
-    from .generate import Generator, check_request, check_supported, fused_refusal, step_kernels
+    from .generate import Generator, check_request, fused_refusal, step_kernels
     from .gguf_model import GGUFModel
 
     prompt = parse_tokens(tokens)
@@ -881,7 +881,6 @@ def generate(
         check_output_file(save_logits, "--save-logits", ".npy", inputs=(model,))
     loaded = GGUFModel(model)
     check_request(loaded.config, max_seq_len, prompt, max_new)
-    check_supported(loaded.config)  # a matrix type without a GEMV named as such, not as the fused decoder's refusal
     if fused is None:
         refusal = fused_refusal(loaded.config, loaded.config.cache_positions(max_seq_len))
         fused = refusal is None

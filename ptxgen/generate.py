@@ -72,12 +72,15 @@ def fused_refusal(config: ModelConfig, max_seq_len: int) -> str | None:
 
 
 def decoder_config(config: ModelConfig, max_seq_len: int):
-    """The model's persistent_decoder config, as its spec writes it (with each layer's types)."""
+    """The model's persistent_decoder config, as its spec writes it (with each layer's types); a
+    matrix of a type without a GEMV kind is named as such first (check_supported), not as the
+    config's weight_quants refusal."""
     from pydantic import ValidationError
 
     from .kernels import config_from_json
     from .specgen import config_problem, decoder_kernel, model_prefix
 
+    check_supported(config)
     try:
         return config_from_json(decoder_kernel(config, model_prefix(config.name), max_seq_len))
     except ValidationError as error:
