@@ -348,8 +348,9 @@ def test_named_barriers_order_the_threads_that_take_part():
     np.testing.assert_array_equal(named("bar.sync 0, 32;", 1), lanes ^ 1)
 
 
-# Warp 0 produces a tile and arrives at barrier 1 without waiting; warp 1 waits there, then reads.
-PRODUCER_CONSUMER = """
+# A tile of 32 words in shared memory, a slot a lane: warp 0 (the producer) goes on, the others
+# (consumers) branch to CONSUMER.
+TILE_SLOTS = """
   .shared .align 4 .b32 tile[32];
   mov.u32 %s, tile;
   and.b32 %slot, %lin, 31;
@@ -357,7 +358,10 @@ PRODUCER_CONSUMER = """
   add.u32 %slot, %s, %slot;
   setp.ge.u32 %p, %lin, 32;
   @%p bra CONSUMER;
-  mul.lo.u32 %v, %lin, 3;
+"""
+
+# Warp 0 produces a tile and arrives at barrier 1 without waiting; warp 1 waits there, then reads.
+PRODUCER_CONSUMER = TILE_SLOTS + """  mul.lo.u32 %v, %lin, 3;
   st.shared.u32 [%slot], %v;
   {produced}
   bra.uni END;
@@ -432,15 +436,7 @@ def test_a_writer_outside_a_named_barrier_is_not_ordered_with_its_readers():
 
 # Warp 0 fills a tile and hands it to warp 1 with bar.arrive 1; warp 1 waits at bar.sync 1 and
 # reads it. {after}: what warp 0 does next.
-ARRIVE_THEN_WRITE = """
-  .shared .align 4 .b32 tile[32];
-  mov.u32 %s, tile;
-  and.b32 %slot, %lin, 31;
-  shl.b32 %slot, %slot, 2;
-  add.u32 %slot, %s, %slot;
-  setp.ge.u32 %p, %lin, 32;
-  @%p bra CONSUMER;
-  st.shared.u32 [%slot], %lin;
+ARRIVE_THEN_WRITE = TILE_SLOTS + """  st.shared.u32 [%slot], %lin;
   bar.arrive 1, 64;
   add.u32 %v, %lin, 7;
   {after}
