@@ -209,12 +209,17 @@ class SharedRaces:
         """Whether 16-bit epochs are newer than unwrapped known epochs (modulo 2^16)."""
         return ((epoch16.astype(np.int64) - known) & 0xFFFF).astype(np.uint16).view(np.int16) > 0
 
-    def _unordered(self, other, other_warp, other_epoch, who, threads, per):
-        """Records of other warps (by the vector clock over warps) that the accessing threads are
-        not ordered after; all False until a barrier of part of a CTA made the clocks."""
+    @staticmethod
+    def _per_access(threads, per):
+        """The accessing thread of each record an access covers (`per` records a thread)."""
+        return np.repeat(threads, per) if per > 1 else threads
+
+    def _unordered(self, other, other_warp, other_epoch, who, acc):
+        """Records of other warps (by the vector clock over warps) that the accessing threads
+        (`acc`, one a record) are not ordered after; all False until a barrier of part of a CTA
+        made the clocks."""
         if self.known is None:
             return np.zeros(len(other), bool)
-        acc = np.repeat(threads, per) if per > 1 else threads
         warp = who[:, R_WARP]
         race = np.zeros(len(other), bool)
         single = (other != NOBODY) & (other != ASYNC) & (other_warp != MANY) & (other_warp != warp)
@@ -252,17 +257,17 @@ class SharedRaces:
         reader, reader_warp = r[:, R_THREAD], r[:, R_WARP]
         stale = (reader == NOBODY) | (r[:, EPOCH] != epoch) | (
             (reader_warp == warp) & (r[:, WARP_EPOCH] != wepoch))
+        acc = self._per_access(threads, per)
         if self.known is not None:     # an earlier read this thread is not ordered after stays
-            stale &= (reader == NOBODY) | ~(self._unordered(reader, reader_warp, r[:, EPOCH], who, threads, per) | (
-                (reader_warp == MANY) & self._newer(r[:, EPOCH], self.base[self.st.cta[
-                    np.repeat(threads, per) if per > 1 else threads]])))
+            stale &= (reader == NOBODY) | ~(self._unordered(reader, reader_warp, r[:, EPOCH], who, acc) | (
+                (reader_warp == MANY) & self._newer(r[:, EPOCH], self.base[self.st.cta[acc]])))
         new = who        # this thread and epochs, with MANY where others read it before
         if not stale.all():
             keep = ~stale
             new[keep & (reader != lin), R_THREAD] = MANY
             new[keep & (reader_warp != warp), R_WARP] = MANY
             if self.known is not None:      # the newest of the readers' epochs
-                older = keep & self._newer(r[:, EPOCH], self.epoch[np.repeat(threads, per) if per > 1 else threads])
+                older = keep & self._newer(r[:, EPOCH], self.epoch[acc])
                 new[older, EPOCH] = r[older, EPOCH]
         self._scatter(self.reads, rows, size, new)
         self._merge_readers(rows, size, new, threads)
@@ -315,10 +320,7 @@ class SharedRaces:
         store changes, where known)."""
         _, warp, _, wepoch = who.T
         writer = w[:, W_THREAD]
-        race = self._same_interval(writer, w[:, EPOCH], who, changes)
-        if self.known is not None:
-            later = self._unordered(writer, writer >> 5, w[:, EPOCH], who, threads, per)
-            race |= later if changes is None else later & changes
+        race = self._unsynchronised(writer, writer >> 5, w[:, EPOCH], who, threads, per, changes)
         if race.any():
             race &= (writer != NOBODY) & (writer != ASYNC) & ~(((writer >> 5) == warp) & (w[:, WARP_EPOCH] != wepoch))
             if atomic:
@@ -349,20 +351,19 @@ class SharedRaces:
                               f"which thread {self.thread_xyz(self.lin[threads[last[k]]])} writes in the same "
                               "instruction (two warps store to the same bytes)", threads[k])
 
-    @staticmethod
-    def _same_interval(other, other_epoch, who, changes):
-        """Records left by another thread in the accessing thread's barrier interval (and, where
-        `changes` says, by a store that changes the bytes)."""
+    def _unsynchronised(self, other, other_warp, other_epoch, who, threads, per, changes):
+        """Records left by another thread in the accessing thread's barrier interval, or, after a
+        barrier of part of a CTA, that no barrier orders before it (_unordered); where `changes`
+        says, only those of a store that changes the bytes."""
         race = (other_epoch == who[:, EPOCH]) & (other != who[:, R_THREAD])
+        if self.known is not None:
+            race |= self._unordered(other, other_warp, other_epoch, who, self._per_access(threads, per))
         return race if changes is None else race & changes
 
     def _check_readers(self, r, rows, size, per, who, threads, changes=None):
         _, warp, _, wepoch = who.T
         reader = r[:, R_THREAD]
-        race = self._same_interval(reader, r[:, EPOCH], who, changes)
-        if self.known is not None:
-            later = self._unordered(reader, r[:, R_WARP], r[:, EPOCH], who, threads, per)
-            race |= later if changes is None else later & changes
+        race = self._unsynchronised(reader, r[:, R_WARP], r[:, EPOCH], who, threads, per, changes)
         if race.any():
             race &= (reader != NOBODY) & ~((r[:, R_WARP] == warp) & (r[:, WARP_EPOCH] != wepoch))
             if race.any():
