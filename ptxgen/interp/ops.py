@@ -485,16 +485,7 @@ def _contracted(c, t, sub):
     fma of the factors the mul copied, the product negated for `sub z, p` and the other
     operand for `sub p, z`; the add's .ftz and .sat apply."""
     (x, y), position = c.prog.fused[c.ins.index]
-    z = c.ops[3 - position]
-    negate_product, negate_z = sub and position == 2, sub and position == 1
-    if _float_kind(t):
-        return _half(c, t, lambda k, m, a, b, w: nm.fma(-a if negate_product else a, b, -w if negate_z else w, k, m),
-                     3, (x, y, z))
-    a, b, w, dst, fin = c.read(x, t), c.read(y, t), c.read(z, t), c.write(0, t), _ftz_in(c, t)
-    fma = (lambda p, q, r: _fma64(p, q, r)) if t == "f64" else (lambda p, q, r: nm.fma(p, q, r, "f32", "rn"))
-    return c.alu(lambda st, sel: dst(st, sel, c.finish_float(np.asarray(fma(
-        -fin(a(st, sel)) if negate_product else fin(a(st, sel)), fin(b(st, sel)),
-        -fin(w(st, sel)) if negate_z else fin(w(st, sel)))), t)))
+    return _fused(c, t, "rn", (x, y, c.ops[3 - position]), negate=(sub and position == 2, sub and position == 1))
 
 
 @opcode("add", "sub")
@@ -621,18 +612,24 @@ def _fma(c):
     mode = c.pick(FLOAT_ROUND)
     if mode is None and c.ins.base == "fma":
         c.fail("fma needs a rounding modifier")
-    mode = mode or "rn"
+    if t == "f64" and mode not in (None, "rn"):
+        c.fail("only fma.rn.f64 is supported")
+    return _fused(c, t, mode or "rn", (1, 2, 3))
+
+
+def _fused(c, t, mode, operands, negate=(False, False)):
+    """a * b + z of `operands` (positions or operands) rounded once in `mode`, the product's
+    and z's signs flipped where `negate` says (fma, mad, and contracted add/sub)."""
+    sign_p, sign_z = ((lambda v: -v) if flip else (lambda v: v) for flip in negate)
     if _float_kind(t):
-        return _half(c, t, lambda k, m, x, y, z: nm.fma(x, y, z, k, m), 3)
+        return _half(c, t, lambda k, m, x, y, z: nm.fma(sign_p(x), y, sign_z(z), k, m), 3, operands)
+    a, b, z = (c.read(op, t) for op in operands)
+    dst = c.write(0, t)
     if t == "f64":
-        if mode != "rn":
-            c.fail("only fma.rn.f64 is supported")
-        a, b, z, dst = c.read(1, t), c.read(2, t), c.read(3, t), c.write(0, t)
-        return c.alu(lambda st, sel: dst(st, sel, _fma64(a(st, sel), b(st, sel), z(st, sel))))
+        return c.alu(lambda st, sel: dst(st, sel, _fma64(sign_p(a(st, sel)), b(st, sel), sign_z(z(st, sel)))))
     fin = _ftz_in(c, t)
-    a, b, z, dst = c.read(1, t), c.read(2, t), c.read(3, t), c.write(0, t)
     return c.alu(lambda st, sel: dst(st, sel, c.finish_float(np.asarray(nm.fma(
-        fin(a(st, sel)), fin(b(st, sel)), fin(z(st, sel)), "f32", mode)), t)))
+        sign_p(fin(a(st, sel))), fin(b(st, sel)), sign_z(fin(z(st, sel))), "f32", mode)), t)))
 
 
 @opcode("fma")
