@@ -25,7 +25,6 @@ DTYPES = {
         DType("u32", np.dtype(np.uint32), 4, False),
     )
 }
-FLOAT_DTYPES = ("f32", "f16", "bf16")
 # Unit roundoff (the largest relative error of rounding a normal value to nearest) and the
 # exponent of the smallest normal value, per float dtype.
 UNIT_ROUNDOFF = {"f32": 2.0**-24, "f16": 2.0**-11, "bf16": 2.0**-8}

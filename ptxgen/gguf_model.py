@@ -149,17 +149,6 @@ class TensorInfo:
         return self.shape[-1]
 
 
-def neox_row_order(num_heads: int, head_dim: int) -> np.ndarray:
-    """Row indices that turn a GGUF llama Q or K matrix (rows permuted for the interleaved rope)
-    back into Hugging Face's order, where the rotate-half (neox) rope applies:
-    ``w_neox = w_gguf[order]``. Per head, HF row ``j * head_dim/2 + i`` is GGUF row ``2i + j``,
-    so rotate_half(w_neox @ x)[order'] equals the interleaved rope of w_gguf @ x, and
-    attention scores, which pair q and k rows alike, do not change."""
-    half = head_dim // 2
-    within = np.arange(head_dim).reshape(half, 2).T.reshape(head_dim)
-    return (np.arange(num_heads)[:, None] * head_dim + within).reshape(-1)
-
-
 class GGUFModel:
     """A qwen3 or llama GGUF file: `config` (ModelConfig) and `tensors` (name -> TensorInfo)."""
 

@@ -54,16 +54,6 @@ def int4_operands(q: np.ndarray, scale: np.ndarray, minimum: np.ndarray) -> tupl
     return packed, np.ascontiguousarray(f32_to_bf16(np.stack((scale, zero), axis=-1)).transpose(1, 0, 2))
 
 
-def int4_dequantize(packed: np.ndarray, scales_zeros: np.ndarray) -> np.ndarray:
-    """The weights tinygemm sees (float64 [n, k]): what the peer computes with, in numpy."""
-    from .dtypes import bf16_to_f32
-
-    q = np.stack(((packed >> 4) & 15, packed & 15), axis=-1).reshape(packed.shape[0], -1).astype(np.float64)
-    pairs = bf16_to_f32(scales_zeros).astype(np.float64).transpose(1, 0, 2)  # [n, k/32, 2]
-    scale, zero = (np.repeat(pairs[..., i], GROUP, axis=1) for i in (0, 1))
-    return (q - 8) * scale + zero
-
-
 def bf16_row(torch, activations: Callable):
     """activations() as a bf16 [1, k] tensor: cast once when it is the stored input (the same
     tensor every call), else computed and cast in each (timed) call (e.g. a fused RMSNorm)."""

@@ -12,8 +12,7 @@ import pytest
 from fixtures.make_tiny_gguf import rewrite_gguf, tiny_config, write_tiny_gguf
 
 from ptxgen.errors import PtxgenError
-from ptxgen.gguf_model import GGUFModel, neox_row_order
-from ptxgen.kernels.rope import rotate
+from ptxgen.gguf_model import GGUFModel
 from ptxgen.quants import QUANT_TYPES
 
 V = gguf.GGUFValueType
@@ -73,20 +72,6 @@ def test_metadata_values(qwen3):
     assert model.metadata("no.such.key", None) is None
     with pytest.raises(PtxgenError, match="metadata key 'no.such.key' is missing"):
         model.metadata("no.such.key")
-
-
-def test_neox_row_order_turns_interleaved_rope_into_rotate_half():
-    """Rows of a llama file's Wq/Wk reordered by neox_row_order meet the rotate-half rope exactly
-    where the file's rows meet the interleaved one: same vectors, rows permuted alike."""
-    heads, dim = 3, 8
-    order = neox_row_order(heads, dim)
-    assert sorted(order) == list(range(heads * dim))
-    np.testing.assert_array_equal(order[:dim], [0, 2, 4, 6, 1, 3, 5, 7])
-    x = np.random.default_rng(0).standard_normal(heads * dim)
-    for pos in (0, 1, 37):
-        interleaved = rotate(x.reshape(heads, dim), pos, 10000.0, "interleaved").reshape(-1)
-        neox = rotate(x[order].reshape(heads, dim), pos, 10000.0, "rotate_half").reshape(-1)
-        np.testing.assert_allclose(neox, interleaved[order], rtol=0, atol=1e-15)
 
 
 # --- files ptxgen refuses ----------------------------------------------------------------------

@@ -7,13 +7,22 @@ from __future__ import annotations
 import numpy as np
 
 from ptxgen import q4k
-from ptxgen.peers import GROUP, int4_dequantize, int4_operands, q4k_dense, q4k_groups
+from ptxgen.dtypes import bf16_to_f32
+from ptxgen.peers import GROUP, int4_operands, q4k_dense, q4k_groups
 
 N, K = 24, 512
 
 
 def weights(seed: int = 0) -> np.ndarray:
     return q4k.random_weights(np.random.default_rng(seed), N, K, std=0.05)
+
+
+def int4_dequantize(packed: np.ndarray, scales_zeros: np.ndarray) -> np.ndarray:
+    """The weights tinygemm sees (float64 [n, k]) from int4_operands' packing, in numpy."""
+    q = np.stack(((packed >> 4) & 15, packed & 15), axis=-1).reshape(packed.shape[0], -1).astype(np.float64)
+    pairs = bf16_to_f32(scales_zeros).astype(np.float64).transpose(1, 0, 2)  # [n, k/32, 2]
+    scale, zero = (np.repeat(pairs[..., i], GROUP, axis=1) for i in (0, 1))
+    return (q - 8) * scale + zero
 
 
 def test_q4k_groups_are_the_format_s_own_32_weight_sub_blocks():

@@ -59,10 +59,6 @@ def row_plan(length: int, size: int) -> dict:
     return {"vec": vec, "row_threads": row_threads, "chunks": ceil_div(units, row_threads), "warp_per_row": False}
 
 
-def max_row_length(size: int) -> int:
-    return 1024 * MAX_CHUNKS * (16 // size)
-
-
 def rms_normalize(x: np.ndarray, gamma: np.ndarray, eps: float) -> np.ndarray:
     """Float64 RMSNorm over the last axis."""
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * gamma

@@ -126,9 +126,6 @@ class GemvFormat:
     quant: str  # a QUANT_TYPES name
     min_k: int  # the shortest row (and its multiple): a lane's 64 weights are whole blocks' parts
     record_planes: int  # 16-byte record planes a lane's staged x carries per step (see q8_unit)
-    # Blocks are only 2-byte aligned (Q6_K 210 bytes, Q8_0 34): each 16-byte piece is loaded as
-    # the aligned 16-byte words around it and shifted into place (see unaligned_words).
-    unaligned: bool
     default_unroll: int  # row-steps of loads a lane has in flight (register slots)
     # f32 roundings on the path of a lane's first item's term into its accumulator (item_roundings),
     # and those each later item's accumulation adds (item_adds); see the kinds' error analysis.
@@ -159,6 +156,8 @@ class GemvFormat:
 # l = 16h .. 16h+15 of half n (ql bytes 64n+16h.., 64n+32+16h.., qh bytes 32n+16h..: three
 # 16-byte pieces), its 4 scales and d; records {dx_j} and {-32 * sum of the x codes_j} of its
 # four 16-weight pieces (q6k_item). Q8_0: 2 blocks (68 bytes) a lane; records {dx, dx} of each.
+# Q6_K and Q8_0 blocks are only 2-byte aligned (210 and 34 bytes): their macros load each 16-byte
+# piece as the aligned 16-byte words around it and shift it into place (unaligned_words).
 FORMATS = {
     # Queued only from 4 units a CTA: each round costs the CTA a barrier. On an H100
     # (bench/results/H100-2026-11-27-lease) the queue took 17.25 / 17.79 us at 12288 x 4096 /
@@ -166,11 +165,11 @@ FORMATS = {
     # Compute saw its warps at that barrier 14.7 of every 34.9 cycles between issues. The fused
     # gate|up group (5.8 units a CTA) queued reached 72% of copy bandwidth, the best of the GEMVs
     # (static not measured there). Q6_K and Q8_0 are not measured on a GPU.
-    "q4_k": GemvFormat("q4_k", min_k=256, record_planes=1, unaligned=False, default_unroll=2,
+    "q4_k": GemvFormat("q4_k", min_k=256, record_planes=1, default_unroll=2,
                        item_roundings=4, item_adds=2, min_queue_rounds=4),
-    "q6_k": GemvFormat("q6_k", min_k=256, record_planes=2, unaligned=True, default_unroll=1,
+    "q6_k": GemvFormat("q6_k", min_k=256, record_planes=2, default_unroll=1,
                        item_roundings=5, item_adds=1, queue_row_steps=1, max_default_rows=1),
-    "q8_0": GemvFormat("q8_0", min_k=64, record_planes=1, unaligned=True, default_unroll=1,
+    "q8_0": GemvFormat("q8_0", min_k=64, record_planes=1, default_unroll=1,
                        item_roundings=3, item_adds=2, queue_row_steps=1),
 }
 
