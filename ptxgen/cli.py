@@ -584,6 +584,7 @@ def verify(
     launch_timeout: Annotated[int, typer.Option(
         "--launch-timeout", min=0, help="compute-sanitizer's wait for a process's first CUDA call, seconds (0: "
                                         "forever).")] = 120,
+    as_json: JsonOption = False,
 ):
     """Run every kernel on random inputs and compare with its float64 reference."""
     from .device_verify import parse_tools, sanitizer_executable
@@ -601,7 +602,7 @@ def verify(
     chosen = {spec.spec.kernel(name).name for name in kernel_names or ()}
     configs = [config for config in spec.spec.kernels if not chosen or config.name in chosen]
     kernels = compile_spec(spec.spec.model_copy(update={"kernels": tuple(configs)})).kernels
-    with progress_bar("verifying", len(kernels), True) as progress:
+    with progress_bar("verifying", len(kernels), not as_json) as progress:
         task = progress.add_task("verifying", total=len(kernels))
         step = lambda name: progress.update(task, advance=1, description=name)  # noqa: E731
         if backend == Backend.device:
@@ -610,38 +611,56 @@ def verify(
             runs = verify_on_device(kernels, seed, arch, tools, launch_timeout, step)
         else:
             runs = emulate_checks(kernels, seed, arch, step)
+    counts = {status: sum(run.status == status for run in runs) for status in ("pass", "fail", "not checked")}
+    if as_json:
+        report = {"spec": str(spec_path), "backend": backend.value, "seed": seed, "arch": arch,
+                   "runs": [run.to_json() for run in runs],
+                   "summary": {"passed": counts["pass"], "failed": counts["fail"],
+                               "not_checked": counts["not checked"], "runs": len(runs)}}
+        sys.stdout.write(json.dumps(report, sort_keys=True, indent=2) + "\n")
+    else:
+        print_verify(f"verify {spec_path}", runs, counts, arch, bool(tools))
+    if counts["fail"]:
+        raise typer.Exit(1)
+
+
+def print_verify(title: str, runs: list, counts: dict[str, int], arch: str | None, sanitized: bool) -> None:
+    """verify's table of checks (and of sanitizer findings), each failure's error, the summary line."""
     rows = []
     for run in runs:
         tag = f" [{run.tool}]" if run.tool else ""
+        name = run_title(run, arch)
         if not run.checks and run.failure is None:
-            rows.append([run.kernel, "-", "-", "-", "-", "-", "skipped (too large to interpret)"])
+            rows.append([name, "-", "-", "-", "-", "-", "skipped (too large to interpret)"])
         for check in run.checks:
             verdict = "pass" if check.passed else f"FAIL ({check.failure})"
             element = "-" if check.element_error is None else f"{check.element_error:.2f}"
             scalars = ", ".join([*(f"{k}={v}" for k, v in check.scalars.items()),
                                  *(["again (reused workspaces)"] if check.again else []),
                                  *([f"at a grid of {check.grid}"] if check.grid else [])])
-            rows.append([run.kernel, scalars,
+            rows.append([name, scalars,
                          f"{check.param}{list(check.shape) if check.shape else ''}", f"{check.error:.2e}", f"{check.tolerance:.1e}", element,
                          verdict + tag])
         if run.failure is not None:
-            rows.append([run.kernel, "-", "-", "-", "-", "-", "FAIL (error below)" + tag])
-    print_table(f"verify {spec_path}", ["kernel", "scalars", "output", "rel. L2 error", "tolerance",
-                                        "worst element / bound", "verdict"], rows)
-    if tools:
+            rows.append([name, "-", "-", "-", "-", "-", "FAIL (error below)" + tag])
+    print_table(title, ["kernel", "scalars", "output", "rel. L2 error", "tolerance",
+                        "worst element / bound", "verdict"], rows)
+    if sanitized:
         print_table("compute-sanitizer", ["kernel", "tool", "errors", "findings"],
-                    [[run.kernel, run.tool, "-" if run.errors is None else str(run.errors),
+                    [[run_title(run, arch), run.tool, "-" if run.errors is None else str(run.errors),
                       "; ".join(finding.describe() for finding in run.findings) or "none"] for run in runs])
     for run in runs:
         if run.failure is not None:
-            err.print(f"FAIL {run.kernel}{f' [{run.tool}]' if run.tool else ''}: {run.failure}", markup=False)
+            err.print(f"FAIL {run_title(run, arch)}{f' [{run.tool}]' if run.tool else ''}: {run.failure}",
+                      markup=False)
     # one line a CI log can be read by: a kernel too large to interpret is checked by nothing
-    failed = sum(not run.passed for run in runs)
-    unchecked = sum(not run.checks and run.failure is None for run in runs)
-    err.print(f"verify: {len(runs) - failed - unchecked} passed, {failed} failed, {unchecked} not checked (too large to "
-              f"interpret) of {plural(len(runs), 'kernel run')}", markup=False)
-    if failed:
-        raise typer.Exit(1)
+    err.print(f"verify: {counts['pass']} passed, {counts['fail']} failed, {counts['not checked']} not checked (too "
+              f"large to interpret) of {plural(len(runs), 'kernel run')}", markup=False)
+
+
+def run_title(run, arch: str | None) -> str:
+    """A run's name in verify's text: the arch of the PTX variant it ran beside it, unless --arch chose it."""
+    return f"{run.kernel} ({run.target})" if run.target and not arch else run.kernel
 
 
 def emulate_checks(kernels, seed: int, arch: str | None, progress) -> list:
@@ -662,7 +681,7 @@ def emulate_checks(kernels, seed: int, arch: str | None, progress) -> list:
                                                if target != compiled.portable.target)]
         for label, kernel, sizes in verify_plan(compiled):
             for target in targets:
-                run = KernelRun(f"{label} ({target})" if target and not arch else label, None)
+                run = KernelRun(label, None, target=target)
                 try:
                     for checks in verify_sizes(kernel, sizes, seed, arch=target):
                         run.checks += checks

@@ -12,7 +12,7 @@ import itertools
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -52,10 +52,26 @@ class KernelRun:
     failure: str | None = None  # the error that ended the run (a fault: the CUDA error)
     findings: list[Finding] = field(default_factory=list)
     errors: int | None = None  # the sanitizer's error count (None: no summary, or no sanitizer)
+    target: str | None = None  # the arch whose PTX variant ran (None: the portable PTX, or what the GPU runs)
 
     @property
     def passed(self) -> bool:
         return self.failure is None and not self.findings and not self.errors and all(c.passed for c in self.checks)
+
+    @property
+    def status(self) -> str:
+        """pass, fail, or "not checked" (too large to interpret: no checks, and no failure)."""
+        if not self.passed:
+            return "fail"
+        return "pass" if self.checks else "not checked"
+
+    def to_json(self) -> dict:
+        """verify --json's run: its status, the check farthest from its bounds (`worst`), every check."""
+        worst = max(self.checks, key=lambda check: check.worst_ratio, default=None)
+        return {"kernel": self.kernel, "target": self.target, "tool": self.tool, "status": self.status,
+                "failure": self.failure, "worst": None if worst is None else worst.to_json(),
+                "checks": [check.to_json() for check in self.checks],
+                "findings": [asdict(finding) for finding in self.findings], "sanitizer_errors": self.errors}
 
 
 def parse_tools(text: str) -> list[str]:
@@ -142,7 +158,7 @@ def verify_on_device(kernels: list[CompiledKernel], seed: int, arch: str | None,
             for compiled in kernels:
                 progress(compiled.name)
                 for label, kernel, sizes in verify_plan(compiled):
-                    run = KernelRun(label, None)
+                    run = KernelRun(label, None, target=arch)
                     run_kernel_checks(worker, kernel, sizes, seed, arch, run)
                     runs.append(run)
         return runs
@@ -150,7 +166,7 @@ def verify_on_device(kernels: list[CompiledKernel], seed: int, arch: str | None,
     for compiled in kernels:
         progress(compiled.name)
         for (label, kernel, sizes), tool in itertools.product(verify_plan(compiled), tools):
-            run = KernelRun(label, tool)
+            run = KernelRun(label, tool, target=arch)
             with tempfile.TemporaryDirectory(prefix="ptxgen-sanitizer-") as folder:
                 log = Path(folder) / "log.txt"
                 with DeviceWorker(sanitizer_command(executable, tool, log, launch_timeout)) as worker:

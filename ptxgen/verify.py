@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -47,6 +48,25 @@ class Check:
     @property
     def passed(self) -> bool:
         return not self.failure
+
+    @property
+    def worst_ratio(self) -> float:
+        """The larger of the error over its tolerance and the worst element over its bound (within
+        both: at most 1); inf where either is NaN."""
+        ratios = [self.error / self.tolerance, *([] if self.element_error is None else [self.element_error])]
+        return max(math.inf if math.isnan(ratio) else ratio for ratio in ratios)
+
+    def to_json(self) -> dict:
+        """verify --json's check: what its table row says, NaN and infinities as null (JSON has none)."""
+        return {"output": self.param, "shape": list(self.shape),
+                "scalars": {name: int(value) for name, value in self.scalars.items()}, "again": self.again,
+                "grid": self.grid, "error": json_number(self.error), "tolerance": self.tolerance,
+                "element_error": json_number(self.element_error), "worst_ratio": json_number(self.worst_ratio),
+                "passed": self.passed, "failure": self.failure or None}
+
+
+def json_number(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
 
 
 def relative_l2(result: np.ndarray, reference: np.ndarray, scale: np.ndarray | None = None) -> float:

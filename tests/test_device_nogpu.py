@@ -1182,6 +1182,24 @@ def test_verify_sanitize_names_each_kernels_findings(fake_sanitizer, small_spec)
     assert len(passes) == 4, "the checks ran under the sanitizer too (rmsnorm at 2 sizes, swiglu, residual_add)"
 
 
+def test_verify_sanitize_json_gives_each_run_its_tool_findings_and_error_count(fake_sanitizer, small_spec):
+    from ptxgen.cli import app
+
+    result = CliRunner().invoke(app, ["verify", str(small_spec), "--backend", "device", "--sanitize", "memcheck",
+                                      "--json"], catch_exceptions=False)
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.stdout)
+    runs = {run["kernel"]: run for run in report["runs"]}
+    assert [(run["tool"], run["target"], run["sanitizer_errors"], run["status"]) for run in runs.values()] == \
+        [("memcheck", None, 0, "pass"), ("memcheck", None, 1, "fail"), ("memcheck", None, 0, "pass")], report
+    swiglu = runs["qwen3_8b_swiglu"]
+    assert swiglu["findings"] == [{"headline": "Invalid __global__ write of size 4 bytes", "count": 1,
+                                   "where": "at qwen3_8b_swiglu+0x70 by thread (3,0,0) in block (1,0,0)"}], swiglu
+    assert swiglu["failure"] is None and swiglu["checks"] and all(check["passed"] for check in swiglu["checks"])
+    assert report["summary"] == {"passed": 2, "failed": 1, "not_checked": 0, "runs": 3}
+    assert (report["backend"], report["arch"]) == ("device", None)
+
+
 def test_verify_sanitize_refuses_what_it_cannot_do(fake_sanitizer, small_spec, monkeypatch):
     from ptxgen.cli import app
 

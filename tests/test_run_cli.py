@@ -164,6 +164,83 @@ def test_verify_checks_the_pdl_variant_too(tmp_path):
     assert ["g", "y[64]"] in rows and ["g", "(sm_90)"] in rows, result.stdout
 
 
+VERIFY_SPEC = '[target]\narchs = ["sm_80", "sm_90"]\n' + "".join(
+    f'[[kernels]]\nname = "{name}"\nkind = "rmsnorm"\nhidden = {n}\n{extra}'
+    for name, n, extra in (("first", 9, ""), ("tight", 17, ""), ("racy", 33, "pdl = true\n")))
+
+
+def test_verify_json_gives_each_run_its_status_checks_and_worst(tmp_path):
+    """--json: each run (a kernel and PTX variant: sm_90's PDL PTX its own, `target` naming it)
+    with its status, every check the table shows (same numbers) and the one farthest from its
+    bounds; the summary counts; nothing else on stdout."""
+    import json
+
+    spec = tmp_path / "three.toml"
+    spec.write_text(VERIFY_SPEC)
+    result = run_cli_in_process("verify", str(spec), "--json", "--seed", "2")
+    assert result.returncode == 0 and result.stderr == "", result
+    report = json.loads(result.stdout)
+    assert (report["spec"], report["backend"], report["seed"], report["arch"]) == (str(spec), "emulator", 2, None)
+    runs = report["runs"]
+    assert [(run["kernel"], run["target"], run["status"]) for run in runs] == \
+        [("first", None, "pass"), ("tight", None, "pass"), ("racy", None, "pass"), ("racy", "sm_90", "pass")]
+    assert report["summary"] == {"passed": 4, "failed": 0, "not_checked": 0, "runs": 4}
+    table = run_cli_in_process("verify", str(spec), "--seed", "2")
+    rows = [" ".join(line.split()) for line in table.stdout.splitlines()[2:]]
+    assert len(rows) == sum(len(run["checks"]) for run in runs), table.stdout
+    for run in runs:
+        checks = run["checks"]
+        assert checks and run["failure"] is None and run["findings"] == [] and run["tool"] is None, run
+        title = run["kernel"] + (f" ({run['target']})" if run["target"] else "")
+        for check in checks:
+            assert check["passed"] and check["failure"] is None, check
+            assert check["worst_ratio"] == max(check["error"] / check["tolerance"], check["element_error"]), check
+            row = (f"{title} rows={check['scalars']['rows']} y{check['shape']} {check['error']:.2e} "
+                   f"{check['tolerance']:.1e} {check['element_error']:.2f} pass")
+            assert row in rows, (row, table.stdout)
+        assert run["worst"] == max(checks, key=lambda check: check["worst_ratio"]), run
+        assert 0 < run["worst"]["worst_ratio"] <= 1, run
+
+
+def test_verify_json_names_the_failures_and_exits_1(tmp_path, monkeypatch):
+    """A check over its tolerance and a run ended by a sanitizer finding: status fail, the failure
+    (the finding; the check's reason), the worst check over 1, exit 1 as without --json."""
+    import json
+
+    from ptxgen import verify
+    from ptxgen.errors import SanitizerError
+    from ptxgen.kernels.rmsnorm import Rmsnorm
+
+    spec = tmp_path / "three.toml"
+    spec.write_text(VERIFY_SPEC)
+    real_sizes, real_tolerance = verify.verify_sizes, Rmsnorm.tolerance
+
+    def sizes(kernel, *args, **kwargs):
+        for index, checks in enumerate(real_sizes(kernel, *args, **kwargs)):
+            if kernel.name == "racy" and index == 1:
+                raise SanitizerError("racy: line 7: a planted race")
+            yield checks
+
+    def tolerance(self, param):
+        return 1e-12 if self.config.name == "tight" else real_tolerance(self, param)
+
+    monkeypatch.setattr(verify, "verify_sizes", sizes)
+    monkeypatch.setattr(Rmsnorm, "tolerance", tolerance)
+    result = run_cli_in_process("verify", str(spec), "--json", "--arch", "sm_90")
+    assert result.returncode == 1 and result.stderr == "", result
+    report = json.loads(result.stdout)
+    assert report["summary"] == {"passed": 1, "failed": 2, "not_checked": 0, "runs": 3}, report["summary"]
+    first, tight, racy = report["runs"]
+    assert [(run["kernel"], run["target"], run["status"]) for run in report["runs"]] == \
+        [("first", "sm_90", "pass"), ("tight", "sm_90", "fail"), ("racy", "sm_90", "fail")]
+    worst = tight["worst"]
+    assert tight["failure"] is None and worst["tolerance"] == 1e-12 and not worst["passed"], tight
+    assert worst["worst_ratio"] == worst["error"] / 1e-12 > 1, worst
+    assert worst["failure"] == f"rel. L2 error {worst['error']:.3e} > 1.000e-12", worst
+    assert racy["failure"] == "racy: line 7: a planted race", racy
+    assert [check["scalars"] for check in racy["checks"]] == [{"rows": 1}] and racy["checks"][0]["passed"], racy
+
+
 DEEP_DECODER = """[target]
 archs = ["sm_80"]
 
