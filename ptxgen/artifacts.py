@@ -261,8 +261,8 @@ def os_errors(what: str):
 
 def check_output_file(path: Path, what: str, suffix: str | None = None, inputs=()) -> None:
     """Refuse, before any work is done, an output file write_file would refuse, one not named
-    `suffix`, or one that is one of the command's `inputs` (paths; None where not given). `what`
-    names the option in messages (e.g. "--outputs")."""
+    `suffix` (in any case), or one that is one of the command's `inputs` (paths; None where not
+    given). `what` names the option in messages (e.g. "--outputs")."""
     with os_errors(f"{what} {path}"):
         _check_output_file(path, what, suffix, inputs)
 
@@ -274,7 +274,7 @@ def _check_output_file(path: Path, what: str, suffix: str | None, inputs) -> Non
         raise PtxgenError(f"{what} {path}: is a folder; give a file name")
     if path.exists() and not path.is_file():
         raise PtxgenError(f"{what} {path}: is not a regular file (a device or a pipe); give a file name")
-    if suffix is not None and path.suffix != suffix:
+    if suffix is not None and path.suffix.lower() != suffix:  # X.NPZ is written under the name given
         raise PtxgenError(f"{what} {path}: expected a {suffix} file name")
     if path.is_file() and read_only(path, os.W_OK):
         raise PtxgenError(f"{what} {path}: the file is read-only; refusing to replace it")

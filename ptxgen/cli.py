@@ -818,9 +818,9 @@ def emit_spec(make_text, output: Path | None, force: bool, source: Path) -> None
     from .specgen import write_spec
 
     if output is not None:
-        if output.suffix != ".toml":
+        if output.suffix.lower() != ".toml":
             raise PtxgenError(f"--output {output}: the spec is written as TOML; give a .toml file name")
-        check_output_file(output, "--output", ".toml", inputs=(source,))
+        check_output_file(output, "--output", inputs=(source,))
         if output.exists() and not force:
             raise PtxgenError(f"--output {output}: already exists; refusing to replace it (--force replaces it)")
     text = make_text()

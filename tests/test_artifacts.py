@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 import typer
 
 from ptxgen import __version__, pipeline
-from ptxgen.artifacts import STAGING, write_file
+from ptxgen.artifacts import STAGING, check_output_file, write_file
 from ptxgen.cli import app
 from ptxgen.errors import PtxgenError
 from ptxgen.spec import load_spec
@@ -544,3 +545,13 @@ def test_the_artifacts_do_not_depend_on_which_cubins_the_cache_held(tmp_path, ca
     warm = pipeline.artifact_files(spec, compiled.kernels)
     assert warm.keys() == cold.keys()
     assert [name for name in cold if warm[name] != cold[name]] == []
+
+
+@pytest.mark.parametrize("name, suffix", [("OUT.NPZ", ".npz"), ("figures.JSON", ".json"), ("chart.Png", ".png"),
+                                          ("logits.NPY", ".npy"), ("spec.TOML", ".toml")])
+def test_an_output_file_suffix_is_matched_in_any_case(tmp_path, name, suffix):
+    """Every output is written under the name given, so a suffix in capitals names the same format;
+    another suffix is still refused."""
+    check_output_file(tmp_path / name, "--out", suffix)
+    with pytest.raises(PtxgenError, match=re.escape(f"--out {tmp_path / 'OUT.txt'}: expected a {suffix} file name")):
+        check_output_file(tmp_path / "OUT.txt", "--out", suffix)

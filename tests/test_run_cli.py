@@ -46,6 +46,27 @@ def test_run_writes_every_array_parameter(tmp_path, norm_inputs):
         assert relative_l2(saved["y"].astype(np.float64), reference) < 1e-5
 
 
+def test_file_names_in_capitals_are_taken_as_written(tmp_path):
+    """--outputs OUT.NPZ (as --inputs IN.NPZ already was): written under that very name (numpy's
+    savez would have added .npz to a file name, ptxgen writes its bytes), read back by numpy."""
+    spec = tmp_path / "NORM.TOML"
+    spec.write_text('[[kernels]]\nname = "norm"\nkind = "rmsnorm"\nhidden = 9\n')
+    inputs, outputs = tmp_path / "IN.NPZ", tmp_path / "OUT.Npz"
+    x = np.arange(18, dtype=np.float32).reshape(2, 9) - 8
+    np.savez(inputs, x=x, gamma=np.ones(9, np.float32))
+    inputs.with_suffix(".NPZ.npz").rename(inputs)
+    result = run_cli_in_process("run", "norm", "--spec", str(spec), "--inputs", str(inputs), "--outputs",
+                                str(outputs), "--set", "rows=2", "--backend", "emulator")
+    assert result.returncode == 0, result
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["IN.NPZ", "NORM.TOML", "OUT.Npz"]
+    with np.load(outputs) as saved:
+        expected = x / np.sqrt(np.mean(x.astype(np.float64) ** 2, axis=1, keepdims=True) + 1e-6)
+        np.testing.assert_allclose(saved["y"], expected, rtol=1e-5)
+    result = run_cli_in_process("run", "norm", "--spec", str(spec), "--inputs", str(inputs), "--outputs",
+                                str(tmp_path / "out.npy"), "--set", "rows=2")
+    assert result.returncode == 2 and "--outputs" in result.stderr and "expected a .npz file name" in result.stderr
+
+
 def test_scalar_from_npz(tmp_path, norm_inputs):
     _, x, gamma = norm_inputs
     path = tmp_path / "with_rows.npz"

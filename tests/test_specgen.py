@@ -319,6 +319,17 @@ def test_a_context_length_past_what_the_kinds_take_names_the_file_and_key(tmp_pa
         spec_from_hf_config(hf_config(tmp_path, max_position_embeddings=1 << 25), "q4_k")
 
 
+def test_a_spec_name_in_capitals_is_written_and_loads(tmp_path):
+    """-o SPEC.TOML: a .toml file name in another case (refused before), written as named."""
+    from helpers import run_cli_in_process
+
+    out = tmp_path / "SPEC.TOML"
+    result = run_cli_in_process("spec", "from-hf", str(hf_config(tmp_path)), "--quant", "q4_k", "-o", str(out))
+    assert result.returncode == 0, result
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["Qwen3-8B", "SPEC.TOML"]
+    assert load_spec(out).spec.kernels
+
+
 def load_spec_text(tmp_path, text: str):
     path = tmp_path / "generated.toml"
     path.write_text(text)
