@@ -59,13 +59,13 @@ def load(path: str | Path, *, archs: tuple[str, ...] | None = None) -> Kernels:
         if archs is not None:
             raise PtxgenError(f"{path}: an artifact folder holds the archs it was built for; archs= is for specs")
         return Kernels(load_folder(path), str(path))
-    from .pipeline import compile_spec
+    from .pipeline import compile_loaded
     from .spec import load_spec, with_archs
 
     spec = load_spec(path)
     if archs is not None:
         spec = with_archs(spec, archs, option="ptxgen.load")
-    return Kernels(compile_spec(spec.spec).kernels, str(path))
+    return Kernels(compile_loaded(spec).kernels, str(path))
 
 
 def _iterable(value) -> tuple:

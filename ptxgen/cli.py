@@ -99,9 +99,9 @@ def plural(count: int, word: str, many: str = "") -> str:
 
 def compile_one(spec: LoadedSpec, kernel):
     """One kernel of a spec, compiled for the spec's archs (through the cache)."""
-    from .pipeline import compile_spec
+    from .pipeline import compile_loaded
 
-    return compile_spec(spec.spec.model_copy(update={"kernels": (kernel,)})).kernels[0]
+    return compile_loaded(spec, (kernel,)).kernels[0]
 
 
 # --- build ---------------------------------------------------------------------------------------------
@@ -124,7 +124,7 @@ def build(
 ):
     """Render, assemble and write the artifact folder (PTX, cubins, C header, manifest) of a spec."""
     from .artifacts import check_output_folder, compare, write_folder
-    from .pipeline import BuildOptions, artifact_files, compile_spec
+    from .pipeline import BuildOptions, artifact_files, compile_loaded
 
     spec = load_spec(spec_path)
     if arch:
@@ -142,7 +142,7 @@ def build(
         options = BuildOptions(assembler=assembler.value, jobs=jobs, use_cache=not no_cache,
                                progress=lambda label: progress.update(task, advance=1, description=label),
                                report=notes.append)
-        compiled = compile_spec(spec.spec, options)
+        compiled = compile_loaded(spec, options=options)
     for note in notes:
         err.print(f"note: {note}", markup=False)
     files = artifact_files(spec, compiled.kernels)
@@ -179,14 +179,10 @@ def build(
 @app.command()
 def validate(spec_path: SpecArg):
     """Check a spec without building it."""
-    from .errors import SpecError
-    from .pipeline import compile_spec
+    from .pipeline import compile_loaded
 
     spec = load_spec(spec_path)
-    try:  # what build refuses as it renders (a kernel named like a name in its PTX), refused here too
-        compile_spec(spec.spec, until="ptx")
-    except SpecError as error:
-        raise SpecError(f"{spec_path}: {error}") from None
+    compile_loaded(spec, until="ptx")  # what build refuses as it renders (a kernel named like a name in its PTX)
     out.print(f"{spec_path}: ok, {plural(len(spec.spec.kernels), 'kernel')} for {', '.join(spec.spec.target.archs)}",
               markup=False)
 
@@ -588,7 +584,7 @@ def verify(
 ):
     """Run every kernel on random inputs and compare with its float64 reference."""
     from .device_verify import parse_tools, sanitizer_executable
-    from .pipeline import compile_spec
+    from .pipeline import compile_loaded
 
     arch = known_arch(arch)
     tools = parse_tools(sanitize) if sanitize is not None else []
@@ -601,7 +597,7 @@ def verify(
     # every --kernel given (not only the last), each once, in the spec's order
     chosen = {spec.spec.kernel(name).name for name in kernel_names or ()}
     configs = [config for config in spec.spec.kernels if not chosen or config.name in chosen]
-    kernels = compile_spec(spec.spec.model_copy(update={"kernels": tuple(configs)})).kernels
+    kernels = compile_loaded(spec, configs).kernels
     with progress_bar("verifying", len(kernels), not as_json) as progress:
         task = progress.add_task("verifying", total=len(kernels))
         step = lambda name: progress.update(task, advance=1, description=name)  # noqa: E731
@@ -735,7 +731,7 @@ def bench(
     from .artifacts import check_output_file
     from .bench import failures, plot, print_results, require_matplotlib, run_bench, write_json
     from .device import driver
-    from .pipeline import compile_spec
+    from .pipeline import compile_loaded
     from . import tune
 
     spec = load_spec(spec_path)
@@ -763,7 +759,7 @@ def bench(
         compiled = [variant.compiled for variant in made]
     else:
         configs = [spec.spec.find(kernel)] if kernel else list(spec.spec.kernels)
-        compiled = compile_spec(spec.spec.model_copy(update={"kernels": tuple(configs)})).kernels
+        compiled = compile_loaded(spec, configs).kernels
     if not kernel:
         known = set().union(*(c.scalar_limits for c in compiled))
         for scalar in sweeps:

@@ -179,6 +179,18 @@ def compile_spec(spec: Spec, options: BuildOptions | None = None, until: str = "
     return Compiled([compiled_of(unit) for unit in units], *counts)
 
 
+def compile_loaded(loaded: LoadedSpec, kernels=None, options: BuildOptions | None = None,
+                   until: str = "cubin") -> Compiled:
+    """compile_spec of a spec file's kernels (those of `kernels` where given): a kernel its PTX
+    refuses (render: a name its PTX uses, a value out of range) is named after the file, as
+    load_spec's errors are."""
+    spec = loaded.spec if kernels is None else loaded.spec.model_copy(update={"kernels": tuple(kernels)})
+    try:
+        return compile_spec(spec, options, until)
+    except SpecError as error:
+        raise SpecError(f"{loaded.path}: {error}") from None
+
+
 def compiled_of(unit: Unit) -> CompiledKernel:
     kind = kind_of(unit.config)
     return CompiledKernel(

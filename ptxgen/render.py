@@ -128,9 +128,11 @@ RESERVED = frozenset({"WARP_SZ"})
 
 
 def check_entry_name(name: str, kind: str, text: str) -> None:
-    """The entry's name must name nothing else in its PTX (a label, a shared variable of the
-    kind's template): nvJitLink crashed the process (a segfault) or refused the redefinition."""
+    """The entry's name must name nothing else in its PTX (one of its parameters, declared on the
+    lines after `.entry`; a label, a shared variable of the kind's template): nvJitLink crashed the
+    process (a segfault) or refused the redefinition. The one check of a kernel's name against
+    its PTX: compile_loaded names the spec file in its message."""
     code = "\n".join(line.split("//", 1)[0] for line in text.splitlines() if not line.startswith(".visible .entry"))
     if name in RESERVED or re.search(rf"(?<![\w%$.]){re.escape(name)}(?!\w)", code):
-        raise SpecError(f"kernel {name!r}: the {kind} kind's PTX uses {name!r} for a name of its own (a label, a "
-                        "variable or a PTX keyword); choose another kernel name")
+        raise SpecError(f"kernel {name!r}: the {kind} kind's PTX uses {name!r} for a name of its own (a parameter, "
+                        "a label, a variable or a PTX keyword); choose another kernel name")

@@ -91,14 +91,6 @@ class Spec(BaseModel):
                     raise ValueError(f"kernels[{index}].name: {kernel.name!r} and {defined[symbol]!r} would both define "
                                      f"{symbol} in the C header; rename one")
                 defined[symbol] = kernel.name
-            kind = kind_of(kernel)
-            if kind.unbuildable():
-                continue  # no parameters to name (check_against_archs says why)
-            params = [p.name for p in kind.params()]
-            if kernel.name in params:
-                # nvJitLink 13.x can crash the process on an entry named like one of its parameters.
-                raise ValueError(f"kernels[{index}].name: expected a name other than the kernel's parameter "
-                                 f"names ({', '.join(params)}), got {kernel.name!r}")
         return self
 
     def kernel(self, name: str):

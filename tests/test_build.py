@@ -208,16 +208,22 @@ def test_show_gives_each_arch_its_own_ctas_occupancy_and_models_the_sm90a_varian
     ("scratch", "incremental_attention", "num_heads = 4\nnum_kv_heads = 1\nhead_dim = 64\nmax_seq_len = 64"),
     ("DONE", "argmax", "n = 100"),                      # a label
     ("WARP_SZ", "rmsnorm", "hidden = 64"),              # PTX's predefined constant
+    ("gamma", "rmsnorm", "hidden = 64"),                # one of its parameters
 ])
 def test_a_kernel_named_like_a_name_in_its_ptx_is_refused(tmp_path, name, kind, fields):
-    """nvJitLink crashed the process (a segfault, exit 139) on the first two and refused the others
-    with its log: one message naming the kernel, exit 2, nothing built."""
+    """nvJitLink crashed the process (a segfault, exit 139) on the first two and on a parameter's
+    name, and refused the others with its log: one message naming the spec file and the kernel,
+    exit 2, nothing built; verify gives the same message."""
+    from helpers import CliResult, run_cli_in_process
+
     spec = tmp_path / "named.toml"
     spec.write_text(f'[target]\narchs = ["sm_80"]\n\n[[kernels]]\nname = "{name}"\nkind = "{kind}"\n{fields}\n')
+    message = (f"error: {spec}: kernel {name!r}: the {kind} kind's PTX uses {name!r} for a name of its own (a "
+               "parameter, a label, a variable or a PTX keyword); choose another kernel name\n")
     result = run_cli("build", str(spec), "-o", str(tmp_path / "out"), "-q")
     assert result.returncode == 2 and not (tmp_path / "out").exists(), result
-    assert result.stderr == (f"error: kernel {name!r}: the {kind} kind's PTX uses {name!r} for a name of its own (a "
-                             "label, a variable or a PTX keyword); choose another kernel name\n")
+    assert result.stderr == message
+    assert run_cli_in_process("verify", str(spec)) == CliResult(2, "", message)
 
 
 # ptxas warns about this PTX ("line 5; warning : .minnctapersm is ignored ..."), naming its input file.

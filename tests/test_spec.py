@@ -101,8 +101,14 @@ def test_names_must_be_ptx_identifiers_and_their_header_blocks_must_not_collide(
 
 
 def test_entry_may_not_share_a_parameter_name(tmp_path):
-    message = error_of(tmp_path, '[[kernels]]\nname="gamma"\nkind="rmsnorm"\nhidden=8\n')
-    assert "kernels[0].name" in message and "'gamma'" in message and "x, gamma, y, rows" in message
+    """Refused where its PTX is rendered (render.check_entry_name, the one check of a name against
+    the PTX: a parameter is declared there), before anything is written, naming the file."""
+    from helpers import CliResult, run_cli_in_process
+
+    path = write(tmp_path, '[[kernels]]\nname="gamma"\nkind="rmsnorm"\nhidden=8\n')
+    assert run_cli_in_process("validate", str(path)) == CliResult(2, "", (
+        f"error: {path}: kernel 'gamma': the rmsnorm kind's PTX uses 'gamma' for a name of its own (a parameter, a "
+        "label, a variable or a PTX keyword); choose another kernel name\n"))
 
 
 def test_shared_memory_an_arch_lacks_is_one_line_for_every_arch_alike(tmp_path):
@@ -154,7 +160,8 @@ def test_validate_refuses_what_build_refuses_as_it_renders(tmp_path, name, kind,
     result = run_cli("validate", str(path))
     assert result.returncode == 2, result
     assert result.stderr == (f"error: {path}: kernel {name!r}: the {kind} kind's PTX uses {name!r} for a name of its "
-                             "own (a label, a variable or a PTX keyword); choose another kernel name\n"), result.stderr
+                             "own (a parameter, a label, a variable or a PTX keyword); choose another kernel name\n"), \
+        result.stderr
 
 
 # --- files that must not be read (whole) -------------------------------------------------------------
