@@ -39,6 +39,7 @@ from ptxgen.bench import line_fit, read_results, size_fits
 from ptxgen.errors import PtxgenError, exit_from
 from ptxgen.kernels import config_from_json
 from ptxgen.pipeline import compile_kernel
+from ptxgen.specgen import config_problem
 
 MARGIN = 0.10  # how far outside the model's range a measurement may sit before it is marked
 # Kernels moving fewer bytes are launch-bound: their time is the fixed cost of a launch plus the
@@ -64,8 +65,7 @@ def check_row(row: dict, gpu: perf.Gpu) -> dict:
     try:
         config = config_from_json({**row["config"], "name": row["kernel"], "kind": row["kind"]})
     except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
-        return not_judged(f"today's code refuses its config: {problems}")
+        return not_judged(f"today's code refuses its {row['kind']} config: {config_problem(error)}")
     # The cubin the GPU ran (an sm_90a variant on an H100), where the row says (since 2026-11-28).
     try:
         compiled = compile_kernel(config, archs=((row.get("occupancy") or {}).get("cubin_arch") or gpu.arch,))

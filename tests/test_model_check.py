@@ -223,7 +223,9 @@ def test_a_row_whose_config_todays_code_refuses_is_not_judged(tmp_path, capsys):
     printed = capsys.readouterr().out
     lines = {line.split()[0]: line for line in printed.splitlines() if line.split()[:1] in (["gone"], ["negative"],
                                                                                               ["scalar"], ["resid"])}
-    assert "not judged (today's code refuses its config:" in lines["gone"] and "no_such_kind" in lines["gone"]
-    assert "not judged (today's code refuses its config: residual_add.n:" in lines["negative"], lines["negative"]
+    assert "not judged (today's code refuses its no_such_kind config: Input tag 'no_such_kind' found using 'kind' " \
+        "does not match any of the expected tags: 'argmax'," in lines["gone"], lines["gone"]
+    assert lines["negative"].endswith("not judged (today's code refuses its residual_add config: n: Input should be "
+                                      "greater than or equal to 1 (got -4))"), lines["negative"]
     assert "not judged (today's code refuses it:" in lines["scalar"] and "'rows'" in lines["scalar"], lines["scalar"]
     assert "not judged" not in lines["resid"] and re.search(r"\b(inside|outside)\b", lines["resid"]), lines["resid"]
