@@ -68,11 +68,39 @@ def nvjitlink_release() -> str:
             if file.name.startswith(("libnvJitLink", "nvJitLink")) and os.path.exists(file.locate()) \
                     and os.path.samefile(file.locate(), path) and found.version.startswith(f"{version}."):
                 return found.version
+    return f"{version}+sha256.{file_digest(path)}"
+
+
+def file_digest(path: str) -> str:
+    """The first 16 hex digits of a library file's sha256: its build, where no version names it."""
     digest = hashlib.sha256()
     with open(path, "rb") as library:
         for block in iter(lambda: library.read(1 << 20), b""):
             digest.update(block)
-    return f"{version}+sha256.{digest.hexdigest()[:16]}"
+    return digest.hexdigest()[:16]
+
+
+# The driver's release in the name of the libcuda a Linux install (and the container toolkit's
+# mount) puts behind libcuda.so.1; WSL's libcuda.so.1.1 and Windows' nvcuda.dll have none.
+LIBCUDA_RELEASE = re.compile(r"libcuda\.so\.([0-9]{3,}\.[0-9]+(?:\.[0-9]+)?)")
+
+
+def driver_release() -> str:
+    """The driver whose JIT assembles (--assembler driver), as the cache key and the manifest name
+    it: the release of the libcuda loaded (e.g. 580.95.05; its JIT, libnvidia-ptxjitcompiler,
+    comes with it), else the CUDA version it implements and a digest of the library. Only that
+    version is what cuDriverGetVersion says (13.0 for every 580 driver), and the JIT's cubins may
+    change with a patch release, as nvJitLink's do (nvjitlink_release)."""
+    from cuda.pathfinder import load_nvidia_dynamic_lib
+
+    from .device import driver_version
+
+    version = driver_version()  # initialises the driver (or names its absence), so libcuda is loaded
+    path = load_nvidia_dynamic_lib("cuda").abs_path
+    if path is None:  # loaded by something else before us, from where pathfinder cannot tell
+        return version
+    found = LIBCUDA_RELEASE.fullmatch(os.path.basename(os.path.realpath(path)))
+    return found[1] if found else f"{version}+sha256.{file_digest(path)}"
 
 
 def clean_log(log: str) -> str:
@@ -199,9 +227,7 @@ def assembler_version(name: str) -> str:
         return nvjitlink_release()
     if name == "ptxas":
         return ptxas_version()
-    from .device import driver_version
-
-    return driver_version()
+    return driver_release()
 
 
 def resolve_assembler(name: str) -> str:

@@ -294,3 +294,37 @@ def test_the_cache_key_and_manifest_name_nvjitlinks_patch_release(tmp_path, monk
     assemble.nvjitlink_release.cache_clear()
     major_minor = assemble.nvjitlink_version()
     assert all(v.startswith(f"{major_minor}+sha256.") for v in versions) and versions[0] != versions[1], versions
+
+
+def test_the_cache_key_and_manifest_name_the_drivers_release(tmp_path, monkeypatch):
+    """--assembler driver was keyed by cuDriverGetVersion's "13.0", the same for every 580 driver,
+    though the JIT's cubins may change with a patch release: keyed by the loaded libcuda's release
+    (its file name behind libcuda.so.1), else by its bytes (WSL's libcuda.so.1.1), else 13.0.
+    A fake driver and library files: no GPU needed."""
+    import types
+
+    import cuda.pathfinder
+
+    from ptxgen import assemble, device
+    from ptxgen.cache import cache_key
+
+    monkeypatch.setattr(device, "driver_version", lambda: "13.0")
+    loaded = tmp_path / "libcuda.so.1"
+    monkeypatch.setattr(cuda.pathfinder, "load_nvidia_dynamic_lib",
+                        lambda name: types.SimpleNamespace(abs_path=str(loaded) if name == "cuda" else None))
+    versions = []
+    for release in ("580.95.05", "580.105.08"):
+        loaded.unlink(missing_ok=True)
+        loaded.symlink_to(f"libcuda.so.{release}")
+        versions.append(assemble.assembler_version("driver"))
+    assert versions == ["580.95.05", "580.105.08"], versions
+    keys = {cache_key(".entry k() { ret; }", "sm_90", "driver", version, {}) for version in versions}
+    assert len(keys) == 2, "a patch release is another cache entry"
+    loaded.unlink()
+    loaded = tmp_path / "libcuda.so.1.1"
+    for contents in (b"one build", b"another build"):
+        loaded.write_bytes(contents)
+        versions.append(assemble.assembler_version("driver"))
+    assert all(v.startswith("13.0+sha256.") for v in versions[2:]) and versions[2] != versions[3], versions
+    monkeypatch.setattr(cuda.pathfinder, "load_nvidia_dynamic_lib", lambda name: types.SimpleNamespace(abs_path=None))
+    assert assemble.assembler_version("driver") == "13.0", "where pathfinder cannot tell the library: as before"

@@ -203,6 +203,17 @@ def test_verify_on_the_device_runs_in_a_worker_and_under_compute_sanitizer():
                                                                                 ["racecheck", "0", "none"]]
 
 
+def test_the_driver_assembler_is_keyed_by_the_drivers_release():
+    """On this GPU's driver: the loaded libcuda's release (580.95.05), or where its file name has
+    none a digest of it, not cuDriverGetVersion's major.minor alone (13.0)."""
+    import re
+
+    from ptxgen.assemble import assembler_version
+
+    version = assembler_version("driver")
+    assert re.fullmatch(r"[0-9]{3,}\.[0-9]+(\.[0-9]+)?|[0-9]+\.[0-9]+\+sha256\.[0-9a-f]{16}", version), version
+
+
 def test_event_timing_and_copy_bandwidth_are_plausible():
     gpu = device.session()
     timing = gpu.time(lambda i: gpu.delay(20e-6), iters=100, warmup=5)
