@@ -91,12 +91,15 @@ def driver_release() -> str:
     comes with it), else the CUDA version it implements and a digest of the library. Only that
     version is what cuDriverGetVersion says (13.0 for every 580 driver), and the JIT's cubins may
     change with a patch release, as nvJitLink's do (nvjitlink_release)."""
-    from cuda.pathfinder import load_nvidia_dynamic_lib
+    from cuda.pathfinder import DynamicLibNotFoundError, load_nvidia_dynamic_lib
 
     from .device import driver_version
 
     version = driver_version()  # initialises the driver (or names its absence), so libcuda is loaded
-    path = load_nvidia_dynamic_lib("cuda").abs_path
+    try:
+        path = load_nvidia_dynamic_lib("cuda").abs_path
+    except DynamicLibNotFoundError:  # a driver loaded where the system search does not look
+        return version
     if path is None:  # loaded by something else before us, from where pathfinder cannot tell
         return version
     found = LIBCUDA_RELEASE.fullmatch(os.path.basename(os.path.realpath(path)))

@@ -328,3 +328,9 @@ def test_the_cache_key_and_manifest_name_the_drivers_release(tmp_path, monkeypat
     assert all(v.startswith("13.0+sha256.") for v in versions[2:]) and versions[2] != versions[3], versions
     monkeypatch.setattr(cuda.pathfinder, "load_nvidia_dynamic_lib", lambda name: types.SimpleNamespace(abs_path=None))
     assert assemble.assembler_version("driver") == "13.0", "where pathfinder cannot tell the library: as before"
+
+    def not_found(name):
+        raise cuda.pathfinder.DynamicLibNotFoundError(f"{name} not found by the system search")
+
+    monkeypatch.setattr(cuda.pathfinder, "load_nvidia_dynamic_lib", not_found)
+    assert assemble.assembler_version("driver") == "13.0", "where the system search misses the loaded driver"
