@@ -831,7 +831,8 @@ def emit_spec(make_text, output: Path | None, force: bool, source: Path) -> None
 def spec_from_gguf_command(model: Annotated[Path, typer.Argument(readable=False, help="A .gguf model file.")],
                            output: OutputSpec = None,
                            max_seq_len: MaxSeqLen = None, prefix: Prefix = None, force: ForceOption = False):
-    """Every kernel a GGUF model needs (its shapes, its tensors' quant types, its rope convention)."""
+    """Every kernel a GGUF model needs (its shapes, its tensors' quant types, its rope convention):
+    those ptxgen generate launches, and prefill attention."""
     from .specgen import spec_from_gguf
 
     emit_spec(lambda: spec_from_gguf(model, max_seq_len, prefix), output, force, model)
@@ -888,7 +889,7 @@ def generate(
     import numpy as np
 
     from .artifacts import check_output_file, write_file
-    from .generate import Generator, check_request, fused_refusal, step_kernels
+    from .generate import Generator, check_request, step_kernels
     from .gguf_model import GGUFModel
 
     prompt = parse_tokens(tokens)
@@ -897,11 +898,10 @@ def generate(
     loaded = GGUFModel(model)
     check_request(loaded.config, max_seq_len, prompt, max_new)
     if fused is None:
-        refusal = fused_refusal(loaded.config, loaded.config.cache_positions(max_seq_len))
+        # A model no path can take: one error (step_kernels), not first a note.
+        refusal = step_kernels(loaded.config, loaded.config.cache_positions(max_seq_len)).fused_refusal
         fused = refusal is None
         if refusal:
-            # A spec the separate kernels refuse too: one error, not first a note that they run.
-            step_kernels(loaded.config, loaded.config.cache_positions(max_seq_len))
             err.print(f"note: the layers run as separate kernels: {refusal}", markup=False)
     with progress_bar("loading", 0, True) as progress:
         task = progress.add_task("loading weights", total=None)

@@ -29,7 +29,7 @@ import functools
 import json
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -41,6 +41,7 @@ from .kernels.base import Call
 from .kernels.persistent_decoder import WEIGHTS, weight_slot
 from .model_config import ModelConfig, matrix_names
 from .quants import GEMV_KINDS, quant_type
+from .specgen import StepKernels, generated_spec
 
 # The decoder's per-layer array parameters and the GGUF tensor (blk.N.<short>.weight) each holds.
 LAYER_TENSORS = {"attn_norm": "attn_norm", "ffn_norm": "ffn_norm", "q_norm": "attn_q_norm", "k_norm": "attn_k_norm",
@@ -49,66 +50,10 @@ LAYER_TENSORS = {"attn_norm": "attn_norm", "ffn_norm": "ffn_norm", "q_norm": "at
 INTERPRETER = "PTX interpreter (CPU)"
 
 
-def check_supported(config: ModelConfig, fused: bool = False, max_seq_len: int = 1) -> None:
-    """Every matrix the decode step multiplies must have a GEMV kind for its type (with `fused`,
-    the persistent decoder must be buildable for the layers' shapes and types at `max_seq_len`)."""
-    for matrix in config.matrices():
-        if matrix.name == "token_embd.weight" and not config.tied_embeddings:
-            continue  # looked up by row on the host: any type gguf-py dequantises
-        if matrix.quant not in GEMV_KINDS:
-            raise PtxgenError(f"{config.name}: tensor {matrix.name!r} is {matrix.quant.upper()}; ptxgen generate has "
-                              f"no GEMV kernel of that type (supported: {', '.join(q.upper() for q in GEMV_KINDS)})")
-    refusal = fused_refusal(config, max_seq_len) if fused else None
-    if refusal:
-        raise PtxgenError(f"--fused: {refusal}")
-
-
-def fused_refusal(config: ModelConfig, max_seq_len: int) -> str | None:
-    """Why the model's layers cannot be one persistent_decoder launch a token with a cache of
-    `max_seq_len` positions (None: they can)."""
-    from .kernels import kind_of
-
-    return kind_of(decoder_config(config, max_seq_len)).unbuildable()
-
-
-def decoder_config(config: ModelConfig, max_seq_len: int):
-    """The model's persistent_decoder config, as its spec writes it (with each layer's types); a
-    matrix of a type without a GEMV kind is named as such first (check_supported), not as the
-    config's weight_quants refusal."""
-    from pydantic import ValidationError
-
-    from .kernels import config_from_json
-    from .specgen import config_problem, decoder_kernel, model_prefix
-
-    check_supported(config)
-    try:
-        return config_from_json(decoder_kernel(config, model_prefix(config.name), max_seq_len))
-    except ValidationError as error:
-        problem = config_problem(error)
-        where = f" at --max-seq-len {max_seq_len}" if "max_seq_len" in problem else ""
-        raise PtxgenError(f"{config.name}{where}: its layers have no plan (persistent_decoder {problem})") from None
-
-
-@dataclass(frozen=True)
-class StepKernels:
-    """The configs of the kernels a decode step launches, taken from the model's spec."""
-
-    decoder: object  # persistent_decoder (its separate_step gives the layers' kernels)
-    norm: object  # rmsnorm over hidden (the final norm)
-    lm_head: object  # the lm_head's GEMV
-    argmax: object
-
-
 def step_kernels(config: ModelConfig, max_seq_len: int) -> StepKernels:
-    """The step's kernels from the spec `ptxgen spec from-gguf` writes for this model."""
-    from .specgen import generated_spec
-
-    _, spec = generated_spec(config, f"{config.name} (generated spec)", max_seq_len)
-    head = config.lm_head
-    lm_head = next(k for k in spec.kernels if k.kind == GEMV_KINDS[head.quant] and (k.n, k.k) == (head.rows, head.k))
-    # The spec leaves out a decoder it cannot build (ffn_gate and ffn_up of different types in a
-    # layer): its separate step is still the layers' plan.
-    return StepKernels(decoder_config(config, max_seq_len), spec.find("rmsnorm"), lm_head, spec.find("argmax"))
+    """The step's kernels from the spec `ptxgen spec from-gguf` writes for this model (one error,
+    as that command's, for a model it refuses)."""
+    return generated_spec(config, f"{config.name} (generated spec)", max_seq_len)[1]
 
 
 def check_request(config: ModelConfig, max_seq_len: int | None, prompt: list[int], max_new: int) -> None:
@@ -275,16 +220,16 @@ class Generator:
 
         config = model.config
         self.model, self.config, self.fused = model, config, fused
-        self.max_seq_len = config.cache_positions(max_seq_len)
-        check_supported(config, fused, self.max_seq_len)
-        kernels = step_kernels(config, self.max_seq_len)
+        kernels = step_kernels(config, config.cache_positions(max_seq_len))
+        if fused and kernels.fused_refusal:
+            raise PtxgenError(f"--fused: {kernels.fused_refusal}")
+        self.max_seq_len = kernels.decoder.max_seq_len
         if backend == "device":
             from .device import session
 
             gpu = session()
             # The attention split rule sizes its grid for this GPU's SMs (as bench does).
-            kernels = StepKernels(kernels.decoder.model_copy(update={"sm_count": gpu.sm_count}), kernels.norm,
-                                  kernels.lm_head, kernels.argmax)
+            kernels = replace(kernels, decoder=kernels.decoder.model_copy(update={"sm_count": gpu.sm_count}))
             self.memory = DeviceMemory(gpu, compiler((gpu.arch,)))
         elif backend == "emulator":
             self.memory = HostMemory(compiler(("sm_80",), until="ptx"))
@@ -347,7 +292,7 @@ class Generator:
         if self.fused:
             arrays = {p.name: p.name for p in self.decoder.params() if p.is_array and p.role != "workspace"}
             return [Call(self.kernels.decoder, arrays, {"pos": pos})]
-        return self.decoder.separate_step({"pos": pos})[1]
+        return self.decoder.separate_step({"pos": pos}, self.kernels.prefix)[1]
 
     def head_calls(self) -> list[Call]:
         k = self.kernels

@@ -1,23 +1,30 @@
-"""A spec (TOML text) with every kernel a model needs for decode and prefill, named after it.
+"""A spec (TOML text) with every kernel a model needs for decode and prefill, named after it:
+the kernels ``ptxgen generate`` launches, and prefill attention.
 
-The kernels: the whole decoder as one ``persistent_decoder``, and the separate pieces of the
-same step (``rmsnorm``, Qwen3's ``per_head_rmsnorm``, one GEMV per distinct (rows, k, type)
-of matrix, lm_head included, ``rope``, ``swiglu``, ``residual_add``, ``kv_append``,
-``incremental_attention``), ``argmax`` for greedy sampling, plus ``flash_attention`` for prefill.
-The token embedding is a row lookup, not a kernel. The fused decoder takes each layer's types;
-it is left out (a comment says why) for a model with ffn_gate and ffn_up of different types in a
-layer, whose layers ``ptxgen generate`` runs as the separate kernels.
+The kernels: the whole decoder as one ``persistent_decoder``; the same layers as separate
+kernels, the decoder's own ``separate_step`` (fused RMSNorm + GEMV groups for q/k/v and
+gate/up, one a type in a layer, Qwen3's ``per_head_rmsnorm``, ``rope``, ``kv_append``,
+``incremental_attention``, a GEMV of o and of down per type and shape, ``residual_add``,
+``swiglu``), each kernel once; the head (``rmsnorm``, the lm_head's GEMV, ``argmax`` for greedy
+sampling); ``flash_attention`` for prefill. The token embedding is a row lookup, not a kernel.
+generate takes its kernels from this spec (generated_spec), so the two cannot part. The fused
+decoder takes each layer's types; it is left out (a comment says why) where its one launch
+cannot take the model (e.g. ffn_gate and ffn_up of different types in a layer), whose layers
+generate runs as the separate kernels; a model whose layers have no plan at all (the
+decoder's config refuses its shapes or cache length) gets no spec, as generate refuses it.
 
-GEMVs of other types than Q4_K use the kinds ``q6k_gemv`` and ``q8_0_gemv``; a llama file's
-rope says ``style = "interleaved"`` (and its decoder ``rope_style``, ``qk_norm = false``); a
-decoder whose projections are not all Q4_K lists their types per layer in ``weight_quants``.
+Matrices of other types than Q4_K use the kinds of their type (``q6k_gemv``,
+``fused_rmsnorm_q8_0_gemv_group``, ...); a llama file's rope says ``style = "interleaved"``
+(and its decoder ``rope_style``, ``qk_norm = false``); a decoder whose projections are not all
+Q4_K lists their types per layer in ``weight_quants``.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -27,12 +34,9 @@ from .errors import PtxgenError, SpecError
 from .kernels import config_from_json, kind_of, takes_pdl
 from .model_config import ModelConfig, from_hf_config
 from .quants import GEMV_KINDS
-from .spec import Spec, check_against_archs, validate
+from .spec import check_against_archs, validate
 from .specfile import tomllib
 
-# Short GGUF matrix names -> the stem of their GEMV kernel's name, in a layer's order.
-STEMS = {"attn_q": "q", "attn_k": "k", "attn_v": "v", "attn_output": "o", "ffn_gate": "gate", "ffn_up": "up",
-         "ffn_down": "down", "output": "lm_head", "token_embd": "lm_head"}
 # The persistent decoder's parameter for each layer matrix.
 DECODER_WEIGHTS = {"attn_q": "wq", "attn_k": "wk", "attn_v": "wv", "attn_output": "wo", "ffn_gate": "w_gate",
                    "ffn_up": "w_up", "ffn_down": "w_down"}
@@ -63,23 +67,14 @@ def _comment(text: str) -> str:
     return "# " + re.sub(r"[^\x20-\x7e]", "?", text)
 
 
-def gemv_kernels(config: ModelConfig, prefix: str) -> list[dict]:
-    """One GEMV per distinct (rows, k, type) of matrix the decode step multiplies by."""
-    groups: dict[tuple[int, int, str], list[str]] = defaultdict(list)
+def check_gemv_types(config: ModelConfig) -> None:
+    """Every matrix the decode step multiplies must have a GEMV kind for its type."""
     for matrix in config.matrices():
         if matrix.name == "token_embd.weight" and not config.tied_embeddings:
-            continue  # looked up by row, not multiplied
+            continue  # looked up by row on the host: any type gguf-py dequantises
         if matrix.quant not in GEMV_KINDS:
             raise PtxgenError(f"{config.name}: tensor {matrix.name!r} is {matrix.quant.upper()}; there is no GEMV "
-                              f"kind for it (supported: {', '.join(q.upper() for q in GEMV_KINDS)})")
-        stems = groups[(matrix.rows, matrix.k, matrix.quant)]
-        if STEMS[matrix.short] not in stems:
-            stems.append(STEMS[matrix.short])
-    names = {key: "_".join(stems) + ("" if stems == ["lm_head"] else "_proj") for key, stems in groups.items()}
-    clashes = [name for name in names.values() if list(names.values()).count(name) > 1]
-    return [{"name": f"{prefix}_{name}" + (f"_{quant}" if name in clashes else ""), "kind": GEMV_KINDS[quant],
-             "n": rows, "k": k}
-            for (rows, k, quant), name in names.items()]
+                              f"kernel of that type (supported: {', '.join(q.upper() for q in GEMV_KINDS)})")
 
 
 def decoder_kernel(config: ModelConfig, prefix: str, max_seq_len: int) -> dict:
@@ -100,23 +95,46 @@ def decoder_kernel(config: ModelConfig, prefix: str, max_seq_len: int) -> dict:
     return entry
 
 
+@dataclass(frozen=True)
+class StepKernels:
+    """The configs of the kernels a decode step launches (`ptxgen generate`), as the model's spec
+    lists them."""
+
+    decoder: object  # persistent_decoder: the layers as one launch, or separate_step(..., prefix)'s
+    prefix: str  # the spec's kernel-name prefix, so the separate step's
+    norm: object  # rmsnorm over hidden (the final norm)
+    lm_head: object  # the lm_head's GEMV
+    argmax: object
+
+    @property
+    def fused_refusal(self) -> str | None:
+        """Why the layers cannot be one persistent_decoder launch a token (None: they can)."""
+        return kind_of(self.decoder).unbuildable()
+
+
 def spec_text(config: ModelConfig, source: str, max_seq_len: int | None = None, prefix: str | None = None) -> str:
     """The spec of every kernel `config` needs, as TOML; `source` names where the config came from."""
     return generated_spec(config, source, max_seq_len, prefix)[0]
 
 
 def generated_spec(config: ModelConfig, source: str, max_seq_len: int | None = None,
-                   prefix: str | None = None) -> tuple[str, Spec]:
-    """spec_text's TOML and the Spec it validates to (check_generated)."""
+                   prefix: str | None = None) -> tuple[str, StepKernels]:
+    """spec_text's TOML and the decode step's kernels it lists, validated as a spec file would be
+    (refused: generation_refused). The layers' separate kernels are the decoder's separate_step's,
+    so `ptxgen generate` runs what the spec lists whichever way it runs the layers."""
     c = config
     prefix = model_prefix(c.name) if prefix is None else prefix
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,31}", prefix):
         raise PtxgenError(f"kernel name prefix must be an identifier of at most 32 characters, got {prefix!r}")
     max_seq_len = c.cache_positions(max_seq_len)
-    rope_style = {} if c.rope_style == "rotate_half" else {"style": c.rope_style}
-    norm = {"head_dim": c.head_dim, "eps": c.eps}
-    gemvs = gemv_kernels(c, prefix)  # (names a matrix of a type without a GEMV kind)
+    check_gemv_types(c)
     decoder = decoder_kernel(c, prefix, max_seq_len)
+    with generation_refused(c, source, max_seq_len):  # the layers' plan, whether or not one launch can run it
+        decoder_config = validate(Path(c.name), {"kernels": [decoder]}).kernels[0]
+    head = c.lm_head
+    norm = {"name": f"{prefix}_rmsnorm", "kind": "rmsnorm", "hidden": c.hidden, "eps": c.eps}
+    lm_head = {"name": f"{prefix}_lm_head", "kind": GEMV_KINDS[head.quant], "n": head.rows, "k": head.k}
+    argmax = {"name": f"{prefix}_argmax", "kind": "argmax", "n": c.vocab_size}
     # Two m16 tiles a warp share each K/V fragment (half the ldmatrix per MMA): 320/372 TFLOP/s at
     # 4k/8k keys against 292/323 on an H100 at head_dim 128; 4 warps load rows of up to 128.
     wide = c.head_dim <= 128
@@ -126,27 +144,10 @@ def generated_spec(config: ModelConfig, source: str, max_seq_len: int | None = N
     sections = [
         optional_section("Whole decoder layers for one token, one launch", "Whole decoder layers in one launch",
                          decoder),
-        ("RMSNorm (attention, MLP and final norms share a shape)" + (", Qwen3's per-head Q/K norms" if c.qk_norm else ""),
-         [{"name": f"{prefix}_rmsnorm", "kind": "rmsnorm", "hidden": c.hidden, "eps": c.eps}]
-         + ([{"name": f"{prefix}_q_norm", "kind": "per_head_rmsnorm", "num_heads": c.num_heads, **norm},
-             {"name": f"{prefix}_k_norm", "kind": "per_head_rmsnorm", "num_heads": c.num_kv_heads, **norm}]
-            if c.qk_norm else [])),
-        ("Projections and lm_head: one GEMV per distinct (rows, k, weight type)", gemvs),
-        (f"Rotary embeddings ({c.rope_style}, theta {c.rope_theta:g})",
-         [{"name": f"{prefix}_rope_q", "kind": "rope", "num_heads": c.num_heads, "head_dim": c.head_dim,
-           "theta": c.rope_theta, **rope_style},
-          {"name": f"{prefix}_rope_k", "kind": "rope", "num_heads": c.num_kv_heads, "head_dim": c.head_dim,
-           "theta": c.rope_theta, **rope_style}]),
-        ("KV cache append and decode attention",
-         [{"name": f"{prefix}_kv_append", "kind": "kv_append", "num_kv_heads": c.num_kv_heads,
-           "head_dim": c.head_dim, "max_seq_len": max_seq_len, "kv_dtype": KV_DTYPE},
-          {"name": f"{prefix}_decode_attention", "kind": "incremental_attention", "num_heads": c.num_heads,
-           "num_kv_heads": c.num_kv_heads, "head_dim": c.head_dim, "max_seq_len": max_seq_len, "kv_dtype": KV_DTYPE}]),
-        ("MLP activation and the residual adds (after o_proj and down_proj)",
-         [{"name": f"{prefix}_swiglu", "kind": "swiglu", "n": c.intermediate},
-          {"name": f"{prefix}_residual_add", "kind": "residual_add", "n": c.hidden}]),
-        ("Greedy sampling: the index of the largest logit",
-         [{"name": f"{prefix}_argmax", "kind": "argmax", "n": c.vocab_size}]),
+        ("The layers as separate kernels, in launch order (ptxgen generate --separate, and by default where the "
+         "one launch is left out)", kind_of(decoder_config).separate_kernels(prefix)),
+        ("The head: final RMSNorm, the lm_head GEMV, greedy argmax (the index of the largest logit)",
+         [norm, lm_head, argmax]),
         optional_section("Prefill attention (causal)"
                          + (", 128-row CTAs of 32-row warps: faster from 4k keys on an H100" if wide else ""),
                          "Prefill attention", prefill),
@@ -167,7 +168,10 @@ def generated_spec(config: ModelConfig, source: str, max_seq_len: int | None = N
                 kernel = {**kernel, "pdl": True}
             lines += ["", "[[kernels]]"] + [f"{key} = {toml_value(value)}" for key, value in kernel.items()]
     text = "\n".join(lines) + "\n"
-    return text, check_generated(text, c, source, max_seq_len)
+    with generation_refused(c, source, max_seq_len):
+        spec = validate(Path(c.name), tomllib.loads(text))
+        check_against_archs(Path(c.name), spec)
+    return text, StepKernels(decoder_config, prefix, *(spec.kernel(k["name"]) for k in (norm, lm_head, argmax)))
 
 
 def optional_section(title: str, short: str, kernel: dict) -> tuple[str, list[dict]]:
@@ -188,15 +192,14 @@ def config_problem(error: ValidationError) -> str:
     return f"{field + ': ' if field else ''}{problem['msg'].removeprefix('Value error, ')}{got}"
 
 
-def check_generated(text: str, config: ModelConfig, source: str, max_seq_len: int) -> Spec:
-    """The generated spec, validated as a spec file would be, or nothing is written: a model whose
-    shapes a kind refuses gets one message naming the kernel, the field and the value, and a
-    refused max_seq_len where it came from (--max-seq-len, or the model's context length)."""
+@contextmanager
+def generation_refused(config: ModelConfig, source: str, max_seq_len: int):
+    """A SpecError of the generated spec as one message, and nothing written: a model whose shapes
+    a kind refuses gets the kernel, the field and the value, and a refused max_seq_len where it
+    came from (--max-seq-len, or the model's context length)."""
     model = config.name
     try:
-        spec = validate(Path(model), tomllib.loads(text))
-        check_against_archs(Path(model), spec)
-        return spec
+        yield
     except SpecError as error:
         first = str(error).splitlines()[0].removeprefix(model + ": ")
         if "max_seq_len" in first and max_seq_len == config.context_length:

@@ -34,8 +34,8 @@ from fixtures.make_tiny_gguf import rewrite_gguf, tiny_config, write_tiny_gguf
 from ptxgen import device
 from ptxgen.dtypes import to_float64
 from ptxgen.errors import DeviceUnavailable, PtxgenError
-from ptxgen.generate import (QWEN3_8B, WHOLE_MODEL_PATHS, Generator, RandomModel, check_supported, decode_speed,
-                             q4_k_m_types, random_model, random_model_decode_speed, step_kernels)
+from ptxgen.generate import (QWEN3_8B, WHOLE_MODEL_PATHS, Generator, RandomModel, decode_speed, q4_k_m_types,
+                             random_model, random_model_decode_speed, step_kernels)
 from ptxgen.gguf_model import GGUFModel
 from ptxgen.kernels import kind_of
 from ptxgen.model_config import ModelConfig
@@ -254,8 +254,7 @@ def test_device_path_on_the_simulated_gpu(files, simulated, monkeypatch, fused):
     matrices = [a for a in uploads if a.dtype == np.uint8]
     assert len(matrices) == 7 * c.num_layers + 1, "every layer matrix and the lm_head, once"
     assert all(np.shares_memory(a, model.reader.data) for a in matrices), "a matrix was copied on the host"
-    kernels = [generator.kernels.norm, generator.kernels.lm_head, generator.kernels.argmax, generator.kernels.decoder]
-    kernels += [call.kernel for call in generator.decoder.separate_step({"pos": 0})[1]]
+    kernels = [call.kernel for call in generator.layer_calls(0) + generator.head_calls()]
     simulated.kernels.update({k.name: k for k in kernels})
     result = generator.generate(PROMPT, MAX_NEW, keep_logits=True)
     check_against_references(model, PROMPT, result.tokens, result.logits)
@@ -285,24 +284,45 @@ def test_the_models_spec_builds_and_verifies(files, tmp_path, arch):
     kinds = {kernel.kind for kernel in load_spec(spec).spec.kernels}
     assert "persistent_decoder" in kinds
     if arch == "mixed":
-        assert {"q4k_gemv", "q6k_gemv", "q8_0_gemv"} <= kinds
+        assert {"q4k_gemv", "q6k_gemv", "q8_0_gemv", "fused_rmsnorm_q4k_gemv_group", "fused_rmsnorm_q6k_gemv_group",
+                "fused_rmsnorm_q8_0_gemv_group"} <= kinds
         decoder = next(kernel for kernel in load_spec(spec).spec.kernels if kernel.kind == "persistent_decoder")
         assert decoder.weight_quants["wv"] == ("q6_k", "q8_0") and decoder.weight_quants["w_down"] == ("q6_k", "q4_k")
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama", "mixed", "split"])
+def test_the_spec_lists_the_kernels_generate_runs(files, tmp_path, arch):
+    """`spec from-gguf` lists, in order and field for field, the kernels generate launches: the
+    fused decoder where its one launch takes the model (not the split fixture's), each kernel of
+    the layers as separate kernels once, the head's; besides them only the prefill attention,
+    which generate does not run (the prompt goes through the decode step)."""
+    spec = tmp_path / f"{arch}.toml"
+    written = run_cli_in_process("spec", "from-gguf", str(files[arch]), "--max-seq-len", "32", "-o", str(spec))
+    assert written.returncode == 0, written.stderr
+    listed = [kernel for kernel in load_spec(spec).spec.kernels if kernel.kind != "flash_attention"]
+    generator = Generator(GGUFModel(files[arch]), "emulator", max_seq_len=32)
+    launched = {call.kernel.name: call.kernel for call in generator.layer_calls(0) + generator.head_calls()}
+    decoder = [generator.kernels.decoder] if kind_of(generator.kernels.decoder).unbuildable() is None else []
+    generator.close()
+    assert [kernel.model_dump() for kernel in listed] == [kernel.model_dump() for kernel in
+                                                           decoder + list(launched.values())]
+    assert (arch == "split") == (not decoder)
 
 
 # --- bad input -----------------------------------------------------------------------------------
 def test_unsupported_weight_types_are_named(files):
     config = GGUFModel(files["mixed"]).config
-    check_supported(config)
-    check_supported(config, fused=True)
+    assert step_kernels(config, 16).fused_refusal is None
     split = dataclasses.replace(config, quants={**config.quants, "blk.1.ffn_up.weight": "q8_0"})
-    with pytest.raises(PtxgenError, match=r"--fused: weight_quants: w_gate and w_up differ in layer\(s\) 1; the fused "
-                                          r"persistent_decoder computes a gate row and its up row in one warp task"):
-        check_supported(split, fused=True)
+    assert step_kernels(split, 16).fused_refusal.startswith(
+        "weight_quants: w_gate and w_up differ in layer(s) 1; the fused persistent_decoder computes a gate row and its "
+        "up row in one warp task")
+    with pytest.raises(PtxgenError, match=r"--fused: weight_quants: w_gate and w_up differ in layer\(s\) 1"):
+        Generator(RandomModel(split), "emulator", max_seq_len=16, fused=True)
     f16 = dataclasses.replace(config, quants={**config.quants, "blk.1.ffn_up.weight": "f16"})
-    with pytest.raises(PtxgenError, match=r"tensor 'blk\.1\.ffn_up\.weight' is F16; ptxgen generate has no GEMV kernel "
-                                          r"of that type \(supported: Q4_K, Q6_K, Q8_0\)"):
-        check_supported(f16)
+    with pytest.raises(PtxgenError, match=r"tensor 'blk\.1\.ffn_up\.weight' is F16; there is no GEMV kernel of that "
+                                          r"type \(supported: Q4_K, Q6_K, Q8_0\)"):
+        step_kernels(f16, 16)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -328,12 +348,13 @@ def test_unsupported_weight_types_are_named(files):
     (["{qwen3}", "--max-seq-len", "257"], r"--max-seq-len 257: above the model's context_length \(metadata "
                                           r"'qwen3\.context_length'\) = 256 \(positions it was never trained at; rope "
                                           r"scaling is not supported\)"),
-    (["{long}", "--max-seq-len", "8388608"], r"at --max-seq-len 8388608: its layers have no plan \(persistent_decoder "
-                                              r".*a layer's cache must be below 4 GiB"),
-    (["{long}", "--max-seq-len", "16777217"], r"at --max-seq-len 16777217: its layers have no plan \(persistent_decoder "
-                                               r"max_seq_len: Input should be less than or equal to 16777216"),
+    (["{long}", "--max-seq-len", "8388608"], r"no spec for this model \(--max-seq-len 8388608\): kernel "
+                                              r"'tiny_qwen3_decoder' .*a layer's cache must be below 4 GiB"),
+    (["{long}", "--max-seq-len", "16777217"], r"no spec for this model \(--max-seq-len 16777217\): kernel "
+                                               r"'tiny_qwen3_decoder' .*max_seq_len: Input should be less than or equal "
+                                               r"to 16777216"),
     (["{long}", "--max-seq-len", "16777217", "--separate"],
-     r"\(--max-seq-len 16777217\): kernel '\w+_kv_append' .*max_seq_len"),
+     r"\(--max-seq-len 16777217\): kernel 'tiny_qwen3_decoder' .*max_seq_len"),
     (["{split}", "--fused"], r"--fused: weight_quants: w_gate and w_up differ in layer\(s\) 0"),
     (["{nan_norm}"], r"tiny-qwen3: tensor 'output_norm\.weight' holds 1 NaN or infinite values"),
     (["{inf_scale}"], r"tiny-qwen3: tensor 'blk\.1\.attn_q\.weight' holds 1 NaN or infinite block scales"),
@@ -373,7 +394,7 @@ def test_a_layer_matrix_without_a_gemv_kind_is_named_whichever_path(files, tmp_p
                                 *([flag] if flag else []))
     assert result.returncode == 2 and not result.stdout, result
     assert result.stderr.strip().splitlines() == [
-        "error: tiny-qwen3: tensor 'blk.1.attn_q.weight' is F16; ptxgen generate has no GEMV kernel of that type "
+        "error: tiny-qwen3: tensor 'blk.1.attn_q.weight' is F16; there is no GEMV kernel of that type "
         "(supported: Q4_K, Q6_K, Q8_0)"], result.stderr
 
 
@@ -390,8 +411,9 @@ def test_a_model_no_path_can_take_is_one_error_without_a_note(tmp_path, monkeypa
                                     "emulator", *flag)
         assert result.returncode == 2 and not result.stdout, result
         lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1 and re.fullmatch(r"error: tiny-qwen3: no spec for this model: kernel 'tiny_qwen3_down_proj' "
-                                                r".*k: expected a multiple of 64 .*got 288", lines[0]), result.stderr
+        assert len(lines) == 1 and re.fullmatch(r"error: tiny-qwen3: no spec for this model: kernel "
+                                                r"'tiny_qwen3_q8_0_gemv_256x288' .*k: expected a multiple of 64 .*got 288",
+                                                lines[0]), result.stderr
 
 
 def test_save_logits_never_replaces_the_model(files, tmp_path):
@@ -422,8 +444,7 @@ def test_decode_speed_on_the_simulated_gpu(files, simulated):
     positive."""
     model = GGUFModel(files["mixed"])
     generator = Generator(model, "device", max_seq_len=16)
-    kernels = [generator.kernels.norm, generator.kernels.lm_head, generator.kernels.argmax]
-    kernels += [call.kernel for call in generator.decoder.separate_step({"pos": 0})[1]]
+    kernels = [call.kernel for call in generator.layer_calls(0) + generator.head_calls()]
     simulated.kernels.update({k.name: k for k in kernels})
     rates = decode_speed(generator, 5, 3)
     assert set(rates) == {"tokens_per_s", "layers_tokens_per_s"} and min(rates.values()) > 0
@@ -494,7 +515,7 @@ def test_random_model_decode_speed_runs_make_bench_s_path(simulated):
         kernels = step_kernels(ModelConfig(**shape, quants=quants), pos + 1)
         configs = [kernels.norm, kernels.lm_head, kernels.argmax, kernels.decoder]
         assert kernels.lm_head.kind == ("q4k_gemv" if lm_head == "q4_k" else "q6k_gemv")
-        layers = [call.kernel for call in kind_of(kernels.decoder).separate_step({"pos": 0})[1]]
+        layers = [call.kernel for call in kind_of(kernels.decoder).separate_step({"pos": 0}, kernels.prefix)[1]]
         simulated.kernels.update({config.name: config for config in configs + layers})
         row = random_model_decode_speed(shape, fused, tokens, pos=pos, lm_head=lm_head)
         assert row["lm_head"] == (lm_head or "q6_k").upper()

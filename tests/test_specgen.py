@@ -1,5 +1,6 @@
-"""Spec generation from a model: every kernel of the decode step and prefill, one GEMV per distinct
-(rows, k, type), Q4_K-only specs valid with today's kinds, files never replaced unasked."""
+"""Spec generation from a model: every kernel of the decode step (the fused decoder, its separate
+step's kernels, the head) and prefill, specs of every GEMV type valid with today's kinds, files
+never replaced unasked. That the spec lists what `ptxgen generate` runs: test_generate."""
 
 import dataclasses
 import json
@@ -49,12 +50,18 @@ def test_mixed_fixture_spec(tmp_path):
     assert text == spec_text(config, "m.gguf"), "the spec comes from the file's config, and deterministically"
     entries = kernels(text)
     assert len({e["name"] for e in entries}) == len(entries) and all(e["name"].startswith("tiny_qwen3_") for e in entries)
+    # Layer 0: q, k Q4_K and v Q6_K, o Q4_K, down Q6_K; layer 1: q, k, v, o Q8_0, down Q4_K; gate
+    # and up Q4_K; lm_head Q6_K. A norm group per type of its matrices in a layer, a GEMV per
+    # (type, n, k) of o and down (both 256 x 512 here), the lm_head's.
+    groups = [(e["kind"], e["matrices"]) for e in entries if "matrices" in e]
+    assert groups == [("fused_rmsnorm_q4k_gemv_group", {"q": 512, "k": 256}),
+                      ("fused_rmsnorm_q6k_gemv_group", {"v": 256}),
+                      ("fused_rmsnorm_q4k_gemv_group", {"gate": 512, "up": 512}),
+                      ("fused_rmsnorm_q8_0_gemv_group", {"q": 512, "k": 256, "v": 256})]
     gemvs = [(e["kind"], e["n"], e["k"]) for e in entries if e["kind"] in GEMV_KINDS.values()]
-    others = Counter(e["kind"] for e in entries if e["kind"] not in GEMV_KINDS.values())
+    assert gemvs == [("q4k_gemv", 256, 512), ("q6k_gemv", 256, 512), ("q8_0_gemv", 256, 512), ("q6k_gemv", 1000, 256)]
+    others = Counter(e["kind"] for e in entries if e["kind"] not in GEMV_KINDS.values() and "matrices" not in e)
     assert others == Counter(ONE_OF_EACH + ["per_head_rmsnorm"] * 2)
-    needed = {(GEMV_KINDS[m.quant], m.rows, m.k) for m in config.matrices() if m.name != "token_embd.weight"}
-    assert sorted(gemvs) == sorted(needed), "one GEMV per distinct (type, n, k), lm_head included"
-    assert {kind for kind, _, _ in gemvs} == {"q4k_gemv", "q6k_gemv", "q8_0_gemv"}
     # The fused decoder with each layer's types (generate takes it from decoder_kernel too).
     decoder = decoder_kernel(config, "tiny_qwen3", 256)
     assert config_from_json(next(e for e in entries if e["kind"] == "persistent_decoder")) == config_from_json(decoder)
@@ -70,11 +77,13 @@ def test_q4k_only_spec_validates_with_todays_kinds(tmp_path):
     out = tmp_path / "tiny.toml"
     write_spec(spec_from_gguf(write_tiny_gguf(tmp_path / "q4k.gguf", quant="q4_k")), out)
     loaded = load_spec(out)
-    assert [k.kind for k in loaded.spec.kernels].count("q4k_gemv") == 4  # q|gate|up, k|v, o|down, lm_head
+    kinds = Counter(k.kind for k in loaded.spec.kernels)
+    assert kinds["q4k_gemv"] == 2 and kinds["fused_rmsnorm_q4k_gemv_group"] == 2  # o|down, lm_head; qkv, gate/up
 
 
 def test_qwen3_8b_from_hf_config_matches_the_hand_written_specs(tmp_path):
-    """Every generated kernel but the lm_head is, name aside, one of specs/qwen3*.toml's."""
+    """Every generated kernel but the lm_head is, name aside, one of specs/qwen3*.toml's (the
+    fused norm + GEMV groups included)."""
     out = tmp_path / "qwen3_8b.toml"
     write_spec(spec_from_hf_config(hf_config(tmp_path), "q4_k"), out)
     ours = load_spec(out).spec.kernels
@@ -88,11 +97,10 @@ def test_qwen3_8b_from_hf_config_matches_the_hand_written_specs(tmp_path):
     assert [k.name for k in ours if unnamed(k) not in known] == ["qwen3_8b_lm_head"]
     lm_head = next(k for k in ours if k.name == "qwen3_8b_lm_head")
     assert (lm_head.kind, lm_head.n, lm_head.k) == ("q4k_gemv", 151936, 4096)
-    # (The hand-written specs also fuse norms into projections and group projections that share
-    # their input; generated specs do neither yet. They also hold Q6_K and Q8_0 GEMVs, which an
-    # all-Q4_K model does not need.)
-    assert {k.kind for k in ours} == {k.kind for k in hand} - {"fused_rmsnorm_q4k_gemv", "q4k_gemv_group",
-                                                                "fused_rmsnorm_q4k_gemv_group", "q6k_gemv", "q8_0_gemv"}
+    # (The hand-written specs also hold single fused norm + GEMVs and groups without the norm, which
+    # the decode step does not launch, and Q6_K and Q8_0 GEMVs, which an all-Q4_K model does not need.)
+    assert {k.kind for k in ours} == {k.kind for k in hand} - {"fused_rmsnorm_q4k_gemv", "q4k_gemv_group", "q6k_gemv",
+                                                                "q8_0_gemv"}
 
 
 def test_llama_spec_says_its_rope_and_has_no_qk_norm(tmp_path):
@@ -127,7 +135,8 @@ def test_options_and_names():
 def test_weights_without_a_gemv_kind_are_named():
     config = tiny_config()
     f16 = dataclasses.replace(config, quants={**config.quants, "blk.1.ffn_up.weight": "f16"})
-    with pytest.raises(PtxgenError, match=r"tensor 'blk\.1\.ffn_up\.weight' is F16; there is no GEMV kind for it"):
+    with pytest.raises(PtxgenError, match=r"tensor 'blk\.1\.ffn_up\.weight' is F16; there is no GEMV kernel of that "
+                                          r"type \(supported: Q4_K, Q6_K, Q8_0\)"):
         spec_text(f16, "x")
 
 
@@ -261,8 +270,8 @@ def test_spec_commands_write_a_spec_that_builds(tmp_path):
 
 
 @pytest.mark.parametrize("changes, named", [
-    ({"hidden_size": 100}, r"kernel 'qwen3_8b_q_proj' .*k: expected a multiple of 256 .* got 100"),
-    ({"head_dim": 96}, r"kernel 'qwen3_8b_decode_attention' .*head_dim: expected one of 64, 128, 256, got 96"),
+    ({"hidden_size": 100}, r"kernel 'qwen3_8b_decoder' .*hidden: expected a multiple of 256 .* got 100"),
+    ({"head_dim": 96}, r"kernel 'qwen3_8b_decoder' .*head_dim: expected one of 64, 128, 256, got 96"),
     ({"vocab_size": 2_000_000_000}, r"kernel 'qwen3_8b_argmax' .*n: .* 1073741824 \(got 2000000000\)"),
 ])
 def test_a_model_whose_shapes_a_kind_refuses_gets_one_message_and_no_file(tmp_path, changes, named):
@@ -282,17 +291,20 @@ def test_a_model_whose_shapes_a_kind_refuses_gets_one_message_and_no_file(tmp_pa
 
 def test_max_seq_len_past_what_the_kinds_take_names_the_option(tmp_path):
     """Past the model's context: refused. Past the decode kinds' 2^24 positions (a model whose context
-    is longer): refused naming --max-seq-len; at 2^24 the decoder's
-    per-layer cache would pass 4 GiB, so the spec leaves the fused decoder out and says why."""
+    is longer): refused naming --max-seq-len; so is 2^24, where the decoder's per-layer cache would
+    pass 4 GiB: its config, whose separate step lists the layers' kernels, refuses it (as generate
+    does), so the layers have no kernels to list."""
     with pytest.raises(PtxgenError, match=r"--max-seq-len 40961: above the model's context_length \(config\.json's "
                                           r"'max_position_embeddings'\) = 40960"):
         spec_from_hf_config(hf_config(tmp_path), "q4_k", max_seq_len=40961)
     long = hf_config(tmp_path, max_position_embeddings=1 << 25)
-    with pytest.raises(PtxgenError, match=r"\(--max-seq-len 16777217\): kernel 'qwen3_8b_kv_append' .*max_seq_len"):
+    with pytest.raises(PtxgenError, match=r"\(--max-seq-len 16777217\): kernel 'qwen3_8b_decoder' .*max_seq_len"):
         spec_from_hf_config(long, "q4_k", max_seq_len=(1 << 24) + 1)
-    text = spec_from_hf_config(long, "q4_k", max_seq_len=1 << 24)
-    assert "persistent_decoder" not in {e["kind"] for e in kernels(text)}
-    assert "Whole decoder layers in one launch: none (persistent_decoder " in text and "below 4 GiB" in text
+    with pytest.raises(PtxgenError, match=r"\(--max-seq-len 16777216\): kernel 'qwen3_8b_decoder' .*a layer's cache "
+                                          r"must be below 4 GiB"):
+        spec_from_hf_config(long, "q4_k", max_seq_len=1 << 24)
+    text = spec_from_hf_config(long, "q4_k", max_seq_len=1 << 20)
+    assert {e["max_seq_len"] for e in kernels(text) if "max_seq_len" in e} == {1 << 20}
     load_spec_text(tmp_path, text)
 
 
@@ -311,7 +323,7 @@ def test_a_context_length_past_what_the_kinds_take_names_the_file_and_key(tmp_pa
     assert result.returncode == 2 and not out.exists()
     assert result.stderr.startswith("error: long.gguf: no spec for this model: context_length (metadata "
                                     "'qwen3.context_length') = 1099511627776 is past what the kernels take (kernel "
-                                    "'tiny_qwen3_kv_append' "), result.stderr
+                                    "'tiny_qwen3_decoder' "), result.stderr
     assert result.stderr.endswith("(got 1099511627776)); pass a smaller --max-seq-len\n")
     assert run_cli_in_process("spec", "from-gguf", str(model), "--max-seq-len", "64", "-o", str(out)).returncode == 0
     with pytest.raises(PtxgenError, match=r"config\.json with q4_k weights: no spec for this model: context_length "

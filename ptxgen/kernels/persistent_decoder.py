@@ -123,13 +123,10 @@ from .families.attention import MAX_HEADS_PER_SLICE, AttentionPlan
 from .families.quant_gemv import STEP_BLOCKS, QuantGemvPlan, dequantize_x
 from .fused_rmsnorm_q4k_gemv import normed_activations
 from .families.rope import RopePlan, RopeStyle
-from .incremental_attention import IncrementalAttentionConfig, attention_reference
-from .kv_append import KvAppendConfig
-from .per_head_rmsnorm import PerHeadRmsnormConfig
-from .residual_add import ResidualAddConfig
+from .incremental_attention import attention_reference
 from .rmsnorm import rms_normalize
-from .rope import RopeConfig, rotate
-from .swiglu import SwigluConfig, silu_mul
+from .rope import rotate
+from .swiglu import silu_mul
 
 FloatDType = Literal["f32", "f16", "bf16"]
 HEAD_DIMS = (64, 128, 256)
@@ -419,6 +416,11 @@ def runs_of(layers: list[int]) -> Runs:
     """Sorted layer indices as ranges of consecutive ones."""
     groups = groupby(enumerate(layers), key=lambda pair: pair[1] - pair[0])
     return tuple((run[0][1], run[-1][1] + 1) for run in (list(g) for _, g in groups))
+
+
+def kernel_entries(launches: list[tuple[dict, dict, dict]]) -> dict[str, dict]:
+    """The spec entries of (entry, args, scalars) launches, each once by name, in launch order."""
+    return {entry["name"]: entry for entry, _, _ in launches}
 
 
 @dataclass(frozen=True)
@@ -1051,7 +1053,7 @@ class PersistentDecoder(Kind):
         return np.s_[:, :, self.device_pos(arrays, scalars)] if param.name in ("k_cache", "v_cache") else None
 
     # --- the same step as separate kernels -------------------------------------------------------
-    def separate_step(self, scalars) -> tuple[list[Param], list[Call]]:
+    def separate_step(self, scalars, prefix: str = "step") -> tuple[list[Param], list[Call]]:
         """This kernel's work at `pos` as launches of the separate kinds, layer after layer:
         fused_rmsnorm_q4k_gemv_group q/k/v (attn_norm), per_head_rmsnorm q/k (with qk_norm), rope
         q/k, kv_append, incremental_attention, q4k_gemv o, residual_add, fused_rmsnorm_q4k_gemv_group
@@ -1059,13 +1061,23 @@ class PersistentDecoder(Kind):
         qk_norm: rope then turns q and k in place). Each matrix goes through its layer's type's
         kinds (weight_quants): a norm group whose matrices mix types is one fused group launch
         per type (Q4_K_M's q/k Q4_K and v Q6_K: two). Every kernel takes pdl (on sm_90 each starts
-        while the previous one ends). Returns the temporary buffers it needs (f32, zeroed) and
-        the calls; buffers named like this kernel's parameters are its arrays. The bench's
-        baseline, the tests' cross-check, and `ptxgen generate`'s layers."""
+        while the previous one ends) and is named `prefix`_... (separate_kernels: their spec
+        entries). Returns the temporary buffers it needs (f32, zeroed) and the calls; buffers
+        named like this kernel's parameters are its arrays. The bench's baseline, the tests'
+        cross-check, and `ptxgen generate`'s layers."""
         from . import config_from_json
 
+        temporaries, launches = self.separate_launches(int(scalars["pos"]), prefix)
+        configs = {name: config_from_json(entry) for name, entry in kernel_entries(launches).items()}
+        return temporaries, [Call(configs[entry["name"]], args, at) for entry, args, at in launches]
+
+    def separate_kernels(self, prefix: str = "step") -> list[dict]:
+        """separate_step's kernels as spec entries (name, kind, fields), each once, in launch order."""
+        return list(kernel_entries(self.separate_launches(0, prefix)[1]).values())
+
+    def separate_launches(self, pos: int, prefix: str) -> tuple[list[Param], list[tuple[dict, dict, dict]]]:
+        """separate_step's temporaries and launches, each as (spec entry, args, scalars)."""
         c = self.config
-        pos = int(scalars["pos"])
         H, I, hd = c.hidden, c.intermediate, c.head_dim
         q_rotated, k_rotated = ("q_rotated", "k_rotated") if c.qk_norm else ("q", "k")
         temporaries = [Param(name, "f32", (size,), "workspace") for name, size in dict((
@@ -1073,66 +1085,64 @@ class PersistentDecoder(Kind):
             (k_rotated, self.kv_dim), ("attn", self.q_dim), ("proj", H), ("gate", I), ("up", I),
             ("mlp", I))).items()]
 
-        def heads(count: int) -> tuple[PerHeadRmsnormConfig, RopeConfig]:
-            return (PerHeadRmsnormConfig(kind="per_head_rmsnorm", name=f"step_head_norm_{count}", num_heads=count,
-                                         head_dim=hd, eps=c.eps, pdl=True),
-                    RopeConfig(kind="rope", name=f"step_rope_{count}", num_heads=count, head_dim=hd,
-                               theta=c.rope_theta, style=c.rope_style, pdl=True))
+        def kernel(kind: str, name: str, **fields) -> dict:
+            return {"name": f"{prefix}_{name}", "kind": kind, **fields, "pdl": True}
 
-        def gemv(weight: str, layer: int, x: str, y: str) -> Call:
+        def heads(count: int) -> tuple[dict, dict]:
+            return (kernel("per_head_rmsnorm", f"head_norm_{count}", num_heads=count, head_dim=hd, eps=c.eps),
+                    kernel("rope", f"rope_{count}", num_heads=count, head_dim=hd, theta=c.rope_theta,
+                           style=c.rope_style))
+
+        def gemv(weight: str, layer: int, x: str, y: str) -> tuple[dict, dict, dict]:
             n, k = self.matrix_shapes()[weight]
             kind = GEMV_KINDS[layer_quants(c, weight)[layer]]
-            config = config_from_json({"kind": kind, "name": f"step_{kind}_{n}x{k}", "n": n, "k": k, "pdl": True})
-            return Call(config, {"y": y, "w": weight_slot(c, weight, layer), "x": x}, {})
+            return kernel(kind, f"{kind}_{n}x{k}", n=n, k=k), {"y": y, "w": weight_slot(c, weight, layer), "x": x}, {}
 
-        def normed(gamma: str, outputs: dict[str, str], layer: int) -> list[Call]:
+        def normed(gamma: str, outputs: dict[str, str], layer: int) -> list[tuple[dict, dict, dict]]:
             """x * rms factor * gamma[layer] through the weights of `outputs` (weight -> buffer):
             one fused norm + GEMV group launch per type of those matrices in this layer."""
             by_type: dict[str, dict[str, str]] = {}
             for weight, y in outputs.items():
                 by_type.setdefault(layer_quants(c, weight)[layer], {})[weight] = y
-            calls = []
+            launches = []
             for quant, group in by_type.items():
-                kind = NORMED_GROUP_KINDS[quant]
-                config = config_from_json({"kind": kind, "name": f"step_norm_{'_'.join(group.values())}_{quant}", "k": H,
-                                           "matrices": {y: self.matrix_shapes()[w][0] for w, y in group.items()},
-                                           "eps": c.eps, "pdl": True})
+                entry = kernel(NORMED_GROUP_KINDS[quant], f"norm_{'_'.join(group.values())}_{quant}", k=H,
+                               matrices={y: self.matrix_shapes()[w][0] for w, y in group.items()}, eps=c.eps)
                 args = {f"w_{y}": weight_slot(c, weight, layer) for weight, y in group.items()}
-                calls.append(Call(config, {**{f"y_{y}": y for y in group.values()}, **args, "x": "x",
-                                           "gamma": (gamma, layer)}, {}))
-            return calls
+                launches.append((entry, {**{f"y_{y}": y for y in group.values()}, **args, "x": "x",
+                                         "gamma": (gamma, layer)}, {}))
+            return launches
 
         q_norm, q_rope = heads(c.num_heads)
         k_norm, k_rope = heads(c.num_kv_heads)
-        append = KvAppendConfig(kind="kv_append", name="step_kv_append", num_kv_heads=c.num_kv_heads, head_dim=hd,
-                                max_seq_len=c.max_seq_len, kv_dtype=c.kv_dtype, pdl=True)
-        attention = IncrementalAttentionConfig(
-            kind="incremental_attention", name="step_attention", num_heads=c.num_heads, num_kv_heads=c.num_kv_heads,
-            head_dim=hd, max_seq_len=c.max_seq_len, kv_dtype=c.kv_dtype, sm_count=c.sm_count, pdl=True)
-        add = ResidualAddConfig(kind="residual_add", name="step_residual_add", n=H, pdl=True)
-        swiglu = SwigluConfig(kind="swiglu", name="step_swiglu", n=I, pdl=True)
+        append = kernel("kv_append", "kv_append", num_kv_heads=c.num_kv_heads, head_dim=hd, max_seq_len=c.max_seq_len,
+                        kv_dtype=c.kv_dtype)
+        attention = kernel("incremental_attention", "decode_attention", num_heads=c.num_heads,
+                           num_kv_heads=c.num_kv_heads, head_dim=hd, max_seq_len=c.max_seq_len, kv_dtype=c.kv_dtype,
+                           sm_count=c.sm_count)
+        add = kernel("residual_add", "residual_add", n=H)
+        swiglu = kernel("swiglu", "swiglu", n=I)
         at_pos = {"pos": pos}
-        calls = []
+        launches = []
         for l in range(c.num_layers):
-            calls += normed("attn_norm", {"wq": "q", "wk": "k", "wv": "v"}, l)
+            launches += normed("attn_norm", {"wq": "q", "wk": "k", "wv": "v"}, l)
             if c.qk_norm:
-                calls += [Call(q_norm, {"x": "q", "gamma": ("q_norm", l), "y": q_rotated}, {"tokens": 1}),
-                          Call(k_norm, {"x": "k", "gamma": ("k_norm", l), "y": k_rotated}, {"tokens": 1})]
-            calls += [
-                Call(q_rope, {"x": q_rotated}, at_pos),
-                Call(k_rope, {"x": k_rotated}, at_pos),
-                Call(append, {"k": k_rotated, "v": "v", "k_cache": ("k_cache", l), "v_cache": ("v_cache", l)},
-                     at_pos),
-                Call(attention, {"q": q_rotated, "k_cache": ("k_cache", l), "v_cache": ("v_cache", l),
-                                 "out": "attn"}, {"seq_len": pos + 1}),
+                launches += [(q_norm, {"x": "q", "gamma": ("q_norm", l), "y": q_rotated}, {"tokens": 1}),
+                             (k_norm, {"x": "k", "gamma": ("k_norm", l), "y": k_rotated}, {"tokens": 1})]
+            launches += [
+                (q_rope, {"x": q_rotated}, at_pos),
+                (k_rope, {"x": k_rotated}, at_pos),
+                (append, {"k": k_rotated, "v": "v", "k_cache": ("k_cache", l), "v_cache": ("v_cache", l)}, at_pos),
+                (attention, {"q": q_rotated, "k_cache": ("k_cache", l), "v_cache": ("v_cache", l), "out": "attn"},
+                 {"seq_len": pos + 1}),
                 gemv("wo", l, "attn", "proj"),
-                Call(add, {"x": "x", "y": "proj"}, {}),
+                (add, {"x": "x", "y": "proj"}, {}),
                 *normed("ffn_norm", {"w_gate": "gate", "w_up": "up"}, l),
-                Call(swiglu, {"gate": "gate", "up": "up", "out": "mlp"}, {}),
+                (swiglu, {"gate": "gate", "up": "up", "out": "mlp"}, {}),
                 gemv("w_down", l, "mlp", "proj"),
-                Call(add, {"x": "x", "y": "proj"}, {}),
+                (add, {"x": "x", "y": "proj"}, {}),
             ]
-        return temporaries, calls
+        return temporaries, launches
 
     def traffic(self, scalars) -> Traffic:
         c = self.config
