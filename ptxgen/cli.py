@@ -897,17 +897,17 @@ def generate(
         check_output_file(save_logits, "--save-logits", ".npy", inputs=(model,))
     loaded = GGUFModel(model)
     check_request(loaded.config, max_seq_len, prompt, max_new)
+    # Planned once, before any note: a model no path can take is one error.
+    kernels = step_kernels(loaded.config, loaded.config.cache_positions(max_seq_len))
     if fused is None:
-        # A model no path can take: one error (step_kernels), not first a note.
-        refusal = step_kernels(loaded.config, loaded.config.cache_positions(max_seq_len)).fused_refusal
-        fused = refusal is None
-        if refusal:
-            err.print(f"note: the layers run as separate kernels: {refusal}", markup=False)
+        fused = kernels.fused_refusal is None
+        if not fused:
+            err.print(f"note: the layers run as separate kernels: {kernels.fused_refusal}", markup=False)
     with progress_bar("loading", 0, True) as progress:
         task = progress.add_task("loading weights", total=None)
-        generator = Generator(loaded, backend.value, max_seq_len, fused,
-                              lambda done, total, tensor: progress.update(task, completed=done, total=total,
-                                                                          description=tensor))
+        generator = Generator(loaded, backend.value, fused=fused, kernels=kernels,
+                              progress=lambda done, total, tensor: progress.update(task, completed=done, total=total,
+                                                                                   description=tensor))
     try:
         result = generator.generate(prompt, max_new, keep_logits=save_logits is not None)
     finally:

@@ -211,16 +211,17 @@ class Generator:
 
     `model` is a GGUFModel, or anything with its `config`, `tensor_bytes(name)` and
     `dequantize(name, rows)` (e.g. RandomModel). `progress(done, total, tensor)` is called
-    after each tensor copied in."""
+    after each tensor copied in. `kernels`: the step's kernels where the caller has them already
+    (step_kernels: planned once); their cache length is then the cache's."""
 
     def __init__(self, model, backend: str = "device", max_seq_len: int | None = None, fused: bool = False,
-                 progress: Callable[[int, int, str], None] | None = None):
+                 progress: Callable[[int, int, str], None] | None = None, kernels: StepKernels | None = None):
         from .kernels import kind_of
         from .pipeline import compiler
 
         config = model.config
         self.model, self.config, self.fused = model, config, fused
-        kernels = step_kernels(config, config.cache_positions(max_seq_len))
+        kernels = kernels or step_kernels(config, config.cache_positions(max_seq_len))
         if fused and kernels.fused_refusal:
             raise PtxgenError(f"--fused: {kernels.fused_refusal}")
         self.max_seq_len = kernels.decoder.max_seq_len

@@ -309,6 +309,27 @@ def test_the_spec_lists_the_kernels_generate_runs(files, tmp_path, arch):
     assert (arch == "split") == (not decoder)
 
 
+def test_the_command_plans_the_step_once(files, monkeypatch):
+    """One plan (the model's spec, validated) both chooses the layers' path, with the note why,
+    and runs them: the command had planned the step a second time where the fused decoder was
+    left out."""
+    import ptxgen.generate
+
+    planned = []
+    plan = ptxgen.generate.step_kernels
+
+    def counted(*args):
+        planned.append(args)
+        return plan(*args)
+
+    monkeypatch.setattr(ptxgen.generate, "step_kernels", counted)
+    result = run_cli_in_process("generate", str(files["split"]), "--tokens", "1", "--max-new", "1", "--backend",
+                                "emulator")
+    assert result.returncode == 0, result.stderr
+    assert "note: the layers run as separate kernels" in result.stderr
+    assert len(planned) == 1, f"the step planned {len(planned)} times"
+
+
 # --- bad input -----------------------------------------------------------------------------------
 def test_unsupported_weight_types_are_named(files):
     config = GGUFModel(files["mixed"]).config
