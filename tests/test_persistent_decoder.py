@@ -8,6 +8,7 @@ residual_add, swiglu) in the interpreter; grids of
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from typing import get_args
 
@@ -19,7 +20,7 @@ from ptxgen.errors import LaunchError, PtxgenError, SanitizerError, SpecError
 from ptxgen.interp import launch as interpret
 from ptxgen.kernels import kind_of
 from ptxgen.generate import more_bits
-from ptxgen.kernels.persistent_decoder import (BARRIER_WORDS, FORCED_X_TOLERANCE, PHASE_BARRIERS, GemvQuant,
+from ptxgen.kernels.persistent_decoder import (BARRIER_WORDS, FORCED_X_TOLERANCE, HEAD_DIMS, PHASE_BARRIERS, GemvQuant,
                                                    WeightName, decoder_reference)
 from ptxgen.pipeline import compiler
 from ptxgen.quants import GEMV_KINDS
@@ -842,6 +843,30 @@ def test_head_prep_in_attention_barriers_are_load_bearing(barrier, finding):
     inputs = kernel.definition.sample_inputs(np.random.default_rng(37), {"pos": 37})
     with pytest.raises(SanitizerError, match=re.escape(finding)):
         decoder_run(kernel, inputs, 37, ptx=ptx.replace(barrier, barrier[:barrier.index("\tbar.sync")]))
+
+
+def test_head_prep_in_attention_keeps_q_heads_past_the_attention_scratch():
+    """The q heads (f32[group, head_dim] at q_smem_offset) lie past all of attn_split's scratch,
+    16-byte aligned and inside the launch's dynamic shared memory, at every buildable head_dim,
+    warps, cache dtype, ring depth and group up to 64. No run tells an overlap with the scratch's
+    last bytes from none (the last ring stage's row padding, the last merge row's (m, l) or the
+    score exchange's last slot: none is live from q's store to its load), so the layout is
+    checked as intervals."""
+    ends = set()
+    for head_dim, warps, kv_dtype, stages, group in itertools.product(
+            HEAD_DIMS, (8, 12), ("f16", "bf16", "f32"), (None, 1, 2, 3, 4), (1, 2, 3, 4, 8, 16, 32, 64)):
+        kind = kind_of(make_config("persistent_decoder", name="v", hidden=256, intermediate=256, num_layers=1,
+                                   max_seq_len=64, num_heads=4 * group, num_kv_heads=4, head_dim=head_dim,
+                                   kv_dtype=kv_dtype, warps=warps, attention_stages=stages, head_prep="attention"))
+        if kind.unbuildable():
+            continue
+        plan, q = kind.attention, kind.q_smem_offset
+        q_end = q + 4 * group * head_dim
+        where = f"head_dim {head_dim}, {warps} warps, {kv_dtype}, stages {plan.stages}, group {group}"
+        assert q % 16 == 0 and plan.shared_bytes <= q, f"{where}: q heads at {q}, scratch [0, {plan.shared_bytes})"
+        assert q_end <= kind.dynamic_shared, f"{where}: q heads end at {q_end} > {kind.dynamic_shared} bytes"
+        ends.add("exchange" if plan.exchange_bytes else "ring" if plan.ring_bytes >= plan.merge_bytes else "merge")
+    assert ends == {"ring", "merge", "exchange"}, f"the scratch's last bytes were only ever {ends}"
 
 
 # Every schedule knob that keeps the default's arithmetic, at once.

@@ -719,7 +719,8 @@ class PersistentDecoder(Kind):
     @property
     def q_smem_offset(self) -> int:
         """Where head_prep "attention" keeps a CTA's q heads (f32[group, head_dim]) in dynamic
-        shared memory: past the attention phase's scratch."""
+        shared memory: past all of the attention phase's scratch, whose use over a split is
+        attn_split's to schedule (its first ring tiles land while q is stored)."""
         return ceil_div(self.attention.shared_bytes, 16) * 16
 
     @property
