@@ -5,6 +5,7 @@ specs, assembly, the performance model's figures, GGUF."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 
@@ -15,7 +16,8 @@ import pytest
 from ptxgen import perf, q4k
 from ptxgen.errors import PtxgenError, SpecError
 from ptxgen.interp import launch as interpret, numerics
-from ptxgen.kernels.families.quant_gemv import MAX_K, X_GROUP, dequantize_x, quantize_x
+from ptxgen.kernels.families.quant_gemv import (FORMATS, MAX_K, MAX_WARPS, MIN_CTAS, X_GROUP, QuantGemvPlan,
+                                                dequantize_x, quantize_x, waves)
 from ptxgen.kernels.q4k_gemv import QUANTISATION_ERROR
 from ptxgen.pipeline import compile_kernel
 from ptxgen.runner import prepare_arrays, run
@@ -378,6 +380,28 @@ def test_traffic_and_launch():
     # One row: two warps split it, and 8 warps (6 with no row) quantise x in one round.
     one = make_kernel("q4k_gemv", n=1, k=4096).definition.plan
     assert (one.split_k, one.warps, one.ctas, one.stage_rounds(one.threads)) == (2, 8, 1, 1)
+
+
+def test_default_static_plans_keep_their_rules():
+    """The static schedule's defaults of every weight type over n = 1..20000 (every 8th) and k from
+    one block to 8 steps: at most two waves of warps unless a warp already has the most rows the
+    type gives it (FORMATS' max_default_rows); x quantised in one round (k <= 16384: 32 warps can);
+    the largest CTA that still gives MIN_CTAS CTAs, so twice its warp groups give fewer (checked
+    where the CTA sizes tried halve exactly from 32 warps: split_k a power of 2)."""
+    for kind, quant in (("q4k_gemv", "q4_k"), ("q6k_gemv", "q6_k"), ("q8_0_gemv", "q8_0")):
+        for k in (256, 768, 2560, 4096, 12288, 16384):
+            config = make_config(kind, n=1, k=k, schedule="static")  # QuantGemvPlan.of takes n from `matrices`
+            for n in range(1, 20001, 8):
+                plan = QuantGemvPlan.of(config, (n,), quant)
+                shape = (f"{quant} n={n} k={k}: {plan.warps} warps, split_k {plan.split_k}, "
+                         f"{plan.rows_per_warp} rows a warp, {plan.ctas} CTAs")
+                assert (waves(n, plan.split_k, plan.rows_per_warp) <= 2
+                        or plan.rows_per_warp == FORMATS[quant].max_default_rows), f"{shape}: over two waves"
+                assert plan.stage_rounds(plan.threads) == 1, f"{shape}: x staged in more than one round"
+                largest = MAX_WARPS // plan.split_k
+                if largest & (largest - 1) == 0 and 2 * plan.groups <= largest:
+                    larger = dataclasses.replace(plan, warps=2 * plan.warps)
+                    assert larger.ctas < MIN_CTAS, f"{shape}: {larger.warps} warps a CTA would still give {larger.ctas}"
 
 
 @pytest.mark.parametrize("config, field, message", [
