@@ -233,7 +233,6 @@ class QuantGemvPlan:
             groups = MAX_WARPS // split
             while groups > 1 and ceil_div(ceil_div(n, rows), groups) < MIN_CTAS:
                 groups //= 2
-            groups = min(groups, ceil_div(n, rows))
             # Enough threads to quantise x in one round where 32 warps can (k <= 16384): more
             # rounds cost a dependent trip to L2 each, and their registers (groups without a row
             # skip the rows).
