@@ -615,11 +615,12 @@ class _CtaBarriers:
         self.expected[bid][done] = 0
         self.at[bid][done] = -1
         waiters = _union(st, *(t for _, t in released)) if released else np.zeros(0, np.int64)
-        # For the global-memory ordering a barrier of part of a CTA counts as one of all of it
-        # (a release after it covers its writes): otherwise a correct publication after a named
-        # barrier would read stale (a race between a thread outside it and one inside is missed).
-        st.ordering.barrier(st.cta_ids[np.flatnonzero(done)])
         senders = _union(st, *senders) if senders else np.zeros(0, np.int64)
+        # For the global-memory ordering's writes a barrier of part of a CTA counts as one of all
+        # of it (a release after it covers its writes): otherwise a correct publication after a
+        # named barrier would read stale (a race between a thread outside it and one inside is
+        # missed). Acquisitions pass only to its waiters.
+        st.ordering.barrier(st.cta_ids[np.flatnonzero(done)], waiters, senders)
         if st.races is not None:
             st.races.barrier(waiters, senders)
         if st.async_state is not None and st.async_state.ordering is not None:   # (sanitizer on)

@@ -7,8 +7,8 @@ fma/mad and directed roundings are computed exactly (see numerics). The .approx 
 through the launch's approx model (approx.py): within the hardware's error bounds, or exact.
 
 Global loads, stores, atomics and fences report to the launch's ordering model (ordering.py)
-with their memory-model qualifiers; the other qualifiers (cache hints, .aligned, .uni) are
-accepted and ignored.
+with their memory-model qualifiers, and bar.warp.sync its lanes (which pass on what each
+acquired); the other qualifiers (cache hints, .aligned, .uni) are accepted and ignored.
 """
 from fractions import Fraction
 
@@ -1228,9 +1228,11 @@ def _bar(c):
 
         def warp_sync(st, sel):
             threads = st.indices(sel)
-            warp_members(st, threads, np.asarray(mask(st, sel)).astype(np.uint64), "bar.warp.sync")
+            members = np.asarray(mask(st, sel)).astype(np.uint64)
+            warp_members(st, threads, members, "bar.warp.sync")
             if st.races is not None:
                 st.races.warp_barrier(threads)
+            st.ordering.warp_barrier(threads, members)
         return c.alu(warp_sync)
     arrive = c.has("arrive")
     if c.has("red") or not (arrive or c.has("sync")):

@@ -1,10 +1,10 @@
 """Global-memory ordering of one launch: which CTA and thread wrote each global byte, which of
-its CTA's releases cover that write, and which releases each CTA has acquired. A simplified
+its CTA's releases cover that write, and which releases each thread has acquired. A simplified
 release/acquire happens-before of the PTX memory consistency model (PTX ISA chapter 8): a
 release is cumulative over the writes that precede it in causality order (the releasing
-thread's own, and other threads' writes that a bar.sync put before it); acquisitions and
-reads count per CTA (all its threads as one agent); only .gpu/.sys scope operations order
-across CTAs.
+thread's own, and other threads' writes that a bar.sync put before it) and over what the
+releasing threads acquired; an acquisition belongs to the threads that made it until a barrier
+passes it on; only .gpu/.sys scope operations order across CTAs.
 
 Rules
 - Epoch: each CTA counts its events: releases, and completed bar.syncs after which some write
@@ -16,8 +16,9 @@ Rules
   the release covers the releasing threads' own earlier writes (each thread's first release
   after a write of its own is kept) and every thread's writes before the CTA's last bar.sync
   (all its threads' writes when every thread of the CTA releases in that one step). Its clock
-  (per CTA, the newest release acquired and the epoch below which that release covers every
-  thread's writes; its own new release and cover) becomes its released clock.
+  (per CTA, the newest release that the releasing threads acquired and the epoch below which
+  that release covers every thread's writes; its own new release and cover) becomes its
+  released clock.
 - Publication (a release pattern's write, ISA 8.8): a strong write at .gpu/.sys scope
   (st.relaxed|release|volatile, atom, red) attaches the writer's released clock to the
   location. An atomic joins it to the clock the location carries (read-modify-writes continue
@@ -25,32 +26,42 @@ Rules
   erases it.
 - Observation (an acquire pattern's read): a strong read at .gpu/.sys scope (ld.relaxed|acquire|
   volatile, atom; not red, whose read forms no acquire pattern) takes the location's clock;
-  with .acquire/.acq_rel the CTA acquires it at once, otherwise at its next fence.sc/acq_rel/
-  acquire.
-- A read of bytes that thread t of CTA w wrote at epoch e, by another CTA r, is ordered iff r
-  acquired a release of w, newest at epoch K, with a bar.sync of w between the write and that
-  release (e below its cover), or with a release by t itself after the write at an epoch up to
-  K. Unordered it is a finding, unless both accesses are strong (morally strong: no data
-  race). A .nc / ldu read (non-coherent path) of any byte written in this launch is a finding,
-  and so is a write (by any CTA or thread) to bytes a .nc / ldu load read earlier in the launch
-  (.nc needs them read-only for the whole kernel; the finding names both instructions); so is
-  a weak write over bytes another CTA wrote weakly (unordered) and an atomic on bytes another
-  CTA wrote weakly (unordered).
+  with .acquire/.acq_rel the reading thread acquires it at once, otherwise its CTA keeps it and
+  each later fence.sc/acq_rel/acquire acquires it for the fencing threads.
+- Acquisition (an acquire pattern orders its own thread's later accesses, ISA 8.8): a thread
+  has acquired its CTA's clock joined with its own (a row shared by threads that acquired the
+  same; kept only for threads that acquired more than their CTA). A bar.sync / barrier.sync
+  that all the CTA's threads wait at makes their acquisitions the CTA's; one of part of the
+  CTA (a named barrier with a count) passes its participants' (waiters', and those that came
+  with bar.arrive) to its waiters; a bar.warp.sync passes each lane's to the lanes of its
+  member mask. Nothing else passes one on: not a shfl.sync, vote or reconvergence (running in
+  lockstep orders no memory), not an mbarrier, not a fence of another thread.
+- A read of bytes that thread t of CTA w wrote at epoch e, by a thread of another CTA r, is
+  ordered iff that thread acquired a release of w, newest at epoch K, with a bar.sync of w
+  between the write and that release (e below its cover), or with a release by t itself after
+  the write at an epoch up to K. Unordered it is a finding, unless both accesses are strong
+  (morally strong: no data race). A .nc / ldu read (non-coherent path) of any byte written in
+  this launch is a finding, and so is a write (by any CTA or thread) to bytes a .nc / ldu load
+  read earlier in the launch (.nc needs them read-only for the whole kernel; the finding names
+  both instructions); so is a weak write over bytes another CTA wrote weakly (unordered) and an
+  atomic on bytes another CTA wrote weakly (unordered).
 - Coherence of strong accesses (no race, but an order a kernel may wrongly rely on): every
   strong access at .gpu/.sys scope gets a sequence number; each location keeps, per CTA, its
   newest strong write and its newest strong read, and a strong read (ld, atom; not red) lets
-  its CTA observe the location's writes: per CTA w, the newest strong write of w seen so far.
-  A strong access (read, atomic or store) by CTA r to a location, where w's newest strong write
-  M of it is newer than r's last strong read of it (that read's value was not M's or later)
-  and the newest strong write of w that r observed (through any location) came after M in
-  the program order of M's thread (a later instruction of that thread), relies on M
-  coming first in coherence order, which only happens-before (ISA 8.9.3) guarantees: it is a
-  finding unless a release of w that r acquired covers M (as for a read above). This is the
-  message-passing pattern on atomics: argmax's atom.max of the key, then atom.add of the
-  count with no membar.gl between; the CTA completing the count need not see the key.
+  its CTA observe the location's writes: per CTA w, the newest strong write of w seen so far. A
+  strong access (read, atomic or store) by CTA r to a location, where w's newest strong write M
+  of it is newer than r's last strong read of it (that read's value was not M's or later) and
+  the newest strong write of w that r observed (through any location) came after M in the
+  program order of M's thread (a later instruction of that thread), relies on M coming first in
+  coherence order, which only happens-before (ISA 8.9.3) guarantees: it is a finding unless a
+  release of w that r acquired covers M (as for a read above, but what any thread of r
+  acquired). This is the message-passing pattern on atomics: argmax's atom.max of the key, then
+  atom.add of the count with no membar.gl between; the CTA completing the count need not see
+  the key.
 - Findings name why: a publishing atomic not preceded by a release of the data it publishes
   (a flag or counter) names the atomic; an acquired release that does not cover the write (no
-  bar.sync between another thread's write and it) names the release and both threads.
+  bar.sync between another thread's write and it) names the release and both threads; an
+  acquisition that another thread of the reader's CTA made but no barrier passed on says so.
 
 Values: an unordered weak or .nc read sees the bytes as they were before that write (the
 writer's store still in flight, or a stale line of the non-coherent cache), so with the
@@ -59,21 +70,23 @@ coverage decides, so a store no release covers reads as stale even when lockstep
 ran it before the release.
 
 Limits: only the newest acquired release of each CTA is kept, so a release of thread t at an
-epoch up to it counts even if the reader acquired only a later release of another thread;
-acquisitions are per CTA (a thread's acquire orders its whole CTA's later reads, as the
-bar.sync that kernels put after it would); mbarrier waits order no global writes (only
-bar.sync does); a read-then-write (write-after-read) is not tracked, across CTAs or inside
-one, except a write after a .nc / ldu read; .cluster scope counts as .cta (the interpreter
-launches no clusters). Coherence: only each CTA's newest strong write and read of a location
-count (locations are byte offsets where accesses start; a word accessed at two sizes is two),
-the observed write must be the newest of its CTA that the observer saw and be by M's thread
-(program order; one that a bar.sync put after M in another thread is not taken as later),
-observation is not transitive (r sees what w wrote to the locations r reads, not what w had
-observed), a failing atom.cas counts as a write, and the check needs the sanitizer (values do
-not change: strong accesses land as the scheduler runs them; launch's hold_back makes the
-orders that show such a bug happen). Each location's record costs 32 bytes per CTA of the
-grid, for every location a strong write reaches: fine for counters and flags, not for atomics
-spread over large arrays with large grids.
+epoch up to it counts even if the reader acquired only a later release of another thread; a
+relaxed read's observation counts for its whole CTA (the model wants the read and the fence in
+one thread; kept per CTA so that a count-in, thread 0's relaxed atomic, a bar.sync, then a
+fence by every thread, passes); a named barrier's bar.arrive threads pass on what they acquired
+by the time it completes; mbarrier waits order no global writes and pass on no acquisition
+(only bar.sync does, and bar.warp.sync for acquisitions); a read-then-write (write-after-read)
+is not tracked, across CTAs or inside one, except a write after a .nc / ldu read; .cluster
+scope counts as .cta (the interpreter launches no clusters). Coherence: only each CTA's newest
+strong write and read of a location count (locations are byte offsets where accesses start; a
+word accessed at two sizes is two), the observed write must be the newest of its CTA that the
+observer saw and be by M's thread (program order; one that a bar.sync put after M in another
+thread is not taken as later), observation is not transitive (r sees what w wrote to the
+locations r reads, not what w had observed), a failing atom.cas counts as a write, and the
+check needs the sanitizer (values do not change: strong accesses land as the scheduler runs
+them; launch's hold_back makes the orders that show such a bug happen). Each location's record
+costs 32 bytes per CTA of the grid, for every location a strong write reaches: fine for
+counters and flags, not for atomics spread over large arrays with large grids.
 
 Inside one CTA (sanitizer on): a read or write of bytes another warp of the CTA wrote since
 the CTA's last synchronisation after a write is a race unless both accesses are strong (any
@@ -214,8 +227,7 @@ class Ordering:
         self.records = {}          # region -> uint64 record per byte (allocated at first write)
         self.before = {}           # region -> each byte's value before its record's write
         self.clocks = {}           # region -> {byte offset: int32 clock, [released | covered]}
-        self.released = {}         # CTA that acquired something -> clock at its last release
-        self.pending = {}          # CTA -> clocks observed by relaxed reads, for its next fence
+        self.released = {}         # CTA -> clock at its last release by threads that acquired something
         self.nc_read = {}          # region -> uint16 per byte: the mark of a .nc load of it (sanitizer)
         nc = [pc for pc, ins in enumerate(program.instructions)
               if ins.base in ("ld", "ldu") and access_of(ins.base, ins.mods).nc]
@@ -236,6 +248,11 @@ class Ordering:
         self.row_of = np.full(st.num_ctas, -1, np.int64)     # wave CTA -> row of `rows`
         self.rows = np.zeros((0, 2 * self.num_ctas), np.int32)   # acquired clock per CTA
         self.used = 0
+        # What single threads acquired beyond their CTA's row: wave thread -> row of own_rows (-1:
+        # nothing), made at the first such acquisition; rows are shared and never changed.
+        self.own_of, self.own_used = None, 0
+        self.own_rows = np.zeros((0, 2 * self.num_ctas), np.int32)
+        self.observed = {}         # CTA -> clocks its relaxed reads observed, for its fences
         self.thread_wrote = np.zeros(st.n, bool)              # since the thread's last release
         self.seen = {}                                        # (CTAs of earlier waves are done)
 
@@ -252,10 +269,44 @@ class Ordering:
             self.used += 1
         return self.rows[self.row_of[local]]
 
-    def _acquire(self, cta, clock):
-        if clock is not None:
-            row = self._row(cta)
+    def _acquire(self, threads, clock):
+        """These wave threads, all of one CTA, acquire a clock: into the CTA's row when they are
+        all its threads, else into each one's own row."""
+        if len(threads) == self.st.cta_threads:
+            row = self._row(int(self.st.cta_global[threads[0]]))
             np.maximum(row, clock, out=row)
+            return
+        if self.own_of is None:
+            self.own_of = np.full(self.st.n, -1, np.int64)
+        old = self.own_of[threads]
+        for r in np.unique(old).tolist():
+            group = threads[old == r]
+            now = int(self.own_of[group[0]])       # (_own_row may have renumbered the rows)
+            if now < 0:
+                self.own_of[group] = self._own_row(clock)
+            elif (clock > self.own_rows[now]).any():
+                self.own_of[group] = self._own_row(np.maximum(self.own_rows[now], clock))
+
+    def _own_row(self, values):
+        """A new row of own_rows holding values; when the table is full, the rows no thread holds
+        any more go."""
+        if self.own_used == len(self.own_rows):
+            held = self.own_of >= 0
+            live, self.own_of[held] = np.unique(self.own_of[held], return_inverse=True)
+            table = np.zeros((max(4, 2 * len(live)), 2 * self.num_ctas), np.int32)
+            table[: len(live)] = self.own_rows[live]
+            self.own_rows, self.own_used = table, len(live)
+        self.own_rows[self.own_used] = values
+        self.own_used += 1
+        return self.own_used - 1
+
+    def _own_joined(self, threads):
+        """The join of these wave threads' own rows, or None when none holds one."""
+        if self.own_of is None:
+            return None
+        rows = self.own_of[threads]
+        rows = np.unique(rows[rows >= 0])
+        return self.own_rows[rows].max(axis=0) if len(rows) else None
 
     def _bump(self, ctas):
         if (self.epoch[ctas] + 1 >= 1 << EPOCH_BITS).any():
@@ -265,11 +316,40 @@ class Ordering:
         self.epoch[ctas] += 1
         self.wrote[ctas] = False
 
-    def barrier(self, ctas):
+    def barrier(self, ctas, waiters, senders):
         """A bar.sync completed in these CTAs: it orders every thread's earlier writes before
-        each thread's later releases. A new epoch only where the CTA wrote since the last one."""
+        each thread's later releases. A new epoch only where the CTA wrote since the last one.
+        The waiters (wave threads) learn what the participants (waiters, and senders that
+        arrived with bar.arrive) acquired: all of a CTA's threads waiting, it becomes the CTA's."""
         self._bump(ctas[self.wrote[ctas]])
         self.barrier_at[ctas] = self.epoch[ctas]
+        if self.own_of is None:
+            return
+        st = self.st
+        part = np.concatenate([waiters, senders])
+        holders = part[self.own_of[part] >= 0]
+        whole = np.bincount(st.cta[waiters], minlength=st.num_ctas) == st.cta_threads
+        for slot in np.unique(st.cta[holders]).tolist():
+            joined = self._own_joined(holders[st.cta[holders] == slot])
+            mine = waiters[st.cta[waiters] == slot]
+            if whole[slot]:
+                row = self._row(int(st.cta_ids[slot]))
+                np.maximum(row, joined, out=row)
+                self.own_of[mine] = -1
+            else:
+                self.own_of[mine] = self._own_row(joined)
+
+    def warp_barrier(self, threads, mask):
+        """bar.warp.sync by these wave threads with their member masks: the lanes of one warp
+        and mask learn what each of them acquired."""
+        if self.own_of is None or (self.own_of[threads] < 0).all():
+            return
+        group = (self.st.warp[threads].astype(np.int64) << 32) | np.broadcast_to(
+            np.asarray(mask, np.int64), threads.shape)
+        for g in np.unique(group[self.own_of[threads] >= 0]).tolist():
+            lanes = threads[group == g]
+            if len(np.unique(self.own_of[lanes])) > 1:
+                self.own_of[lanes] = self._own_row(self._own_joined(lanes))
 
     def cta_event(self, threads):
         """A synchronisation inside the CTAs of these threads that bar.sync epochs do not see (an
@@ -298,9 +378,15 @@ class Ordering:
                 cta = st.cta_global[mine]
                 keys = np.sort((cta << OWN_CTA_SHIFT) | (st.lin[mine] << OWN_THREAD_SHIFT) | self.epoch[cta])
                 self.own = np.insert(self.own, np.searchsorted(self.own, keys), keys)
+        # What the releasing threads acquired: their CTA's row and their own rows.
+        known = {cta: self._row(cta).copy() for cta in ctas[self.row_of[ctas - self.first] >= 0].tolist()}
+        if self.own_of is not None:
+            holders = threads[self.own_of[threads] >= 0]
+            for cta in np.unique(st.cta_global[holders]).tolist():
+                joined = self._own_joined(holders[st.cta_global[holders] == cta])
+                known[cta] = np.maximum(known[cta], joined) if cta in known else joined
         n = self.num_ctas
-        for cta in ctas[self.row_of[ctas - self.first] >= 0].tolist():
-            clock = self._row(cta).copy()
+        for cta, clock in known.items():
             clock[cta], clock[n + cta] = self.release_at[cta], self.cover_at[cta]
             self.released[cta] = clock
         if self.sanitize:
@@ -315,31 +401,47 @@ class Ordering:
         clock[cta] = max(clock[cta], self.release_at[cta])
         clock[n + cta] = max(clock[n + cta], self.cover_at[cta])
 
-    def _observe(self, cta, clock, now):
+    def _observe(self, thread, clock, now):
+        """A strong read by one wave thread saw a location's clock: acquired at once by an acquire
+        read, else observed by its CTA (for its fences)."""
         if now:
-            self._acquire(cta, clock)
-        elif cta in self.pending:
-            np.maximum(self.pending[cta], clock, out=self.pending[cta])
+            self._acquire(np.array([thread]), clock)
+            return
+        cta = int(self.st.cta_global[thread])
+        if cta in self.observed:
+            np.maximum(self.observed[cta], clock, out=self.observed[cta])
         else:
-            self.pending[cta] = clock.copy()
+            self.observed[cta] = clock.copy()
 
     def fence(self, threads, acquire, release):
         self.cta_event(threads)
-        if acquire:
-            for cta in np.unique(self.st.cta_global[threads]).tolist():
-                self._acquire(cta, self.pending.pop(cta, None))
+        if acquire and self.observed:
+            ctas = self.st.cta_global[threads]
+            order = np.argsort(ctas, kind="stable")
+            found, start, count = np.unique(ctas[order], return_index=True, return_counts=True)
+            for cta, first, many in zip(found.tolist(), start.tolist(), count.tolist()):
+                if cta in self.observed:
+                    self._acquire(threads[order[first:first + many]], self.observed[cta])
         if release:
             self._release(threads)
 
-    def _acquired(self, writer, reader):
-        """Per read: the reading CTA's acquired (release, cover) epochs of the writing CTA."""
-        row = self.row_of[reader - self.first]
+    def _acquired(self, writer, threads):
+        """Per access: the (release, cover) epochs of the writing CTA that the accessing wave
+        thread acquired (its CTA's row, joined with its own)."""
         if self.used == 0:
-            zero = np.zeros(len(writer), np.int64)
-            return zero, zero
-        row, seen = np.maximum(row, 0), row >= 0
-        return (np.where(seen, self.rows[row, writer], 0),
-                np.where(seen, self.rows[row, writer + self.num_ctas], 0))
+            release, cover = np.zeros(len(writer), np.int64), np.zeros(len(writer), np.int64)
+        else:
+            row = self.row_of[self.st.cta_global[threads] - self.first]
+            row, seen = np.maximum(row, 0), row >= 0
+            release = np.where(seen, self.rows[row, writer], 0)
+            cover = np.where(seen, self.rows[row, writer + self.num_ctas], 0)
+        if self.own_of is not None:
+            own = self.own_of[threads]
+            k = np.flatnonzero(own >= 0)
+            if len(k):
+                release[k] = np.maximum(release[k], self.own_rows[own[k], writer[k]])
+                cover[k] = np.maximum(cover[k], self.own_rows[own[k], writer[k] + self.num_ctas])
+        return release, cover
 
     def _covered(self, writer, epoch, threads, release, cover):
         """Whether a release of CTA writer at epoch `release`, covering every thread's writes
@@ -356,16 +458,17 @@ class Ordering:
         return ok
 
     # -- records
-    def _records(self, region, off, size, ctas):
-        """The records of the accessed bytes and the CTA of each: one per access where all
-        its bytes share one (the usual case), else one per byte; and that count `per`."""
+    def _records(self, region, off, size, threads):
+        """The records of the accessed bytes and the accessing wave thread of each: one per
+        access where all its bytes share one (the usual case), else one per byte; and that
+        count `per`."""
         key = (region, size)
         if key not in self._views:
             self._views[key] = self.records[region].view(item(8 * size))
         old = np.take(self._views[key], off // size).view(np.uint64).reshape(-1, size)
         if size == 1 or (old == old[:, :1]).all():
-            return old[:, 0], ctas, 1
-        return old.reshape(-1), np.repeat(ctas, size), size
+            return old[:, 0], threads, 1
+        return old.reshape(-1), np.repeat(threads, size), size
 
     def _region(self, region):
         if region not in self.records:
@@ -386,9 +489,10 @@ class Ordering:
             return stamps[off[k // per] + k % per][:, None].astype(np.int64)
         return threads
 
-    def _unordered(self, rec, readers, threads):
-        """Which records (CTA w wrote weakly, at epoch e) no acquire by the reading CTA orders
-        before its read: the reader is another CTA and has acquired no release of w covering it."""
+    def _unordered(self, rec, actors, readers, threads):
+        """Which records (CTA w wrote weakly, at epoch e) no acquire by the accessing thread
+        (actors: wave threads; readers: their CTAs) orders before its access: the reader is
+        another CTA and the thread has acquired no release of w covering it."""
         writer = rec >> np.uint64(CTA_SHIFT)       # the strong bit lands above the CTA field
         foreign = (writer != 0) & (writer < np.uint64(1 << CTA_BITS)) & (
             writer != readers.astype(np.uint64) + np.uint64(1))
@@ -397,7 +501,7 @@ class Ordering:
         k = np.flatnonzero(foreign)
         epoch = ((rec[k] >> np.uint64(EPOCH_SHIFT)) & np.uint64((1 << EPOCH_BITS) - 1)).astype(np.int64)
         writer = writer[k].astype(np.int64) - 1
-        release, cover = self._acquired(writer, readers[k])
+        release, cover = self._acquired(writer, actors[k])
         foreign[k] = ~self._covered(writer, epoch, lambda j: threads(k[j]), release, cover)
         return foreign
 
@@ -447,17 +551,18 @@ class Ordering:
         if access.nc and self.sanitize:
             self._mark_nc(region, off, size)
         if access.observes and self.clocks.get(region):
-            self._chain(region, off, ctas, np.arange(len(off)), observe=True, publish=False,
+            self._chain(region, off, threads, np.arange(len(off)), observe=True, publish=False,
                         now=access.acquire)
         if access.observes and self.sanitize:
             self._coherence("read", region, off, threads, np.arange(len(off)), reads=True, writes=False)
         if region not in self.records:
             return raw
-        rec, readers, per = self._records(region, off, size, ctas)
+        rec, actors, per = self._records(region, off, size, threads)
+        readers = ctas if per == 1 else self.st.cta_global[actors]
         threads_of = self._threads_of(region, off, per, size)
         if self.sanitize:
             self._check_in_cta("read", region, off, per, rec, readers, threads_of, threads)
-        bad = rec != 0 if access.nc else self._unordered(rec, readers, threads_of)
+        bad = rec != 0 if access.nc else self._unordered(rec, actors, readers, threads_of)
         if not bad.any():
             return raw
         if self.sanitize:
@@ -494,7 +599,7 @@ class Ordering:
             if clocks:               # a strong store starts the location's chain afresh
                 for o in np.unique(off).tolist():
                     clocks.pop(o, None)
-            self._chain(region, off, ctas, np.arange(len(off)), observe=False, publish=True)
+            self._chain(region, off, threads, np.arange(len(off)), observe=False, publish=True)
         elif clocks:
             for o in np.unique(off[np.isin(off, list(clocks))]).tolist():
                 del clocks[o]
@@ -506,7 +611,7 @@ class Ordering:
             self.cta_event(threads)
         if access.release:
             self._release(threads)
-        self._chain(region, off, ctas, order, observe=access.observes, publish=access.strong,
+        self._chain(region, off, threads, order, observe=access.observes, publish=access.strong,
                     now=access.acquire)
         if access.strong and self.sanitize:
             self._coherence("atomic", region, off, threads, order, reads=access.observes, writes=True)
@@ -566,7 +671,7 @@ class Ordering:
             return
         i, w = np.nonzero(relied)
         epoch = (rec[w] >> EPOCH_SHIFT) & ((1 << EPOCH_BITS) - 1)
-        release, cover = self._acquired(w, readers[k[i]])
+        release, cover = self._cta_acquired(w, readers[k[i]])     # (observation, seen, is per CTA too)
         bad = ~self._covered(w, epoch, lambda j: by[w[j]][:, None], release, cover)
         if not bad.any():
             return
@@ -589,11 +694,12 @@ class Ordering:
     def _write(self, region, off, size, ctas, threads, access, what):
         self.writes += 1
         self._region(region)
-        rec, writers, per = self._records(region, off, size, ctas)
+        rec, actors, per = self._records(region, off, size, threads)
         if self.sanitize:
+            writers = ctas if per == 1 else self.st.cta_global[actors]
             threads_of = self._threads_of(region, off, per, size)
             self._check_in_cta(what, region, off, per, rec, writers, threads_of, threads)
-            bad = self._unordered(rec, writers, threads_of)
+            bad = self._unordered(rec, actors, writers, threads_of)
             if bad.any():
                 self._report(what, region, off, per, rec, bad, threads)
             marks = self.nc_read.get(region)
@@ -646,9 +752,11 @@ class Ordering:
         else:
             self.dirty[ctas] = self.epoch[ctas]
 
-    def _chain(self, region, off, ctas, order, observe, publish, now=False):
-        """Walk the accesses to each location in serial order: each observes the location's
-        clock as left by those before it, then publishes its CTA's released clock to it."""
+    def _chain(self, region, off, threads, order, observe, publish, now=False):
+        """Walk the accesses (by wave threads) to each location in serial order: each observes
+        the location's clock as left by those before it, then publishes its CTA's released clock
+        to it."""
+        ctas = self.st.cta_global[threads]
         clocks = self.clocks.setdefault(region, {})
         if publish and not (self.release_at[ctas] > 0).any():
             publish = False                  # nothing released yet: nothing to publish
@@ -660,7 +768,7 @@ class Ordering:
             o = int(off[k])
             clock = clocks.get(o)
             if observe and clock is not None:
-                self._observe(int(ctas[k]), clock, now)
+                self._observe(int(threads[k]), clock, now)
             if publish:
                 if clock is None:
                     clock = clocks[o] = np.zeros(2 * self.num_ctas, np.int32)
@@ -679,6 +787,22 @@ class Ordering:
         ins = self.program.instructions[pc]
         return f"line {ins.line} `{ins.text}`"
 
+    def _cta_acquired(self, writers, ctas):
+        """Per pair: the (release, cover) epochs of CTA writers[j] that some thread of CTA ctas[j]
+        (of this wave) acquired."""
+        release, cover = np.zeros(len(ctas), np.int64), np.zeros(len(ctas), np.int64)
+        for cta in np.unique(ctas).tolist():
+            known = [np.zeros(2 * self.num_ctas, np.int32)]
+            if self.row_of[cta - self.first] >= 0:
+                known.append(self.rows[self.row_of[cta - self.first]])
+            own = self._own_joined(np.flatnonzero(self.st.cta_global == cta))
+            if own is not None:
+                known.append(own)
+            known = np.max(known, axis=0)
+            j = ctas == cta
+            release[j], cover[j] = known[writers[j]], known[writers[j] + self.num_ctas]
+        return release, cover
+
     def _report(self, what, region, off, per, records, bad, threads):
         k = int(np.flatnonzero(bad)[0])
         i, j = k // per, k % per
@@ -695,7 +819,11 @@ class Ordering:
         signal = self.signals.get(writer)
         wrote_by = int(self.threads[region][int(off[i]) + j]) if self.stamp_threads else 0
         writers, epochs = np.array([writer]), np.array([epoch])
-        release, cover = (int(x[0]) for x in self._acquired(writers, self.st.cta_global[threads[i:i + 1]]))
+
+        def covered(release, cover):
+            return self._covered(writers, epochs, lambda _: np.array([[wrote_by]]), release, cover)[0]
+
+        release, cover = (int(x[0]) for x in self._acquired(writers, threads[i:i + 1]))
         if signal is not None and signal[1] <= epoch <= signal[2]:
             why = (f"CTA {self.where_cta(writer)} signalled with {self._instruction(signal[0])} without "
                    "releasing that write first (a flag or counter atomic needs fence.acq_rel.gpu / "
@@ -707,8 +835,12 @@ class Ordering:
                    f"{self._thread(wrote_by)}: a release covers its own thread's earlier writes and "
                    "those a bar.sync ordered before it (a bar.sync between the write and the release "
                    "is missing)")
-        elif self._covered(writers, epochs, lambda _: np.array([[wrote_by]]), self.release_at[writers],
-                           self.cover_at[writers])[0]:
+        elif covered(self.release_at[writers], self.cover_at[writers]) and covered(
+                *self._cta_acquired(writers, self.st.cta_global[threads[i:i + 1]])):
+            why = ("another thread of this CTA acquired a release of it, but not this thread: an acquire "
+                   "orders its own thread's later reads, and a bar.sync, or a bar.warp.sync among the lanes "
+                   "of its mask, passes it to the others (a shfl.sync or reconvergence does not)")
+        elif covered(self.release_at[writers], self.cover_at[writers]):
             why = ("this CTA never acquired a release of it (a fence.acq_rel.gpu / membar.gl after the "
                    "atomic or ld.relaxed that observed the writer, or an .acquire, is missing)")
         else:

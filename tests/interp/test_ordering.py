@@ -369,6 +369,242 @@ CONSUMER:
         launch(ptx, "k", (2, 1, 1), (4, 1, 1), [np.zeros(1, np.uint32), np.zeros(1, np.uint32), np.zeros(1, np.uint32)])
 
 
+# ---- an acquisition belongs to its thread: lane 0 acquires, then the warp reads --------------
+# CTA 0's threads store data[t] = t + 100 and thread 0 releases a flag after a bar.sync; in CTA 1
+# warp 0's lane 0 polls the flag (the others wait in the loop through a shfl.sync), then {sync},
+# then every thread reads data[t]; warp 1, if any, runs {others} first (SYNC: warp 0's {sync}).
+LANE0 = """
+  .reg .b32 %c, %t, %v, %g;
+  .reg .b64 %d, %f, %o, %off;
+  .reg .pred %p, %lead, %low;
+  ld.param.u64 %d, [data];
+  ld.param.u64 %f, [flag];
+  ld.param.u64 %o, [out];
+  mov.u32 %c, %ctaid.x;
+  mov.u32 %t, %tid.x;
+  mul.wide.u32 %off, %t, 4;
+  add.s64 %d, %d, %off;
+  setp.eq.u32 %lead, %t, 0;
+  setp.lt.u32 %low, %t, 16;
+  setp.ne.u32 %p, %c, 0;
+  @%p bra CONSUMER;
+  add.u32 %v, %t, 100;
+  st.global.u32 [%d], %v;
+  bar.sync 0;
+  @%lead st.release.gpu.global.u32 [%f], 1;
+  ret;
+CONSUMER:
+  setp.ge.u32 %p, %t, 32;
+  @%p bra OTHERS;
+  mov.u32 %g, 0;
+SPIN:
+  @%lead {poll} %g, [%f];
+  shfl.sync.idx.b32 %g, %g, 0, 0x1f, 0xffffffff;
+  setp.eq.u32 %p, %g, 0;
+  @%p bra SPIN;
+  {fence}
+SYNC:
+  {sync}
+READ:
+  ld.global.u32 %v, [%d];   // READ
+  add.s64 %o, %o, %off;
+  st.global.u32 [%o], %v;
+  ret;
+OTHERS:
+  {others}
+  bra.uni READ;
+"""
+# Lane 0's acquire: an acquiring poll, or relaxed polls and then a fence of lane 0 alone (the
+# persistent decoder's count-in shape).
+POLLS = {"ld.acquire": dict(poll="ld.acquire.gpu.global.u32", fence=""),
+         "relaxed+lane-0-fence": dict(poll="ld.relaxed.gpu.global.u32", fence="@%lead fence.acq_rel.gpu;")}
+
+
+def lane0_ptx(poll, sync, others=""):
+    return module(LANE0.format(**POLLS[poll], sync=sync, others=others),
+                  ".param .u64 data, .param .u64 flag, .param .u64 out")
+
+
+def lane0(poll, sync, others="", threads=32, seed=0, sanitize=True):
+    """CTA 1's out, and what it must be (data as CTA 0 left it)."""
+    out = np.zeros(threads, np.uint32)
+    launch(lane0_ptx(poll, sync, others), "k", (2, 1, 1), (threads, 1, 1),
+           [np.zeros(threads, np.uint32), np.zeros(1, np.uint32), out], seed=seed, sanitize=sanitize,
+           kernel_name="lane0")
+    return out, np.arange(threads, dtype=np.uint32) + 100
+
+
+@pytest.mark.parametrize("poll", POLLS)
+@pytest.mark.parametrize("sync, others, threads", [
+    ("bar.warp.sync 0xffffffff;", "", 32),
+    ("bar.sync 0;", "", 32),
+    ("bar.sync 0;", "bra.uni SYNC;", 64),                                    # to a warp that never acquired
+    ("bar.warp.sync 0xffffffff;\n  bar.arrive 1, 64;", "bar.sync 1, 64;", 64),   # a named barrier's waiters
+], ids=["bar.warp.sync", "bar.sync", "bar.sync-two-warps", "bar.arrive-to-bar.sync"])
+def test_a_barrier_passes_lane_0s_acquisition_on(poll, sync, others, threads):
+    for seed in SEEDS[:2]:
+        out, want = lane0(poll, sync, others, threads, seed)
+        np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("poll", POLLS)
+@pytest.mark.parametrize("sync, first", [
+    ("", 1),
+    ("@%low bar.warp.sync 0x0000ffff;", 16),
+    ("selp.b32 %v, 0x0000ffff, 0xffff0000, %low;\n  bar.warp.sync %v;", 16),   # two masks in one instruction
+], ids=["no-barrier", "bar.warp.sync-of-lanes-0-15", "two-half-warp-masks"])
+def test_lanes_no_barrier_reached_read_unordered(poll, sync, first):
+    """Lane 0's acquire orders lane 0's reads only (PTX ISA 8.8: an acquire pattern orders its own
+    thread's later accesses); the shfl.sync and the loop's reconvergence order no memory, and a
+    bar.warp.sync orders only the lanes of its mask."""
+    line = next(i + 1 for i, text in enumerate(lane0_ptx(poll, sync).splitlines()) if "// READ" in text)
+    for seed in SEEDS[:2]:
+        with pytest.raises(SanitizerError) as err:
+            lane0(poll, sync, seed=seed)
+        msg = str(err.value)
+        assert msg.startswith(f"lane0: line {line}: `ld.global.u32"), msg
+        assert "another thread of this CTA acquired a release of it" in msg, msg
+        assert msg.endswith(f"[CTA (1,0,0), thread ({first},0,0)]"), msg
+    out, want = lane0(poll, sync, sanitize=False)
+    np.testing.assert_array_equal(out[:first], want[:first])
+    assert (out[first:] == 0).all(), "the unordered lanes must read stale values"
+
+
+# CTA 0 stores data and releases flag[0]; in CTA 1 lane 0 acquires it and lane {relay} releases
+# flag[1] (no barrier between); CTA 2 acquires flag[1] and reads CTA 0's data.
+RELAY = """
+  .reg .b32 %c, %t, %v, %g;
+  .reg .b64 %d, %f, %o, %off;
+  .reg .pred %p, %lead, %relay;
+  ld.param.u64 %d, [data];
+  ld.param.u64 %f, [flag];
+  ld.param.u64 %o, [out];
+  mov.u32 %c, %ctaid.x;
+  mov.u32 %t, %tid.x;
+  mul.wide.u32 %off, %t, 4;
+  add.s64 %d, %d, %off;
+  setp.eq.u32 %lead, %t, 0;
+  setp.eq.u32 %relay, %t, {relay};
+  setp.eq.u32 %p, %c, 1;
+  @%p bra RELAY;
+  setp.eq.u32 %p, %c, 2;
+  @%p bra CONSUMER;
+  add.u32 %v, %t, 100;
+  st.global.u32 [%d], %v;
+  bar.sync 0;
+  @%lead st.release.gpu.global.u32 [%f], 1;
+  ret;
+RELAY:
+  mov.u32 %g, 0;
+WAIT:
+  @%lead ld.acquire.gpu.global.u32 %g, [%f];
+  shfl.sync.idx.b32 %g, %g, 0, 0x1f, 0xffffffff;
+  setp.eq.u32 %p, %g, 0;
+  @%p bra WAIT;
+  @%relay st.release.gpu.global.u32 [%f+4], 1;
+  ret;
+CONSUMER:
+  ld.acquire.gpu.global.u32 %g, [%f+4];
+  setp.eq.u32 %p, %g, 0;
+  @%p bra CONSUMER;
+  ld.global.u32 %v, [%d];
+  add.s64 %o, %o, %off;
+  st.global.u32 [%o], %v;
+  ret;
+"""
+
+
+def relay(lane, seed=0, sanitize=True):
+    """CTA 2's out."""
+    out = np.zeros(32, np.uint32)
+    launch(module(RELAY.format(relay=lane), ".param .u64 data, .param .u64 flag, .param .u64 out"), "k",
+           (3, 1, 1), (32, 1, 1), [np.zeros(32, np.uint32), np.zeros(2, np.uint32), out], seed=seed,
+           sanitize=sanitize)
+    return out
+
+
+def test_a_release_carries_what_its_own_thread_acquired():
+    """Release is cumulative over what its thread acquired (causality order is transitive): lane
+    0's release passes CTA 0's data on, lane 1's (which acquired nothing) does not."""
+    for seed in SEEDS[:2]:
+        np.testing.assert_array_equal(relay(0, seed), np.arange(32) + 100)
+        with pytest.raises(SanitizerError, match=r"global-memory race: reads data\[0\], which CTA \(0,0,0\) wrote"):
+            relay(1, seed)
+    assert (relay(1, sanitize=False) == 0).all(), "the unordered reads must see stale values"
+
+
+# CTA 0 stores data[t] and releases flag[0]; CTA 1 stores data[32 + t] and releases flag[1]. In
+# CTA 2's one warp: lane 0 acquires flag[0], lane 1 flag[1], lanes 0-15 pass theirs on to each
+# other, lane 16 acquires flag[0] and lane 17 flag[1]; then lanes 0-16 read CTA 0's data, lane 17
+# CTA 1's.
+LANES = """
+  .reg .b32 %c, %t, %v, %g;
+  .reg .b64 %d, %f, %o, %off;
+  .reg .pred %p, %low, %l0, %l1, %l16, %l17, %reads;
+  ld.param.u64 %d, [data];
+  ld.param.u64 %f, [flag];
+  ld.param.u64 %o, [out];
+  mov.u32 %c, %ctaid.x;
+  mov.u32 %t, %tid.x;
+  setp.eq.u32 %l0, %t, 0;
+  setp.eq.u32 %l1, %t, 1;
+  setp.eq.u32 %l16, %t, 16;
+  setp.eq.u32 %l17, %t, 17;
+  setp.lt.u32 %low, %t, 16;
+  setp.eq.u32 %p, %c, 2;
+  @%p bra CONSUMER;
+  mad.lo.u32 %v, %c, 32, %t;
+  mul.wide.u32 %off, %v, 4;
+  add.s64 %d, %d, %off;
+  add.u32 %v, %v, 100;
+  st.global.u32 [%d], %v;
+  bar.sync 0;
+  mul.wide.u32 %off, %c, 4;
+  add.s64 %f, %f, %off;
+  @%l0 st.release.gpu.global.u32 [%f], 1;
+  ret;
+CONSUMER:
+  mov.u32 %g, 0;
+WAIT0:
+  @%l0 ld.acquire.gpu.global.u32 %g, [%f];
+  shfl.sync.idx.b32 %g, %g, 0, 0x1f, 0xffffffff;
+  setp.eq.u32 %p, %g, 0;
+  @%p bra WAIT0;
+  mov.u32 %g, 0;
+WAIT1:
+  @%l1 ld.acquire.gpu.global.u32 %g, [%f+4];
+  shfl.sync.idx.b32 %g, %g, 1, 0x1f, 0xffffffff;
+  setp.eq.u32 %p, %g, 0;
+  @%p bra WAIT1;
+  @%low bar.warp.sync 0x0000ffff;
+  @%l16 ld.acquire.gpu.global.u32 %g, [%f];
+  @%l17 ld.acquire.gpu.global.u32 %g, [%f+4];
+  selp.u32 %v, 32, 0, %l17;
+  add.u32 %v, %v, %t;
+  mul.wide.u32 %off, %v, 4;
+  add.s64 %d, %d, %off;
+  setp.le.u32 %reads, %t, 17;
+  @%reads ld.global.u32 %v, [%d];
+  mul.wide.u32 %off, %t, 4;
+  add.s64 %o, %o, %off;
+  @%reads st.global.u32 [%o], %v;
+  ret;
+"""
+
+
+def test_each_lanes_acquisitions_stay_its_own():
+    """Lanes that acquired different flags, some passing theirs on with a bar.warp.sync, each read
+    what they acquired (the table of per-thread acquisitions drops unused rows as it fills)."""
+    want = np.zeros(32, np.uint32)
+    want[:17] = np.arange(17) + 100
+    want[17] = 32 + 17 + 100
+    for seed in SEEDS[:2]:
+        out = np.zeros(32, np.uint32)
+        launch(module(LANES, ".param .u64 data, .param .u64 flag, .param .u64 out"), "k", (3, 1, 1), (32, 1, 1),
+               [np.zeros(64, np.uint32), np.zeros(2, np.uint32), out], seed=seed)
+        np.testing.assert_array_equal(out, want)
+
+
 # ---- a grid barrier (the persistent decoder's shape: one word, CTA 0 adds 2^31 - (CTAs - 1)) ----
 GRID_BARRIER = """
   .reg .b32 %c, %n, %t, %v, %add, %old, %g;
