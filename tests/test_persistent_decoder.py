@@ -940,6 +940,20 @@ def test_barrier_acquire_needs_each_of_its_orderings(acquire, weaker):
         decoder_run(kernel, base_inputs(2, "f16", seed=9), 9, ptx=ptx.replace(acquire, weaker))
 
 
+def test_the_warp_that_completes_a_head_passes_lane_0s_acquire_to_its_lanes():
+    """count_in head prep: lane 0 alone acquires the head's other rows (its fence after the
+    count), then every lane reads them; without the bar.warp.sync between, lanes 1-31 read them
+    unordered (an acquire orders its own thread's reads only), and the sanitizer says so."""
+    kernel = kernel_for(1, ctas=3)
+    ptx = kernel.variant("sm_80").ptx
+    acquire = "\t@%lane0 fence.acq_rel.gpu;\n\tbar.warp.sync 0xffffffff;\n"
+    assert ptx.count(acquire) == 1
+    with pytest.raises(SanitizerError, match=r"global-memory race: reads qkv\[\d+\].*another thread of this CTA "
+                                             r"acquired a release of it, but not this thread"):
+        decoder_run(kernel, base_inputs(1, "f16", seed=9), 9,
+                    ptx=ptx.replace(acquire, "\t@%lane0 fence.acq_rel.gpu;\n"))
+
+
 def test_gate_and_up_of_different_types_have_no_fused_kernel():
     """A gate row and its up row are one warp task (SwiGLU is its epilogue): they must share a
     type in each layer. The separate step still runs such a model."""
