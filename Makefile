@@ -8,8 +8,8 @@ JOBS ?= 2
 .PHONY: build test test-py310 test-gpu bench clean
 
 # pyproject claims Python >= 3.10: `make test` also runs the spec and CLI tests on 3.10 (tomli for
-# tomllib, the loader, run's .npz handling, their fuzz, spec generation) in a second venv, when a
-# python3.10 is at hand.
+# tomllib, the loader, run's .npz handling, their fuzz, spec generation, the tokenizer with 3.10's
+# regex wheel) in a second venv, when a python3.10 is at hand.
 PYTHON310 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.10.*/bin/python3.10) \
                          $(shell python3.10 -c '' 2>/dev/null && command -v python3.10))
 VENV310 := .venv310
@@ -37,7 +37,7 @@ ifeq ($(PYTHON310),)
 	@echo "test-py310: no python3.10 on this machine; skipped"
 else
 	$(MAKE) --no-print-directory $(VENV310)/.installed
-	$(VENV310)/bin/python -m pytest -n $(JOBS) -q -p no:cacheprovider tests/test_spec.py tests/test_run_cli.py tests/test_fuzz.py tests/test_specgen.py
+	$(VENV310)/bin/python -m pytest -n $(JOBS) -q -p no:cacheprovider tests/test_spec.py tests/test_run_cli.py tests/test_fuzz.py tests/test_specgen.py tests/test_tokenizer.py
 endif
 
 test-gpu: $(STAMP)

@@ -1,0 +1,186 @@
+"""The tokenizer a GGUF file carries (its tokenizer.ggml.* metadata), read as llama.cpp reads it:
+text to token ids and back, for `ptxgen generate --prompt`.
+
+Byte-level BPE (tokenizer.ggml.model "gpt2": Qwen2/3 and Llama 3 files) with the "qwen2" and
+"llama-bpe" pre-tokenizers. Encoding:
+1. special tokens (types CONTROL, USER_DEFINED, UNKNOWN) are cut out of the text wherever they
+   occur literally, the longest first (llama.cpp's tokenize with parse_special);
+2. the pre-tokenizer's regex splits each other piece into words (Qwen2 takes digits one by one,
+   Llama 3 up to three at a time);
+3. a word, as GPT-2's byte-to-character alphabet of its UTF-8 bytes, is merged pair by pair, the
+   pair of the lowest merge rank first (the leftmost of equals); Llama 3 takes a word that is a
+   token as it is (llama.cpp's ignore_merges);
+4. the BOS token comes first where tokenizer.ggml.add_bos_token says so (absent: Llama 3 yes,
+   Qwen2 no).
+Decoding maps NORMAL tokens back to their bytes and renders CONTROL, USER_DEFINED and UNKNOWN
+tokens as their text (other types as nothing), then reads the bytes as UTF-8, bytes that are not
+valid UTF-8 (a sequence cut short) as U+FFFD. llama.cpp's clean_spaces is not applied: only its
+whole-text detokenize does that, its streamed output is the byte-level pieces, as here.
+
+Any other tokenizer (SentencePiece "llama", another pre-tokenizer) is refused when text is needed;
+token ids work for any file, and so do the end-of-generation ids.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import regex
+
+from .errors import PtxgenError
+
+# tokenizer.ggml.token_type values
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+SPECIAL_TYPES = (UNKNOWN, CONTROL, USER_DEFINED)
+# Generation ends at the ids these keys name and at tokens of these texts (llama.cpp's eog set).
+END_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+END_TEXTS = frozenset({"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>",
+                       "<|end_of_text|>"})
+
+
+def _byte_chars() -> list[str]:
+    """GPT-2's byte-level alphabet: printable Latin-1 bytes stand for themselves, the others for
+    code points from 256 up, in byte order."""
+    printable = set(range(33, 127)) | set(range(161, 173)) | set(range(174, 256))
+    others = iter(range(256, 512))
+    return [chr(b) if b in printable else chr(next(others)) for b in range(256)]
+
+
+BYTE_CHARS = _byte_chars()
+CHAR_BYTES = {char: byte for byte, char in enumerate(BYTE_CHARS)}
+
+
+def _split_pattern(digits: str) -> str:
+    """The Qwen2 / Llama 3 split regex (tokenizer.json's, with llama.cpp's explicit cases for its
+    (?i:) contractions) with `digits` for numbers."""
+    return (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|" + digits
+            + r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+@dataclass(frozen=True)
+class PreTokenizer:
+    pattern: str
+    ignore_merges: bool = False  # a word that is a token whole is that token
+    add_bos: bool = False  # without tokenizer.ggml.add_bos_token
+
+
+QWEN2 = PreTokenizer(_split_pattern(r"\p{N}"))
+LLAMA3 = PreTokenizer(_split_pattern(r"\p{N}{1,3}"), ignore_merges=True, add_bos=True)
+# tokenizer.ggml.pre values, with llama.cpp's aliases
+PRE_TOKENIZERS = {"qwen2": QWEN2, "deepseek-r1-qwen": QWEN2, "llama-bpe": LLAMA3, "llama3": LLAMA3, "llama-v3": LLAMA3}
+
+
+class Tokenizer:
+    """A GGUF model's tokenizer; `end_of_generation`: the ids greedy decoding stops at."""
+
+    def __init__(self, model):
+        self.path, self._metadata = model.path, model.metadata
+        self.tokens: list[str] = model.metadata("tokenizer.ggml.tokens", [])
+        self.types: list[int] = model.metadata("tokenizer.ggml.token_type", None) or [NORMAL] * len(self.tokens)
+        named = {model.metadata(key, None) for key in END_KEYS}
+        self.end_of_generation = frozenset(
+            {token for token in named if isinstance(token, int) and 0 <= token < len(self.tokens)}
+            | {token for token, text in enumerate(self.tokens) if text in END_TEXTS})
+
+    def _key(self, name: str):
+        return self._metadata(f"tokenizer.ggml.{name}")
+
+    @property
+    def byte_level(self) -> bool:
+        """Whether the file's tokenizer is byte-level BPE (what decode needs)."""
+        return self._metadata("tokenizer.ggml.model", None) == "gpt2"
+
+    def _check_byte_level(self) -> None:
+        model = self._key("model")
+        if model != "gpt2":
+            raise PtxgenError(f"{self.path}: tokenizer.ggml.model = {model!r}: ptxgen turns text into tokens and back "
+                              "only for byte-level BPE ('gpt2', as Qwen2/3 and Llama 3 files); give token ids with "
+                              "--tokens")
+        if len(self.types) != len(self.tokens):
+            raise PtxgenError(f"{self.path}: tokenizer.ggml.token_type has {len(self.types)} entries for "
+                              f"{len(self.tokens)} tokens")
+
+    @functools.cached_property
+    def _encoder(self):
+        """What encode needs: (pre-tokenizer, compiled split regex, merge ranks, token ids by text,
+        special tokens longest first, add BOS)."""
+        self._check_byte_level()
+        pre = self._key("pre")
+        if pre not in PRE_TOKENIZERS:
+            raise PtxgenError(f"{self.path}: tokenizer.ggml.pre = {pre!r}: not a pre-tokenizer ptxgen knows "
+                              f"({', '.join(PRE_TOKENIZERS)}); give token ids with --tokens")
+        settings = PRE_TOKENIZERS[pre]
+        ranks = {tuple(merge.split(" ", 1)): rank for rank, merge in enumerate(self._key("merges"))}
+        ids = {text: token for token, text in enumerate(self.tokens)}
+        specials = sorted((token for token, kind in enumerate(self.types) if kind in SPECIAL_TYPES and self.tokens[token]),
+                          key=lambda token: (-len(self.tokens[token]), token))
+        add_bos = self._metadata("tokenizer.ggml.add_bos_token", settings.add_bos)
+        if add_bos and self._metadata("tokenizer.ggml.bos_token_id", None) is None:
+            raise PtxgenError(f"{self.path}: tokenizer.ggml.add_bos_token is true, but tokenizer.ggml.bos_token_id "
+                              "is not set")
+        return settings, regex.compile(settings.pattern), ranks, ids, specials, add_bos
+
+    def encode(self, text: str) -> list[int]:
+        """The token ids of `text`, special tokens' texts matched literally, BOS first where the
+        file asks for it."""
+        settings, split, ranks, ids, specials, add_bos = self._encoder
+        pieces: list[str | int] = [text]  # text still to split, or a special token's id
+        for token in specials:
+            special = self.tokens[token]
+            cut = []
+            for piece in pieces:
+                if isinstance(piece, str) and special in piece:
+                    for i, part in enumerate(piece.split(special)):
+                        cut += ([token] if i else []) + ([part] if part else [])
+                else:
+                    cut.append(piece)
+            pieces = cut
+        result = [self._key("bos_token_id")] if add_bos else []
+        for piece in pieces:
+            if isinstance(piece, int):
+                result.append(piece)
+                continue
+            for word in split.findall(piece):
+                result += self._merge(word, settings.ignore_merges, ranks, ids)
+        return result
+
+    def _merge(self, word: str, ignore_merges: bool, ranks: dict, ids: dict) -> list[int]:
+        """A word's tokens: its bytes' characters merged by rank."""
+        # Command-line text carries bytes that are not UTF-8 as surrogate escapes: they are
+        # encoded as the bytes they were.
+        try:
+            chars = "".join(BYTE_CHARS[b] for b in word.encode("utf-8", "surrogateescape"))
+        except UnicodeEncodeError as error:
+            char = word[error.start]
+            raise PtxgenError(f"text: {char!r} (U+{ord(char):04X}, a lone surrogate) is not encodable as UTF-8") from None
+        if ignore_merges and chars in ids:
+            return [ids[chars]]
+        parts = list(chars)
+        while len(parts) > 1:
+            rank, i = min((ranks.get(pair, len(ranks)), i) for i, pair in enumerate(zip(parts, parts[1:])))
+            if rank == len(ranks):
+                break
+            parts[i:i + 2] = [parts[i] + parts[i + 1]]
+        missing = [part for part in parts if part not in ids]
+        if missing:
+            raise PtxgenError(f"{self.path}: the tokenizer has no token {missing[0]!r} (a merge's result or a byte "
+                              "token is missing from tokenizer.ggml.tokens)")
+        return [ids[part] for part in parts]
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of token ids: NORMAL tokens' bytes, special tokens' text, as UTF-8 (U+FFFD for
+        bytes that are not)."""
+        self._check_byte_level()
+        data = bytearray()
+        for token in ids:
+            if not 0 <= token < len(self.tokens):
+                raise PtxgenError(f"{self.path}: token {token} is not one of the tokenizer's {len(self.tokens)}")
+            text, kind = self.tokens[token], self.types[token]
+            if kind in SPECIAL_TYPES:
+                data += text.encode()
+            elif kind == NORMAL:
+                # A character outside the byte alphabet: the token's own UTF-8, as Hugging Face's
+                # ByteLevel decoder reads it.
+                data += bytes(CHAR_BYTES[c] for c in text) if all(c in CHAR_BYTES for c in text) else text.encode()
+        return data.decode("utf-8", errors="replace")
