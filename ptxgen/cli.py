@@ -862,8 +862,14 @@ def parse_tokens(text: str) -> list[int]:
 def generate(
     model: Annotated[Path, typer.Argument(readable=False,
                                           help="A .gguf model file (qwen3 or llama; matrices Q4_K, Q6_K or Q8_0).")],
-    tokens: Annotated[str, typer.Option("--tokens", help="Prompt token ids, comma-separated.")],
-    max_new: Annotated[int, typer.Option("--max-new", help="Tokens to generate.")] = 16,
+    tokens: Annotated[Optional[str], typer.Option("--tokens", help="Prompt token ids, comma-separated (or "
+                                                  "--prompt).")] = None,
+    prompt_text: Annotated[Optional[str], typer.Option("--prompt", help="Prompt text, encoded by the model file's "
+                                                       "tokenizer (byte-level BPE: Qwen2/3, Llama 3); the generated "
+                                                       "tokens are printed as text.")] = None,
+    max_new: Annotated[int, typer.Option("--max-new", help="Tokens to generate at most.")] = 16,
+    ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Do not stop at an end-of-generation token "
+                                             "(the file's eos/eot/eom ids, <|im_end|>, <|eot_id|>, ...).")] = False,
     backend: Annotated[Backend, typer.Option(help="device (GPU) or emulator (the PTX interpreter on the CPU: "
                                                   "small models only).")] = Backend.device,
     fused: Annotated[Optional[bool], typer.Option("--fused/--separate", help="The layers as one persistent_decoder "
@@ -883,7 +889,8 @@ def generate(
     tokens/s counts the decode steps after the first new token, wall clock, launches included.
     The layers run as the persistent decoder unless the model rules it out or --separate is given:
     on an H200 (2026-11-28, Qwen3-8B's 36 layers at pos 4095, one call at a time) its one launch
-    took 2060 us on the wall clock, the separate kernels launched one by one from Python 3220."""
+    took 2060 us on the wall clock, the separate kernels launched one by one from Python 3220.
+    Generation stops after an end-of-generation token, as llama.cpp's does, unless --ignore-eos."""
     import io
 
     import numpy as np
@@ -891,12 +898,18 @@ def generate(
     from .artifacts import check_output_file, write_file
     from .generate import Generator, check_request, step_kernels
     from .gguf_model import GGUFModel
+    from .tokenizer import Tokenizer
 
-    prompt = parse_tokens(tokens)
+    if (tokens is None) == (prompt_text is None):
+        raise PtxgenError("give the prompt as --prompt TEXT or as --tokens IDS (one of them)")
+    prompt = parse_tokens(tokens) if tokens is not None else None
     if save_logits is not None:
         check_output_file(save_logits, "--save-logits", ".npy", inputs=(model,))
     loaded = GGUFModel(model)
-    check_request(loaded.config, max_seq_len, prompt, max_new)
+    tokenizer = Tokenizer(loaded)
+    if prompt is None:
+        prompt = tokenizer.encode(prompt_text)
+    check_request(loaded.config, max_seq_len, prompt, max_new, "--tokens" if tokens is not None else "--prompt")
     # Planned once, before any note: a model no path can take is one error.
     kernels = step_kernels(loaded.config, loaded.config.cache_positions(max_seq_len))
     if fused is None:
@@ -909,7 +922,8 @@ def generate(
                               progress=lambda done, total, tensor: progress.update(task, completed=done, total=total,
                                                                                    description=tensor))
     try:
-        result = generator.generate(prompt, max_new, keep_logits=save_logits is not None)
+        result = generator.generate(prompt, max_new, keep_logits=save_logits is not None,
+                                    stop_tokens=frozenset() if ignore_eos else tokenizer.end_of_generation)
     finally:
         generator.close()
     if save_logits is not None:
@@ -918,16 +932,23 @@ def generate(
         write_file(save_logits, buffer.getvalue(), "--save-logits")
     rate = result.tokens_per_s
     layers = "persistent_decoder" if fused else "separate kernels"
+    # None only for --tokens on a file whose tokenizer is not byte-level BPE (--prompt needed one)
+    text = tokenizer.decode(result.tokens) if tokenizer.byte_level else None
     if as_json:
-        summary = {"prompt_tokens": result.prompt, "generated_tokens": result.tokens, "tokens_per_s": rate,
-                   "decode_steps": result.decode_steps, "device": generator.device, "backend": backend.value,
-                   "layers": layers, "max_seq_len": generator.max_seq_len}
+        summary = {"prompt_tokens": result.prompt, "generated_tokens": result.tokens, "text": text,
+                   "stop": result.stop, "tokens_per_s": rate, "decode_steps": result.decode_steps,
+                   "device": generator.device, "backend": backend.value, "layers": layers,
+                   "max_seq_len": generator.max_seq_len}
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
         return
-    out.print(",".join(map(str, result.tokens)), markup=False)
+    if prompt_text is not None:
+        sys.stdout.write(text + "\n")
+    else:
+        out.print(",".join(map(str, result.tokens)), markup=False)
     speed = f"{rate:.1f} tokens/s over {plural(result.decode_steps, 'decode step')}" if rate else "no decode step timed"
+    stopped = f"; stopped at end-of-generation token {result.tokens[-1]}" if result.stop == "eos" else ""
     err.print(f"{len(prompt)} prompt + {len(result.tokens)} generated tokens on {generator.device} (layers: {layers}): "
-              f"{speed}", markup=False)
+              f"{speed}{stopped}", markup=False)
 
 
 # --- the cache ----------------------------------------------------------------------------------------

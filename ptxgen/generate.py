@@ -56,14 +56,16 @@ def step_kernels(config: ModelConfig, max_seq_len: int) -> StepKernels:
     return generated_spec(config, f"{config.name} (generated spec)", max_seq_len)[1]
 
 
-def check_request(config: ModelConfig, max_seq_len: int | None, prompt: list[int], max_new: int) -> None:
+def check_request(config: ModelConfig, max_seq_len: int | None, prompt: list[int], max_new: int,
+                  option: str = "--tokens") -> None:
     """Refuse a prompt or a length the model cannot take (cheap: before any weight is loaded).
-    `max_seq_len`: the KV cache's positions as --max-seq-len gave them (None: context_length)."""
+    `max_seq_len`: the KV cache's positions as --max-seq-len gave them (None: context_length);
+    `option`: the option the prompt came from, named in the errors."""
     if not prompt:
-        raise PtxgenError("--tokens: give at least one prompt token")
+        raise PtxgenError(f"{option}: give at least one prompt token")
     for token in prompt:
         if not 0 <= token < config.vocab_size:
-            raise PtxgenError(f"--tokens: token {token} is outside the vocabulary (0..{config.vocab_size - 1})")
+            raise PtxgenError(f"{option}: token {token} is outside the vocabulary (0..{config.vocab_size - 1})")
     if max_new < 1:
         raise PtxgenError(f"--max-new: expected at least 1, got {max_new}")
     positions = len(prompt) + max_new - 1  # the last new token is not fed back
@@ -72,7 +74,7 @@ def check_request(config: ModelConfig, max_seq_len: int | None, prompt: list[int
         source = "--max-seq-len" if max_seq_len else "the model's context_length; --max-seq-len sets it"
         prompted = f"{len(prompt)} prompt token{'s' if len(prompt) > 1 else ''}"
         if len(prompt) > cache:
-            raise PtxgenError(f"--tokens: {prompted} need {len(prompt)} cache positions; the KV cache holds {cache} "
+            raise PtxgenError(f"{option}: {prompted} need {len(prompt)} cache positions; the KV cache holds {cache} "
                               f"({source})")
         new = f"{max_new} new one{'s' if max_new > 1 else ''}"
         raise PtxgenError(f"--max-new {max_new}: {prompted} and {new} need {positions} cache positions; "
@@ -195,10 +197,11 @@ class DeviceMemory:
 @dataclass(frozen=True)
 class Generation:
     prompt: list[int]
-    tokens: list[int]  # the greedy continuation
+    tokens: list[int]  # the greedy continuation, ending with the stop token where one came
     logits: np.ndarray | None  # f32 [len(tokens), vocab] (row i chose tokens[i]) when kept
     decode_steps: int  # steps that fed a generated token (and made the next): all but the first token
     decode_seconds: float  # their wall-clock time: launches, kernels, the index read back
+    stop: str  # why it ended: "eos" (a stop token came) or "max_new"
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -313,9 +316,11 @@ class Generator:
         return self.memory.read("logits")
 
     # --- greedy decoding -----------------------------------------------------------------------
-    def generate(self, prompt: list[int], max_new: int, keep_logits: bool = False) -> Generation:
-        """Greedy decoding from an empty cache: the prompt token by token, then `max_new` tokens,
-        each the argmax of the logits before it. Decode steps are timed on the wall clock."""
+    def generate(self, prompt: list[int], max_new: int, keep_logits: bool = False,
+                 stop_tokens: frozenset[int] = frozenset()) -> Generation:
+        """Greedy decoding from an empty cache: the prompt token by token, then up to `max_new`
+        tokens, each the argmax of the logits before it, ending early after one of `stop_tokens`
+        (as llama.cpp ends at an end-of-generation token). Decode steps are timed on the wall clock."""
         prompt = [int(t) for t in prompt]
         check_request(self.config, self.max_seq_len, prompt, max_new)
         for pos, token in enumerate(prompt[:-1]):
@@ -324,12 +329,15 @@ class Generator:
         rows = [self.logits()] if keep_logits else []
         seconds = 0.0
         for pos in range(len(prompt), len(prompt) + max_new - 1):
+            if generated[-1] in stop_tokens:
+                break
             start = time.perf_counter()
             generated.append(self.step(generated[-1], pos))
             seconds += time.perf_counter() - start
             if keep_logits:
                 rows.append(self.logits())
-        return Generation(prompt, generated, np.stack(rows) if keep_logits else None, max_new - 1, seconds)
+        stop = "eos" if generated[-1] in stop_tokens else "max_new"
+        return Generation(prompt, generated, np.stack(rows) if keep_logits else None, len(generated) - 1, seconds, stop)
 
     def close(self) -> None:
         self.memory.free()

@@ -43,6 +43,7 @@ from ptxgen.quants import quant_type
 from ptxgen.kernels.argmax import first_argmax
 from ptxgen.model_reference import ReferenceModel, generate as reference_generate
 from ptxgen.spec import load_spec
+from ptxgen.tokenizer import Tokenizer
 from ptxgen.verify import relative_l2
 
 from helpers import run_cli_in_process
@@ -74,6 +75,10 @@ def files(tmp_path_factory):
             "long": rewrite_gguf(write_tiny_gguf(root / "long-source.gguf", quant="q4_k"), root / "long.gguf",
                                  drop_fields=("qwen3.context_length",),
                                  set_fields=[("qwen3.context_length", 1 << 25, gguf.GGUFValueType.UINT32)]),
+            # a SentencePiece tokenizer's name: ids work, text does not
+            "sentencepiece": rewrite_gguf(write_tiny_gguf(root / "spm-source.gguf", quant="q4_k"), root / "spm.gguf",
+                                          drop_fields=("tokenizer.ggml.model",),
+                                          set_fields=[("tokenizer.ggml.model", "llama", gguf.GGUFValueType.STRING)]),
             }
 
 
@@ -330,6 +335,75 @@ def test_the_command_plans_the_step_once(files, monkeypatch):
     assert len(planned) == 1, f"the step planned {len(planned)} times"
 
 
+# --- text in and out: the file's tokenizer ----------------------------------------------------------
+TEXT_PROMPT = "Hello <|im_start|>it's 42\n"
+
+
+def test_generate_takes_a_prompt_and_prints_json_with_the_text(files):
+    """--prompt is encoded by the file's tokenizer; --json's text is the generated tokens decoded,
+    and stop says why they ended."""
+    tokenizer = Tokenizer(GGUFModel(files["qwen3"]))
+    result = run_cli_in_process("generate", str(files["qwen3"]), "--prompt", TEXT_PROMPT, "--max-new", "2",
+                                "--backend", "emulator", "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["prompt_tokens"] == tokenizer.encode(TEXT_PROMPT)
+    assert tokenizer.tokens.index("<|im_start|>") in summary["prompt_tokens"], "a special token matched literally"
+    generated = summary["generated_tokens"]
+    assert summary["text"] == tokenizer.decode(generated)
+    ended = generated[-1] in tokenizer.end_of_generation
+    assert summary["stop"] == ("eos" if ended else "max_new") and (ended or len(generated) == 2), summary
+
+
+def test_generate_prints_the_text_of_the_greedy_tokens(files):
+    """Plain output with --prompt: the generated text on stdout (Llama 3's BOS added to the prompt)."""
+    model = GGUFModel(files["llama"])
+    tokenizer = Tokenizer(model)
+    prompt = tokenizer.encode(TEXT_PROMPT)
+    assert prompt[0] == model.metadata("tokenizer.ggml.bos_token_id")
+    expected = reference_generate(model, prompt, 2, "f16", True).tokens
+    result = run_cli_in_process("generate", str(files["llama"]), "--prompt", TEXT_PROMPT, "--max-new", "2",
+                                "--backend", "emulator", "--ignore-eos")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == tokenizer.decode(expected) + "\n"
+    assert f"{len(prompt)} prompt + 2 generated tokens" in result.stderr
+
+
+def test_generation_stops_at_an_end_of_generation_token(files, tmp_path):
+    """As llama.cpp: the file's eos (set here to the second token the model picks) ends the
+    generation after it; --ignore-eos runs on to --max-new."""
+    expected = reference_generate(GGUFModel(files["qwen3"]), PROMPT, 3, "f16", True).tokens
+    path = rewrite_gguf(files["qwen3"], tmp_path / "eos.gguf", drop_fields=("tokenizer.ggml.eos_token_id",),
+                        set_fields=[("tokenizer.ggml.eos_token_id", expected[1], gguf.GGUFValueType.UINT32)])
+    stops = Tokenizer(GGUFModel(path)).end_of_generation
+    assert expected[0] not in stops and expected[1] in stops, (expected, stops)
+    stopped = run_cli_in_process("generate", str(path), "--tokens", ",".join(map(str, PROMPT)), "--max-new", "3",
+                                 "--backend", "emulator")
+    assert stopped.returncode == 0, stopped.stderr
+    assert stopped.stdout.strip() == f"{expected[0]},{expected[1]}"
+    assert f"over 1 decode step; stopped at end-of-generation token {expected[1]}" in stopped.stderr
+    ignored = run_cli_in_process("generate", str(path), "--tokens", ",".join(map(str, PROMPT)), "--max-new", "3",
+                                 "--backend", "emulator", "--json", "--ignore-eos")
+    assert ignored.returncode == 0, ignored.stderr
+    summary = json.loads(ignored.stdout)
+    assert summary["generated_tokens"] == expected and summary["stop"] == "max_new" and summary["decode_steps"] == 2
+
+
+def test_token_ids_work_whatever_the_tokenizer(files):
+    """--tokens on a file whose tokenizer ptxgen does not read as text: ids out, and --json's text null."""
+    result = run_cli_in_process("generate", str(files["sentencepiece"]), "--tokens", "1,2", "--max-new", "1",
+                                "--backend", "emulator", "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["text"] is None and len(summary["generated_tokens"]) == 1
+
+
+def test_the_prompt_is_required(files):
+    result = run_cli_in_process("generate", str(files["qwen3"]), "--max-new", "1", "--backend", "emulator")
+    assert result.returncode == 2 and not result.stdout
+    assert result.stderr.strip() == "error: give the prompt as --prompt TEXT or as --tokens IDS (one of them)"
+
+
 # --- bad input -----------------------------------------------------------------------------------
 def test_unsupported_weight_types_are_named(files):
     config = GGUFModel(files["mixed"]).config
@@ -384,15 +458,22 @@ def test_unsupported_weight_types_are_named(files):
     (["{qwen3}", "--save-logits", "{qwen3}"], r"--save-logits .*qwen3\.gguf: expected a \.npy file name"),
     # Checked before the model is read (a real one takes minutes to load and decode):
     (["{missing}", "--save-logits", "{folder}/sub/logits.npy"], r"--save-logits .*: the folder .*sub does not exist"),
+    (["{qwen3}", "--prompt", "hi", "--tokens", "1"], r"give the prompt as --prompt TEXT or as --tokens IDS \(one of "
+                                                     r"them\)"),
+    (["{qwen3}", "--prompt", ""], r"--prompt: give at least one prompt token"),
+    (["{qwen3}", "--prompt", "a b c d e", "--max-seq-len", "4"],  # a, Ġb, Ġc, Ġd, Ġ, e
+     r"--prompt: 6 prompt tokens need 6 cache positions; the KV cache holds 4 \(--max-seq-len\)"),
+    (["{sentencepiece}", "--prompt", "hi"], r"spm\.gguf: tokenizer\.ggml\.model = 'llama': ptxgen turns text into "
+                                            r"tokens and back only for byte-level BPE"),
 ])
 def test_bad_input_is_one_message_and_exit_2(files, tmp_path, args, message):
     (tmp_path / "not-a-model.gguf").write_text("hello")
     (tmp_path / "folder").mkdir()
     names = {"missing": tmp_path / "missing.gguf", "text": tmp_path / "not-a-model.gguf", "folder": tmp_path / "folder",
-             **{name: files[name] for name in ("qwen3", "split", "nan_norm", "inf_scale", "long")}}
+             **{name: files[name] for name in ("qwen3", "split", "nan_norm", "inf_scale", "long", "sentencepiece")}}
     args = [a.format(**names) for a in args]
-    defaults = [option for name, value in (("--tokens", "1,2,3"), ("--max-new", "2")) if name not in args
-                for option in (name, value)]
+    defaults = [option for name, value in (("--tokens", "1,2,3"), ("--max-new", "2"))
+                if name not in args and not (name == "--tokens" and "--prompt" in args) for option in (name, value)]
     result = run_cli_in_process("generate", *args, *defaults, "--backend", "emulator")
     assert result.returncode == 2, result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()
