@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from ptxgen.errors import PtxgenError
 from ptxgen.gguf_model import GGUFModel
-from ptxgen.tokenizer import BYTE_CHARS, CONTROL, NORMAL, PRE_TOKENIZERS, Tokenizer
+from ptxgen.tokenizer import BYTE_CHARS, CONTROL, NORMAL, PRE_TOKENIZERS, Tokenizer, merged
 
 # tokenizer.json's pre_tokenizer Split patterns: Qwen2/Qwen3 and Llama 3.
 HF_PATTERNS = {
@@ -146,6 +146,29 @@ class ToyModel:
 
     def metadata(self, key, *default):
         return self.fields.get(key, *default) if default else self.fields[key]
+
+
+def rescanned(chars: str, ranks: dict) -> list[str]:
+    """BPE as its definition reads: rescan every pair, merge the lowest rank's leftmost, again."""
+    parts = list(chars)
+    while len(parts) > 1:
+        rank, i = min((ranks.get(pair, len(ranks)), i) for i, pair in enumerate(zip(parts, parts[1:])))
+        if rank == len(ranks):
+            break
+        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+    return parts
+
+
+@settings(max_examples=300, deadline=None)
+@given(word=st.text("abc", max_size=30), merges=st.lists(st.tuples(st.sampled_from(["a", "b", "c", "ab", "ba", "aa",
+                                                                                    "abc", "cab", "bb"]),
+                                                                   st.sampled_from(["a", "b", "c", "ab", "bc", "aa"])),
+                                                         unique=True, max_size=12))
+def test_the_heap_merges_as_rescanning_does(word, merges):
+    """merged's heap of candidate pairs gives what rescanning all pairs after each merge gives,
+    repeated letters (overlapping pairs) and merges whose results make new pairs included."""
+    ranks = {pair: rank for rank, pair in enumerate(merges)}
+    assert merged(word, ranks) == rescanned(word, ranks)
 
 
 @pytest.mark.parametrize("pre, ids", [("qwen2", [97, 256]), ("llama-bpe", [258])])
