@@ -283,6 +283,28 @@ def test_cvt_round_to_integral_float():
     assert list(elementwise("cvt.rzi.f32.f32 %d, %a;", x).view(np.float32)) == [2, 3, -2, 1]
 
 
+def test_cvt_sat_clamps_to_0_1_and_nan_to_zero():
+    """cvt's .sat on a float destination: the result clamped to [0.0, 1.0], NaN to +0 (ISA 9.7.9.21)."""
+    x = f32([-0.5, 1.5, np.nan, 0.25, -np.inf])
+    assert list(elementwise("cvt.sat.f32.f32 %d, %a;", x)) == [0, fbits(1.0), 0, fbits(0.25), 0]
+    half = elementwise(".reg .b16 %h; cvt.rn.sat.f16.f32 %h, %a; cvt.u32.u16 %d, %h;", x)
+    assert list(half) == [0, 0x3C00, 0, 0x3400, 0]
+    ints = np.array([-3, 0, 1, 7], np.int32).view(np.uint32)
+    assert list(elementwise("cvt.rn.sat.f32.s32 %d, %a;", ints)) == [0, 0, fbits(1.0), fbits(1.0)]
+
+
+def test_cvt_ftz_flushes_a_subnormal_f32_source_whatever_the_destination():
+    """.ftz flushes a subnormal .f32 source to a zero of its sign before converting: to f16 rounding
+    up it stays 0 (not the smallest f16 subnormal), to f64 it is 0 (not the exact 1e-40)."""
+    x = f32([1e-40, -1e-40])
+    out = elementwise(".reg .b16 %h; cvt.rp.ftz.f16.f32 %h, %a; cvt.u32.u16 %d, %h;", x)
+    assert list(out) == [0, 0x8000]
+    assert list(elementwise(".reg .b16 %h; cvt.rp.f16.f32 %h, %a; cvt.u32.u16 %d, %h;", x)) == [0x0001, 0x8000]
+    wide = elementwise("cvt.u32.u64 %a, %A; cvt.ftz.f64.f32 %D, %a;",
+                       x.view(np.uint32).astype(np.uint64), wide=True)
+    assert list(wide) == [0, 1 << 63]
+
+
 def test_cvt_int_to_float_rounding():
     x = np.array([2**24 + 1, 2**24 + 3, 0xFFFFFFFF], np.uint32)
     rn = elementwise("cvt.rn.f32.u32 %d, %a;", x).view(np.float32)
@@ -301,6 +323,25 @@ def test_f16x2_arithmetic():
     assert elementwise("add.rn.f16x2 %d, %a, %b;", a, b)[0] == (0x4400 << 16) | 0x4100
     assert elementwise("mul.rn.f16x2 %d, %a, %b;", a, b)[0] == (0x4200 << 16) | 0x3C00
     assert elementwise("fma.rn.f16x2 %d, %a, %b, %b;", a, b)[0] == (0x4600 << 16) | 0x3E00
+
+
+def test_f16x2_sat_clamps_to_0_1_and_nan_to_zero():
+    """.sat on .f16/.f16x2 arithmetic clamps each half to [0, 1], a NaN result to +0 (ISA 9.7.4)."""
+    a = np.array([(0x3C00 << 16) | 0xBC00, (0x7E00 << 16) | 0x3800], np.uint32)   # {-1, 1}, {0.5, NaN}
+    b = np.array([(0x3C00 << 16) | 0x0000, 0], np.uint32)                         # {0, 1}, {0, 0}
+    want = [(0x3C00 << 16) | 0x0000, 0x3800]                                      # {0, 1}, {0.5, 0}
+    assert list(elementwise("add.sat.f16x2 %d, %a, %b;", a, b)) == want
+    assert list(elementwise("fma.rn.sat.f16x2 %d, %a, %c, %b;", a, b, np.full(2, 0x3C003C00, np.uint32))) == want
+
+
+def test_f16x2_ftz_flushes_subnormal_inputs_and_results_to_signed_zero():
+    """.ftz on .f16x2: a subnormal operand (lo: -2^-24) counts as a zero of its sign, a subnormal
+    result (hi: 2^-14 * 0.5) becomes one; without .ftz both are kept."""
+    a = np.array([(0x0400 << 16) | 0x8001], np.uint32)
+    b = np.array([(0x3800 << 16) | 0x3C00], np.uint32)
+    assert list(elementwise("mul.ftz.f16x2 %d, %a, %b;", a, b)) == [0x8000]
+    assert list(elementwise("mul.f16x2 %d, %a, %b;", a, b)) == [(0x0200 << 16) | 0x8001]
+    assert list(elementwise("fma.rn.ftz.f16x2 %d, %a, %b, %c;", a, b)) == [0x0000]
 
 
 def test_f64_ops():

@@ -1,5 +1,6 @@
 """Integer, bit-manipulation, predicate and data-movement instructions."""
 import numpy as np
+import pytest
 
 from interp_helpers import elementwise
 
@@ -37,6 +38,41 @@ def test_mad_and_64bit_mul_hi():
     got = elementwise("mul.hi.s64 %D, %A, %B;", a, b, wide=True).view(np.int64)
     sa, sb = a.view(np.int64), b.view(np.int64)
     assert [int(x) for x in got] == [(int(x) * int(y)) >> 64 for x, y in zip(sa, sb)]
+
+
+def test_mad_wide_adds_all_64_bits_of_its_addend():
+    """mad.wide.{u32,s32} d, a, b, c: c and d are 64-bit (ISA 9.7.1.4), so an addend past 2^32
+    counts in full (mutation: c read as a 32-bit register)."""
+    a = np.array([0xFFFFFFFF, 3, 0x80000000], np.uint64)
+    b = np.array([0xFFFFFFFF, 5, 2], np.uint64)
+    c = np.array([(1 << 40) + 5, 2**64 - 1, 1 << 63], np.uint64)
+    snippet = "cvt.u32.u64 %a, %A; cvt.u32.u64 %b, %B; mad.wide.{} %D, %a, %b, %C;"
+    got = elementwise(snippet.format("u32"), a, b, c, wide=True)
+    assert [int(x) for x in got] == [(int(x) * int(y) + int(z)) % 2**64 for x, y, z in zip(a, b, c)]
+    got = elementwise(snippet.format("s32"), a, b, c, wide=True)
+    sa, sb = a.astype(np.uint32).view(np.int32), b.astype(np.uint32).view(np.int32)
+    assert [int(x) for x in got] == [(int(x) * int(y) + int(z)) % 2**64 for x, y, z in zip(sa, sb, c)]
+
+
+def test_mul24_multiplies_the_low_24_bits_and_hi_is_bits_16_to_47():
+    """mul24.lo: the low 32 bits of the 48-bit product of the operands' low 24 bits; mul24.hi its
+    high 32 bits (bits 47..16, ISA 9.7.1.6); .s32 sign-extends the 24-bit operands."""
+    a = np.array([0xFFFFFF, 0x1000003, 0x800000, 0xFFFFFF, 0x123456], np.uint32)
+    b = np.array([0xFFFFFF, 3, 0x800000, 2, 0xABCDEF], np.uint32)
+
+    def product(x, y, signed):
+        x, y = int(x) & 0xFFFFFF, int(y) & 0xFFFFFF
+        if signed:
+            x, y = (x - (1 << 24) if x >> 23 else x), (y - (1 << 24) if y >> 23 else y)
+        return x * y
+
+    for t, signed in (("u32", False), ("s32", True)):
+        lo = [product(x, y, signed) % 2**32 for x, y in zip(a, b)]
+        hi = [(product(x, y, signed) >> 16) % 2**32 for x, y in zip(a, b)]
+        assert list(elementwise(f"mul24.lo.{t} %d, %a, %b;", a, b)) == lo, t
+        assert list(elementwise(f"mul24.hi.{t} %d, %a, %b;", a, b)) == hi, t
+        mad = [(h + 7) % 2**32 for h in hi]
+        assert list(elementwise(f"mad24.hi.{t} %d, %a, %b, %c;", a, b, np.full(5, 7, np.uint32))) == mad, t
 
 
 def test_div_rem_truncate_toward_zero():
@@ -89,6 +125,27 @@ def test_bit_field_and_permute():
     assert list(elementwise("prmt.b32 %d, %a, %b, 0x000C;", a, np.full(1, 0x000000F0, np.uint32))) == [0x000000FF]
 
 
+def _prmt(a, b, selector):
+    """prmt.b32's default mode: byte i of the result is byte (nibble i & 7) of {b, a}, or with
+    the nibble's top bit set that byte's sign bit replicated (ISA 9.7.8.7)."""
+    pool = int(a).to_bytes(4, "little") + int(b).to_bytes(4, "little")
+    out = 0
+    for i in range(4):
+        nibble = selector >> 4 * i & 0xF
+        byte = pool[nibble & 7]
+        out |= ((0xFF if byte & 0x80 else 0) if nibble & 8 else byte) << 8 * i
+    return out
+
+
+@pytest.mark.parametrize("selector", [0x3210, 0x8888, 0xBA98, 0xF7E6, 0x40C8])
+def test_prmt_picks_and_sign_replicates_every_byte(selector):
+    a = np.array([0x80FF7F01, 0x00F08001, 0x12345678], np.uint32)
+    b = np.array([0x7F80FE02, 0x80000080, 0x9ABCDEF0], np.uint32)
+    want = [_prmt(x, y, selector) for x, y in zip(a, b)]
+    assert list(elementwise(f"prmt.b32 %d, %a, %b, {selector:#x};", a, b)) == want, "immediate selector"
+    assert list(elementwise("prmt.b32 %d, %a, %b, %c;", a, b, np.full(3, selector, np.uint32))) == want, "register"
+
+
 def test_popc_clz_brev_lop3():
     a = np.array([0, 1, 0xF0F0, 0x80000000, 0xFFFFFFFF], np.uint32)
     assert list(elementwise("popc.b32 %d, %a;", a)) == [0, 1, 8, 1, 32]
@@ -96,6 +153,9 @@ def test_popc_clz_brev_lop3():
     assert list(elementwise("brev.b32 %d, %a;", a)) == [0, 0x80000000, 0x0F0F0000, 1, 0xFFFFFFFF]
     assert list(elementwise("mov.b64 %A, {%a, %b}; clz.b64 %d, %A;", np.array([0, 1], np.uint32),
                             np.array([0, 0], np.uint32))) == [64, 63]
+    wide = np.array([0, 1, 1 << 32, 1 << 63, (1 << 40) | 5, 2**64 - 1], np.uint64)   # the high word counts too
+    assert list(elementwise("clz.b64 %d, %A; cvt.u64.u32 %D, %d;", wide, wide=True)) == [64, 63, 31, 0, 23, 0]
+    assert list(elementwise("popc.b64 %d, %A; cvt.u64.u32 %D, %d;", wide, wide=True)) == [0, 1, 1, 1, 3, 64]
     x, y, z = (np.array([v], np.uint32) for v in (0xF0F0F0F0, 0xCCCCCCCC, 0xAAAAAAAA))
     assert list(elementwise("lop3.b32 %d, %a, %b, %c, 0x96;", x, y, z)) == [0xF0F0F0F0 ^ 0xCCCCCCCC ^ 0xAAAAAAAA]
 
@@ -111,6 +171,12 @@ def test_setp_combinations_and_predicate_logic():
     out = elementwise("setp.ne.u32 %q, %c, 0; setp.eq.and.u32 %p, %a, %b, !%q; selp.u32 %d, 1, 0, %p;",
                       a, b, np.array([0, 0, 0], np.uint32))
     assert list(out) == [0, 1, 0]
+    # setp.cmp.bop p|q, a, b, c: p = (a cmp b) bop c, q = !(a cmp b) bop c (ISA 9.7.6.1)
+    a4, b4, c4 = (np.array(v, np.uint32) for v in ([1, 5, 7, 1], [2, 5, 3, 2], [1, 1, 1, 0]))
+    for bop, want_p, want_q in (("and", [1, 0, 0, 0], [0, 1, 1, 0]), ("or", [1, 1, 1, 1], [1, 1, 1, 0])):
+        out = elementwise(f".reg .pred %r; setp.ne.u32 %r, %c, 0; setp.lt.{bop}.u32 %p|%q, %a, %b, %r; "
+                          "selp.u32 %d, 1, 0, %p; selp.u32 %e, 1, 0, %q;", a4, b4, c4, extra=True)
+        assert list(out[0]) == want_p and list(out[1]) == want_q, bop
     out = elementwise("setp.gt.u32 %p, %a, 1; setp.gt.u32 %q, %b, 1; xor.pred %p, %p, %q; "
                       "not.pred %q, %p; or.pred %p, %p, %q; selp.u32 %d, 7, 9, %p; "
                       "selp.u32 %e, 1, 0, %q;", a, b, extra=True)
