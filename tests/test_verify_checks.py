@@ -3,14 +3,16 @@ and the per-element bound over every element, kept bits, and which launches veri
 A checker that loosens any of these lets a wrong kernel pass (mutation testing of the checkers)."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
 from ptxgen import verify
 from ptxgen.dtypes import to_float64
 from ptxgen.runner import prepare_arrays, run
-from ptxgen.verify import (Check, changed_count, compare, relative_l2, verify_past_limits, verify_sizes,
-                           worst_ratio)
+from ptxgen.verify import (Check, changed_count, compare, forced_checks, relative_l2, verify_past_limits,
+                           verify_sizes, worst_ratio)
 
 from helpers import ROOT, make_kernel, spec_kernel
 
@@ -165,3 +167,13 @@ def test_a_workspace_counter_at_rest_is_all_zeros():
     words[-1], words[3] = 1, 7
     assert kernel.definition.unrested(queue, words) == 2
     assert kernel.definition.unrested(queue, np.ones(4, np.float32)) is None, "float scratch: no claim"
+
+
+def test_a_teacher_forced_grading_with_a_nan_fails_as_unwritten():
+    """forced_checks grades each of Kind.forced's (result, reference, tolerance): a NaN in the
+    result is unwritten, not left out of the error."""
+    result, reference = np.array([1.0, np.nan, 3.0]), np.array([1.0, 2.0, 3.0])
+    kind = SimpleNamespace(forced=lambda inputs, arrays, scalars: {"x": (result, reference, 1e-6)})
+    compiled = SimpleNamespace(name="k", definition_for=lambda target: kind)
+    [graded] = forced_checks(compiled, {}, {}, {})
+    assert graded.param == "x (teacher-forced)" and graded.unwritten == 1 and graded.failure == "1 unwritten"

@@ -201,6 +201,27 @@ def test_out_of_bounds_global_read():
     clean(GLOBAL_READ, args=[np.zeros(32, np.float32)], block=(32, 1, 1), grid=(1, 1, 1))
 
 
+def test_a_vector_load_that_runs_past_the_end_of_its_array():
+    """Thread 31's 16 bytes start at the array's last 8 (504 of 504 + 8): still out of bounds."""
+    body = VECTOR_LOAD.replace("{offset}", "0")
+    expect(body, r"out-of-bounds 16-byte global access: address 0x[0-9a-f]+ is outside every array",
+           (0, 0, 0), (31, 0, 0), args=[np.zeros(126, np.float32)], block=(32, 1, 1), grid=(1, 1, 1))
+    clean(body, args=[np.zeros(128, np.float32)], block=(32, 1, 1), grid=(1, 1, 1))
+
+
+def test_a_shared_vector_load_that_runs_past_the_end_of_shared_memory():
+    """8 bytes from byte 16 of 20: the first 4 are shared memory's last, the rest past its end."""
+    body = """
+  .shared .align 8 .b8 buf[20];
+  mov.u32 %s, buf;
+  st.shared.v2.u32 [%s+8], {%lin, %lin};
+  st.shared.u32 [%s+16], %lin;
+  ld.shared.v2.u32 {%v, %w}, [%s+16];  // BUG
+"""
+    expect(body, r"out-of-bounds 8-byte shared access at address 0x410 \(shared memory is \[0x400, 0x414\)\)",
+           (0, 0, 0), (0, 0, 0), block=(1, 1, 1), grid=(1, 1, 1))
+    clean(body.replace("[%s+16];", "[%s+8];"), block=(1, 1, 1), grid=(1, 1, 1))
+
 VECTOR_LOAD = """
   mul.wide.u32 %off, %lin, 16;
   add.s64 %a, %out, %off;

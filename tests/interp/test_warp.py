@@ -67,6 +67,19 @@ def test_vote_and_ballot():
     assert inverted[64] == 0 and inverted[100] == 0xFFFFFFFF
 
 
+def test_vote_counts_only_the_lanes_of_its_member_mask():
+    """Each half-warp votes with its own member mask: the ballot holds that half's bits only, .all
+    looks at that half only (lanes 16..31 vote false in warp 0)."""
+    a = np.ones(N, np.uint32)
+    a[16:32] = 0
+    votes = ("mov.u32 %i, %laneid; setp.lt.u32 %q, %i, 16; selp.b32 %c, 0xffff, 0xffff0000, %q; "
+             "setp.ne.u32 %p, %a, 0; ")
+    ballot = elementwise(votes + "vote.sync.ballot.b32 %d, %p, %c;", a)
+    assert ballot[0] == 0xFFFF and ballot[16] == 0 and ballot[32] == 0xFFFF and ballot[48] == 0xFFFF0000
+    every = elementwise(votes + "vote.sync.all.pred %p, %p, %c; selp.u32 %d, 1, 0, %p;", a)
+    assert list(every[::16]) == [1, 0] + [1] * 6
+
+
 def test_redux_and_activemask():
     a = (np.arange(N, dtype=np.uint32) * 37) % 101
     for op, fn in {"add": np.sum, "min": np.min, "max": np.max}.items():
