@@ -95,6 +95,9 @@ def test_ftz_and_sat():
     tiny = np.float32(1e-40)
     out = elementwise("add.ftz.f32 %d, %a, %b;", f32([tiny, 1.0]), f32([0.0, 0.0]))
     assert out[0] == 0 and out[1] == fbits(1.0)
+    smallest_normal = np.finfo(np.float32).tiny
+    out = elementwise("add.ftz.f32 %d, %a, %b;", f32([smallest_normal, -smallest_normal]), f32([0.0, 0.0]))
+    assert list(out) == [fbits(smallest_normal), fbits(-smallest_normal)], ".ftz keeps the smallest normal"
     out = elementwise("mul.sat.f32 %d, %a, %b;", f32([3.0, -2.0, np.nan, 0.25]), f32([1.0, 1.0, 1.0, 1.0]))
     assert list(out.view(np.float32)) == [1.0, 0.0, 0.0, 0.25]
 
