@@ -27,6 +27,15 @@ def test_fma_double_rounding_counterexample():
     assert mad[0] == 0x3F800001
 
 
+def test_fma_rounds_once_into_the_subnormal_range():
+    """a*b + c = 2^-127 + 2^-149 + 2^-150 - 2^-196, just below the midpoint of two f32 subnormals:
+    rounded once it is 2^-127 + 2^-149; rounded to f64 first (70 bits wide) it lands on the
+    midpoint and ties to the even 2^-127 + 2^-148."""
+    a, b = f32([2.0**-100 * (1 + 2**-23)]), f32([2.0**-50 * (1 - 2**-23)])
+    c = f32([2.0**-127 + 2.0**-149])
+    for ins in ("fma.rn.f32", "mad.rn.f32"):
+        assert elementwise(f"{ins} %d, %a, %b, %c;", a, b, c)[0] == fbits(2.0**-127 + 2.0**-149), ins
+
 def _exact_fma_f32(a, b, c):
     """Reference: exact rational a*b+c rounded to nearest-even float32."""
     exact = Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c))

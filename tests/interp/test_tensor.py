@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from ptxgen.errors import SanitizerError
 from ptxgen.interp import launch
 from interp_helpers import module
 
@@ -41,6 +42,14 @@ def test_ldmatrix_x4_layout(trans):
             m = mats[i].T if trans else mats[i]
             want = int(m[row, col]) | int(m[row, col + 1]) << 16
             assert out[lane, i] == want, (lane, i)
+
+
+def test_ldmatrix_of_a_partial_warp_is_a_finding():
+    """Two CTAs of 16 threads make one wave of 32 threads, but no warp of 32: ldmatrix needs one."""
+    mats = np.arange(4 * 64, dtype=np.uint16).reshape(4, 8, 8)
+    with pytest.raises(SanitizerError, match="ldmatrix: needs a full warp of 32 threads"):
+        launch(LDMATRIX_PTX.replace("{trans}", ""), "k", (2, 1, 1), (16, 1, 1),
+               [mats.copy(), np.zeros((32, 4), np.uint32)])
 
 
 MMA_PTX = module("""
