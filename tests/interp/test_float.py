@@ -327,6 +327,12 @@ def test_cvt_int_to_float_rounding():
     out = elementwise(".reg .f32 %f; cvt.rn.f32.u64 %f, %A; mov.b32 %e, %f; mov.b64 %D, 0;",
                       big, wide=True, extra=True)[1].view(np.float32)
     assert out[0] == np.float32(2**63 + 2**40)     # just above the tie: rounds up
+    # to f64 in each direction, both signs: 2^63 - 1 lies 1 below 2^63, 1023 above the double below it
+    s64 = np.array([2**63 - 1, -(2**63 - 1)], np.int64).view(np.uint64)
+    for mode, want in (("rn", [2.0**63, -2.0**63]), ("rz", [2.0**63 - 1024, -(2.0**63 - 1024)]),
+                       ("rm", [2.0**63 - 1024, -2.0**63]), ("rp", [2.0**63, -(2.0**63 - 1024)])):
+        got = elementwise(f"cvt.{mode}.f64.s64 %D, %A;", s64, wide=True).view(np.float64)
+        assert list(got) == want, mode
 
 
 def test_f16x2_arithmetic():
