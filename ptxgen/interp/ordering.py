@@ -212,6 +212,7 @@ class Ordering:
         self.num_ctas = num_ctas
         self.epoch = np.zeros(num_ctas, np.int64)          # events (releases, barriers) per CTA
         self.wrote = np.zeros(num_ctas, bool)              # a global write since the last event
+        self.read = np.zeros(num_ctas, bool)               # a tracked read (_note_read) since then
         self.barrier_at = np.zeros(num_ctas, np.int64)     # writes at epochs below: before a bar.sync
         self.release_at = np.zeros(num_ctas, np.int64)     # epoch of each CTA's last release
         self.cover_at = np.zeros(num_ctas, np.int64)       # what it covers of all threads' writes
@@ -225,6 +226,10 @@ class Ordering:
         self.own = np.zeros(0, np.int64)
         self.threads = {}          # region -> uint16 thread in its CTA per byte
         self.records = {}          # region -> uint64 record per byte (allocated at first write)
+        # Weak reads of regions written in this launch (sanitizer): region -> per byte, a read's
+        # record (as a write's) and its reading thread, for the newest read and for the newest
+        # read by a CTA other than the newest's (_note_read, _check_war).
+        self.reads = {}
         self.before = {}           # region -> each byte's value before its record's write
         self.clocks = {}           # region -> {byte offset: int32 clock, [released | covered]}
         self.released = {}         # CTA -> clock at its last release by threads that acquired something
@@ -315,13 +320,14 @@ class Ordering:
                               "and barriers after global writes")
         self.epoch[ctas] += 1
         self.wrote[ctas] = False
+        self.read[ctas] = False
 
     def barrier(self, ctas, waiters, senders):
         """A bar.sync completed in these CTAs: it orders every thread's earlier writes before
         each thread's later releases. A new epoch only where the CTA wrote since the last one.
         The waiters (wave threads) learn what the participants (waiters, and senders that
         arrived with bar.arrive) acquired: all of a CTA's threads waiting, it becomes the CTA's."""
-        self._bump(ctas[self.wrote[ctas]])
+        self._bump(ctas[self.wrote[ctas] | self.read[ctas]])
         self.barrier_at[ctas] = self.epoch[ctas]
         if self.own_of is None:
             return
@@ -478,6 +484,9 @@ class Ordering:
                 self.threads[region] = np.zeros(size, np.uint16)
             if not self.sanitize:
                 self.before[region] = np.zeros(self.memory.sizes[region], np.uint8)
+            else:
+                self.reads[region] = (np.zeros(size, np.uint64), np.zeros(size, np.uint16),
+                                      np.zeros(size, np.uint64), np.zeros(size, np.uint16))
         return self.records[region]
 
     def _threads_of(self, region, off, per, size):
@@ -557,6 +566,8 @@ class Ordering:
             self._coherence("read", region, off, threads, np.arange(len(off)), reads=True, writes=False)
         if region not in self.records:
             return raw
+        if self.sanitize and not access.strong and not access.nc:
+            self._note_read(region, off, size, ctas, threads)
         rec, actors, per = self._records(region, off, size, threads)
         readers = ctas if per == 1 else self.st.cta_global[actors]
         threads_of = self._threads_of(region, off, per, size)
@@ -574,6 +585,101 @@ class Ordering:
             bad = self._bytes(bad, per, size)
             view[bad] = stale[bad]
         return raw
+
+    def _view(self, slot, region, size):
+        """Read records (slot 0, 2) or their threads (1, 3) of region, one item per size bytes."""
+        key = ("reads", slot, region, size)
+        if key not in self._views:
+            array = self.reads[region][slot]
+            self._views[key] = array.view(item(array.itemsize * size))
+        return self._views[key]
+
+    def _note_read(self, region, off, size, ctas, threads):
+        """A weak read (by wave threads) of a region written in this launch, for _check_war: it
+        becomes its bytes' newest read, and the read it replaces, if another CTA's, the newest
+        by a CTA other than the newest's; as does a read of this step that another CTA's read
+        of the same bytes replaced."""
+        newest, newest_by, other, other_by = (self._view(slot, region, size) for slot in range(4))
+        at = off // size
+        new = _stamp(ctas, self.epoch[ctas], False, self.st.pc)
+        lin = self.st.lin[threads].astype(np.uint16)
+        old = np.take(newest, at).view(np.uint64).reshape(-1, size)[:, 0]
+        shift = np.uint64(CTA_SHIFT)
+        moved = np.flatnonzero((old != 0) & ((old >> shift) != (new >> shift)))
+        if len(moved):
+            old_by = np.take(newest_by, at[moved]).view(np.uint16).reshape(-1, size)[:, 0]
+            np.put(other, at[moved], np.repeat(old[moved], size).view(other.dtype))
+            np.put(other_by, at[moved], np.repeat(old_by, size).view(other_by.dtype))
+        np.put(newest, at, np.repeat(new, size).view(newest.dtype))
+        np.put(newest_by, at, np.repeat(lin, size).view(newest_by.dtype))
+        if len(ctas) and (ctas != ctas[0]).any():      # several CTAs in this step
+            kept = np.take(newest, at).view(np.uint64).reshape(-1, size)[:, 0]
+            lost = np.flatnonzero((kept >> shift) != (new >> shift))
+            if len(lost):
+                np.put(other, at[lost], np.repeat(new[lost], size).view(other.dtype))
+                np.put(other_by, at[lost], np.repeat(lin[lost], size).view(other_by.dtype))
+        self.read[ctas] = True
+        if self.by_thread:
+            self.thread_wrote[threads] = True
+
+    def _check_war(self, what, region, off, size, threads):
+        """A write (by wave threads) over bytes another CTA r read weakly earlier in this launch
+        (the newest read of each byte, and the newest by a CTA other than its): ordered only if
+        the writing thread acquired a release of r that covers the read (r's reading thread
+        released after it, or a bar.sync of r came between the read and the release); else a
+        GPU may land the write first, and the read see the new value."""
+        for slot in (0, 2):
+            old = np.take(self._view(slot, region, size), off // size).view(np.uint64).reshape(-1, size)
+            per = 1 if size == 1 or (old == old[:, :1]).all() else size
+            rec = old[:, 0] if per == 1 else old.reshape(-1)
+            actors = threads if per == 1 else np.repeat(threads, size)
+            reader = (rec >> np.uint64(CTA_SHIFT)).astype(np.int64) - 1
+            foreign = (reader >= 0) & (reader != self.st.cta_global[actors])
+            if not foreign.any():
+                continue
+            k = np.flatnonzero(foreign)
+            epoch = ((rec[k] >> np.uint64(EPOCH_SHIFT)) & np.uint64((1 << EPOCH_BITS) - 1)).astype(np.int64)
+            by = self.reads[region][slot + 1]
+
+            def threads_of(j, k=k, by=by, per=per):
+                if per == 1:
+                    return by[off[k[j]][:, None] + np.arange(size)].astype(np.int64)
+                return by[off[k[j] // per] + k[j] % per][:, None].astype(np.int64)
+            release, cover = self._acquired(reader[k], actors[k])
+            bad = ~self._covered(reader[k], epoch, threads_of, release, cover)
+            if bad.any():
+                j = int(np.flatnonzero(bad)[0])
+                self._report_war(what, region, off, per, int(k[j]), int(rec[k[j]]), threads_of(np.array([j]))[0],
+                                 int(release[j]), int(cover[j]), threads)
+
+    def _report_war(self, what, region, off, per, k, rec, read_by, release, cover, threads):
+        i, byte = k // per, k % per
+        reader = (rec >> CTA_SHIFT) - 1
+        epoch = rec >> EPOCH_SHIFT & ((1 << EPOCH_BITS) - 1)
+        readers = np.array([reader])
+
+        def covered(release, cover, by=read_by):
+            return self._covered(readers, np.array([epoch]), lambda _: np.asarray(by)[None, :], release, cover)[0]
+
+        late = [t for t in read_by.tolist() if not covered(np.array([release]), np.array([cover]), [t])]
+        thread = late[0] if late else int(read_by[0])
+        by = (f"CTA {self.where_cta(reader)} read ({self._instruction(rec & ((1 << PC_BITS) - 1))} by thread "
+              f"{self._thread(thread)}) earlier in this launch")
+        if release > epoch:
+            at, by_thread = self.releases[(reader, release)]
+            why = (f"the release of CTA {self.where_cta(reader)} it acquired ({self._instruction(at)} by thread "
+                   f"{self._thread(by_thread)}) does not cover that read: a release covers its own thread's "
+                   "earlier reads and those a bar.sync ordered before it (a bar.sync between the read and the "
+                   "release is missing)")
+        elif covered(self.release_at[readers], self.cover_at[readers]):
+            why = ("the reader released after its read, but this thread never acquired that release (an acquire "
+                   "by this thread, or one a bar.sync passed on, before the write is missing)")
+        else:
+            why = ("the reader has not released since its read (no fence.acq_rel.gpu / membar.gl / .release "
+                   "after it, then an acquire before this write, as a grid barrier's arrive and wait give)")
+        raise Finding(f"global-memory race: {_VERBS[what]} {self.memory.describe_byte(region, int(off[i]) + byte)}, "
+                      f"which {by}, with nothing ordering that read before this write (on a GPU the write may "
+                      f"land first and the read see its value): {why}", threads[i])
 
     def _mark_nc(self, region, off, size):
         """Bytes read through the non-coherent path: a later write to them in this launch is a
@@ -702,6 +808,7 @@ class Ordering:
             bad = self._unordered(rec, actors, writers, threads_of)
             if bad.any():
                 self._report(what, region, off, per, rec, bad, threads)
+            self._check_war(what, region, off, size, threads)
             marks = self.nc_read.get(region)
             if marks is not None:
                 read = marks[off[:, None] + np.arange(size)]

@@ -974,3 +974,137 @@ def test_an_atomic_that_no_release_puts_before_the_count(ctas):
                     rf"of that thread \(line 21 `{count} %old, \[%s\+4\], 1;`\); .* is missing\) "
                     r"\[CTA \(\d+,0,0\), thread \(0,0,0\)\]$")):
                 take_total(seed, (ctas, 1, 1), np.zeros(2, np.uint32), np.zeros(1, np.uint32), release="", count=count)
+
+
+# ---- write-after-read across CTAs: CTA 0's readers read data[tid % 32], thread 0 raises the
+# flag; CTA 1's first warp waits for the flag and overwrites data[tid]. CTA 0 first writes
+# data[32]: reads are tracked in arrays written in the launch.
+WAR = """
+  .reg .b32 %c, %t, %v, %g;
+  .reg .b64 %d, %f, %o, %off;
+  .reg .pred %p, %reader;
+  ld.param.u64 %d, [data];
+  ld.param.u64 %f, [flag];
+  ld.param.u64 %o, [out];
+  mov.u32 %c, %ctaid.x;
+  mov.u32 %t, %tid.x;
+  setp.ne.u32 %p, %c, 0;
+  @%p bra WRITER;
+  setp.eq.u32 %p, %t, 0;
+  @%p st.global.u32 [%d+128], %t;
+  {readers}
+  and.b32 %v, %t, 31;
+  mul.wide.u32 %off, %v, 4;
+  add.s64 %d, %d, %off;
+  mov.u32 %v, 0;
+  @%reader {load} %v, [%d];   // READ
+  mul.wide.u32 %off, %t, 4;
+  add.s64 %o, %o, %off;
+  st.global.u32 [%o], %v;
+  {between}
+  setp.ne.u32 %p, %t, 0;
+  @%p bra DONE;
+  {publish}
+DONE:
+  {done}
+  ret;
+WRITER:
+  {wait}
+  setp.eq.u32 %p, %g, 0;
+  @%p bra WRITER;
+  {after}
+  setp.ge.u32 %p, %t, 32;
+  @%p bra FINISHED;
+  mul.wide.u32 %off, %t, 4;
+  add.s64 %d, %d, %off;
+  mov.u32 %v, 99;
+  {store} [%d], %v;   // WRITE
+FINISHED:
+  ret;
+"""
+ALL = "setp.lt.u32 %reader, %t, 64;"
+RELEASED = dict(publish="fence.acq_rel.gpu; st.relaxed.gpu.global.u32 [%f], 1;",
+                wait="ld.acquire.gpu.global.u32 %g, [%f];")
+UNORDERED = dict(publish="st.relaxed.gpu.global.u32 [%f], 1;", wait="ld.relaxed.gpu.global.u32 %g, [%f];")
+
+
+def war(readers=ALL, between="", after="", done="", load="ld.global.u32", store="st.global.u32", seed=0, sanitize=True,
+        **flags):
+    """CTA 0's out (what its readers read: data as the host gave it, 0 for threads that did not
+    read) and data after the launch."""
+    ptx = module(WAR.format(readers=readers, between=between, after=after, done=done, load=load, store=store,
+                            **{**RELEASED, **flags}),
+                 ".param .u64 data, .param .u64 flag, .param .u64 out")
+    data, out = np.arange(33, dtype=np.uint32) + 1, np.zeros(64, np.uint32)
+    launch(ptx, "k", (2, 1, 1), (64, 1, 1), [data, np.zeros(1, np.uint32), out], seed=seed, sanitize=sanitize,
+           kernel_name="war")
+    return out, data
+
+
+def war_line(marker):
+    return next(i + 1 for i, text in enumerate(module(WAR, "").splitlines()) if marker in text)
+
+
+@pytest.mark.parametrize("readers, between, publish", [
+    (ALL, "bar.sync 0;", RELEASED["publish"]),
+    (THREAD0.replace("%writer", "%reader"), "", RELEASED["publish"]),
+    (THREAD0.replace("%writer", "%reader"), "", "st.release.gpu.global.u32 [%f], 1;"),
+    (WARP1.replace("%writer", "%reader"), "bar.sync 0;", "st.release.gpu.global.u32 [%f], 1;"),
+], ids=["bar.sync-then-thread-0-releases", "thread-0-releases-its-own-read", "st.release-after-its-own-read",
+        "bar.sync-then-st.release"])
+def test_a_write_after_a_released_and_acquired_read_passes(readers, between, publish):
+    for seed in SEEDS:
+        out, data = war(readers, between, publish=publish, seed=seed)
+        read = np.tile(np.arange(32, dtype=np.uint32) + 1, 2)
+        want = np.where([eval_reader(readers, t) for t in range(64)], read, 0)
+        np.testing.assert_array_equal(out, want)
+        np.testing.assert_array_equal(data[:32], 99)
+
+
+def eval_reader(readers, t):
+    return {ALL: True, THREAD0.replace("%writer", "%reader"): t == 0}.get(readers, t >= 32)
+
+
+def test_a_write_after_another_ctas_read_with_nothing_ordering_them():
+    """CTA 1 overwrites data CTA 0 read, after a relaxed flag: lockstep ran the read first, but
+    on a GPU the write may land first and the read see 99. The finding names both instructions
+    and threads; with the sanitizer off values are left alone."""
+    for seed in SEEDS:
+        with pytest.raises(SanitizerError) as err:
+            war(seed=seed, **UNORDERED)
+        msg = str(err.value)
+        assert re.match(rf"war: line {war_line('// WRITE')}: `st.global.u32 \[%d\], %v;`: global-memory race: "
+                        rf"overwrites data\[(\d+)\], which CTA \(0,0,0\) read \(line {war_line('// READ')} "
+                        r"`@%reader ld.global.u32 %v, \[%d\];` by thread \((\d+),0,0\)\) earlier in this launch, "
+                        r"with nothing ordering that read before this write .* the reader has not released since "
+                        r"its read .*\[CTA \(1,0,0\), thread \((\d+),0,0\)\]$", msg), msg
+        element, reader, writer = (int(x) for x in re.findall(r"data\[(\d+)\].*by thread \((\d+),.*thread \((\d+),",
+                                                              msg)[0])
+        assert element == writer and reader % 32 == element, msg
+    out, data = war(sanitize=False, **UNORDERED)
+    np.testing.assert_array_equal(out, np.tile(np.arange(32, dtype=np.uint32) + 1, 2))   # (as lockstep ran)
+
+
+def test_a_write_after_a_release_the_writer_never_acquired():
+    with pytest.raises(SanitizerError, match=r"overwrites data\[\d+\], which CTA \(0,0,0\) read .* the reader "
+                       r"released after its read, but this thread never acquired that release"):
+        war(between="bar.sync 0;", wait="ld.relaxed.gpu.global.u32 %g, [%f];")
+
+
+def test_strong_reads_and_writes_across_ctas_do_not_race():
+    for seed in SEEDS[:2]:
+        out, data = war(load="ld.relaxed.gpu.global.u32", store="st.relaxed.gpu.global.u32", seed=seed, **UNORDERED)
+        np.testing.assert_array_equal(data[:32], 99)
+
+
+@pytest.mark.parametrize("after", ["", "bar.sync 0;"], ids=["no-bar.sync", "bar.sync-after-the-release"])
+def test_a_release_does_not_cover_another_threads_read_without_a_bar_sync_before_it(after):
+    """Warp 1 reads, thread 0 fences and raises the flag: no bar.sync puts warp 1's reads before
+    the release, so CTA 1's acquire does not order them before its writes."""
+    for seed in SEEDS:
+        with pytest.raises(SanitizerError) as err:
+            war(WARP1.replace("%writer", "%reader"), done=after, seed=seed)
+        assert re.search(r"overwrites data\[\d+\], which CTA \(0,0,0\) read \(line \d+ `@%reader ld\.global\.u32 "
+                         r"%v, \[%d\];` by thread \((3[2-9]|[4-6]\d),0,0\)\) .*the release of CTA \(0,0,0\) it "
+                         r"acquired \(line \d+ `fence\.acq_rel\.gpu;[^`]*` by thread \(0,0,0\)\) does not "
+                         r"cover that read", str(err.value)), str(err.value)
