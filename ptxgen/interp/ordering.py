@@ -8,8 +8,8 @@ passes it on; only .gpu/.sys scope operations order across CTAs.
 
 Rules
 - Epoch: each CTA counts its events: releases, and completed bar.syncs after which some write
-  of the CTA came before it (a bar.sync with no global write since the last event needs no
-  epoch of its own). Every global write is stamped with (CTA, epoch, strong?, instruction),
+  (or recorded read, below) of the CTA came before it (a bar.sync with no global access since
+  the last event needs no epoch of its own). Every global write is stamped with (CTA, epoch, strong?, instruction),
   and the writing thread (when the program releases at all).
 - Release: fence.sc / fence.acq_rel / fence.release / membar.gl|sys at .gpu or .sys scope, or a
   st/atom/red with .release or .acq_rel, by some threads of the CTA: its epoch goes up by one;
@@ -45,6 +45,15 @@ Rules
   read earlier in the launch (.nc needs them read-only for the whole kernel; the finding names
   both instructions); so is a weak write over bytes another CTA wrote weakly (unordered) and an
   atomic on bytes another CTA wrote weakly (unordered).
+- Write after read (sanitizer on): a write (weak or strong, any CTA) over bytes that thread t of
+  another CTA r read weakly earlier in the launch is ordered iff the writing thread acquired a
+  release of r, newest at epoch K, with a bar.sync of r between the read and that release, or a
+  release by t itself after the read at an epoch up to K: the rule above with the roles swapped.
+  Unordered it is a finding naming both instructions and threads (on a GPU the write may land
+  first and the read see its value). Reads are recorded only in arrays already written in this
+  launch (workspaces, outputs: made at their first write, so weights and inputs cost nothing), a
+  byte keeping its newest weak read and the newest weak read by a CTA other than that one's; a
+  recorded read counts as its thread's access for the thread's next release, as a write does.
 - Coherence of strong accesses (no race, but an order a kernel may wrongly rely on): every
   strong access at .gpu/.sys scope gets a sequence number; each location keeps, per CTA, its
   newest strong write and its newest strong read, and a strong read (ld, atom; not red) lets
@@ -61,13 +70,18 @@ Rules
 - Findings name why: a publishing atomic not preceded by a release of the data it publishes
   (a flag or counter) names the atomic; an acquired release that does not cover the write (no
   bar.sync between another thread's write and it) names the release and both threads; an
-  acquisition that another thread of the reader's CTA made but no barrier passed on says so.
+  acquisition that another thread of the reader's CTA made but no barrier passed on says so;
+  a write after an unordered read names the read's instruction and thread, and the reader's
+  release that does not cover it, or that the reader never released or the writer never
+  acquired.
 
 Values: an unordered weak or .nc read sees the bytes as they were before that write (the
 writer's store still in flight, or a stale line of the non-coherent cache), so with the
 sanitizer off an ordering bug gives a wrong answer rather than only a finding. The same
 coverage decides, so a store no release covers reads as stale even when lockstep scheduling
-ran it before the release.
+ran it before the release. A write after an unordered read changes no value (lockstep ran the
+read first, and the value a GPU's read might see is the write's own): only the sanitizer
+reports it.
 
 Limits: only the newest acquired release of each CTA is kept, so a release of thread t at an
 epoch up to it counts even if the reader acquired only a later release of another thread; a
@@ -75,8 +89,14 @@ relaxed read's observation counts for its whole CTA (the model wants the read an
 one thread; kept per CTA so that a count-in, thread 0's relaxed atomic, a bar.sync, then a
 fence by every thread, passes); a named barrier's bar.arrive threads pass on what they acquired
 by the time it completes; mbarrier waits order no global writes and pass on no acquisition
-(only bar.sync does, and bar.warp.sync for acquisitions); a read-then-write (write-after-read)
-is not tracked, across CTAs or inside one, except a write after a .nc / ldu read; .cluster
+(only bar.sync does, and bar.warp.sync for acquisitions). A read-then-write (write-after-read)
+is tracked across CTAs only, with the sanitizer on (values do not change: the read ran first),
+and not for reads of an array before its first write in the launch (an in-out array read and
+then overwritten in place), older readers than a byte's two kept ones (a third CTA's read that
+two others' later reads replaced), strong reads (ld.relaxed/acquire/volatile: a weak write after
+one is not checked) or an atomic's read; inside one CTA it is not tracked, except a write after a
+.nc / ldu read (by any CTA); a read of several bytes judges the read it replaces by its first
+byte's (whether that was another CTA's, for the second kept one); .cluster
 scope counts as .cta (the interpreter launches no clusters). Coherence: only each CTA's newest
 strong write and read of a location count (locations are byte offsets where accesses start; a
 word accessed at two sizes is two), the observed write must be the newest of its CTA that the
@@ -258,7 +278,7 @@ class Ordering:
         self.own_of, self.own_used = None, 0
         self.own_rows = np.zeros((0, 2 * self.num_ctas), np.int32)
         self.observed = {}         # CTA -> clocks its relaxed reads observed, for its fences
-        self.thread_wrote = np.zeros(st.n, bool)              # since the thread's last release
+        self.thread_wrote = np.zeros(st.n, bool)              # (or read a recorded array) since its last release
         self.seen = {}                                        # (CTAs of earlier waves are done)
 
     # -- clocks: per CTA w, the epoch of the newest release of w acquired, then (at w + num_ctas)
@@ -586,12 +606,11 @@ class Ordering:
             view[bad] = stale[bad]
         return raw
 
-    def _view(self, slot, region, size):
-        """Read records (slot 0, 2) or their threads (1, 3) of region, one item per size bytes."""
-        key = ("reads", slot, region, size)
+    def _read_views(self, region, size):
+        """A region's read records (0, 2) and their threads (1, 3), one item per size bytes."""
+        key = ("reads", region, size)
         if key not in self._views:
-            array = self.reads[region][slot]
-            self._views[key] = array.view(item(array.itemsize * size))
+            self._views[key] = tuple(array.view(item(array.itemsize * size)) for array in self.reads[region])
         return self._views[key]
 
     def _note_read(self, region, off, size, ctas, threads):
@@ -599,20 +618,21 @@ class Ordering:
         becomes its bytes' newest read, and the read it replaces, if another CTA's, the newest
         by a CTA other than the newest's; as does a read of this step that another CTA's read
         of the same bytes replaced."""
-        newest, newest_by, other, other_by = (self._view(slot, region, size) for slot in range(4))
+        newest, newest_by, other, other_by = self._read_views(region, size)
         at = off // size
         new = _stamp(ctas, self.epoch[ctas], False, self.st.pc)
         lin = self.st.lin[threads].astype(np.uint16)
         old = np.take(newest, at).view(np.uint64).reshape(-1, size)[:, 0]
         shift = np.uint64(CTA_SHIFT)
-        moved = np.flatnonzero((old != 0) & ((old >> shift) != (new >> shift)))
+        moved = np.flatnonzero((old >> shift) != (new >> shift)) if old.any() else ()
         if len(moved):
+            moved = moved[old[moved] != 0]
             old_by = np.take(newest_by, at[moved]).view(np.uint16).reshape(-1, size)[:, 0]
             np.put(other, at[moved], np.repeat(old[moved], size).view(other.dtype))
             np.put(other_by, at[moved], np.repeat(old_by, size).view(other_by.dtype))
         np.put(newest, at, np.repeat(new, size).view(newest.dtype))
         np.put(newest_by, at, np.repeat(lin, size).view(newest_by.dtype))
-        if len(ctas) and (ctas != ctas[0]).any():      # several CTAs in this step
+        if len(ctas) and ctas[0] != ctas[-1]:      # several CTAs in this step (wave threads are in CTA order)
             kept = np.take(newest, at).view(np.uint64).reshape(-1, size)[:, 0]
             lost = np.flatnonzero((kept >> shift) != (new >> shift))
             if len(lost):
@@ -628,8 +648,11 @@ class Ordering:
         the writing thread acquired a release of r that covers the read (r's reading thread
         released after it, or a bar.sync of r came between the read and the release); else a
         GPU may land the write first, and the read see the new value."""
+        views = self._read_views(region, size)
         for slot in (0, 2):
-            old = np.take(self._view(slot, region, size), off // size).view(np.uint64).reshape(-1, size)
+            old = np.take(views[slot], off // size).view(np.uint64).reshape(-1, size)
+            if not old.any():
+                break                   # (a byte has a second kept read only if it has a first)
             per = 1 if size == 1 or (old == old[:, :1]).all() else size
             rec = old[:, 0] if per == 1 else old.reshape(-1)
             actors = threads if per == 1 else np.repeat(threads, size)

@@ -943,7 +943,7 @@ def test_a_write_to_bytes_a_non_coherent_load_read_earlier(load):
   st.global.u32 [%off], %v;
   ret;"""
     launch(module(body.format(load="ld.global.u32"), ".param .u64 a"), "k", (4, 1, 1), (1, 1, 1),
-           [np.zeros(4, np.uint32)])         # (a write after another CTA's read is not tracked)
+           [np.zeros(4, np.uint32)])   # (reads before an array's first write in the launch are not tracked)
     for seed in SEEDS:
         with pytest.raises(SanitizerError, match=r"^k: line 21: `st.global.u32 \[%off\], %v;`: write to a\[\d\], "
                            rf"which a non-coherent load \(line 15 `{load} %v, \[%off\];`\) read earlier in this "
