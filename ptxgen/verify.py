@@ -52,8 +52,10 @@ class Check:
     @property
     def worst_ratio(self) -> float:
         """The larger of the error over its tolerance and the worst element over its bound (within
-        both: at most 1); inf where either is NaN."""
-        ratios = [self.error / self.tolerance, *([] if self.element_error is None else [self.element_error])]
+        both: at most 1); inf where either is NaN, or for an error where the tolerance is 0 (an
+        exact check: argmax's index, a runtime value past its limit)."""
+        over = 0.0 if self.error == 0 else self.error / self.tolerance if self.tolerance else math.inf
+        ratios = [over, *([] if self.element_error is None else [self.element_error])]
         return max(math.inf if math.isnan(ratio) else ratio for ratio in ratios)
 
     def to_json(self) -> dict:

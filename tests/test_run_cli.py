@@ -262,6 +262,22 @@ def test_verify_json_names_the_failures_and_exits_1(tmp_path, monkeypatch):
     assert [check["scalars"] for check in racy["checks"]] == [{"rows": 1}] and racy["checks"][0]["passed"], racy
 
 
+def test_verify_json_takes_exact_checks(tmp_path):
+    """Checks of tolerance 0 (a runtime value past its limit: rope's pos; argmax's index) are in
+    the report with worst_ratio 0, not a ZeroDivisionError's traceback."""
+    import json
+
+    spec = tmp_path / "rope.toml"
+    spec.write_text('[target]\narchs = ["sm_80"]\n[[kernels]]\nname = "r"\nkind = "rope"\nnum_heads = 1\n'
+                    'head_dim = 64\ntheta = 10000.0\n')
+    result = run_cli_in_process("verify", str(spec), "--json")
+    assert result.returncode == 0 and result.stderr == "", result
+    (run,) = json.loads(result.stdout)["runs"]
+    exact = [check for check in run["checks"] if check["tolerance"] == 0]
+    assert exact and all(check["worst_ratio"] == 0 and check["passed"] for check in exact), run["checks"]
+    assert run["status"] == "pass" and 0 < run["worst"]["worst_ratio"] <= 1, run
+
+
 DEEP_DECODER = """[target]
 archs = ["sm_80"]
 

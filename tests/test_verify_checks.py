@@ -65,6 +65,18 @@ def test_worst_ratio_is_the_largest_magnitude_over_its_bound_wherever_it_lies():
     assert np.isnan(worst_ratio(np.array([1.0, 1.0]), np.array([np.nan, 2.0]))), "a NaN bound must not pass"
 
 
+def test_a_checks_worst_ratio_where_its_tolerance_is_0():
+    """Exact checks (argmax's index, a runtime value past its limit) have tolerance 0: no error is
+    a ratio of 0, any error or NaN an infinite one (null in verify --json), never a division by 0."""
+    def exact(error):
+        return Check("k", "index", {}, (1,), error, 0.0, 0)
+
+    assert exact(0.0).worst_ratio == 0.0 and exact(0.0).to_json()["worst_ratio"] == 0.0
+    assert exact(1e-300).worst_ratio == np.inf and exact(1e-300).to_json()["worst_ratio"] is None
+    assert exact(np.nan).worst_ratio == np.inf
+    assert Check("k", "y", {}, (1,), 2e-6, 1e-6, 0, element_error=0.5).worst_ratio == 2.0
+
+
 def test_changed_count_compares_bits_of_kept_elements_only():
     expected = np.array([0.0, -0.0, np.nan, 1.0, 2.0, 3.0])
     result = np.array([-0.0, 0.0, np.nan, np.nan, 2.0, 4.0])
