@@ -66,8 +66,10 @@ class KernelRun:
         return "pass" if self.checks else "not checked"
 
     def to_json(self) -> dict:
-        """verify --json's run: its status, the check farthest from its bounds (`worst`), every check."""
-        worst = max(self.checks, key=lambda check: check.worst_ratio, default=None)
+        """verify --json's run: its status, the check farthest from its bounds (`worst`: a failed
+        one first, as one fails for unwritten or changed elements or an unrested workspace within
+        its bounds), every check."""
+        worst = max(self.checks, key=lambda check: (not check.passed, check.worst_ratio), default=None)
         return {"kernel": self.kernel, "target": self.target, "tool": self.tool, "status": self.status,
                 "failure": self.failure, "worst": None if worst is None else worst.to_json(),
                 "checks": [check.to_json() for check in self.checks],

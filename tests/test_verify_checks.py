@@ -77,6 +77,19 @@ def test_a_checks_worst_ratio_where_its_tolerance_is_0():
     assert Check("k", "y", {}, (1,), 2e-6, 1e-6, 0, element_error=0.5).worst_ratio == 2.0
 
 
+def test_a_runs_worst_check_is_a_failed_one_where_one_failed():
+    """verify --json's `worst`: a check failed within its bounds (a workspace left unrested, an
+    unwritten element) is worse than a passed check nearer its bounds."""
+    from ptxgen.device_verify import KernelRun
+
+    near = Check("k", "y", {"rows": 1}, (4,), 0.9e-6, 1e-6, 0)
+    unrested = Check("k", "y", {"rows": 2}, (4,), 0.1e-6, 1e-6, 0, unrested="counter 3")
+    report = KernelRun("k", None, [near, unrested]).to_json()
+    assert report["status"] == "fail" and report["worst"] == unrested.to_json(), report["worst"]
+    assert KernelRun("k", None, [unrested, near]).to_json()["worst"] == unrested.to_json()
+    assert KernelRun("k", None, [near, Check("k", "y", {}, (4,), 0.2e-6, 1e-6, 0)]).to_json()["worst"] == near.to_json()
+
+
 def test_changed_count_compares_bits_of_kept_elements_only():
     expected = np.array([0.0, -0.0, np.nan, 1.0, 2.0, 3.0])
     result = np.array([-0.0, 0.0, np.nan, np.nan, 2.0, 4.0])
