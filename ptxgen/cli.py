@@ -942,13 +942,20 @@ def generate(
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
         return
     if prompt_text is not None:
-        sys.stdout.write(text + "\n")
+        write_text(text + "\n")
     else:
         out.print(",".join(map(str, result.tokens)), markup=False)
     speed = f"{rate:.1f} tokens/s over {plural(result.decode_steps, 'decode step')}" if rate else "no decode step timed"
     stopped = f"; stopped at end-of-generation token {result.tokens[-1]}" if result.stop == "eos" else ""
     err.print(f"{len(prompt)} prompt + {len(result.tokens)} generated tokens on {generator.device} (layers: {layers}): "
               f"{speed}{stopped}", markup=False)
+
+
+def write_text(text: str) -> None:
+    """Text of any content on standard output: characters its encoding lacks (an ASCII or Latin-1
+    locale's) as '?', not a UnicodeEncodeError."""
+    encoding = sys.stdout.encoding or "utf-8"
+    sys.stdout.write(text.encode(encoding, "replace").decode(encoding))
 
 
 # --- the cache ----------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import sys
 from pathlib import Path
 
 import gguf
@@ -387,6 +388,33 @@ def test_generation_stops_at_an_end_of_generation_token(files, tmp_path):
     assert ignored.returncode == 0, ignored.stderr
     summary = json.loads(ignored.stdout)
     assert summary["generated_tokens"] == expected and summary["stop"] == "max_new" and summary["decode_steps"] == 2
+
+
+def test_text_standard_output_cannot_encode_is_replaced(files, monkeypatch):
+    """--prompt's text on a standard output whose encoding lacks its characters (an ASCII locale):
+    '?' for each, not a UnicodeEncodeError's traceback. The generation is stood in for: only the
+    printing is tested."""
+    import contextlib
+    import io
+    from unittest import mock
+
+    from ptxgen.cli import main
+    from ptxgen.generate import Generation
+
+    tokens = Tokenizer(GGUFModel(files["qwen3"])).encode("grüße 你")
+    monkeypatch.setattr(Generator, "generate", lambda self, prompt, max_new, keep_logits=False, stop_tokens=(): (
+        Generation(prompt, tokens, None, len(tokens) - 1, 1.0, "max_new")))
+    raw, stderr = io.BytesIO(), io.StringIO()
+    stdout = io.TextIOWrapper(raw, encoding="ascii")
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr), \
+            mock.patch.object(sys, "argv", ["ptxgen", "generate", str(files["qwen3"]), "--prompt", "hi", "--backend",
+                                            "emulator", "--max-new", str(len(tokens))]):
+        try:
+            main()
+        except SystemExit as exit:
+            assert exit.code in (0, None), stderr.getvalue()
+    stdout.flush()
+    assert raw.getvalue() == b"gr??e ?\n", (raw.getvalue(), stderr.getvalue())
 
 
 def test_token_ids_work_whatever_the_tokenizer(files):
