@@ -909,6 +909,10 @@ def generate(
     tokenizer = Tokenizer(loaded)
     if prompt is None:
         prompt = tokenizer.encode(prompt_text)
+    # Known before any work: --prompt needs the text of whatever the model outputs; --tokens prints ids.
+    undecodable = tokenizer.undecodable(loaded.config.vocab_size)
+    if undecodable and prompt_text is not None:
+        raise PtxgenError(undecodable)
     check_request(loaded.config, max_seq_len, prompt, max_new, "--tokens" if tokens is not None else "--prompt")
     # Planned once, before any note: a model no path can take is one error.
     kernels = step_kernels(loaded.config, loaded.config.cache_positions(max_seq_len))
@@ -932,8 +936,7 @@ def generate(
         write_file(save_logits, buffer.getvalue(), "--save-logits")
     rate = result.tokens_per_s
     layers = "persistent_decoder" if fused else "separate kernels"
-    # None only for --tokens on a file whose tokenizer is not byte-level BPE (--prompt needed one)
-    text = tokenizer.decode(result.tokens) if tokenizer.byte_level else None
+    text = None if undecodable else tokenizer.decode(result.tokens)
     if as_json:
         summary = {"prompt_tokens": result.prompt, "generated_tokens": result.tokens, "text": text,
                    "stop": result.stop, "tokens_per_s": rate, "decode_steps": result.decode_steps,

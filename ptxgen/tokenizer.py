@@ -77,46 +77,65 @@ class Tokenizer:
 
     def __init__(self, model):
         self.path, self._metadata = model.path, model.metadata
-        self.tokens: list[str] = model.metadata("tokenizer.ggml.tokens", [])
-        self.types: list[int] = model.metadata("tokenizer.ggml.token_type", None) or [NORMAL] * len(self.tokens)
+        # Read leniently here (token ids work whatever the tokenizer holds); text checks them (_key).
+        tokens = model.metadata("tokenizer.ggml.tokens", [])
+        self.tokens: list[str] = tokens if _is_list_of(tokens, str) else []
+        types = model.metadata("tokenizer.ggml.token_type", None)
+        self.types: list[int] = types if _is_list_of(types, int) else [NORMAL] * len(self.tokens)
         named = {model.metadata(key, None) for key in END_KEYS}
         self.end_of_generation = frozenset(
-            {token for token in named if isinstance(token, int) and 0 <= token < len(self.tokens)}
+            {token for token in named if _is_list_of([token], int) and 0 <= token < len(self.tokens)}
             | {token for token, text in enumerate(self.tokens) if text in END_TEXTS})
 
-    def _key(self, name: str):
-        return self._metadata(f"tokenizer.ggml.{name}")
-
-    @property
-    def byte_level(self) -> bool:
-        """Whether the file's tokenizer is byte-level BPE (what decode needs)."""
-        return self._metadata("tokenizer.ggml.model", None) == "gpt2"
+    def _key(self, name: str, kind: type, listed: bool = False, default=None):
+        """tokenizer.ggml.`name`: a `kind` (a list of them if `listed`), else one error naming the
+        key; `default` where it is absent (None: required)."""
+        key = f"tokenizer.ggml.{name}"
+        value = self._metadata(key) if default is None else self._metadata(key, default)
+        if not _is_list_of(value if listed else [value], kind):
+            raise PtxgenError(f"{self.path}: {key} must be {f'a list of {kind.__name__}s' if listed else kind.__name__}, "
+                              f"got {type(value).__name__}")
+        return value
 
     def _check_byte_level(self) -> None:
-        model = self._key("model")
+        model = self._key("model", str)
         if model != "gpt2":
             raise PtxgenError(f"{self.path}: tokenizer.ggml.model = {model!r}: ptxgen turns text into tokens and back "
                               "only for byte-level BPE ('gpt2', as Qwen2/3 and Llama 3 files); give token ids with "
                               "--tokens")
-        if len(self.types) != len(self.tokens):
+        self._key("tokens", str, listed=True)
+        if len(self._key("token_type", int, listed=True, default=self.types)) != len(self.tokens):
             raise PtxgenError(f"{self.path}: tokenizer.ggml.token_type has {len(self.types)} entries for "
                               f"{len(self.tokens)} tokens")
+
+    def undecodable(self, vocab_size: int) -> str | None:
+        """Why decode cannot give the text of every id a model of `vocab_size` outputs (None: it can)."""
+        try:
+            self._check_byte_level()
+        except PtxgenError as error:
+            return str(error)
+        if vocab_size > len(self.tokens):
+            return (f"{self.path}: the model outputs {vocab_size} token ids, its tokenizer (tokenizer.ggml.tokens) "
+                    f"names {len(self.tokens)}")
+        return None
 
     @functools.cached_property
     def _encoder(self):
         """What encode needs: (pre-tokenizer, compiled split regex, merge ranks, token ids by text,
         special tokens longest first, add BOS)."""
         self._check_byte_level()
-        pre = self._key("pre")
+        pre = self._key("pre", str)
         if pre not in PRE_TOKENIZERS:
             raise PtxgenError(f"{self.path}: tokenizer.ggml.pre = {pre!r}: not a pre-tokenizer ptxgen knows "
                               f"({', '.join(PRE_TOKENIZERS)}); give token ids with --tokens")
         settings = PRE_TOKENIZERS[pre]
-        ranks = {tuple(merge.split(" ", 1)): rank for rank, merge in enumerate(self._key("merges"))}
+        ranks = {}
+        for rank, merge in enumerate(self._key("merges", str, listed=True)):
+            ranks.setdefault(tuple(merge.split(" ", 1)), rank)  # a merge listed twice keeps its first rank, as llama.cpp
         ids = {text: token for token, text in enumerate(self.tokens)}
         specials = sorted((token for token, kind in enumerate(self.types) if kind in SPECIAL_TYPES and self.tokens[token]),
                           key=lambda token: (-len(self.tokens[token]), token))
-        add_bos = self._metadata("tokenizer.ggml.add_bos_token", settings.add_bos)
+        add_bos = self._key("add_bos_token", bool, default=settings.add_bos)
         if add_bos and self._metadata("tokenizer.ggml.bos_token_id", None) is None:
             raise PtxgenError(f"{self.path}: tokenizer.ggml.add_bos_token is true, but tokenizer.ggml.bos_token_id "
                               "is not set")
@@ -137,7 +156,7 @@ class Tokenizer:
                 else:
                     cut.append(piece)
             pieces = cut
-        result = [self._key("bos_token_id")] if add_bos else []
+        result = [self._key("bos_token_id", int)] if add_bos else []
         for piece in pieces:
             if isinstance(piece, int):
                 result.append(piece)
@@ -206,3 +225,9 @@ def merged(chars: str, ranks: dict) -> list[str]:
             if right < len(parts) and (parts[left], parts[right]) in ranks:
                 heapq.heappush(heap, (ranks[parts[left], parts[right]], left))
     return [part for part in parts if part is not None]
+
+
+def _is_list_of(values, kind: type) -> bool:
+    """A list whose items are all `kind`s (a bool is no int here)."""
+    return isinstance(values, list) and all(isinstance(v, kind) and (kind is bool or not isinstance(v, bool))
+                                            for v in values)

@@ -80,7 +80,18 @@ def files(tmp_path_factory):
             "sentencepiece": rewrite_gguf(write_tiny_gguf(root / "spm-source.gguf", quant="q4_k"), root / "spm.gguf",
                                           drop_fields=("tokenizer.ggml.model",),
                                           set_fields=[("tokenizer.ggml.model", "llama", gguf.GGUFValueType.STRING)]),
+            # 900 tokens for the lm_head's 1000 rows: the last 100 ids have no text
+            "short_vocab": short_vocabulary(write_tiny_gguf(root / "short-source.gguf", quant="q4_k"),
+                                            root / "short.gguf", 900),
             }
+
+
+def short_vocabulary(source: Path, path: Path, tokens: int) -> Path:
+    """`source` with its tokenizer's token list (and types) cut to the first `tokens`."""
+    model = GGUFModel(source)
+    keys = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type")
+    return rewrite_gguf(source, path, drop_fields=keys,
+                        set_fields=[(key, model.metadata(key)[:tokens], gguf.GGUFValueType.ARRAY) for key in keys])
 
 
 def poisoned(root, name: str, at: int, value) -> Path:
@@ -417,9 +428,11 @@ def test_text_standard_output_cannot_encode_is_replaced(files, monkeypatch):
     assert raw.getvalue() == b"gr??e ?\n", (raw.getvalue(), stderr.getvalue())
 
 
-def test_token_ids_work_whatever_the_tokenizer(files):
-    """--tokens on a file whose tokenizer ptxgen does not read as text: ids out, and --json's text null."""
-    result = run_cli_in_process("generate", str(files["sentencepiece"]), "--tokens", "1,2", "--max-new", "1",
+@pytest.mark.parametrize("file", ["sentencepiece", "short_vocab"])
+def test_token_ids_work_whatever_the_tokenizer(files, file):
+    """--tokens on a file whose tokenizer ptxgen does not read as text, or whose token list is
+    shorter than the model's outputs: ids out, and --json's text null (not an error after the run)."""
+    result = run_cli_in_process("generate", str(files[file]), "--tokens", "1,2", "--max-new", "1",
                                 "--backend", "emulator", "--json")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
@@ -493,12 +506,15 @@ def test_unsupported_weight_types_are_named(files):
      r"--prompt: 6 prompt tokens need 6 cache positions; the KV cache holds 4 \(--max-seq-len\)"),
     (["{sentencepiece}", "--prompt", "hi"], r"spm\.gguf: tokenizer\.ggml\.model = 'llama': ptxgen turns text into "
                                             r"tokens and back only for byte-level BPE"),
+    (["{short_vocab}", "--prompt", "hi"], r"short\.gguf: the model outputs 1000 token ids, its tokenizer "
+                                          r"\(tokenizer\.ggml\.tokens\) names 900"),
 ])
 def test_bad_input_is_one_message_and_exit_2(files, tmp_path, args, message):
     (tmp_path / "not-a-model.gguf").write_text("hello")
     (tmp_path / "folder").mkdir()
     names = {"missing": tmp_path / "missing.gguf", "text": tmp_path / "not-a-model.gguf", "folder": tmp_path / "folder",
-             **{name: files[name] for name in ("qwen3", "split", "nan_norm", "inf_scale", "long", "sentencepiece")}}
+             **{name: files[name] for name in ("qwen3", "split", "nan_norm", "inf_scale", "long", "sentencepiece",
+                                                 "short_vocab")}}
     args = [a.format(**names) for a in args]
     defaults = [option for name, value in (("--tokens", "1,2,3"), ("--max-new", "2"))
                 if name not in args and not (name == "--tokens" and "--prompt" in args) for option in (name, value)]

@@ -239,11 +239,56 @@ def test_other_tokenizers_are_refused_when_text_is_needed(models, tmp_path, key,
     with pytest.raises(PtxgenError, match=message):
         tokenizer.encode("hello")
     if key == "tokenizer.ggml.model":
-        assert not tokenizer.byte_level
+        assert regex.search(message, tokenizer.undecodable(1000))
         with pytest.raises(PtxgenError, match=message):
             tokenizer.decode([1, 2])
     else:  # decoding does not depend on the pre-tokenizer
-        assert tokenizer.byte_level and tokenizer.decode(Tokenizer(models["qwen3"]).encode("hello")) == "hello"
+        assert tokenizer.undecodable(1000) is None
+        assert tokenizer.decode(Tokenizer(models["qwen3"]).encode("hello")) == "hello"
+
+
+STRING, BOOL, ARRAY = gguf.GGUFValueType.STRING, gguf.GGUFValueType.BOOL, gguf.GGUFValueType.ARRAY
+
+
+@pytest.mark.parametrize("key, value, vtype, message", [
+    ("tokenizer.ggml.pre", ["qwen2"], ARRAY, r"tokenizer\.ggml\.pre must be str, got list"),
+    ("tokenizer.ggml.merges", "a b", STRING, r"tokenizer\.ggml\.merges must be a list of strs, got str"),
+    ("tokenizer.ggml.add_bos_token", "false", STRING, r"tokenizer\.ggml\.add_bos_token must be bool, got str"),
+    ("tokenizer.ggml.token_type", "1", STRING, r"tokenizer\.ggml\.token_type must be a list of ints, got str"),
+    ("tokenizer.ggml.tokens", [1, 2], ARRAY, r"tokenizer\.ggml\.tokens must be a list of strs, got list"),
+])
+def test_tokenizer_metadata_of_the_wrong_type_is_named(models, tmp_path, key, value, vtype, message):
+    """A converter's mistake (a list where a string belongs, "false" for a bool) is one error
+    naming the key when text is needed, not a TypeError; token ids still work."""
+    path = rewrite_gguf(models["qwen3"].path, tmp_path / "typed.gguf", drop_fields=(key,),
+                        set_fields=[(key, value, vtype)])
+    tokenizer = Tokenizer(GGUFModel(path))
+    with pytest.raises(PtxgenError, match=message):
+        tokenizer.encode("hello")
+
+
+def test_a_merge_listed_twice_keeps_its_first_rank(models, tmp_path):
+    """As llama.cpp reads merges: the second listing of a pair gives it no later rank."""
+    merges = models["qwen3"].metadata("tokenizer.ggml.merges")
+    path = rewrite_gguf(models["qwen3"].path, tmp_path / "twice.gguf", drop_fields=("tokenizer.ggml.merges",),
+                        set_fields=[("tokenizer.ggml.merges", merges + [merges[0]], ARRAY)])
+    assert merges[0] == "Ġ t", "the fixture's first merge, which ' this' needs before ('t', 'h')"
+    text = "is this that, than this"
+    assert Tokenizer(GGUFModel(path)).encode(text) == Tokenizer(models["qwen3"]).encode(text)
+
+
+def test_a_model_with_more_outputs_than_tokens_has_no_text(models, tmp_path):
+    """The lm_head's rows past the tokenizer's list have no text: said before any work."""
+    tokens = models["qwen3"].metadata("tokenizer.ggml.tokens")
+    types = models["qwen3"].metadata("tokenizer.ggml.token_type")
+    path = rewrite_gguf(models["qwen3"].path, tmp_path / "short.gguf",
+                        drop_fields=("tokenizer.ggml.tokens", "tokenizer.ggml.token_type"),
+                        set_fields=[("tokenizer.ggml.tokens", tokens[:900], ARRAY),
+                                    ("tokenizer.ggml.token_type", types[:900], ARRAY)])
+    tokenizer = Tokenizer(GGUFModel(path))
+    assert tokenizer.undecodable(900) is None
+    assert regex.search(r"short\.gguf: the model outputs 1000 token ids, its tokenizer \(tokenizer\.ggml\.tokens\) "
+                        r"names 900", tokenizer.undecodable(1000))
 
 
 def test_a_file_without_a_tokenizer(models, tmp_path):
