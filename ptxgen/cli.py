@@ -867,6 +867,13 @@ def generate(
     prompt_text: Annotated[Optional[str], typer.Option("--prompt", help="Prompt text, encoded by the model file's "
                                                        "tokenizer (byte-level BPE: Qwen2/3, Llama 3); the generated "
                                                        "tokens are printed as text.")] = None,
+    chat: Annotated[bool, typer.Option("--chat", help="--prompt as a user's message in the model file's chat "
+                                       "template (tokenizer.chat_template), the assistant's turn opened.")] = False,
+    system: Annotated[Optional[str], typer.Option("--system", help="With --chat: a system message before the "
+                                                  "prompt.")] = None,
+    think: Annotated[Optional[bool], typer.Option("--think/--no-think", help="With --chat: the template's "
+                                                  "enable_thinking (Qwen3; default: the template's own).",
+                                                  show_default=False)] = None,
     max_new: Annotated[int, typer.Option("--max-new", help="Tokens to generate at most.")] = 16,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Do not stop at an end-of-generation token "
                                              "(the file's eos/eot/eom ids, <|im_end|>, <|eot_id|>, ...).")] = False,
@@ -896,17 +903,25 @@ def generate(
     import numpy as np
 
     from .artifacts import check_output_file, write_file
+    from .chat import chat_prompt
     from .generate import Generator, check_request, step_kernels
     from .gguf_model import GGUFModel
     from .tokenizer import Tokenizer
 
     if (tokens is None) == (prompt_text is None):
         raise PtxgenError("give the prompt as --prompt TEXT or as --tokens IDS (one of them)")
+    if chat and tokens is not None:
+        raise PtxgenError("--chat: give the user's message as --prompt TEXT (--tokens are ids, not a message)")
+    for option, value in (("--system", system), ("--think" if think else "--no-think", think)):
+        if value is not None and not chat:
+            raise PtxgenError(f"{option} is a chat setting: give it with --chat")
     prompt = parse_tokens(tokens) if tokens is not None else None
     if save_logits is not None:
         check_output_file(save_logits, "--save-logits", ".npy", inputs=(model,))
     loaded = GGUFModel(model)
     tokenizer = Tokenizer(loaded)
+    if chat:
+        prompt_text = chat_prompt(loaded, tokenizer, prompt_text, system, think)
     if prompt is None:
         prompt = tokenizer.encode(prompt_text)
     # Known before any work: --prompt needs the text of whatever the model outputs; --tokens prints ids.
@@ -938,7 +953,7 @@ def generate(
     layers = "persistent_decoder" if fused else "separate kernels"
     text = None if undecodable else tokenizer.decode(result.tokens)
     if as_json:
-        summary = {"prompt_tokens": result.prompt, "generated_tokens": result.tokens, "text": text,
+        summary = {"prompt_text": prompt_text, "prompt_tokens": result.prompt, "generated_tokens": result.tokens, "text": text,
                    "stop": result.stop, "tokens_per_s": rate, "decode_steps": result.decode_steps,
                    "device": generator.device, "backend": backend.value, "layers": layers,
                    "max_seq_len": generator.max_seq_len}

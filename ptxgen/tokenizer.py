@@ -141,6 +141,11 @@ class Tokenizer:
                               "is not set")
         return settings, regex.compile(settings.pattern), ranks, ids, specials, add_bos
 
+    @property
+    def adds_bos(self) -> bool:
+        """Whether encode puts the BOS token first (the file's add_bos_token, else the pre-tokenizer's)."""
+        return self._encoder[-1]
+
     def encode(self, text: str) -> list[int]:
         """The token ids of `text`, special tokens' texts matched literally, BOS first where the
         file asks for it."""

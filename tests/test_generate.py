@@ -359,6 +359,7 @@ def test_generate_takes_a_prompt_and_prints_json_with_the_text(files):
                                 "--backend", "emulator", "--json")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
+    assert summary["prompt_text"] == TEXT_PROMPT
     assert summary["prompt_tokens"] == tokenizer.encode(TEXT_PROMPT)
     assert tokenizer.tokens.index("<|im_start|>") in summary["prompt_tokens"], "a special token matched literally"
     generated = summary["generated_tokens"]
@@ -399,6 +400,7 @@ def test_generation_stops_at_an_end_of_generation_token(files, tmp_path):
     assert ignored.returncode == 0, ignored.stderr
     summary = json.loads(ignored.stdout)
     assert summary["generated_tokens"] == expected and summary["stop"] == "max_new" and summary["decode_steps"] == 2
+    assert summary["prompt_text"] is None, "--tokens: no text"
 
 
 def test_text_standard_output_cannot_encode_is_replaced(files, monkeypatch):
