@@ -258,7 +258,7 @@ class Kernel:
             return
         interpret(compiled.ptx, compiled.name, launch.grid, launch.block, compiled.args(buffers, scalars),
                   dynamic_shared=launch.dynamic_shared, sanitize=True, kernel_name=compiled.name,
-                  stable=compiled.stable, tensor_maps=compiled.portable.tensor_maps)
+                  stable=compiled.stable, written=compiled.written, tensor_maps=compiled.portable.tensor_maps)
 
     # --- the GPU --------------------------------------------------------------------------------
     def prepare(self, device: int = 0) -> _OnDevice:

@@ -206,6 +206,11 @@ class CompiledKernel:
         return self.variant(arch).geometry.at(dict(scalars))
 
     @property
+    def written(self) -> frozenset[str]:
+        """The arrays the kernel may write: outputs, in-out arrays and workspaces."""
+        return frozenset(param.name for param in self.params if param.written or param.role == "workspace")
+
+    @property
     def stable(self) -> frozenset[str]:
         """The arrays that are the same in every launch of a step (Param.stable)."""
         return frozenset(param.name for param in self.params if param.stable)

@@ -134,7 +134,8 @@ def launch_arrays(compiled: CompiledKernel, arrays: dict[str, np.ndarray], scala
         for _ in range(launches):
             interpret(variant.ptx, compiled.name, launch.grid, launch.block, args,
                       dynamic_shared=launch.dynamic_shared, sanitize=sanitize, kernel_name=compiled.name,
-                      stable=compiled.stable, tensor_maps=variant.tensor_maps, contract=contract)
+                      stable=compiled.stable, written=compiled.written, tensor_maps=variant.tensor_maps,
+                      contract=contract)
     else:
         from .device import run_on_device
 

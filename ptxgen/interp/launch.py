@@ -118,7 +118,8 @@ def launch(ptx: str, entry: str, grid: tuple[int, int, int], block: tuple[int, i
            args: list, *, dynamic_shared: int = 0, sanitize: bool = True,
            kernel_name: str | None = None, seed: int = 0, approx: str = "pessimistic",
            deterministic: bool = False, max_ctas: int | None = None,
-           stable: frozenset[str] = frozenset(), tensor_maps: tuple = (), contract: bool = False) -> LaunchStats:
+           stable: frozenset[str] = frozenset(), tensor_maps: tuple = (), contract: bool = False,
+           written: frozenset[str] | None = None) -> LaunchStats:
     """Execute `entry` over grid x block threads; arrays in args are updated in place.
     With `max_ctas`, only CTAs 0 .. max_ctas-1 (in x, y, z order) run: for counting
     instructions of a large grid whose CTAs repeat each other's work.
@@ -134,7 +135,11 @@ def launch(ptx: str, entry: str, grid: tuple[int, int, int], block: tuple[int, i
     and every thread must execute it before it ends. tensor_maps: an abi.TensorMap for each
     tensor-map parameter of the entry (args hold the other parameters), over an array in args.
     contract: run each mul and add/sub that ptxas may contract (a mul/add or mul/sub pair without
-    rounding modifiers, its default --fmad=true) as one fma, rounded once (contraction.py)."""
+    rounding modifiers, its default --fmad=true) as one fma, rounded once (contraction.py).
+    written: the array parameters the kernel may write (outputs, in-out arrays, workspaces; None:
+    any): with the sanitizer on, their weak reads are recorded from the launch's start, so a
+    write by another CTA after a read it is not ordered after is a finding (ordering.py's write
+    after read); other arrays' reads only from their first write in the launch."""
     prog, code, sync_points, holds = _program(ptx, entry, contract)
     grid, block = tuple(int(v) for v in grid), tuple(int(v) for v in block)
     if len(grid) != 3 or len(block) != 3 or min(grid + block) < 1:
@@ -167,7 +172,7 @@ def launch(ptx: str, entry: str, grid: tuple[int, int, int], block: tuple[int, i
     name = kernel_name or entry
     scalars = [a for a in args if not isinstance(a, np.ndarray)]
     rng = np.random.default_rng([seed & 0xFFFFFFFF, zlib.crc32(repr((entry, grid, block, scalars)).encode())])
-    ordering = Ordering(memory, grid, prog, sanitize)
+    ordering = Ordering(memory, grid, prog, sanitize, written)
     waits = any(ins.base == "griddepcontrol" and ins.mods == ["wait"] for ins in prog.instructions)
     approximations = Approx(approx, seed)
     float_atomics = FloatAtomics() if deterministic else None

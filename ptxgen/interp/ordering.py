@@ -50,10 +50,15 @@ Rules
   release of r, newest at epoch K, with a bar.sync of r between the read and that release, or a
   release by t itself after the read at an epoch up to K: the rule above with the roles swapped.
   Unordered it is a finding naming both instructions and threads (on a GPU the write may land
-  first and the read see its value). Reads are recorded only in arrays already written in this
-  launch (workspaces, outputs: made at their first write, so weights and inputs cost nothing), a
-  byte keeping its newest weak read and the newest weak read by a CTA other than that one's; a
-  recorded read counts as its thread's access for the thread's next release, as a write does.
+  first and the read see its value). Reads are recorded from the launch's start in the arrays
+  the launch says the kernel may write (launch's `written`: outputs, in-out arrays such as a
+  residual or a KV cache, workspaces; every array when it is not told), and in any other array
+  from its first write in the launch; never in arrays only read (weights, inputs), and an
+  array's records are made at its first recorded read, so one only written, or only accessed
+  by strong reads and atomics (counters, flags), has none. Each byte keeps its newest weak read
+  (a ld with no memory-order qualifier) and the newest weak read by a CTA other than that one's
+  (an access whose bytes had different newest reads is kept byte by byte); a recorded read
+  counts as its thread's access for the thread's next release, as a write does.
 - Coherence of strong accesses (no race, but an order a kernel may wrongly rely on): every
   strong access at .gpu/.sys scope gets a sequence number; each location keeps, per CTA, its
   newest strong write and its newest strong read, and a strong read (ld, atom; not red) lets
@@ -91,12 +96,13 @@ fence by every thread, passes); a named barrier's bar.arrive threads pass on wha
 by the time it completes; mbarrier waits order no global writes and pass on no acquisition
 (only bar.sync does, and bar.warp.sync for acquisitions). A read-then-write (write-after-read)
 is tracked across CTAs only, with the sanitizer on (values do not change: the read ran first),
-and not for reads of an array before its first write in the launch (an in-out array read and
-then overwritten in place), older readers than a byte's two kept ones (a third CTA's read that
-two others' later reads replaced), strong reads (ld.relaxed/acquire/volatile: a weak write after
-one is not checked) or an atomic's read; inside one CTA it is not tracked, except a write after a
-.nc / ldu read (by any CTA); a read of several bytes judges the read it replaces by its first
-byte's (whether that was another CTA's, for the second kept one); .cluster
+and not for reads, before its first write in the launch, of an array the launch was told the
+kernel only reads (a kernel that writes an "in" array), older readers than a byte's two kept
+ones (a third CTA's read that two others' later reads replaced), reads with a memory-order
+qualifier at any scope (ld.relaxed/acquire/volatile, and .cta ones, which poll a flag: a write
+after one is not checked; a poll at the wrong scope is the read-after-write check's finding on
+what it guards) or an atomic's read; inside one CTA it is not tracked, except a write after a
+.nc / ldu read (by any CTA); .cluster
 scope counts as .cta (the interpreter launches no clusters). Coherence: only each CTA's newest
 strong write and read of a location count (locations are byte offsets where accesses start; a
 word accessed at two sizes is two), the observed write must be the newest of its CTA that the
@@ -106,7 +112,9 @@ locations r reads, not what w had observed), a failing atom.cas counts as a writ
 check needs the sanitizer (values do not change: strong accesses land as the scheduler runs
 them; launch's hold_back makes the orders that show such a bug happen). Each location's record
 costs 32 bytes per CTA of the grid, for every location a strong write reaches: fine for
-counters and flags, not for atomics spread over large arrays with large grids.
+counters and flags, not for atomics spread over large arrays with large grids. Read records cost
+20 bytes per byte of each array that is weakly read and may be written (write records 8, or 10
+with threads, per byte of each array written): a KV cache is the largest.
 
 Inside one CTA (sanitizer on): a read or write of bytes another warp of the CTA wrote since
 the CTA's last synchronisation after a write is a race unless both accesses are strong (any
@@ -148,6 +156,7 @@ class Access(NamedTuple):
     observes: bool = False    # a strong read that can form an acquire pattern
     nc: bool = False          # the non-coherent read-only path (.nc, ldu)
     orders: bool = False      # .release/.acquire/.acq_rel at any scope (a CTA's own synchronisation)
+    qualified: bool = False   # a memory-order qualifier at any scope (strong among its CTA's threads)
 
 
 WEAK = Access()
@@ -165,7 +174,8 @@ def access_of(base, mods):
                   release=strong and sem in ("release", "acq_rel"),
                   observes=strong and base in ("ld", "atom"),
                   nc=base == "ldu" or "nc" in mods,
-                  orders=sem in ("release", "acquire", "acq_rel"))
+                  orders=sem in ("release", "acquire", "acq_rel"),
+                  qualified=sem is not None)
 
 
 def fence_of(base, mods):
@@ -223,7 +233,7 @@ class Ordering:
     """The ordering state of one launch; WaveState calls it for every global access, launch
     at every completed CTA barrier."""
 
-    def __init__(self, memory, grid, program, sanitize):
+    def __init__(self, memory, grid, program, sanitize, written=None):
         num_ctas = grid[0] * grid[1] * grid[2]
         if num_ctas >= 1 << CTA_BITS or len(program.instructions) >= 1 << PC_BITS:
             raise InterpError(f"the memory-ordering model handles < 2^{CTA_BITS} CTAs and < 2^{PC_BITS} "
@@ -246,9 +256,13 @@ class Ordering:
         self.own = np.zeros(0, np.int64)
         self.threads = {}          # region -> uint16 thread in its CTA per byte
         self.records = {}          # region -> uint64 record per byte (allocated at first write)
-        # Weak reads of regions written in this launch (sanitizer): region -> per byte, a read's
-        # record (as a write's) and its reading thread, for the newest read and for the newest
-        # read by a CTA other than the newest's (_note_read, _check_war).
+        # Weak reads (sanitizer) of the regions the kernel may write (`written`, array names; None:
+        # every array) and of any other region from its first write on: region -> per byte, a
+        # read's record (as a write's) and its reading thread, for the newest read and for the
+        # newest read by a CTA other than the newest's (_note_read, _check_war). Made at the
+        # region's first weak read: arrays only read (weights, inputs) and those only accessed
+        # strongly (counters, flags) get none.
+        self.tracked = {region for region, name in enumerate(memory.names) if written is None or name in written}
         self.reads = {}
         self.before = {}           # region -> each byte's value before its record's write
         self.clocks = {}           # region -> {byte offset: int32 clock, [released | covered]}
@@ -504,9 +518,7 @@ class Ordering:
                 self.threads[region] = np.zeros(size, np.uint16)
             if not self.sanitize:
                 self.before[region] = np.zeros(self.memory.sizes[region], np.uint8)
-            else:
-                self.reads[region] = (np.zeros(size, np.uint64), np.zeros(size, np.uint16),
-                                      np.zeros(size, np.uint64), np.zeros(size, np.uint16))
+            self.tracked.add(region)          # (an array the launch was not told it writes)
         return self.records[region]
 
     def _threads_of(self, region, off, per, size):
@@ -584,10 +596,10 @@ class Ordering:
                         now=access.acquire)
         if access.observes and self.sanitize:
             self._coherence("read", region, off, threads, np.arange(len(off)), reads=True, writes=False)
+        if self.sanitize and not access.qualified and not access.nc and region in self.tracked:
+            self._note_read(region, off, size, ctas, threads)
         if region not in self.records:
             return raw
-        if self.sanitize and not access.strong and not access.nc:
-            self._note_read(region, off, size, ctas, threads)
         rec, actors, per = self._records(region, off, size, threads)
         readers = ctas if per == 1 else self.st.cta_global[actors]
         threads_of = self._threads_of(region, off, per, size)
@@ -614,15 +626,24 @@ class Ordering:
         return self._views[key]
 
     def _note_read(self, region, off, size, ctas, threads):
-        """A weak read (by wave threads) of a region written in this launch, for _check_war: it
-        becomes its bytes' newest read, and the read it replaces, if another CTA's, the newest
-        by a CTA other than the newest's; as does a read of this step that another CTA's read
-        of the same bytes replaced."""
+        """A weak read (by wave threads) of a tracked region, for _check_war: it becomes its
+        bytes' newest read, and the read it replaces, if another CTA's, the newest by a CTA other
+        than the newest's; as does a read of this step that another CTA's read of the same bytes
+        replaced. An access whose bytes had different newest reads is noted byte by byte."""
+        if region not in self.reads:
+            bytes_ = -(-self.memory.sizes[region] // 64) * 64       # every view size divides it
+            self.reads[region] = (np.zeros(bytes_, np.uint64), np.zeros(bytes_, np.uint16),
+                                  np.zeros(bytes_, np.uint64), np.zeros(bytes_, np.uint16))
         newest, newest_by, other, other_by = self._read_views(region, size)
         at = off // size
+        old = np.take(newest, at).view(np.uint64).reshape(-1, size)
+        if size > 1 and not (old == old[:, :1]).all():
+            self._note_read(region, (off[:, None] + np.arange(size)).reshape(-1), 1, np.repeat(ctas, size),
+                            np.repeat(threads, size))
+            return
+        old = old[:, 0]
         new = _stamp(ctas, self.epoch[ctas], False, self.st.pc)
         lin = self.st.lin[threads].astype(np.uint16)
-        old = np.take(newest, at).view(np.uint64).reshape(-1, size)[:, 0]
         shift = np.uint64(CTA_SHIFT)
         moved = np.flatnonzero((old >> shift) != (new >> shift)) if old.any() else ()
         if len(moved):
@@ -648,6 +669,8 @@ class Ordering:
         the writing thread acquired a release of r that covers the read (r's reading thread
         released after it, or a bar.sync of r came between the read and the release); else a
         GPU may land the write first, and the read see the new value."""
+        if region not in self.reads:
+            return
         views = self._read_views(region, size)
         for slot in (0, 2):
             old = np.take(views[slot], off // size).view(np.uint64).reshape(-1, size)

@@ -3,6 +3,7 @@ every interleaving tried; a missing release, a missing acquire, a non-coherent r
 scope or a cross-CTA write race is a finding naming the line, CTA and thread, and with the
 sanitizer off it gives a wrong answer."""
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -10,6 +11,8 @@ import pytest
 from ptxgen.errors import InterpError, SanitizerError
 from ptxgen.interp import launch
 from interp_helpers import module
+
+launch_module = sys.modules["ptxgen.interp.launch"]
 
 SEEDS = (0, 1, 2, 3)
 CTAS, THREADS = 8, 64
@@ -942,8 +945,12 @@ def test_a_write_to_bytes_a_non_coherent_load_read_earlier(load):
   add.u32 %v, %v, 1;
   st.global.u32 [%off], %v;
   ret;"""
-    launch(module(body.format(load="ld.global.u32"), ".param .u64 a"), "k", (4, 1, 1), (1, 1, 1),
-           [np.zeros(4, np.uint32)])   # (reads before an array's first write in the launch are not tracked)
+    for seed in SEEDS:      # (a plain load: the write after another CTA's read is unordered too)
+        with pytest.raises(SanitizerError, match=r"^k: line 21: `st.global.u32 \[%off\], %v;`: global-memory race: "
+                           r"overwrites a\[\d\], which CTA \(\d,0,0\) read \(line 15 `ld.global.u32 %v, "
+                           r"\[%off\];` by thread \(0,0,0\)\) earlier in this launch"):
+            launch(module(body.format(load="ld.global.u32"), ".param .u64 a"), "k", (4, 1, 1), (1, 1, 1),
+                   [np.zeros(4, np.uint32)], seed=seed)
     for seed in SEEDS:
         with pytest.raises(SanitizerError, match=r"^k: line 21: `st.global.u32 \[%off\], %v;`: write to a\[\d\], "
                            rf"which a non-coherent load \(line 15 `{load} %v, \[%off\];`\) read earlier in this "
@@ -978,7 +985,8 @@ def test_an_atomic_that_no_release_puts_before_the_count(ctas):
 
 # ---- write-after-read across CTAs: CTA 0's readers read data[tid % 32], thread 0 raises the
 # flag; CTA 1's first warp waits for the flag and overwrites data[tid]. CTA 0 first writes
-# data[32]: reads are tracked in arrays written in the launch.
+# data[32] (`first`): reads are tracked in arrays written in the launch, and from the launch's
+# start in those it was told the kernel may write (`written`).
 WAR = """
   .reg .b32 %c, %t, %v, %g;
   .reg .b64 %d, %f, %o, %off;
@@ -991,7 +999,7 @@ WAR = """
   setp.ne.u32 %p, %c, 0;
   @%p bra WRITER;
   setp.eq.u32 %p, %t, 0;
-  @%p st.global.u32 [%d+128], %t;
+  {first}
   {readers}
   and.b32 %v, %t, 31;
   mul.wide.u32 %off, %v, 4;
@@ -1028,16 +1036,19 @@ RELEASED = dict(publish="fence.acq_rel.gpu; st.relaxed.gpu.global.u32 [%f], 1;",
 UNORDERED = dict(publish="st.relaxed.gpu.global.u32 [%f], 1;", wait="ld.relaxed.gpu.global.u32 %g, [%f];")
 
 
+FIRST = "@%p st.global.u32 [%d+128], %t;"
+
+
 def war(readers=ALL, between="", after="", done="", load="ld.global.u32", store="st.global.u32", seed=0, sanitize=True,
-        **flags):
+        first=FIRST, written=None, **flags):
     """CTA 0's out (what its readers read: data as the host gave it, 0 for threads that did not
     read) and data after the launch."""
     ptx = module(WAR.format(readers=readers, between=between, after=after, done=done, load=load, store=store,
-                            **{**RELEASED, **flags}),
+                            first=first, **{**RELEASED, **flags}),
                  ".param .u64 data, .param .u64 flag, .param .u64 out")
     data, out = np.arange(33, dtype=np.uint32) + 1, np.zeros(64, np.uint32)
     launch(ptx, "k", (2, 1, 1), (64, 1, 1), [data, np.zeros(1, np.uint32), out], seed=seed, sanitize=sanitize,
-           kernel_name="war")
+           kernel_name="war", written=written)
     return out, data
 
 
@@ -1108,3 +1119,82 @@ def test_a_release_does_not_cover_another_threads_read_without_a_bar_sync_before
                          r"%v, \[%d\];` by thread \((3[2-9]|[4-6]\d),0,0\)\) .*the release of CTA \(0,0,0\) it "
                          r"acquired \(line \d+ `fence\.acq_rel\.gpu;[^`]*` by thread \(0,0,0\)\) does not "
                          r"cover that read", str(err.value)), str(err.value)
+
+
+# ---- write-after-read of an in-out array before its first write in the launch (a residual
+# read, then rewritten in place): the launch says which arrays the kernel may write.
+IN_OUT = frozenset({"data", "flag", "out"})
+
+
+@pytest.mark.parametrize("written", [IN_OUT, None], ids=["told", "any-array"])
+def test_a_write_after_a_read_before_the_arrays_first_write(written):
+    """No write precedes CTA 0's reads of data: CTA 1 overwriting them after a relaxed flag is a
+    finding naming both, as it is once data was written; with release/acquire, none."""
+    for seed in SEEDS:
+        with pytest.raises(SanitizerError) as err:
+            war(first="", written=written, seed=seed, **UNORDERED)
+        assert re.search(rf"line {war_line('// WRITE')}: .*overwrites data\[\d+\], which CTA \(0,0,0\) read "
+                         rf"\(line {war_line('// READ')} `@%reader ld.global.u32 %v, \[%d\];` by thread "
+                         r"\(\d+,0,0\)\) earlier in this launch, .*the reader has not released since its read "
+                         r".*\[CTA \(1,0,0\), thread \(\d+,0,0\)\]$", str(err.value)), str(err.value)
+        out, data = war(first="", between="bar.sync 0;", written=written, seed=seed)
+        np.testing.assert_array_equal(data[:32], 99)
+        np.testing.assert_array_equal(out, np.tile(np.arange(32, dtype=np.uint32) + 1, 2))
+
+
+def test_an_array_the_launch_is_told_is_only_read_is_not_tracked(monkeypatch):
+    """Told data is an input, the launch records none of its reads (weights and inputs cost
+    nothing), so only CTA 1's first write starts tracking it; an array read only strongly (the
+    flag) or only written (out) gets no read records either."""
+    made = []
+
+    class Kept(launch_module.Ordering):
+        def __init__(self, *args):
+            super().__init__(*args)
+            made.append(self)
+
+    monkeypatch.setattr(launch_module, "Ordering", Kept)
+    war(first="", written=frozenset({"flag", "out"}), **UNORDERED)     # (a race the launch was not told of)
+    assert made[-1].reads == {}
+    war(first="", between="bar.sync 0;", written=IN_OUT)
+    assert list(made[-1].reads) == [0], "only data's reads are recorded"
+
+
+BYTEWISE = """
+  .reg .b32 %c, %t, %v, %g;
+  .reg .b64 %d, %f;
+  .reg .pred %p;
+  ld.param.u64 %d, [data];
+  ld.param.u64 %f, [flag];
+  mov.u32 %c, %ctaid.x;
+  mov.u32 %t, %tid.x;
+  setp.ne.u32 %p, %t, 0;
+  @%p bra DONE;
+  setp.ne.u32 %p, %c, 0;
+  @%p bra SECOND;
+  st.global.u32 [%d+64], %t;
+  ld.global.u8 %v, [%d+1];   // READ
+  st.relaxed.gpu.global.u32 [%f], 1;
+  bra DONE;
+SECOND:
+  ld.relaxed.gpu.global.u32 %g, [%f];
+  setp.eq.u32 %p, %g, 0;
+  @%p bra SECOND;
+  ld.global.u32 %v, [%d];
+  add.u32 %v, %v, 1;
+  st.global.u32 [%d], %v;   // WRITE
+DONE:
+  ret;
+"""
+
+
+def test_a_wider_read_keeps_each_bytes_other_reader():
+    """CTA 0 reads byte 1 of a word, CTA 1 (after a relaxed flag) reads the whole word and then
+    rewrites it: CTA 1's read replaces CTA 0's as byte 1's newest, which must stay its other
+    CTA's read although byte 0 had none."""
+    ptx = module(BYTEWISE, ".param .u64 data, .param .u64 flag")
+    line = next(i + 1 for i, text in enumerate(ptx.splitlines()) if "// READ" in text)
+    for seed in SEEDS:
+        with pytest.raises(SanitizerError, match=rf"overwrites data\[1\], which CTA \(0,0,0\) read \(line {line} "):
+            launch(ptx, "k", (2, 1, 1), (32, 1, 1), [np.zeros(128, np.uint8), np.zeros(1, np.uint32)], seed=seed,
+                   kernel_name="bytes")
