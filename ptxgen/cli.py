@@ -1021,7 +1021,12 @@ def main() -> None:
         where = f"{error.filename}" if error.filename else "standard output: cannot write"
         err.print(f"[red]error:[/red] {escape(where)} ({escape(error.strerror or str(error))})")
         sys.exit(2)
+    except SystemExit as done:
+        if done.code == 130:  # typer's exit for a KeyboardInterrupt in a command, which it does not report
+            err.print("interrupted", markup=False)
+        raise
     except KeyboardInterrupt:
+        err.print("interrupted", markup=False)
         sys.exit(130)
 
 

@@ -7,9 +7,12 @@ has assembled (artifacts.py then writes the folder whole), so a failure leaves n
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import multiprocessing
+import signal
+import threading
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -103,18 +106,26 @@ def stage_cubin(spec: Spec, units: list[Unit], options: BuildOptions) -> tuple[i
     jobs = min(options.jobs, len(misses))
     if jobs > 1:
         # spawn, not fork: a forked child of a process whose libraries started threads can deadlock
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = [pool.submit(assemble, assembler, variant.ptx, arch, OPTIONS)
-                       for _, arch, variant, _, assembler in misses]
-            for (unit, arch, variant, key, _), future in zip(misses, futures):
-                try:
-                    assembled = future.result()
-                except AssemblerError as error:
-                    raise naming(unit, error) from None
-                except BrokenProcessPool:
-                    raise PtxgenError(f"{unit.config.name} {arch}: an assembler process (--jobs) ended abruptly (killed, "
-                                      "or out of memory); nothing was written: build again, or with fewer --jobs") from None
-                record(cache, unit, arch, variant, key, assembled, options)
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                                 initializer=end_on_ctrl_c) as pool:
+            try:
+                with ctrl_c_held():  # submit starts the assembler processes
+                    futures = [pool.submit(assemble, assembler, variant.ptx, arch, OPTIONS)
+                               for _, arch, variant, _, assembler in misses]
+                for (unit, arch, variant, key, _), future in zip(misses, futures):
+                    try:
+                        assembled = future.result()
+                    except AssemblerError as error:
+                        raise naming(unit, error) from None
+                    except BrokenProcessPool:
+                        raise PtxgenError(f"{unit.config.name} {arch}: an assembler process (--jobs) ended abruptly "
+                                          "(killed, or out of memory); nothing was written: build again, or with "
+                                          "fewer --jobs") from None
+                    record(cache, unit, arch, variant, key, assembled, options)
+            except KeyboardInterrupt:
+                with ctrl_c_held():
+                    stop(pool)
+                raise
     else:
         for unit, arch, variant, key, assembler in misses:
             try:
@@ -134,6 +145,59 @@ def naming(unit: Unit, error: AssemblerError) -> AssemblerError:
     """The assembler's error with the kernel it was assembling named first (its log's line
     numbers are that kernel's PTX's)."""
     return AssemblerError(f"kernel {unit.config.name!r}: {error.message}", log=error.log, repro=error.repro)
+
+
+@contextlib.contextmanager
+def ctrl_c_held():
+    """Ctrl-C (SIGINT) held back meanwhile and raised as the block ends; processes started meanwhile
+    start with SIGINT blocked (a blocked signal stays blocked through exec). Blocking it in this
+    thread is not enough: numpy's OpenBLAS threads do not block it, the kernel then delivers it to
+    one of them, and Python raises KeyboardInterrupt in the main thread wherever it is, say inside
+    ProcessPoolExecutor.submit between starting a worker and recording it: a worker the pool never
+    stops, and which multiprocessing's exit waits for, forever. So the Python handler is swapped
+    too, for one that only notes the signal (not SIG_IGN, which a background job starts with: the
+    processes started meanwhile inherit that)."""
+    if not hasattr(signal, "pthread_sigmask"):  # Windows: no signal masks, no process groups
+        yield
+        return
+    pressed = []
+    handler = signal.getsignal(signal.SIGINT)
+    noted = callable(handler) and threading.current_thread() is threading.main_thread()
+    if noted:  # first: once it is in place, no KeyboardInterrupt can interrupt this
+        signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # one pending on this thread is noted here
+        if noted:
+            signal.signal(signal.SIGINT, handler)
+            if pressed:
+                signal.raise_signal(signal.SIGINT)  # to the handler it had: KeyboardInterrupt, here
+
+
+def end_on_ctrl_c() -> None:
+    """An assembler process's first step (the pool's initializer): Ctrl-C ends it as it ends a C
+    program, without a KeyboardInterrupt traceback of its own (Ctrl-C reaches the whole process
+    group; the build reports it, once), and a ptxas it runs inherits that; ignored if the build
+    ignores it (a background job). It starts with SIGINT blocked (ctrl_c_held): a Ctrl-C pressed
+    meanwhile ends it here."""
+    if hasattr(signal, "pthread_sigmask"):
+        if signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def stop(pool: ProcessPoolExecutor) -> None:
+    """End an interrupted build's assembler processes now (a Ctrl-C has ended them already, a
+    SIGINT to this process alone has not), and with them its queued work: the pool's thread then
+    finds them gone, fails the rest and ends, and leaving the `with` block waits for no assembly.
+    The pool's own end of its result pipe is closed too: a process ended while sending a cubin
+    leaves the thread reading the rest of it, which then ends at end of file instead of never.
+    (Private attributes, CPython 3.10-3.13; 3.14 has ProcessPoolExecutor.terminate_workers.)"""
+    for worker in list(pool._processes.values()):
+        worker.terminate()
+    pool._result_queue._writer.close()
 
 
 def check_launchable(unit: Unit, arch: str, binary: Binary) -> None:
