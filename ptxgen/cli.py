@@ -953,8 +953,8 @@ def generate(
     layers = "persistent_decoder" if fused else "separate kernels"
     text = None if undecodable else tokenizer.decode(result.tokens)
     if as_json:
-        summary = {"prompt_text": prompt_text, "prompt_tokens": result.prompt, "generated_tokens": result.tokens, "text": text,
-                   "stop": result.stop, "tokens_per_s": rate, "decode_steps": result.decode_steps,
+        summary = {"prompt_text": prompt_text, "prompt_tokens": result.prompt, "generated_tokens": result.tokens,
+                   "text": text, "stop": result.stop, "tokens_per_s": rate, "decode_steps": result.decode_steps,
                    "device": generator.device, "backend": backend.value, "layers": layers,
                    "max_seq_len": generator.max_seq_len}
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")

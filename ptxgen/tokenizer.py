@@ -93,8 +93,8 @@ class Tokenizer:
         key = f"tokenizer.ggml.{name}"
         value = self._metadata(key) if default is None else self._metadata(key, default)
         if not _is_list_of(value if listed else [value], kind):
-            raise PtxgenError(f"{self.path}: {key} must be {f'a list of {kind.__name__}s' if listed else kind.__name__}, "
-                              f"got {type(value).__name__}")
+            wanted = f"a list of {kind.__name__}s" if listed else kind.__name__
+            raise PtxgenError(f"{self.path}: {key} must be {wanted}, got {type(value).__name__}")
         return value
 
     def _check_byte_level(self) -> None:
@@ -131,9 +131,10 @@ class Tokenizer:
         settings = PRE_TOKENIZERS[pre]
         ranks = {}
         for rank, merge in enumerate(self._key("merges", str, listed=True)):
-            ranks.setdefault(tuple(merge.split(" ", 1)), rank)  # a merge listed twice keeps its first rank, as llama.cpp
+            ranks.setdefault(tuple(merge.split(" ", 1)), rank)  # listed twice: its first rank, as llama.cpp
         ids = {text: token for token, text in enumerate(self.tokens)}
-        specials = sorted((token for token, kind in enumerate(self.types) if kind in SPECIAL_TYPES and self.tokens[token]),
+        specials = sorted((token for token, kind in enumerate(self.types)
+                           if kind in SPECIAL_TYPES and self.tokens[token]),
                           key=lambda token: (-len(self.tokens[token]), token))
         add_bos = self._key("add_bos_token", bool, default=settings.add_bos)
         if add_bos and self._metadata("tokenizer.ggml.bos_token_id", None) is None:
@@ -178,7 +179,8 @@ class Tokenizer:
             chars = "".join(BYTE_CHARS[b] for b in word.encode("utf-8", "surrogateescape"))
         except UnicodeEncodeError as error:
             char = word[error.start]
-            raise PtxgenError(f"text: {char!r} (U+{ord(char):04X}, a lone surrogate) is not encodable as UTF-8") from None
+            raise PtxgenError(f"text: {char!r} (U+{ord(char):04X}, a lone surrogate) is not encodable as "
+                              "UTF-8") from None
         if ignore_merges and chars in ids:
             return [ids[chars]]
         parts = merged(chars, ranks)
