@@ -40,11 +40,12 @@ class SanitizerError(InterpError):
 
 def exit_from(main: Callable[..., int], *args) -> NoReturn:
     """The bench scripts' error boundary, as the CLI's: exit with main's status, a PtxgenError as
-    one line on stderr and exit 2, an interrupt as exit 130."""
+    one line on stderr and exit 2, an interrupt as the line "interrupted" and exit 130."""
     try:
         sys.exit(main(*args))
     except PtxgenError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
         sys.exit(130)

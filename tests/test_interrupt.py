@@ -14,6 +14,8 @@ import pytest
 
 from helpers import ROOT
 
+from ptxgen.errors import PtxgenError, exit_from
+
 SPEC = ROOT / "specs" / "qwen3.toml"
 
 # Each assembly takes an hour: a build that waits for its queued assemblies cannot end in the test's
@@ -126,3 +128,18 @@ def test_ctrl_c_during_a_jobs_build_is_one_line_and_exit_130(tmp_path, press):
     assert (build.returncode, stderr) == (130, "interrupted\n"), stderr
     assert list(folder.iterdir()) == [], "an interrupted build wrote its folder"
     assert left == [], f"still running after the build ended: {left}"
+
+
+@pytest.mark.parametrize("raised, code, line", [
+    (KeyboardInterrupt(), 130, "interrupted"),
+    (PtxgenError("spec.toml: no kernel 'x'"), 2, "error: spec.toml: no kernel 'x'"),
+])
+def test_the_bench_scripts_report_as_the_cli_does(capsys, raised, code, line):
+    """errors.exit_from, the bench scripts' boundary: one line on stderr, the CLI's exit status."""
+    def main():
+        raise raised
+
+    with pytest.raises(SystemExit) as exit:
+        exit_from(main)
+    assert exit.value.code == code
+    assert capsys.readouterr().err == line + "\n"
