@@ -126,6 +126,9 @@ def stage_cubin(spec: Spec, units: list[Unit], options: BuildOptions) -> tuple[i
                 with ctrl_c_held():
                     stop(pool)
                 raise
+            except PtxgenError:  # nothing is written: the queued assemblies are not waited for
+                stop(pool)
+                raise
     else:
         for unit, arch, variant, key, assembler in misses:
             try:
@@ -189,7 +192,7 @@ def end_on_ctrl_c() -> None:
 
 
 def stop(pool: ProcessPoolExecutor) -> None:
-    """End an interrupted build's assembler processes now (a Ctrl-C has ended them already, a
+    """End an interrupted (or failed) build's assembler processes now (a Ctrl-C has ended them already, a
     SIGINT to this process alone has not), and with them its queued work: the pool's thread then
     finds them gone, fails the rest and ends, and leaving the `with` block waits for no assembly.
     The pool's own end of its result pipe is closed too: a process ended while sending a cubin

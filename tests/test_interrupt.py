@@ -48,6 +48,11 @@ def send_half_then_press(queue, result):
     time.sleep(3600)
 
 def assemble(assembler, ptx, arch, options):
+    if os.environ["PRESS"] == "failing" and first(os.environ["PRESSED"] + ".first"):
+        from ptxgen.errors import AssemblerError
+
+        open(os.environ["PRESSED"], "w").close()
+        raise AssemblerError("ptxas: the first assembly fails")
     if os.environ["PRESS"] != "starting" and first(os.environ["PRESSED"] + ".first"):
         if os.environ["PRESS"] != "sending":
             press()
@@ -104,10 +109,9 @@ def still_running(group: int, grace: float = 30.0) -> list[str]:
         time.sleep(0.1)
 
 
-@pytest.mark.parametrize("press", ["assembling", "starting", "sending", "build_only"])
-def test_ctrl_c_during_a_jobs_build_is_one_line_and_exit_130(tmp_path, press):
-    """No KeyboardInterrupt traceback from any assembler process, the build ends now (not after
-    its queued assemblies), writes nothing and leaves no assembler process running."""
+def run_build(tmp_path, press: str) -> tuple[int, str, list[str]]:
+    """The stubbed --jobs 2 build with `press`: its exit status, its stderr, and the processes of
+    its group still running after it ended (it writes nothing: its folder is checked empty)."""
     script = tmp_path / "interrupted_build.py"
     script.write_text(INTERRUPTED_BUILD)
     folder = tmp_path / "build"
@@ -124,9 +128,26 @@ def test_ctrl_c_during_a_jobs_build_is_one_line_and_exit_130(tmp_path, press):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(build.pid, signal.SIGKILL)
         build.communicate()
-    assert (tmp_path / "pressed").exists(), "SIGINT was never sent"
-    assert (build.returncode, stderr) == (130, "interrupted\n"), stderr
-    assert list(folder.iterdir()) == [], "an interrupted build wrote its folder"
+    assert (tmp_path / "pressed").exists(), "the build never reached the planted event"
+    assert list(folder.iterdir()) == [], "an interrupted or failed build wrote its folder"
+    return build.returncode, stderr, left
+
+
+@pytest.mark.parametrize("press", ["assembling", "starting", "sending", "build_only"])
+def test_ctrl_c_during_a_jobs_build_is_one_line_and_exit_130(tmp_path, press):
+    """No KeyboardInterrupt traceback from any assembler process, the build ends now (not after
+    its queued assemblies), writes nothing and leaves no assembler process running."""
+    code, stderr, left = run_build(tmp_path, press)
+    assert (code, stderr) == (130, "interrupted\n"), stderr
+    assert left == [], f"still running after the build ended: {left}"
+
+
+def test_an_assembler_error_ends_a_jobs_build_without_its_queued_assemblies(tmp_path):
+    """The first assembly fails while the others would take an hour: the error is reported now
+    (one message, exit 2), and no assembler process is left running."""
+    code, stderr, left = run_build(tmp_path, "failing")
+    assert code == 2 and stderr.startswith("error: kernel ") and "ptxas: the first assembly fails" in stderr, stderr
+    assert "Traceback" not in stderr, stderr
     assert left == [], f"still running after the build ended: {left}"
 
 
