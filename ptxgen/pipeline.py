@@ -126,7 +126,7 @@ def stage_cubin(spec: Spec, units: list[Unit], options: BuildOptions) -> tuple[i
                 with ctrl_c_held():
                     stop(pool)
                 raise
-            except PtxgenError:  # nothing is written: the queued assemblies are not waited for
+            except AssemblerError:  # nothing is written: the queued assemblies are not waited for
                 stop(pool)
                 raise
     else:
