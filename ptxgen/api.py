@@ -246,19 +246,14 @@ class Kernel:
 
     # --- the interpreter (host arrays) ------------------------------------------------------------
     def _interpret(self, views: dict[str, _Array], scalars: dict) -> None:
-        from .interp import launch as interpret
+        from .runner import launch_arrays
 
         compiled = self.compiled
         buffers = {name: view.host for name, view in views.items()}
         compiled.check_values(buffers)
         for param in compiled.workspaces:
             buffers[param.name] = np.zeros(param.concrete_shape(scalars), dtype=DTYPES[param.dtype].numpy)
-        launch = compiled.launch(scalars)
-        if launch.empty:
-            return
-        interpret(compiled.ptx, compiled.name, launch.grid, launch.block, compiled.args(buffers, scalars),
-                  dynamic_shared=launch.dynamic_shared, sanitize=True, kernel_name=compiled.name,
-                  stable=compiled.stable, written=compiled.written, tensor_maps=compiled.portable.tensor_maps)
+        launch_arrays(compiled, buffers, scalars)  # the portable PTX, sanitizer on, as `ptxgen run`
 
     # --- the GPU --------------------------------------------------------------------------------
     def prepare(self, device: int = 0) -> _OnDevice:

@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from .compiled import CompiledKernel
 from .dtypes import DTYPES, poison
 from .errors import LaunchError
-from .kernels.base import Call
+
+if TYPE_CHECKING:  # annotations only: the API's interpreter path imports this module without pydantic
+    from .kernels.base import Call
 
 BACKENDS = ("emulator", "device")
 
